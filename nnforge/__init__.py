@@ -1,0 +1,69 @@
+"""nnforge: forge fast neural networks (a compiler that keeps loops as loops), and find them (ModelView)."""
+
+from . import dtypes
+from .autodiff import grad, value_and_grad, vjp
+from .codegen import available_backends
+from .compile import CompiledFunction, compile, show
+from .control import Feeder, Receiver, execute, loop, scan
+from .dtypes import DType, bfloat16, bool_, float16, float32, float64, int32, int64
+from .errors import DTypeError, NNForgeError, ShapeError, TraceError
+from .tensor import (
+    Tensor,
+    abs,
+    arange,
+    as_tensor,
+    cast,
+    cat,
+    chunk,
+    clamp,
+    concat,
+    cos,
+    erf,
+    exp,
+    expand,
+    flip,
+    full,
+    gelu,
+    log,
+    log_softmax,
+    logsumexp,
+    matmul,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    neg,
+    ones,
+    ones_like,
+    pad,
+    permute,
+    rand,
+    randn,
+    reciprocal,
+    relu,
+    reshape,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    sin,
+    softmax,
+    split,
+    sqrt,
+    squeeze,
+    stack,
+    std,
+    sum,
+    tanh,
+    tensor,
+    transpose,
+    unsqueeze,
+    var,
+    where,
+    zeros,
+    zeros_like,
+)
+from .trace import manual_seed
+
+__all__ = [n for n in dir() if not n.startswith("_")]

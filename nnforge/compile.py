@@ -1,0 +1,243 @@
+"""``nf.compile``: trace once per input signature, optimize, hand to a backend, cache.
+
+Every input size is traced as a symbolic ``Dim``. Sizes that decide a scan's trip count are left out of the
+cache key: a call with a new sequence length re-specializes the cached graph (shape rules re-run, no Python
+tracing) instead of tracing again. Tensors the function captures that require gradients (model parameters)
+are read at call time rather than baked in, and tensors it updates in place (optimizer steps) are written
+back after each call, so a compiled training step behaves like the eager one.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .codegen import build_program
+from .control import _is_leaf, placeholder
+from .dtypes import from_numpy
+from .errors import NNForgeError, TraceError, at
+from .interop.convert import is_torch, to_numpy, to_torch
+from .ir.dims import sym
+from .ir.node import Graph, Node
+from .ir.ops import Op
+from .passes import run_pipeline
+from .passes.rewrite import substitute
+from .passes.specialize import loop_length_symbols, specialize
+from .pytree import flatten, unflatten
+from .tensor import Tensor
+from .trace import scope, session
+
+
+@dataclass
+class _Entry:
+    """One traced signature: the optimized generic graph and the programs built from it per concrete size."""
+
+    treedef: Any
+    dtypes: tuple
+    shapes: tuple                    # traced shapes (ints), for the fixed axes
+    generic: frozenset               # (leaf index, axis) pairs free to change
+    statics: tuple
+    graph: Graph
+    out_def: Any
+    implicit: list[weakref.ref]      # captured tensors read at call time (after the explicit inputs)
+    state: list[tuple[weakref.ref, int]]  # tensors written back from output index
+    n_out: int
+    programs: dict[tuple, Callable] = field(default_factory=dict)
+
+    def matches(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> bool:
+        if treedef != self.treedef or dts != self.dtypes or statics != self.statics:
+            return False
+        for i, (a, b) in enumerate(zip(shapes, self.shapes)):
+            if len(a) != len(b):
+                return False
+            if any(x != y and (i, ax) not in self.generic for ax, (x, y) in enumerate(zip(a, b))):
+                return False
+        return True
+
+
+def _is_static(x: Any) -> bool:
+    return isinstance(x, (bool, int, float, str)) or x is None
+
+
+class CompiledFunction:
+    """A function traced and compiled per input signature. Call it with numpy arrays or torch tensors."""
+
+    def __init__(self, fn: Callable, backend: str = "reference"):
+        from .codegen import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; available: {', '.join(sorted(BACKENDS))}")
+        self.fn = fn
+        self.backend = backend
+        self.trace_count = 0
+        self._entries: list[_Entry] = []
+        functools.update_wrapper(self, fn)
+
+    def _split(self, args: tuple, kwargs: dict) -> tuple[list, Any, list, tuple]:
+        leaves, treedef = flatten((args, kwargs), lambda x: _is_leaf(x) or _is_static(x))
+        arrays, statics = [], []
+        for v in leaves:
+            if isinstance(v, (str, type(None))) or (isinstance(v, (bool, int, float)) and not isinstance(v, Tensor)):
+                statics.append(v)
+                arrays.append(None)
+            elif isinstance(v, Tensor):
+                arrays.append(v.numpy())
+            else:
+                a = to_numpy(v)
+                from_numpy(a.dtype)
+                arrays.append(a)
+        return leaves, treedef, arrays, tuple(statics)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if session().tracing:
+            return self.fn(*args, **kwargs)  # inside another trace: inline
+        leaves, treedef, arrays, statics = self._split(args, kwargs)
+        dts = tuple(None if a is None else a.dtype.str for a in arrays)
+        shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
+        entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics)), None)
+        if entry is None:
+            entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
+            self._entries.append(entry)
+        program = self._program(entry, shapes)
+        implicit = []
+        for ref in entry.implicit:
+            t = ref()
+            if t is None:
+                raise NNForgeError("a tensor captured by the compiled function no longer exists")
+            implicit.append(t.numpy())
+        outs = program([a for a in arrays if a is not None] + implicit)
+        for ref, i in entry.state:
+            t = ref()
+            if t is not None:
+                t._rebind(Tensor(outs[i]).node)
+        outs = outs[:entry.n_out]
+        as_torch = any(is_torch(v) for v in leaves)
+        return unflatten(entry.out_def, [to_torch(o) if as_torch else o for o in outs])
+
+    def _program(self, entry: _Entry, shapes: tuple) -> Callable:
+        key = tuple(shapes[i][ax] for i, ax in sorted(entry.generic))
+        if key not in entry.programs:
+            env = {f"a{i}.{ax}": shapes[i][ax] for i, ax in entry.generic}
+            graph = specialize(entry.graph, env) if env else entry.graph
+            entry.programs[key] = build_program(self.backend, graph)
+        return entry.programs[key]
+
+    def trace(self, *args: Any, **kwargs: Any) -> Graph:
+        """The optimized graph for these arguments (traced if not cached)."""
+        leaves, treedef, arrays, statics = self._split(args, kwargs)
+        dts = tuple(None if a is None else a.dtype.str for a in arrays)
+        shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
+        entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics)), None)
+        if entry is None:
+            entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
+            self._entries.append(entry)
+        return entry.graph
+
+    def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
+        self.trace_count += 1
+        graph, out_def, implicit, state, n_out = trace_function(self.fn, treedef, leaves, arrays)
+        graph = run_pipeline(graph)
+        generic = _generic_axes(graph, shapes)
+        return _Entry(treedef, dts, shapes, generic, statics, graph, out_def, implicit, state, n_out)
+
+
+def _generic_axes(graph: Graph, shapes: tuple) -> frozenset:
+    """Input axes whose size only sets a loop's trip count, checked by re-specializing at another size."""
+    names = loop_length_symbols(graph)
+    axes = set()
+    for name in names:
+        i, ax = map(int, name[1:].split("."))
+        try:
+            specialize(graph, {name: shapes[i][ax] + 1})
+        except NNForgeError:
+            continue  # the size is baked into the graph somewhere else: keep it in the cache key
+        axes.add((i, ax))
+    return frozenset(axes)
+
+
+def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> tuple:
+    """Trace ``fn`` on symbolic placeholders. Returns (graph, output treedef, implicit inputs, state, n_out)."""
+    placeholders, wrapped = [], []
+    for i, (v, a) in enumerate(zip(leaves, arrays)):
+        if a is None:
+            wrapped.append(v)
+            continue
+        shape = tuple(sym(f"a{i}.{ax}", d) for ax, d in enumerate(a.shape))
+        p = placeholder(shape, from_numpy(a.dtype), f"arg{i}")
+        placeholders.append(p)
+        wrapped.append(Tensor(p))
+    args, kwargs = unflatten(treedef, wrapped)
+    with scope("function") as sc:
+        out = fn(*args, **kwargs)
+    for t, g in sc.grads_set.values():
+        t._grad = g
+    out_leaves, out_def = flatten(out, _is_leaf)
+    outs = []
+    for v in out_leaves:
+        if not isinstance(v, Tensor):
+            if isinstance(v, (np.ndarray, int, float, bool)) or is_torch(v):
+                v = Tensor(v)
+            else:
+                raise TraceError(at(f"compile: the function returned a {type(v).__name__}; return tensors"))
+        outs.append(v.node)
+    # In-place updates of captured tensors become extra outputs written back after each call.
+    state = [(t, before) for t, before in sc.assigned.values()]
+    new_nodes = [t.node for t, _ in state]
+    for t, before in state:
+        t._rebind(before)
+    graph = Graph(placeholders, outs + new_nodes, sc.effects)
+    implicit_nodes = _captured_parameters(graph, [b for _, b in state])
+    mapping, implicit = {}, []
+    for k, (n, t) in enumerate(implicit_nodes):
+        mapping[id(n)] = placeholder(n.shape, n.dtype, f"param{k}")
+        implicit.append(weakref.ref(t))
+    graph = substitute(graph, mapping)
+    graph = Graph(tuple(graph.inputs) + tuple(mapping[id(n)] for n, _ in implicit_nodes), graph.outputs,
+                  graph.effects)
+    state_refs = [(weakref.ref(t), len(outs) + i) for i, (t, _) in enumerate(state)]
+    return graph, out_def, implicit, state_refs, len(outs)
+
+
+def _captured_parameters(graph: Graph, extra: list[Node]) -> list[tuple[Node, Tensor]]:
+    """DATA nodes that belong to live tensors requiring grad (parameters) or that are updated in place."""
+    s = session()
+    extra_ids = {id(n) for n in extra}
+    out = []
+    for n in graph.order:  # captured values inside bodies are consts of their loop node: top-level too
+        if n.op != Op.DATA:
+            continue
+        ref = s.grad_leaves.get(id(n))
+        t = ref() if ref is not None else None
+        if t is not None and t.node is n:
+            out.append((n, t))
+        elif id(n) in extra_ids:
+            raise TraceError(f"compile: a tensor updated in place must require grad or be an input "
+                             f"(created at {n.loc})")
+    return out
+
+
+def compile(fn: Callable | None = None, *, backend: str = "reference") -> Any:
+    """Compile ``fn`` (usable as ``@nf.compile`` or ``@nf.compile(backend="cpu")``)."""
+    if fn is None:
+        return lambda f: CompiledFunction(f, backend)
+    return CompiledFunction(fn, backend)
+
+
+def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
+    """Print and return the IR of ``fn`` for these arguments. ``stage``: "traced" (before passes) or "ir"."""
+    stages = ("traced", "ir")
+    if stage not in stages:
+        raise ValueError(f"show: unknown stage {stage!r}; choose one of {', '.join(stages)}")
+    cf = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
+    if stage == "ir":
+        text = repr(cf.trace(*args, **kwargs))
+    else:
+        leaves, treedef, arrays, _ = cf._split(args, kwargs)
+        text = repr(trace_function(cf.fn, treedef, leaves, arrays)[0])
+    print(text)
+    return text

@@ -1,0 +1,1 @@
+"""Conversions between nnforge, numpy and PyTorch."""

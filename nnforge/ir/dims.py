@@ -1,0 +1,152 @@
+"""Symbolic sizes that still behave as ints.
+
+A traced function sees every input size as a ``Dim``: an ``int`` subclass that remembers how it was computed
+from the inputs. User code runs unchanged (a Dim *is* its current value), while the IR keeps the recipe, so a
+graph traced at T=10 can be re-specialized to T=37 without calling the Python function again. Arithmetic that
+mixes Dims stays symbolic; anything else (``float()``, comparisons) uses the concrete value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class Dim(int):
+    """An int with a symbolic expression: ("sym", name) | ("add"|"sub"|"mul"|"floordiv"|"mod", a, b)."""
+
+    expr: tuple
+
+    def __new__(cls, value: int, expr: tuple) -> Dim:
+        d = super().__new__(cls, value)
+        d.expr = expr
+        return d
+
+    def __repr__(self) -> str:
+        return render(self)
+
+    def _combine(self, op: str, other: object, value: int, swap: bool = False) -> int:
+        if not isinstance(other, int) or isinstance(other, bool):
+            return NotImplemented
+        if not isinstance(other, Dim):  # identities keep expressions short: x+0, x-0, 0+x, x*1, 1*x, x//1
+            o = int(other)
+            if (op == "add" and o == 0) or (op in ("mul",) and o == 1) or (
+                    not swap and ((op == "sub" and o == 0) or (op == "floordiv" and o == 1))):
+                return self
+        a, b = (_expr(other), self.expr) if swap else (self.expr, _expr(other))
+        return Dim(value, (op, a, b))
+
+    def __add__(self, o):
+        return self._combine("add", o, int(self) + int(o)) if isinstance(o, int) else NotImplemented
+
+    def __radd__(self, o):
+        return self._combine("add", o, int(o) + int(self), swap=True) if isinstance(o, int) else NotImplemented
+
+    def __sub__(self, o):
+        return self._combine("sub", o, int(self) - int(o)) if isinstance(o, int) else NotImplemented
+
+    def __rsub__(self, o):
+        return self._combine("sub", o, int(o) - int(self), swap=True) if isinstance(o, int) else NotImplemented
+
+    def __mul__(self, o):
+        return self._combine("mul", o, int(self) * int(o)) if isinstance(o, int) else NotImplemented
+
+    def __rmul__(self, o):
+        return self._combine("mul", o, int(o) * int(self), swap=True) if isinstance(o, int) else NotImplemented
+
+    def __floordiv__(self, o):
+        return self._combine("floordiv", o, int(self) // int(o)) if isinstance(o, int) else NotImplemented
+
+    def __rfloordiv__(self, o):
+        return self._combine("floordiv", o, int(o) // int(self), swap=True) if isinstance(o, int) else NotImplemented
+
+    def __mod__(self, o):
+        return self._combine("mod", o, int(self) % int(o)) if isinstance(o, int) else NotImplemented
+
+    def __neg__(self):
+        return Dim(-int(self), ("sub", ("const", 0), self.expr))
+
+    def __hash__(self) -> int:
+        return int.__hash__(self)
+
+    def __eq__(self, o: object) -> bool:
+        return int(self) == o
+
+    def __reduce__(self):
+        return (Dim, (int(self), self.expr))
+
+
+def _expr(x: int) -> tuple:
+    return x.expr if isinstance(x, Dim) else ("const", int(x))
+
+
+_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+        "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
+_SYMS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
+
+
+def _eval(expr: tuple, env: Mapping[str, int]) -> int:
+    kind = expr[0]
+    if kind == "const":
+        return expr[1]
+    if kind == "sym":
+        return env[expr[1]] if expr[1] in env else expr[2]
+    return _OPS[kind](_eval(expr[1], env), _eval(expr[2], env))
+
+
+def _make(expr: tuple, env: Mapping[str, int]) -> int:
+    """Evaluate ``expr`` under env and keep it symbolic, so a specialized graph can be specialized again."""
+    return Dim(_eval(expr, env), expr) if expr[0] != "const" else expr[1]
+
+
+def sym(name: str, value: int) -> Dim:
+    """A fresh symbolic size ``name`` whose current value is ``value``."""
+    return Dim(value, ("sym", name, value))
+
+
+def substitute(x: object, env: Mapping[str, int]) -> object:
+    """Re-evaluate every Dim inside ``x`` (an int, tuple, list or dict of them) under ``env``."""
+    if isinstance(x, Dim):
+        return _make(x.expr, env)
+    if isinstance(x, tuple):
+        return tuple(substitute(v, env) for v in x)
+    if isinstance(x, list):
+        return [substitute(v, env) for v in x]
+    return x
+
+
+def free_symbols(x: object) -> set[str]:
+    """Names of the symbols a Dim (or nested tuple of them) depends on."""
+    out: set[str] = set()
+
+    def walk(e: tuple) -> None:
+        if e[0] == "sym":
+            out.add(e[1])
+        elif e[0] != "const":
+            walk(e[1])
+            walk(e[2])
+
+    def visit(v: object) -> None:
+        if isinstance(v, Dim):
+            walk(v.expr)
+        elif isinstance(v, (tuple, list)):
+            for u in v:
+                visit(u)
+
+    visit(x)
+    return out
+
+
+def render(x: int) -> str:
+    """Human-readable form: plain ints as digits, symbolic sizes by their name (``T``, ``x.0+1``)."""
+    if not isinstance(x, Dim):
+        return str(int(x))
+
+    def r(e: tuple) -> str:
+        if e[0] == "const":
+            return str(e[1])
+        if e[0] == "sym":
+            return e[1]
+        return f"({r(e[1])}{_SYMS[e[0]]}{r(e[2])})"
+
+    s = r(x.expr)
+    return s[1:-1] if s.startswith("(") else s

@@ -1,0 +1,844 @@
+"""The lazy Tensor: every operator builds an IR node; nothing runs until a value is asked for.
+
+A Tensor is a small mutable handle on an immutable node. In-place updates (``assign``, optimizer steps) re-bind
+the handle, which is how ``nf.loop`` finds the state a training step carries from one iteration to the next.
+Reading a value (``.numpy()``, ``.item()``, ``.torch()``) interprets the node's graph with the reference backend
+and memoizes the result for as long as the node lives.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .dtypes import DType, as_dtype
+from .errors import DTypeError, ShapeError, TraceError, at
+from .ir.build import make
+from .ir.node import Node
+from .ir.ops import Op, fmt_shape
+from .trace import session
+
+Scalar = int | float | bool
+ShapeLike = Sequence[int]
+
+
+class Tensor:
+    """A lazy n-dimensional array: a handle on an IR node."""
+
+    __slots__ = ("__weakref__", "_grad", "_node", "name", "requires_grad")
+    __array_priority__ = 1000  # numpy defers to our reflected operators
+
+    def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False, name: str = ""):
+        node = data if isinstance(data, Node) else data.node if isinstance(data, Tensor) else _data_node(data, dtype)
+        if dtype is not None and isinstance(data, (Node, Tensor)) and as_dtype(dtype) != node.dtype:
+            node = make(Op.CAST, (node,), {"dtype": as_dtype(dtype)})
+        object.__setattr__(self, "_node", node)
+        self._grad = None
+        self.name = name
+        self.requires_grad = requires_grad
+        if requires_grad:
+            if not node.dtype.is_float:
+                raise DTypeError(at(f"only float tensors can require gradients, got {node.dtype}"))
+            session().grad_leaves[id(node)] = weakref.ref(self)
+
+    # ---- the handle ------------------------------------------------------------------------------------------
+    @property
+    def node(self) -> Node:
+        return self._node
+
+    def _rebind(self, node: Node) -> None:
+        """Point this handle at another node (used by in-place updates and by nf.loop)."""
+        s = session()
+        if self.requires_grad:
+            s.grad_leaves.pop(id(self._node), None)
+            s.grad_leaves[id(node)] = weakref.ref(self)
+        object.__setattr__(self, "_node", node)
+
+    def assign(self, value: Tensor | np.ndarray | Scalar) -> Tensor:
+        """In-place update: this tensor now holds ``value`` (same shape and dtype). Inside nf.loop it is loop state."""
+        value = as_tensor(value, like=self)
+        if tuple(map(int, value.shape)) != tuple(map(int, self.shape)):
+            raise ShapeError(at(f"assign: shape {fmt_shape(value.shape)} does not fit tensor of {fmt_shape(self.shape)}"))
+        if value.dtype != self.dtype:
+            value = value.cast(self.dtype)
+        sc = session().scope
+        sc.assigned.setdefault(id(self), (self, self._node))
+        self._rebind(value.node)
+        return self
+
+    @property
+    def grad(self) -> Tensor | None:
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        sc = session().scope
+        sc.grads_set.setdefault(id(self), (self, self._grad))
+        self._grad = value
+
+    def detach(self) -> Tensor:
+        """The same values, cut off from gradient flow (a copy of the node the autodiff does not see through)."""
+        return Tensor(make(Op.RESHAPE, (self.node,), {"shape": self.shape, "detach": True}))
+
+    # ---- metadata --------------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._node.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self._node.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._node.shape)
+
+    def size(self, axis: int | None = None) -> Any:
+        return self.shape if axis is None else self.shape[_axis(axis, self.ndim, "size")]
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return int(self.shape[0])
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return f"Tensor{label}({self.dtype.short}{fmt_shape(self.shape)}, {self._node.op.name.lower()})"
+
+    def __bool__(self) -> bool:
+        if session().tracing:
+            raise TraceError(at("the truth value of a traced tensor is unknown at trace time; use nf.where"))
+        return bool(self.numpy())
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # ---- values ----------------------------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """Compute (once) and return the value as a numpy array."""
+        from .codegen.reference import realize
+
+        return realize(self._node)
+
+    def item(self) -> Scalar:
+        return self.numpy().item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def torch(self):
+        from .interop.convert import to_torch
+
+        return to_torch(self.numpy())
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a.astype(dtype) if dtype is not None else a
+
+    def backward(self, gradient: Tensor | None = None) -> None:
+        """Accumulate d(self)/d(leaf) into ``.grad`` of every reachable tensor created with requires_grad=True."""
+        from .autodiff.api import backward
+
+        backward(self, gradient)
+
+    # ---- elementwise -----------------------------------------------------------------------------------------
+    def __add__(self, o):
+        return _binary(Op.ADD, self, o)
+
+    def __radd__(self, o):
+        return _binary(Op.ADD, o, self)
+
+    def __sub__(self, o):
+        return _binary(Op.SUB, self, o)
+
+    def __rsub__(self, o):
+        return _binary(Op.SUB, o, self)
+
+    def __mul__(self, o):
+        return _binary(Op.MUL, self, o)
+
+    def __rmul__(self, o):
+        return _binary(Op.MUL, o, self)
+
+    def __truediv__(self, o):
+        return _binary(Op.DIV, self, o, float_result=True)
+
+    def __rtruediv__(self, o):
+        return _binary(Op.DIV, o, self, float_result=True)
+
+    def __pow__(self, o):
+        if isinstance(o, (int, float)) and not isinstance(o, bool):
+            if o == 2:
+                return self * self
+            if o == 1:
+                return self
+            if o == 0.5:
+                return self.sqrt()
+            if o == -1:
+                return self.reciprocal()
+        return _binary(Op.POW, self, o, float_result=True)
+
+    def __rpow__(self, o):
+        return _binary(Op.POW, o, self, float_result=True)
+
+    def __neg__(self):
+        return _unary(Op.NEG, self)
+
+    def __matmul__(self, o):
+        return matmul(self, o)
+
+    def __rmatmul__(self, o):
+        return matmul(o, self)
+
+    def __lt__(self, o):
+        return _binary(Op.LT, self, o)
+
+    def __le__(self, o):
+        return _binary(Op.LE, self, o)
+
+    def __gt__(self, o):
+        return _binary(Op.LT, o, self)
+
+    def __ge__(self, o):
+        return _binary(Op.LE, o, self)
+
+    def __eq__(self, o):  # type: ignore[override]
+        return _binary(Op.EQ, self, o)
+
+    def __ne__(self, o):  # type: ignore[override]
+        return _binary(Op.NE, self, o)
+
+    def __invert__(self):
+        if self.dtype != dtypes.bool_:
+            raise DTypeError(at(f"~ needs a bool tensor, got {self.dtype}"))
+        return self == False  # noqa: E712
+
+    def __and__(self, o):
+        return _logical(self, o, Op.MIN)
+
+    def __or__(self, o):
+        return _logical(self, o, Op.MAX)
+
+    def exp(self):
+        return _unary(Op.EXP, self)
+
+    def log(self):
+        return _unary(Op.LOG, self)
+
+    def sqrt(self):
+        return _unary(Op.SQRT, self)
+
+    def rsqrt(self):
+        return _unary(Op.RECIP, _unary(Op.SQRT, self))
+
+    def reciprocal(self):
+        return _unary(Op.RECIP, self)
+
+    def sin(self):
+        return _unary(Op.SIN, self)
+
+    def cos(self):
+        return _unary(Op.COS, self)
+
+    def tanh(self):
+        return _unary(Op.TANH, self)
+
+    def sigmoid(self):
+        return _unary(Op.SIGMOID, self)
+
+    def relu(self):
+        return where(self > 0, self, 0)
+
+    def abs(self):
+        return _unary(Op.ABS, self)
+
+    def sign(self):
+        return _unary(Op.SIGN, self)
+
+    def maximum(self, o):
+        return _binary(Op.MAX, self, o)
+
+    def minimum(self, o):
+        return _binary(Op.MIN, self, o)
+
+    def clamp(self, min: Scalar | None = None, max: Scalar | None = None):
+        out = self
+        if min is not None:
+            out = out.maximum(min)
+        if max is not None:
+            out = out.minimum(max)
+        return out
+
+    def cast(self, dtype: Any) -> Tensor:
+        dtype = as_dtype(dtype)
+        return self if dtype == self.dtype else Tensor(make(Op.CAST, (self.node,), {"dtype": dtype}))
+
+    astype = to = cast
+
+    def float(self):
+        return self.cast(dtypes.float32)
+
+    def double(self):
+        return self.cast(dtypes.float64)
+
+    def half(self):
+        return self.cast(dtypes.float16)
+
+    # ---- reductions ------------------------------------------------------------------------------------------
+    def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        x = self.cast(dtypes.int64) if self.dtype in (dtypes.bool_, dtypes.int32) else self
+        return _reduce(Op.SUM, x, axis, keepdims, "sum")
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return _reduce(Op.REDUCE_MAX, self, axis, keepdims, "max")
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        return -_reduce(Op.REDUCE_MAX, -self, axis, keepdims, "min")
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+        x = _as_float(self)
+        return x.sum(axis, keepdims) / _count(x, axis)
+
+    def var(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, correction: int = 1) -> Tensor:
+        """Variance with Bessel's correction by default (as torch.var)."""
+        x = _as_float(self)
+        d = x - x.mean(axis, keepdims=True)
+        return (d * d).sum(axis, keepdims) / builtins.max(_count(x, axis) - correction, 0)
+
+    def std(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, correction: int = 1) -> Tensor:
+        return self.var(axis, keepdims, correction).sqrt()
+
+    def logsumexp(self, axis: int | Sequence[int] | None = -1, keepdims: bool = False) -> Tensor:
+        """log(sum(exp(x))) computed as m + log(sum(exp(x - m))), m the max: no overflow."""
+        m = self.max(axis, keepdims=True)
+        out = (self - m).exp().sum(axis, keepdims=True).log() + m
+        return out if keepdims else out.squeeze(_axes(axis, self.ndim, "logsumexp"))
+
+    def softmax(self, axis: int = -1) -> Tensor:
+        e = (self - self.max(axis, keepdims=True)).exp()
+        return e / e.sum(axis, keepdims=True)
+
+    def log_softmax(self, axis: int = -1) -> Tensor:
+        return self - self.logsumexp(axis, keepdims=True)
+
+    # ---- movement --------------------------------------------------------------------------------------------
+    def reshape(self, *shape: Any) -> Tensor:
+        shape = _shape_arg(shape)
+        if -1 in [int(d) for d in shape]:
+            if [int(d) for d in shape].count(-1) > 1:
+                raise ShapeError(at(f"reshape: only one -1 allowed, got {tuple(shape)}"))
+            known = math.prod(int(d) for d in shape if int(d) != -1)
+            total = math.prod(self.shape)
+            if known == 0 or total % known:
+                raise ShapeError(at(f"reshape: cannot view {fmt_shape(self.shape)} as {tuple(map(int, shape))}"))
+            rest = _exact_div(math.prod(self.shape), math.prod(d for d in shape if int(d) != -1))
+            shape = tuple(rest if int(d) == -1 else d for d in shape)
+        if tuple(map(int, shape)) == tuple(map(int, self.shape)):
+            return self
+        return Tensor(make(Op.RESHAPE, (self.node,), {"shape": tuple(shape)}))
+
+    view = reshape
+
+    def flatten(self, start: int = 0, end: int = -1) -> Tensor:
+        s, e = _axis(start, self.ndim, "flatten"), _axis(end, self.ndim, "flatten")
+        return self.reshape(*self.shape[:s], math.prod(self.shape[s:e + 1]), *self.shape[e + 1:])
+
+    def permute(self, *perm: Any) -> Tensor:
+        perm = tuple(_axis(p, self.ndim, "permute") for p in _shape_arg(perm))
+        if perm == tuple(range(self.ndim)):
+            return self
+        return Tensor(make(Op.PERMUTE, (self.node,), {"perm": perm}))
+
+    def transpose(self, a: int = -2, b: int = -1) -> Tensor:
+        perm = list(range(self.ndim))
+        a, b = _axis(a, self.ndim, "transpose"), _axis(b, self.ndim, "transpose")
+        perm[a], perm[b] = perm[b], perm[a]
+        return self.permute(*perm)
+
+    @property
+    def T(self) -> Tensor:
+        return self.permute(*reversed(range(self.ndim)))
+
+    @property
+    def mT(self) -> Tensor:
+        return self.transpose(-2, -1)
+
+    def expand(self, *shape: Any) -> Tensor:
+        shape = _shape_arg(shape)
+        if len(shape) < self.ndim:
+            raise ShapeError(at(f"expand: target {tuple(shape)} has fewer axes than {fmt_shape(self.shape)}"))
+        lead = len(shape) - self.ndim
+        x = self.reshape(*([1] * lead), *self.shape) if lead else self
+        shape = tuple(x.shape[i] if int(d) == -1 else d for i, d in enumerate(shape))
+        if tuple(map(int, shape)) == tuple(map(int, x.shape)):
+            return x
+        return Tensor(make(Op.EXPAND, (x.node,), {"shape": shape}))
+
+    def broadcast_to(self, shape: ShapeLike) -> Tensor:
+        return self.expand(*shape)
+
+    def squeeze(self, axis: int | Sequence[int] | None = None) -> Tensor:
+        if axis is None:
+            axes = [i for i, d in enumerate(self.shape) if int(d) == 1]
+        else:
+            axes = _axes(axis, self.ndim, "squeeze")
+            axes = [a for a in axes if int(self.shape[a]) == 1]
+        return self.reshape(*[d for i, d in enumerate(self.shape) if i not in axes])
+
+    def unsqueeze(self, axis: int) -> Tensor:
+        a = _axis(axis, self.ndim + 1, "unsqueeze")
+        return self.reshape(*self.shape[:a], 1, *self.shape[a:])
+
+    def flip(self, axis: int | Sequence[int] = 0) -> Tensor:
+        axes = _axes(axis, self.ndim, "flip")
+        idx = tuple(slice(None, None, -1) if i in axes else slice(None) for i in range(self.ndim))
+        return self[idx]
+
+    def __getitem__(self, index: Any) -> Tensor:
+        return _getitem(self, index)
+
+    def chunk(self, n: int, axis: int = 0) -> list[Tensor]:
+        a = _axis(axis, self.ndim, "chunk")
+        size = self.shape[a]
+        if int(size) % n:
+            raise ShapeError(at(f"chunk: axis {a} of size {int(size)} does not split into {n} equal chunks"))
+        step = size // n
+        return self.split(step, a)
+
+    def split(self, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
+        a = _axis(axis, self.ndim, "split")
+        total = self.shape[a]
+        if isinstance(sizes, int):
+            bounds, start = [], 0
+            while int(start) < int(total):
+                stop = start + sizes if int(start) + int(sizes) <= int(total) else total
+                bounds.append((start, stop))
+                start = stop
+        else:
+            if builtins.sum(int(s) for s in sizes) != int(total):
+                raise ShapeError(at(f"split: sizes {list(map(int, sizes))} do not add up to {int(total)}"))
+            bounds, start = [], 0
+            for s in sizes:
+                bounds.append((start, start + s))
+                start = start + s
+        return [_slice_axis(self, a, lo, hi) for lo, hi in bounds]
+
+    def pad(self, pads: Sequence[tuple[int, int]], value: Scalar = 0) -> Tensor:
+        """Constant padding: ``pads`` holds (before, after) per axis, from the first axis (numpy order)."""
+        pads = tuple((int(lo), int(hi)) for lo, hi in pads)
+        if len(pads) != self.ndim:
+            raise ShapeError(at(f"pad: needs {self.ndim} (before, after) pairs for {fmt_shape(self.shape)}, got {pads}"))
+        if all(p == (0, 0) for p in pads):
+            return self
+        return Tensor(make(Op.PAD, (self.node,), {"pads": pads, "value": value}))
+
+
+# ---- construction ---------------------------------------------------------------------------------------------
+
+def _data_node(data: Any, dtype: Any) -> Node:
+    from .interop.convert import to_numpy
+
+    arr = to_numpy(data)
+    if dtype is not None:
+        arr = arr.astype(as_dtype(dtype).np)
+    elif arr.dtype == np.float64 and not isinstance(data, np.ndarray) and type(data).__module__ != "torch":
+        arr = arr.astype(np.float32)  # Python floats default to float32, as in PyTorch
+    dtypes.from_numpy(arr.dtype)
+    arr = np.ascontiguousarray(arr)
+    arr.setflags(write=False)
+    return make(Op.DATA, (), {"array": arr})
+
+
+def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor from a numpy array, a torch tensor, a nested list or a Python scalar."""
+    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+
+
+def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
+    """``x`` as a Tensor; Python scalars take the dtype of ``like`` (weak typing)."""
+    if isinstance(x, Tensor):
+        return x
+    if like is not None and isinstance(x, (bool, int, float)):
+        return full(like.shape, x, dtypes.scalar_dtype(x, like.dtype))
+    return Tensor(x)
+
+
+def full(shape: ShapeLike, value: Scalar, dtype: Any = None) -> Tensor:
+    if dtype is None:
+        dtype = dtypes.bool_ if isinstance(value, bool) else dtypes.int64 if isinstance(value, int) else dtypes.float32
+    dtype = as_dtype(dtype)
+    shape = tuple(_shape_arg(tuple(shape)) if not isinstance(shape, int) else (shape,))
+    return Tensor(make(Op.CONST, (), {"value": dtype.np.type(value).item(), "shape": shape, "dtype": dtype}))
+
+
+def zeros(*shape: Any, dtype: Any = dtypes.float32) -> Tensor:
+    return full(_shape_arg(shape), 0, dtype)
+
+
+def ones(*shape: Any, dtype: Any = dtypes.float32) -> Tensor:
+    return full(_shape_arg(shape), 1, dtype)
+
+
+def zeros_like(x: Tensor, dtype: Any = None) -> Tensor:
+    return full(x.shape, 0, dtype or x.dtype)
+
+
+def ones_like(x: Tensor, dtype: Any = None) -> Tensor:
+    return full(x.shape, 1, dtype or x.dtype)
+
+
+def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: Any = None) -> Tensor:
+    if stop is None:
+        start, stop = 0, start
+    if dtype is None:
+        dtype = dtypes.int64 if all(isinstance(v, int) for v in (start, stop, step)) else dtypes.float32
+    return Tensor(np.arange(start, stop, step).astype(as_dtype(dtype).np))
+
+
+def _random(shape: tuple, dtype: Any, dist: str) -> Tensor:
+    dtype = as_dtype(dtype)
+    if not dtype.is_float:
+        raise DTypeError(at(f"random numbers need a float dtype, got {dtype}"))
+    s = session()
+    if s.tracing:  # inside a traced program: fresh numbers on every execution
+        node = make(Op.RAND, (), {"shape": shape, "dtype": dtype, "dist": dist})
+        s.scope.effectful.add(id(node))
+        return Tensor(node)
+    draw = s.rng.standard_normal if dist == "normal" else s.rng.random
+    return Tensor(draw(tuple(map(int, shape))).astype(dtype.np))
+
+
+def randn(*shape: Any, dtype: Any = dtypes.float32) -> Tensor:
+    """Standard normal samples (from the generator seeded by nf.manual_seed)."""
+    return _random(_shape_arg(shape), dtype, "normal")
+
+
+def rand(*shape: Any, dtype: Any = dtypes.float32) -> Tensor:
+    """Uniform samples in [0, 1)."""
+    return _random(_shape_arg(shape), dtype, "uniform")
+
+
+# ---- helpers --------------------------------------------------------------------------------------------------
+
+def _shape_arg(shape: tuple) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    for d in shape:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
+            raise ShapeError(at(f"a shape holds ints, got {d!r} in {shape}"))
+    return tuple(d if isinstance(d, int) else int(d) for d in shape)
+
+
+def _exact_div(a: int, b: int) -> int:
+    return a // b
+
+
+def _axis(axis: int, ndim: int, op: str) -> int:
+    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < builtins.max(ndim, 1):
+        raise ShapeError(at(f"{op}: axis {axis} out of range for a {ndim}-d tensor"))
+    return int(axis) % builtins.max(ndim, 1)
+
+
+def _axes(axis: int | Sequence[int] | None, ndim: int, op: str) -> list[int]:
+    if axis is None:
+        return list(range(ndim))
+    if isinstance(axis, (int, np.integer)):
+        return [_axis(axis, ndim, op)]
+    return sorted({_axis(a, ndim, op) for a in axis})
+
+
+def _count(x: Tensor, axis: int | Sequence[int] | None) -> int:
+    return math.prod(x.shape[a] for a in _axes(axis, x.ndim, "reduce"))
+
+
+def _as_float(x: Tensor) -> Tensor:
+    return x if x.dtype.is_float else x.cast(dtypes.float32)
+
+
+def broadcast_shapes(*shapes: tuple, op: str = "broadcast") -> tuple:
+    """numpy broadcasting; symbolic sizes win over equal plain ints so compiled graphs stay generic."""
+    nd = builtins.max(len(s) for s in shapes)
+    out = []
+    for i in range(nd):
+        dims = [s[i - nd + len(s)] for s in shapes if i - nd + len(s) >= 0]
+        sizes = {int(d) for d in dims} - {1}
+        if len(sizes) > 1:
+            raise ShapeError(at(f"{op}: cannot broadcast shapes {', '.join(fmt_shape(s) for s in shapes)}"))
+        big = [d for d in dims if int(d) != 1] or dims
+        sym = [d for d in big if type(d) is not int]
+        out.append(sym[0] if sym else big[0])
+    return tuple(out)
+
+
+def _expand_to(x: Tensor, shape: tuple) -> Tensor:
+    if tuple(map(int, x.shape)) == tuple(map(int, shape)):
+        return x
+    return x.expand(*shape)
+
+
+def _binary(op: Op, a: Any, b: Any, float_result: bool = False) -> Tensor:
+    name = op.name.lower()
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise TraceError(at(f"{name}: needs at least one tensor operand"))
+    a, b = _lift_pair(a, b, name)
+    dt = dtypes.promote(a.dtype, b.dtype)
+    if float_result and not dt.is_float:
+        dt = dtypes.float32
+    a, b = a.cast(dt), b.cast(dt)
+    shape = broadcast_shapes(a.shape, b.shape, op=name)
+    a, b = _expand_to(a, shape), _expand_to(b, shape)
+    return Tensor(make(op, (a.node, b.node)))
+
+
+def _lift_pair(a: Any, b: Any, name: str) -> tuple[Tensor, Tensor]:
+    for v in (a, b):
+        if not isinstance(v, (Tensor, bool, int, float, np.ndarray, np.generic)) and type(v).__module__ != "torch":
+            raise TraceError(at(f"{name}: unsupported operand of type {type(v).__name__}"))
+    if not isinstance(a, Tensor):
+        a = full((), a, dtypes.scalar_dtype(a, b.dtype)) if isinstance(a, (bool, int, float)) else Tensor(a)
+    if not isinstance(b, Tensor):
+        b = full((), b, dtypes.scalar_dtype(b, a.dtype)) if isinstance(b, (bool, int, float)) else Tensor(b)
+    return a, b
+
+
+def _logical(a: Tensor, b: Any, op: Op) -> Tensor:
+    b = as_tensor(b, like=a)
+    if a.dtype != dtypes.bool_ or b.dtype != dtypes.bool_:
+        raise DTypeError(at(f"& and | need bool tensors, got {a.dtype} and {b.dtype}"))
+    return _binary(op, a, b)
+
+
+def _unary(op: Op, x: Tensor) -> Tensor:
+    if not isinstance(x, Tensor):
+        x = Tensor(x)
+    if op in (Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID) and not x.dtype.is_float:
+        x = x.cast(dtypes.float32)
+    return Tensor(make(op, (x.node,)))
+
+
+def _reduce(op: Op, x: Tensor, axis: Any, keepdims: bool, name: str) -> Tensor:
+    axes = tuple(_axes(axis, x.ndim, name))
+    if not axes:
+        return x
+    for a in axes:
+        if op == Op.REDUCE_MAX and int(x.shape[a]) == 0:
+            raise ShapeError(at(f"{name}: reduction over an empty axis {a} of {fmt_shape(x.shape)}"))
+    return Tensor(make(op, (x.node,), {"axes": axes, "keepdims": bool(keepdims)}))
+
+
+def _slice_axis(x: Tensor, axis: int, lo: int, hi: int) -> Tensor:
+    starts = [0] * x.ndim
+    stops = list(x.shape)
+    starts[axis], stops[axis] = lo, hi
+    return Tensor(make(Op.SLICE, (x.node,), {"starts": tuple(starts), "stops": tuple(stops),
+                                               "steps": (1,) * x.ndim}))
+
+
+def _getitem(x: Tensor, index: Any) -> Tensor:
+    """Basic indexing: ints, slices (any step), None and one Ellipsis. A single SLICE node plus a reshape."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if builtins.sum(i is Ellipsis for i in index) > 1:
+        raise ShapeError(at("index: only one Ellipsis allowed"))
+    n_real = builtins.sum(1 for i in index if i is not None and i is not Ellipsis)
+    if n_real > x.ndim:
+        raise ShapeError(at(f"index: {n_real} indices for a {x.ndim}-d tensor of shape {fmt_shape(x.shape)}"))
+    if any(i is Ellipsis for i in index):
+        pos = next(j for j, i in enumerate(index) if i is Ellipsis)
+        index = index[:pos] + (slice(None),) * (x.ndim - n_real) + index[pos + 1:]
+    index = index + (slice(None),) * (x.ndim - builtins.sum(1 for i in index if i is not None))
+    starts, stops, steps, kinds = [], [], [], []  # kinds: "keep" | "drop" per axis, "new" per None
+    ax = 0
+    for i in index:
+        if i is None:
+            kinds.append("new")
+            continue
+        d = x.shape[ax]
+        if isinstance(i, slice):
+            step = 1 if i.step is None else int(i.step)
+            if step == 0:
+                raise ShapeError(at("index: slice step must not be zero"))
+            lo, hi = _slice_bounds(i.start, i.stop, step, d)
+            starts.append(lo)
+            stops.append(hi)
+            steps.append(step)
+            kinds.append("keep")
+        elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+            k = int(i)
+            if not -int(d) <= k < int(d):
+                raise ShapeError(at(f"index: {k} out of range for axis {ax} of size {int(d)}"))
+            start = k if k >= 0 else d + k
+            starts.append(start)
+            stops.append(start + 1)
+            steps.append(1)
+            kinds.append("drop")
+        else:
+            raise TraceError(at(f"index: unsupported index of type {type(i).__name__} "
+                                "(ints, slices, None and ... are supported)"))
+        ax += 1
+    node = x.node
+    if any(int(a) != 0 or int(b) != int(d) or s != 1 for a, b, s, d in zip(starts, stops, steps, x.shape)):
+        node = make(Op.SLICE, (node,), {"starts": tuple(starts), "stops": tuple(stops), "steps": tuple(steps)})
+    sliced = iter(node.shape)
+    final = []
+    for kind in kinds:
+        if kind == "new":
+            final.append(1)
+        elif kind == "keep":
+            final.append(next(sliced))
+        else:
+            next(sliced)
+    return Tensor(node).reshape(*final)
+
+
+def _slice_bounds(start: Any, stop: Any, step: int, d: int) -> tuple[int, int]:
+    """Clamped (start, stop) as Python slicing does, kept symbolic where a bound is derived from the size."""
+    lo, hi, _ = slice(None if start is None else int(start), None if stop is None else int(stop), step).indices(int(d))
+
+    def keep_symbolic(v: Any, concrete: int) -> int:
+        return d + int(v) if v is not None and int(v) < 0 and int(d) + int(v) == concrete else concrete
+
+    if step > 0:
+        lo = keep_symbolic(start, lo)
+        hi = d if stop is None or int(stop) >= int(d) else keep_symbolic(stop, hi)
+        return lo, hi if int(hi) >= int(lo) else lo
+    lo = d - 1 if start is None and int(d) > 0 else keep_symbolic(start, lo)
+    hi = -1 if stop is None else keep_symbolic(stop, hi)
+    return lo, hi if int(hi) <= int(lo) else lo
+
+
+# ---- free functions -------------------------------------------------------------------------------------------
+
+def matmul(a: Any, b: Any) -> Tensor:
+    """numpy matmul semantics: 1-d operands are promoted and squeezed, batch dims broadcast."""
+    a, b = _lift_pair(a, b, "matmul")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(at(f"matmul: operands must be at least 1-d, got {fmt_shape(a.shape)} @ {fmt_shape(b.shape)}"))
+    dt = dtypes.promote(a.dtype, b.dtype)
+    if not dt.is_float:
+        raise DTypeError(at(f"matmul: needs float operands, got {a.dtype} and {b.dtype}"))
+    a, b = a.cast(dt), b.cast(dt)
+    va, vb = a.ndim == 1, b.ndim == 1
+    a2 = a.reshape(1, *a.shape) if va else a
+    b2 = b.reshape(*b.shape, 1) if vb else b
+    if int(a2.shape[-1]) != int(b2.shape[-2]):
+        raise ShapeError(at(f"matmul: inner sizes differ: {fmt_shape(a.shape)} @ {fmt_shape(b.shape)}"))
+    batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2], op="matmul")
+    a3 = _expand_to(a2, (*batch, *a2.shape[-2:]))
+    b3 = _expand_to(b2, (*batch, *b2.shape[-2:]))
+    out = Tensor(make(Op.MATMUL, (a3.node, b3.node)))
+    if va:
+        out = out.squeeze(-2)
+    if vb:
+        out = out.squeeze(-1)
+    return out
+
+
+def where(cond: Any, a: Any, b: Any) -> Tensor:
+    """Elementwise ``a`` where ``cond`` else ``b``, with broadcasting."""
+    cond = cond if isinstance(cond, Tensor) else Tensor(cond)
+    if cond.dtype != dtypes.bool_:
+        raise DTypeError(at(f"where: condition must be bool, got {cond.dtype}"))
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        a = full((), a) if isinstance(a, (bool, int, float)) else Tensor(a)
+    a, b = _lift_pair(a, b, "where")
+    dt = dtypes.promote(a.dtype, b.dtype)
+    a, b = a.cast(dt), b.cast(dt)
+    shape = broadcast_shapes(cond.shape, a.shape, b.shape, op="where")
+    return Tensor(make(Op.WHERE, (_expand_to(cond, shape).node, _expand_to(a, shape).node, _expand_to(b, shape).node)))
+
+
+def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    if not tensors:
+        raise ShapeError(at("concat: needs at least one tensor"))
+    a = _axis(axis, tensors[0].ndim, "concat")
+    dt = tensors[0].dtype
+    for t in tensors[1:]:
+        dt = dtypes.promote(dt, t.dtype)
+    tensors = [t.cast(dt) for t in tensors]
+    if len(tensors) == 1:
+        return tensors[0]
+    return Tensor(make(Op.CONCAT, tuple(t.node for t in tensors), {"axis": a}))
+
+
+cat = concat
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    if not tensors:
+        raise ShapeError(at("stack: needs at least one tensor"))
+    a = _axis(axis, tensors[0].ndim + 1, "stack")
+    shapes = {tuple(map(int, t.shape)) for t in tensors}
+    if len(shapes) > 1:
+        raise ShapeError(at(f"stack: shapes differ: {', '.join(fmt_shape(t.shape) for t in tensors)}"))
+    return concat([t.unsqueeze(a) for t in tensors], a)
+
+
+def _fn(method: str):
+    def f(x: Any, *args: Any, **kwargs: Any) -> Tensor:
+        x = x if isinstance(x, Tensor) else Tensor(x)
+        return getattr(x, method)(*args, **kwargs)
+
+    f.__name__ = method
+    f.__doc__ = f"Functional form of ``Tensor.{method}``."
+    return f
+
+
+exp, log, sqrt, rsqrt, sin, cos = _fn("exp"), _fn("log"), _fn("sqrt"), _fn("rsqrt"), _fn("sin"), _fn("cos")
+tanh, sigmoid, relu, abs, sign = _fn("tanh"), _fn("sigmoid"), _fn("relu"), _fn("abs"), _fn("sign")
+reciprocal, clamp, cast, softmax, log_softmax = (_fn("reciprocal"), _fn("clamp"), _fn("cast"), _fn("softmax"),
+                                                 _fn("log_softmax"))
+logsumexp, reshape, permute, transpose, expand = (_fn("logsumexp"), _fn("reshape"), _fn("permute"),
+                                                  _fn("transpose"), _fn("expand"))
+squeeze, unsqueeze, flip, chunk, split, pad = (_fn("squeeze"), _fn("unsqueeze"), _fn("flip"), _fn("chunk"),
+                                               _fn("split"), _fn("pad"))
+sum, mean, var, std = _fn("sum"), _fn("mean"), _fn("var"), _fn("std")
+neg = _fn("__neg__")
+
+
+def max(x: Any, axis: Any = None, keepdims: bool = False) -> Tensor:
+    return as_tensor(x).max(axis, keepdims)
+
+
+def min(x: Any, axis: Any = None, keepdims: bool = False) -> Tensor:
+    return as_tensor(x).min(axis, keepdims)
+
+
+def maximum(a: Any, b: Any) -> Tensor:
+    return _binary(Op.MAX, a, b)
+
+
+def minimum(a: Any, b: Any) -> Tensor:
+    return _binary(Op.MIN, a, b)
+
+
+def silu(x: Tensor) -> Tensor:
+    return x * x.sigmoid()
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU; ``approximate="tanh"`` is the tanh form, the default the exact erf form via a tight erf polynomial."""
+    if approximate == "tanh":
+        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+    return 0.5 * x * (1 + erf(x * (1 / math.sqrt(2))))
+
+
+def erf(x: Tensor) -> Tensor:
+    """erf by Abramowitz-Stegun 7.1.26 refined (max abs error 1.2e-7): exp/recip compositions only."""
+    s = x.sign()
+    a = x.abs()
+    t = 1 / (1 + 0.5 * a)
+    poly = (-a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
+    return s * (1 - t * poly.exp())
