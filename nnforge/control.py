@@ -106,7 +106,8 @@ def scan(body: Callable, init: Any, xs: Any = None, reverse: bool = False, unrol
         n = xs_t[0].shape[0]
         for x in xs_t[1:]:
             if int(x.shape[0]) != int(n):
-                raise ShapeError(at(f"scan: xs leaves disagree on length: {', '.join(fmt_shape(x.shape) for x in xs_t)}"))
+                shapes = ", ".join(fmt_shape(x.shape) for x in xs_t)
+                raise ShapeError(at(f"scan: xs leaves disagree on length: {shapes}"))
         if length is not None and int(length) != int(n):
             raise ShapeError(at(f"scan: length={length} but xs have leading size {int(n)}"))
         length = n

@@ -64,7 +64,8 @@ class Tensor:
         """In-place update: this tensor now holds ``value`` (same shape and dtype). Inside nf.loop it is loop state."""
         value = as_tensor(value, like=self)
         if tuple(map(int, value.shape)) != tuple(map(int, self.shape)):
-            raise ShapeError(at(f"assign: shape {fmt_shape(value.shape)} does not fit tensor of {fmt_shape(self.shape)}"))
+            raise ShapeError(at(f"assign: shape {fmt_shape(value.shape)} does not fit a tensor of "
+                                f"{fmt_shape(self.shape)}"))
         if value.dtype != self.dtype:
             value = value.cast(self.dtype)
         sc = session().scope
@@ -436,7 +437,8 @@ class Tensor:
         """Constant padding: ``pads`` holds (before, after) per axis, from the first axis (numpy order)."""
         pads = tuple((int(lo), int(hi)) for lo, hi in pads)
         if len(pads) != self.ndim:
-            raise ShapeError(at(f"pad: needs {self.ndim} (before, after) pairs for {fmt_shape(self.shape)}, got {pads}"))
+            raise ShapeError(at(f"pad: needs {self.ndim} (before, after) pairs for {fmt_shape(self.shape)}, "
+                                f"got {pads}"))
         if all(p == (0, 0) for p in pads):
             return self
         return Tensor(make(Op.PAD, (self.node,), {"pads": pads, "value": value}))
