@@ -221,7 +221,7 @@ def loop(n: int, body: Callable) -> None:
     if extra:
         raise TraceError(at("loop: the body updated different tensors on its second trace; state must not depend on "
                             "Python-side conditions"))
-    for t, b, nn in zip(state, before, new):
+    for b, nn in zip(before, new):
         if tuple(map(int, nn.shape)) != tuple(map(int, b.shape)) or nn.dtype != b.dtype:
             raise ShapeError(at(f"loop: state {fmt_shape(b.shape)} {b.dtype} became {fmt_shape(nn.shape)} {nn.dtype}"))
     graph, consts = close_body(idx + ph, new, sc2)

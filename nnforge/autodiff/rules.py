@@ -29,7 +29,7 @@ def _sum_to(g: Tensor, shape: tuple) -> Tensor:
 def _slice_vjp(n: Node, x: Tensor, g: Tensor) -> Tensor:
     """Scatter ``g`` back into zeros of x's shape: per axis, strided steps are re-spread and edges padded."""
     a = n.attrs
-    for ax, (start, stop, step) in enumerate(zip(a["starts"], a["stops"], a["steps"])):
+    for ax, (start, step) in enumerate(zip(a["starts"], a["steps"])):
         size, count = x.shape[ax], g.shape[ax]
         if int(count) == 0:
             return _zeros(x)
