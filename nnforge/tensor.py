@@ -455,8 +455,8 @@ def _data_node(data: Any, dtype: Any) -> Node:
     elif arr.dtype == np.float64 and not isinstance(data, np.ndarray) and type(data).__module__ != "torch":
         arr = arr.astype(np.float32)  # Python floats default to float32, as in PyTorch
     dtypes.from_numpy(arr.dtype)
-    arr = np.ascontiguousarray(arr)
-    arr.setflags(write=False)
+    arr = np.array(arr, order="C")  # a private copy: 0-d stays 0-d (ascontiguousarray makes it 1-d), and the
+    arr.setflags(write=False)       # caller's own array is not turned read-only
     return make(Op.DATA, (), {"array": arr})
 
 
