@@ -24,7 +24,6 @@ from .errors import NNForgeError, TraceError, at
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import sym
 from .ir.node import Graph, Node
-from .ir.ops import Op
 from .passes import run_pipeline
 from .passes.rewrite import substitute
 from .passes.specialize import loop_length_symbols, specialize
@@ -191,7 +190,7 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> tu
     for t, before in state:
         t._rebind(before)
     graph = Graph(placeholders, outs + new_nodes, sc.effects)
-    implicit_nodes = _captured_parameters(graph, [b for _, b in state])
+    implicit_nodes = _captured_parameters(graph, state)
     mapping, implicit = {}, []
     for k, (n, t) in enumerate(implicit_nodes):
         mapping[id(n)] = placeholder(n.shape, n.dtype, f"param{k}")
@@ -203,21 +202,23 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> tu
     return graph, out_def, implicit, state_refs, len(outs)
 
 
-def _captured_parameters(graph: Graph, extra: list[Node]) -> list[tuple[Node, Tensor]]:
-    """DATA nodes that belong to live tensors requiring grad (parameters) or that are updated in place."""
+def _captured_parameters(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node, Tensor]]:
+    """Nodes held by live tensors that must be read at call time rather than baked in: tensors requiring grad
+    (parameters) and tensors updated in place (optimizer state, step counters, running statistics).
+
+    Any node kind counts, not only DATA: after an eager optimizer step a parameter holds an expression node, and
+    baking that in would freeze the parameter at its trace-time value.
+    """
     s = session()
-    extra_ids = {id(n) for n in extra}
+    state_of = {id(before): t for t, before in state}
     out = []
     for n in graph.order:  # captured values inside bodies are consts of their loop node: top-level too
-        if n.op != Op.DATA:
-            continue
-        ref = s.grad_leaves.get(id(n))
-        t = ref() if ref is not None else None
+        t = state_of.get(id(n))
+        if t is None:
+            ref = s.grad_leaves.get(id(n))
+            t = ref() if ref is not None else None
         if t is not None and t.node is n:
             out.append((n, t))
-        elif id(n) in extra_ids:
-            raise TraceError(f"compile: a tensor updated in place must require grad or be an input "
-                             f"(created at {n.loc})")
     return out
 
 
