@@ -23,7 +23,8 @@ from .dtypes import from_numpy
 from .errors import NNForgeError, TraceError, at
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import sym
-from .ir.node import Graph, Node
+from .ir.node import Graph, Node, toposort
+from .ir.ops import Op
 from .passes import run_pipeline
 from .passes.rewrite import substitute
 from .passes.specialize import loop_length_symbols, specialize
@@ -184,41 +185,45 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> tu
             else:
                 raise TraceError(at(f"compile: the function returned a {type(v).__name__}; return tensors"))
         outs.append(v.node)
-    # In-place updates of captured tensors become extra outputs written back after each call.
-    state = [(t, before) for t, before in sc.assigned.values()]
+    # In-place updates of captured tensors become extra outputs written back after each call; their values
+    # before the call, like captured parameters, become inputs read at call time instead of baked constants.
+    inside = _dependents(outs + [t.node for t, _ in sc.assigned.values()], placeholders)
+    state = [(t, before) for t, before in sc.assigned.values() if id(before) not in inside]
     new_nodes = [t.node for t, _ in state]
-    for t, before in state:
+    for t, before in sc.assigned.values():
         t._rebind(before)
     graph = Graph(placeholders, outs + new_nodes, sc.effects)
-    implicit_nodes = _captured_parameters(graph, state)
-    mapping, implicit = {}, []
-    for k, (n, t) in enumerate(implicit_nodes):
-        mapping[id(n)] = placeholder(n.shape, n.dtype, f"param{k}")
-        implicit.append(weakref.ref(t))
+    captured = _captured(graph, state)
+    mapping = {id(n): placeholder(n.shape, n.dtype, f"param{k}") for k, (n, _) in enumerate(captured)}
     graph = substitute(graph, mapping)
-    graph = Graph(tuple(graph.inputs) + tuple(mapping[id(n)] for n, _ in implicit_nodes), graph.outputs,
-                  graph.effects)
+    graph = Graph(tuple(graph.inputs) + tuple(mapping[id(n)] for n, _ in captured), graph.outputs, graph.effects)
+    implicit = [weakref.ref(t) for _, t in captured]
     state_refs = [(weakref.ref(t), len(outs) + i) for i, (t, _) in enumerate(state)]
     return graph, out_def, implicit, state_refs, len(outs)
 
 
-def _captured_parameters(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node, Tensor]]:
-    """Nodes held by live tensors that must be read at call time rather than baked in: tensors requiring grad
-    (parameters) and tensors updated in place (optimizer state, step counters, running statistics).
+def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:
+    """ids of the nodes under ``roots`` computed from the function's inputs (made during this call)."""
+    out = {id(p) for p in placeholders}
+    for n in toposort(roots, placeholders):
+        if any(id(s) in out for s in n.srcs):
+            out.add(id(n))
+    return out
 
-    Any node kind counts, not only DATA: after an eager optimizer step a parameter holds an expression node, and
-    baking that in would freeze the parameter at its trace-time value.
-    """
+
+def _captured(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node, Tensor]]:
+    """Values read at call time: the tensors updated in place, then live parameters (tensors requiring grad)."""
     s = session()
-    state_of = {id(before): t for t, before in state}
-    out = []
+    out = [(before, t) for t, before in state]
+    seen = {id(n) for n, _ in out}
     for n in graph.order:  # captured values inside bodies are consts of their loop node: top-level too
-        t = state_of.get(id(n))
-        if t is None:
-            ref = s.grad_leaves.get(id(n))
-            t = ref() if ref is not None else None
+        if n.op != Op.DATA or id(n) in seen:
+            continue
+        ref = s.grad_leaves.get(id(n))
+        t = ref() if ref is not None else None
         if t is not None and t.node is n:
             out.append((n, t))
+            seen.add(id(n))
     return out
 
 
