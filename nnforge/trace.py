@@ -78,6 +78,16 @@ def scope(kind: str) -> Iterator[Scope]:
         s.scopes.pop()
 
 
+@contextlib.contextmanager
+def fresh_session() -> Iterator[Session]:
+    """Run a block in a new, empty session (tests use it so pending effects never leak between them)."""
+    token = _SESSION.set(Session())
+    try:
+        yield _SESSION.get()
+    finally:
+        _SESSION.reset(token)
+
+
 def manual_seed(seed: int) -> None:
     """Seed the generator behind ``nf.randn``/``nf.rand`` and random ops of programs run in this context."""
     session().rng = np.random.default_rng(seed)
