@@ -20,6 +20,7 @@ from . import dtypes
 from .dtypes import DType, as_dtype
 from .errors import DTypeError, ShapeError, TraceError, at
 from .ir.build import make
+from .ir.dims import Dim
 from .ir.node import Node
 from .ir.ops import Op, fmt_shape
 from .trace import session
@@ -435,7 +436,7 @@ class Tensor:
 
     def pad(self, pads: Sequence[tuple[int, int]], value: Scalar = 0) -> Tensor:
         """Constant padding: ``pads`` holds (before, after) per axis, from the first axis (numpy order)."""
-        pads = tuple((int(lo), int(hi)) for lo, hi in pads)
+        pads = tuple((lo, hi) for lo, hi in _shape_pairs(pads))
         if len(pads) != self.ndim:
             raise ShapeError(at(f"pad: needs {self.ndim} (before, after) pairs for {fmt_shape(self.shape)}, "
                                 f"got {pads}"))
@@ -462,6 +463,8 @@ def _data_node(data: Any, dtype: Any) -> Node:
 
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     """A tensor from a numpy array, a torch tensor, a nested list or a Python scalar."""
+    if isinstance(data, Dim) and not requires_grad:
+        return full((), data, dtype or dtypes.int64)  # a size used as a value stays symbolic
     return Tensor(data, dtype=dtype, requires_grad=requires_grad)
 
 
@@ -475,11 +478,14 @@ def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
 
 
 def full(shape: ShapeLike, value: Scalar, dtype: Any = None) -> Tensor:
+    """``shape`` filled with ``value``. A symbolic size as value (``x.shape[0]``) stays symbolic, so a compiled
+    function that divides by a sequence length stays correct when the length changes."""
     if dtype is None:
         dtype = dtypes.bool_ if isinstance(value, bool) else dtypes.int64 if isinstance(value, int) else dtypes.float32
     dtype = as_dtype(dtype)
     shape = tuple(_shape_arg(tuple(shape)) if not isinstance(shape, int) else (shape,))
-    return Tensor(make(Op.CONST, (), {"value": dtype.np.type(value).item(), "shape": shape, "dtype": dtype}))
+    value = value if isinstance(value, Dim) else dtype.np.type(value).item()
+    return Tensor(make(Op.CONST, (), {"value": value, "shape": shape, "dtype": dtype}))
 
 
 def zeros(*shape: Any, dtype: Any = dtypes.float32) -> Tensor:
@@ -538,6 +544,16 @@ def _shape_arg(shape: tuple) -> tuple:
         if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
             raise ShapeError(at(f"a shape holds ints, got {d!r} in {shape}"))
     return tuple(d if isinstance(d, int) else int(d) for d in shape)
+
+
+def _shape_pairs(pads: Any) -> tuple:
+    try:
+        pairs = tuple((lo, hi) for lo, hi in pads)
+    except (TypeError, ValueError):
+        raise ShapeError(at(f"pad: expected (before, after) pairs, got {pads!r}")) from None
+    for p in pairs:
+        _shape_arg(p)
+    return pairs
 
 
 def _exact_div(a: int, b: int) -> int:
@@ -707,6 +723,8 @@ def _slice_bounds(start: Any, stop: Any, step: int, d: int) -> tuple[int, int]:
     lo, hi, _ = slice(None if start is None else int(start), None if stop is None else int(stop), step).indices(int(d))
 
     def keep_symbolic(v: Any, concrete: int) -> int:
+        if isinstance(v, Dim) and int(v) == concrete:
+            return v
         return d + int(v) if v is not None and int(v) < 0 and int(d) + int(v) == concrete else concrete
 
     if step > 0:

@@ -93,7 +93,8 @@ def _pad(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
 
 
 def _const(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    return np.full(tuple(map(int, node.shape)), node.attrs["value"], dtype=node.dtype.np)
+    value = node.attrs["value"]
+    return np.full(tuple(map(int, node.shape)), int(value) if isinstance(value, int) else value, dtype=node.dtype.np)
 
 
 def _rand(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
