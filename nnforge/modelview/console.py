@@ -1,0 +1,150 @@
+"""Terminal output: a Rich progress bar while a sweep runs, and the closing table.
+
+The closing table has one row per setting and one column per backend: throughput and, in brackets, the ratio to
+eager; the fastest backend of the row is named and highlighted. Cells that did not produce a time show their status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+STATUS_STYLE = {
+    "ok": "green",
+    "skipped": "dim",
+    "mismatch": "magenta",
+    "failed": "red",
+    "timeout": "yellow",
+    "oom": "yellow",
+    "crashed": "red",
+}
+
+
+class SweepProgress:
+    """Cells done / total with an ETA; the description names the setting being measured and the status counts."""
+
+    def __init__(self, total: int, enabled: bool = True, console: Console | None = None) -> None:
+        self.enabled = enabled
+        self.counts: Counter[str] = Counter()
+        self._setting = ""
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("cells"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+            disable=not enabled,
+        )
+        self._task = self._progress.add_task("starting", total=total)
+
+    def __enter__(self) -> SweepProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def _describe(self) -> str:
+        counts = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+        return f"{self._setting} {counts}".strip()
+
+    def setting(self, label: str) -> None:
+        self._setting = label
+        self._progress.update(self._task, description=self._describe())
+
+    def done(self, status: str) -> None:
+        self.counts[status] += 1
+        self._progress.update(self._task, advance=1, description=self._describe())
+
+
+def setting_label(row: Any) -> str:
+    params = json.loads(row["params_json"] or "{}")
+    p = ",".join(f"{k}={v}" for k, v in sorted(params.items()))
+    return f"{row['variant']} N={row['batch']} T={row['seq_len']} {row['layout']} {row['dtype']} {row['mode']} " \
+           f"{row['device']}" + (f" [{p}]" if p else "")
+
+
+def _fmt(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Sequence[str] = ()) -> Table:
+    """Per setting (a section): each backend's throughput, its ratio to eager and CI half-width; the fastest starred.
+
+    Long format (one line per backend) so that it stays readable in an 80-column terminal or a CI log."""
+    table = Table(title=title, show_lines=False)
+    table.add_column("setting", overflow="fold", max_width=44)
+    table.add_column("backend", no_wrap=True)
+    table.add_column("throughput", justify="right", no_wrap=True)
+    table.add_column("vs eager", justify="right", no_wrap=True)
+    table.add_column("±CI", justify="right", no_wrap=True)
+    order = {b: i for i, b in enumerate(backend_order)}
+    first_section = True
+    for _, group in df.groupby("setting_key", sort=False):
+        group = group.assign(_o=[order.get(b, len(order)) for b in group["backend"]]).sort_values("_o", kind="stable")
+        ok = group[group["status"] == "ok"]
+        eager = ok[ok["backend"] == "eager"]["throughput"]
+        eager_thr = float(eager.iloc[0]) if len(eager) else None
+        fastest = ok.loc[ok["throughput"].idxmax()]["backend"] if len(ok) else None
+        if not first_section:
+            table.add_section()
+        first_section = False
+        label = setting_label(group.iloc[0])
+        for i, (_, r) in enumerate(group.iterrows()):
+            name = r["backend"]
+            setting = label if i == 0 else ""
+            if r["status"] != "ok":
+                table.add_row(setting, name, f"[{STATUS_STYLE.get(r['status'], '')}]{r['status']}[/]", "", "")
+                continue
+            thr = f"{_fmt(float(r['throughput']))} {str(r['throughput_unit']).replace('/s', '')}/s"
+            ratio = f"{float(r['throughput']) / eager_thr:.2f}×" if eager_thr else "-"
+            ci = ""
+            if r["median_s"] and r["ci_high_s"] == r["ci_high_s"]:
+                half = max(float(r["ci_high_s"]) - float(r["median_s"]), float(r["median_s"]) - float(r["ci_low_s"]))
+                ci = f"{100 * half / float(r['median_s']):.1f}%"
+            if name == fastest:
+                name, thr, ratio = f"[bold green]★ {name}[/]", f"[bold green]{thr}[/]", f"[bold green]{ratio}[/]"
+            table.add_row(setting, name, thr, ratio, ci)
+    return table
+
+
+def print_closing_table(
+    df: pd.DataFrame, console: Console | None = None, title: str = "ModelView", backend_order: Sequence[str] = ()
+) -> None:
+    console = console or Console()
+    console.print(closing_table(df, title, backend_order))
+    not_ok = df[df["status"] != "ok"] if len(df) else df
+    if len(not_ok):
+        console.print("[dim]cells without a time:[/]")
+        for _, r in not_ok.iterrows():
+            err = (r["error"] or "").strip().splitlines()
+            first = err[0] if err else ""
+            if r["status"] in ("failed", "crashed") and len(err) > 1:
+                first = err[-1]  # the exception line, not the traceback header
+            console.print(f"  [{STATUS_STYLE.get(r['status'], '')}]{r['status']:8}[/] {r['backend']:24} "
+                          f"{setting_label(r)}: {first[:160]}", highlight=False)

@@ -1,0 +1,81 @@
+"""Shared pieces of the figures: the figure record, stable backend colours, number formatting, layout defaults.
+
+Why one colour per backend everywhere: a reader learns "orange is jit.script" once, on the first chart, and every
+later chart (scaling, roofline, latency) reads at a glance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from .data import CellRow
+
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+)  # fmt: skip
+BASELINE = "eager"
+MAX_BARS = 40  # categories in the throughput chart before the rest are summarised in its note
+MAX_PANELS = 6  # variants shown in the scaling charts
+MAX_HEATMAP_ROWS = 60  # settings before the speed-up heatmap aggregates (geometric mean) per variant and setting group
+MAX_POINTS_SVG = 1500  # above this a scatter uses WebGL so the page stays responsive
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One chart of the report: ``figure`` is None when the run has no data for it, and ``note`` says why."""
+
+    id: str
+    title: str
+    figure: go.Figure | None
+    note: str = ""
+
+
+def backend_colors(backends: Iterable[str]) -> dict[str, str]:
+    """Eager first (the baseline is always blue), then the rest alphabetically."""
+    names = sorted(set(backends), key=lambda b: (b != BASELINE, b))
+    return {b: PALETTE[i % len(PALETTE)] for i, b in enumerate(names)}
+
+
+def fmt_si(x: float | None, unit: str = "") -> str:
+    """3 significant digits with an SI prefix: 2.62 M vectors/s, 41.3 GFLOP/s."""
+    if x is None or not math.isfinite(x):
+        return "–"
+    for f, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")):
+        if abs(x) >= f:
+            return f"{x / f:.3g} {p}{unit}".strip()
+    return f"{x:.3g} {unit}".strip()
+
+
+def fmt_s(x: float | None) -> str:
+    return fmt_si(x, "s")
+
+
+def unit_of(cells: Sequence[CellRow]) -> str:
+    """The most common throughput unit (variants of one run normally share it)."""
+    units = Counter(c.throughput_unit for c in cells if c.ok)
+    return units.most_common(1)[0][0] if units else "vectors/s"
+
+
+def base_layout(title: str, height: int = 420, **extra: Any) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "x": 0.01, "xanchor": "left"},
+        "template": "plotly_white",
+        "height": height,
+        "margin": {"l": 60, "r": 20, "t": 60, "b": 50},
+        "legend": {"title": {"text": "backend"}},
+        "hoverlabel": {"namelength": -1},
+        **extra,
+    }
+
+
+def spans_decade(values: Iterable[float | None], factor: float = 8.0) -> bool:
+    """Whether an axis should be logarithmic: the positive values span at least ``factor``."""
+    v = [x for x in values if x is not None and x > 0]
+    return bool(v) and max(v) / min(v) >= factor

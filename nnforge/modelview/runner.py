@@ -1,0 +1,236 @@
+"""The sweep: spec → cells → one worker per setting → rows in the store.
+
+Isolation and interleaving pull in opposite directions: interleaving needs every backend of a setting in one process,
+isolation wants every cell alone. The runner gives each *setting* one worker, which holds all of that setting's
+backends and times them in interleaved rounds. When that worker dies (segfault, hang, OOM), its finished rows are
+already committed; the backend that was running (known from the worker's phase markers) gets the crash row, and every
+backend still without a row is re-run *alone* in a fresh worker — so one crashing backend is recorded without losing
+the others, which are then timed without interleaving (marked ``alone`` in their metrics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import shutil
+import tempfile
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .backends import backend_registry
+from .console import SweepProgress, print_closing_table, setting_label
+from .isolation import Outcome, run_worker
+from .metrics import available_cpus
+from .spec import Cell, SweepSpec, expand, merge, settings, spec_from_mapping, spec_from_toml, validate
+from .store import STATUSES, Store, cell_identity
+from .variants import variant_registry
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from rich.console import Console
+
+
+@dataclass
+class SweepResult:
+    run_id: str
+    db: str
+    total: int  # cells in the spec
+    ran: int  # cells measured by this call (the rest were finished already)
+    counts: dict[str, int]
+
+    def cells(self) -> pd.DataFrame:
+        with Store(self.db) as s:
+            return s.cells(self.run_id)
+
+
+def load_spec(spec: SweepSpec | Mapping[str, Any] | str | Path | None, overrides: Mapping[str, Any]) -> SweepSpec:
+    if spec is None or isinstance(spec, SweepSpec):
+        base = spec
+    elif isinstance(spec, str | Path):
+        base = spec_from_toml(spec)
+    else:
+        base = spec_from_mapping(spec)
+    return merge(base, overrides) if overrides or base is None else base
+
+
+def _setting_seed(run_seed: int, setting_key: str) -> int:
+    return (run_seed * 1_000_003 + zlib.crc32(setting_key.encode())) % (2**31 - 1)
+
+
+def sweep(
+    spec: SweepSpec | Mapping[str, Any] | str | Path | None = None,
+    *,
+    db: str | Path = "modelview.db",
+    resume: bool = False,
+    force: bool = False,
+    retry_failed: bool = False,
+    run_id: str | None = None,
+    progress: bool = True,
+    table: bool = True,
+    console: Console | None = None,
+    extra_variants: Iterable[type] = (),
+    extra_backends: Iterable[type] = (),
+    workdir: str | Path | None = None,
+    **fields: Any,
+) -> SweepResult:
+    """Run a sweep and return its run id and status counts.
+
+    ``spec`` is a :class:`SweepSpec`, a mapping, or a TOML path; keyword ``fields`` override it (``batch=[1, 8]``,
+    ``timing={"budget_s": 2}``...). ``resume`` continues the latest run with the same name and spec (or ``run_id``),
+    skipping cells that already have a row; ``force`` re-measures them (new rows; readers take the latest);
+    ``retry_failed`` re-measures only cells whose row is not ``ok``/``skipped``. ``extra_variants`` and
+    ``extra_backends`` add classes (defined in an importable module or a file) to the registries. The spec is fully
+    validated before anything runs.
+    """
+    from rich.console import Console
+
+    spec = load_spec(spec, fields)
+    vreg = variant_registry(spec.plugins, extra_variants)
+    breg = backend_registry(spec.plugins, extra_backends)
+    validate(spec, vreg, breg)
+    cells = expand(spec, vreg)
+    console = console or Console()
+    store = Store(db)
+    try:
+        if resume or run_id:
+            spec_json = spec.to_json()
+            rid = run_id or store.latest_run(spec.name, spec_json)
+            if run_id and store.run(run_id) is None:
+                raise KeyError(f"no run {run_id!r} in {db}")
+        else:
+            rid = None
+        threads = spec.timing.threads or available_cpus()
+        if rid is not None:
+            stored = json.loads(store.run(rid)["spec_json"])  # type: ignore[index]
+            spec = dataclasses.replace(spec, seed=stored.get("seed", spec.seed))
+            env = json.loads(store.run(rid)["env_json"] or "{}")  # type: ignore[index]
+        else:
+            if spec.seed is None:
+                spec = dataclasses.replace(spec, seed=random.SystemRandom().randrange(2**31))
+            env = _environment(spec, threads, Path(workdir) if workdir else None)
+            rid = store.new_run(spec.name, spec.to_json(), env)
+        finished: set[str] = set()
+        if not force:
+            keep = [s for s in STATUSES if s in ("ok", "skipped")] if retry_failed else list(STATUSES)
+            finished = store.finished_keys(rid, keep)
+        pending = [c for c in cells if c.key not in finished]
+        if progress:
+            console.print(f"[bold]ModelView[/] run [cyan]{rid}[/] ({spec.name}): {len(cells)} cells, "
+                          f"{len(pending)} to measure, {threads} threads, db {db}", highlight=False)
+        tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="modelview-"))
+        try:
+            with SweepProgress(len(pending), enabled=progress, console=console) as bar:
+                ctx = _RunContext(spec, rid, str(db), vreg, breg, env, threads, tmp, bar, store)
+                for group in settings(pending).values():
+                    ctx.run_setting(group)
+        finally:
+            if not workdir:
+                shutil.rmtree(tmp, ignore_errors=True)
+        result = SweepResult(rid, str(db), len(cells), len(pending), dict(ctx.bar.counts))
+        if table:
+            print_closing_table(store.cells(rid), console, f"ModelView run {rid} ({spec.name})", spec.backends)
+        return result
+    finally:
+        store.close()
+
+
+def _environment(spec: SweepSpec, threads: int, workdir: Path | None) -> dict[str, Any]:
+    """Environment fingerprint and machine peaks, measured in a worker with the sweep's thread setting."""
+    tmp = workdir or Path(tempfile.mkdtemp(prefix="modelview-env-"))
+    out = tmp / "env.json"
+    device = "cuda" if "cuda" in spec.device else "cpu"
+    job = {"kind": "peaks", "threads": threads, "device": device, "dtypes": list(spec.dtype),
+           "measure_peaks": spec.measure_peaks, "out": str(out), "memory_mb": spec.isolation.memory_mb}
+    try:
+        outcome = run_worker(job, tmp, max(120.0, spec.isolation.timeout_s), spec.isolation.memory_mb, threads)
+        if outcome.status == "ok" and out.exists():
+            env = json.loads(out.read_text())
+        else:
+            env = {"env_error": outcome.error}
+    finally:
+        if workdir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    env["threads"] = threads
+    env.setdefault("peak_flops", None)
+    env.setdefault("peak_bytes_per_s", None)
+    return env
+
+
+@dataclass
+class _RunContext:
+    spec: SweepSpec
+    run_id: str
+    db: str
+    vreg: Any
+    breg: Any
+    env: dict[str, Any]
+    threads: int
+    workdir: Path
+    bar: SweepProgress
+    store: Store
+
+    def job(self, cells: list[Cell], alone: bool) -> dict[str, Any]:
+        first = cells[0]
+        return {
+            "kind": "setting",
+            "run_id": self.run_id,
+            "db": self.db,
+            "cells": [c.to_dict() for c in cells],
+            "variant_ref": self.vreg.ref(first.variant),
+            "backend_refs": {c.backend: self.breg.ref(c.backend) for c in cells},
+            "timing": dataclasses.asdict(self.spec.timing),
+            "tolerance": list(self.spec.tolerance(first.dtype)),
+            "check": self.spec.check,
+            "seed": _setting_seed(self.spec.seed or 0, first.setting_key),
+            "threads": self.threads,
+            "memory_mb": self.spec.isolation.memory_mb,
+            "device": first.device,
+            "peaks": {k: self.env.get(k) for k in ("peak_flops", "peak_flops_by_dtype", "peak_bytes_per_s")},
+            "alone": alone,
+        }
+
+    def record(self, cell: Cell, status: str, error: str) -> None:
+        import time
+
+        now = time.time()
+        self.store.append_cell(cell_identity(self.run_id, cell) | {"status": status, "error": error,
+                                                                    "started": now, "finished": now})
+        self.bar.done(status)
+
+    def run_setting(self, cells: list[Cell], alone: bool = False) -> None:
+        label = setting_label({**cells[0].to_dict(), "params_json": cells[0].params_json})
+        self.bar.setting(label + (f" · {cells[0].backend} alone" if alone else ""))
+
+        def on_event(ev: dict[str, Any]) -> None:
+            if ev["event"] == "row":
+                self.bar.done(ev["status"])
+
+        outcome: Outcome = run_worker(
+            self.job(cells, alone), self.workdir, self.spec.isolation.timeout_s, self.spec.isolation.memory_mb,
+            self.threads, on_event,
+        )
+        missing = [c for c in cells if c.key not in outcome.rows]
+        if not missing:
+            return
+        if outcome.status == "ok":
+            for c in missing:
+                self.record(c, "failed", "worker exited without recording this cell")
+            return
+        phase = outcome.last_phase
+        culprit = next((c for c in missing if c.backend == phase.get("backend")), None)
+        if len(cells) == 1:
+            culprit = missing[0]
+        if culprit is None and phase.get("phase") in (None, "setup"):
+            # Building the variant or its reference is shared by every backend: they would all die the same way.
+            for c in missing:
+                self.record(c, outcome.status, outcome.error + "\n(while building the variant / reference)")
+            return
+        if culprit is not None:
+            self.record(culprit, outcome.status, outcome.error)
+        for c in missing:
+            if c is not culprit:
+                self.run_setting([c], alone=True)

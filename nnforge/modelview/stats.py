@@ -1,0 +1,112 @@
+"""Statistics for timings: the confidence interval of a median, and whether two sets of timings differ.
+
+Timings are skewed (a floor plus a tail of interruptions), so everything here is distribution-free: the CI of the
+median from order statistics (exact binomial ranks), a bootstrap as an alternative, and Mann-Whitney U for "did it
+change". The median, not the mean, is what the sweep reports: one preempted call does not move it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(median, low, high): a distribution-free CI of the median from order statistics.
+
+    The number of samples below the true median is Binomial(n, 1/2); the ranks ``j < k`` are chosen so that
+    P(j <= B < k) >= confidence. With too few samples for that (n < 6 at 95 %) the interval is the full range, which
+    is honest: it is as wide as the data."""
+    x = np.sort(np.asarray(samples, dtype=float))
+    n = len(x)
+    if n == 0:
+        raise ValueError("no samples")
+    med = float(np.median(x))
+    alpha = 1.0 - confidence
+    # lowest rank j (0-based) with P(B < j+1) <= alpha/2, i.e. the largest j with binom.cdf(j, n, .5) <= alpha/2
+    j = int(sps.binom.ppf(alpha / 2, n, 0.5)) - 1
+    if j < 0 or sps.binom.cdf(j, n, 0.5) > alpha / 2:
+        j -= 1
+    if j < 0:
+        return med, float(x[0]), float(x[-1])
+    k = n - 1 - j
+    return med, float(x[j]), float(x[k])
+
+
+def bootstrap_median_ci(
+    samples: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int | None = None
+) -> tuple[float, float, float]:
+    """(median, low, high) by the percentile bootstrap; an alternative when order statistics are too coarse."""
+    x = np.asarray(samples, dtype=float)
+    rng = np.random.default_rng(seed)
+    meds = np.median(rng.choice(x, size=(n_boot, len(x)), replace=True), axis=1)
+    a = (1 - confidence) / 2
+    return float(np.median(x)), float(np.quantile(meds, a)), float(np.quantile(meds, 1 - a))
+
+
+def rel_halfwidth(med: float, lo: float, hi: float) -> float:
+    """The larger side of the CI relative to the median: the figure the adaptive repeats drive below the target."""
+    if med <= 0:
+        return float("inf")
+    return max(med - lo, hi - med) / med
+
+
+def percentiles(samples: Sequence[float], qs: Sequence[float] = (5, 25, 50, 75, 95, 99)) -> dict[str, float]:
+    x = np.asarray(samples, dtype=float)
+    return {f"p{q:g}": float(np.percentile(x, q)) for q in qs} | {"min": float(x.min()), "max": float(x.max())}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """B relative to A. ``ratio`` = median(B)/median(A) (<1: B is faster); ``ratio_ci`` its bootstrap CI;
+    ``p`` the two-sided Mann-Whitney U p-value."""
+
+    median_a: float
+    median_b: float
+    ratio: float
+    ratio_ci: tuple[float, float]
+    p: float
+    n_a: int
+    n_b: int
+
+
+def compare_samples(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, n_boot: int = 2000, seed: int | None = None
+) -> Comparison:
+    """Mann-Whitney U test and a bootstrap CI of the ratio of medians."""
+    xa = np.asarray(a, dtype=float)
+    xb = np.asarray(b, dtype=float)
+    if len(xa) < 2 or len(xb) < 2:
+        raise ValueError("need at least two samples on each side")
+    p = float(sps.mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
+    rng = np.random.default_rng(seed)
+    ma = np.median(rng.choice(xa, size=(n_boot, len(xa)), replace=True), axis=1)
+    mb = np.median(rng.choice(xb, size=(n_boot, len(xb)), replace=True), axis=1)
+    ratios = mb / ma
+    q = (1 - confidence) / 2
+    med_a, med_b = float(np.median(xa)), float(np.median(xb))
+    return Comparison(
+        median_a=med_a,
+        median_b=med_b,
+        ratio=med_b / med_a,
+        ratio_ci=(float(np.quantile(ratios, q)), float(np.quantile(ratios, 1 - q))),
+        p=p,
+        n_a=len(xa),
+        n_b=len(xb),
+    )
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values: comparing many cells at once must not turn noise into 'significant'."""
+    p = np.asarray(pvalues, dtype=float)
+    m = len(p)
+    order = np.argsort(p)
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, idx in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[idx]))
+        adjusted[idx] = running
+    return adjusted.tolist()

@@ -1,0 +1,44 @@
+"""Variants: model implementations a sweep can compare. See :mod:`.base` for the interface.
+
+:func:`variant_registry` builds the registry a sweep uses: the built-ins, then entry points of the group
+``nnforge.modelview.variants``, then plugins named by the spec, then classes passed in. It is a function, not a module
+global, so that two sweeps in one process never see each other's plugins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..registry import Registry
+from .base import NnforgeImpl, Param, Request, Variant
+from .gru import GRUTorch, MinGRUScan
+from .lstm import LSTMCombined, LSTMManual, LSTMPremult, LSTMStacked, LSTMTorch
+from .models import Bonito, Transformer
+
+BUILTIN_VARIANTS: tuple[type[Variant], ...] = (
+    LSTMManual,
+    LSTMCombined,
+    LSTMPremult,
+    LSTMStacked,
+    LSTMTorch,
+    GRUTorch,
+    MinGRUScan,
+    Bonito,
+    Transformer,
+)
+
+
+def variant_registry(plugins: Iterable[str] = (), extra: Iterable[type[Variant]] = (), entry_points: bool = True
+                     ) -> Registry:
+    """Built-ins + entry points + ``plugins`` (modules or .py files with ``@variant`` classes) + ``extra`` classes."""
+    reg = Registry("variant", BUILTIN_VARIANTS)
+    if entry_points:
+        reg.add_entry_points()
+    for p in plugins:
+        reg.add_module(p)
+    for cls in extra:
+        reg.add(cls, replace=True)
+    return reg
+
+
+__all__ = ["BUILTIN_VARIANTS", "NnforgeImpl", "Param", "Request", "Variant", "variant_registry"]
