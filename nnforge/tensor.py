@@ -342,7 +342,7 @@ class Tensor:
             total = math.prod(self.shape)
             if known == 0 or total % known:
                 raise ShapeError(at(f"reshape: cannot view {fmt_shape(self.shape)} as {tuple(map(int, shape))}"))
-            rest = _exact_div(math.prod(self.shape), math.prod(d for d in shape if int(d) != -1))
+            rest = math.prod(self.shape) // math.prod(d for d in shape if int(d) != -1)  # symbolic sizes stay so
             shape = tuple(rest if int(d) == -1 else d for d in shape)
         if tuple(map(int, shape)) == tuple(map(int, self.shape)):
             return self
@@ -554,10 +554,6 @@ def _shape_pairs(pads: Any) -> tuple:
     for p in pairs:
         _shape_arg(p)
     return pairs
-
-
-def _exact_div(a: int, b: int) -> int:
-    return a // b
 
 
 def _axis(axis: int, ndim: int, op: str) -> int:
