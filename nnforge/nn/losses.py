@@ -1,0 +1,237 @@
+"""Loss functions with PyTorch's semantics: MSE, negative log-likelihood, cross-entropy and CTC.
+
+CTC is the interesting one: the forward (alpha) recursion runs in log space as one ``nf.scan`` over time on the
+extended label sequence (blanks between labels), and its gradient is whatever reverse-mode autodiff makes of that
+scan: a reversed scan, i.e. the beta recursion, derived rather than hand-written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes
+from ..control import scan
+from ..errors import ShapeError
+from ..interop.convert import to_numpy
+from ..tensor import Tensor, arange, as_tensor, full, maximum, stack, where
+from ..trace import session
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"unknown reduction {reduction!r}; choose one of {', '.join(_REDUCTIONS)}")
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; choose one of {', '.join(_REDUCTIONS)}")
+
+
+def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
+    """Mean (or summed, or elementwise) squared error."""
+    d = as_tensor(input) - target
+    return _reduce(d * d, reduction)
+
+
+def _classes_last(x: Tensor) -> Tensor:
+    """[N, C, d1, ...] -> [N, d1, ..., C] so the class axis is the last one (as the one-hot gather wants)."""
+    return x if x.ndim <= 2 else x.permute(0, *range(2, x.ndim), 1)
+
+
+def _one_hot(index: Tensor, num_classes: int, dtype: Any) -> Tensor:
+    return (index.unsqueeze(-1) == arange(num_classes)).cast(dtype)
+
+
+def nll_loss(input: Tensor, target: Any, weight: Any = None, ignore_index: int = -100,
+             reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of class indices given log-probabilities [N, C, ...] (or [C]).
+
+    With ``reduction="mean"`` the sum is divided by the total weight of the non-ignored targets, as in torch.
+    """
+    _check_reduction(reduction)
+    lp, tg, unbatched = _prepare_classes(input, target)
+    lp = _classes_last(lp)
+    c = int(lp.shape[-1])
+    valid = tg != ignore_index
+    oh = _one_hot(tg, c, lp.dtype) * valid.cast(lp.dtype).unsqueeze(-1)
+    if weight is not None:
+        oh = oh * as_tensor(weight).cast(lp.dtype)
+    loss = -(lp * oh).sum(-1)
+    if reduction == "mean":
+        return loss.sum() / oh.sum()
+    if reduction == "sum":
+        return loss.sum()
+    return loss.squeeze(0) if unbatched else loss
+
+
+def _prepare_classes(input: Any, target: Any) -> tuple[Tensor, Tensor, bool]:
+    x, t = as_tensor(input), as_tensor(target)
+    unbatched = x.ndim == 1
+    if unbatched:
+        x, t = x.unsqueeze(0), t.unsqueeze(0)
+    if not t.dtype.is_float:
+        want = (int(x.shape[0]), *map(int, x.shape[2:]))
+        if tuple(map(int, t.shape)) != want:
+            raise ShapeError(f"class-index target of shape {list(map(int, t.shape))} does not fit input "
+                             f"{list(map(int, x.shape))} (expected {list(want)})")
+    return x, t, unbatched
+
+
+def cross_entropy(input: Tensor, target: Any, weight: Any = None, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """Cross-entropy of logits [N, C, ...] (or [C]) against class indices or class probabilities.
+
+    Follows torch exactly, including how label smoothing mixes in the uniform distribution and how class
+    weights and ``ignore_index`` enter the mean.
+    """
+    _check_reduction(reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    x, t, unbatched = _prepare_classes(input, target)
+    logp = x.log_softmax(axis=1)
+    c = int(x.shape[1])
+    w = None if weight is None else as_tensor(weight).cast(logp.dtype).reshape(c, *([1] * (x.ndim - 2)))
+    if t.dtype.is_float:  # probabilities
+        if tuple(map(int, t.shape)) != tuple(map(int, x.shape)):
+            raise ShapeError(f"cross_entropy: probability target {list(map(int, t.shape))} must have the input's "
+                             f"shape {list(map(int, x.shape))}")
+        if label_smoothing:
+            t = t * (1.0 - label_smoothing) + label_smoothing / c
+        wl = logp * w if w is not None else logp
+        loss = -(wl * t.cast(logp.dtype)).sum(1)
+        loss = _reduce(loss, reduction)
+        return loss.squeeze(0) if unbatched and reduction == "none" else loss
+    nll = nll_loss(logp, t, weight, ignore_index, reduction)
+    if unbatched and reduction == "none":
+        nll = nll.unsqueeze(0)
+    if not label_smoothing:
+        return nll.squeeze(0) if unbatched and reduction == "none" else nll
+    valid = t != ignore_index
+    smooth = -((logp * w) if w is not None else logp).sum(1)
+    smooth = where(valid, smooth, 0.0)
+    if reduction == "mean":
+        if weight is not None:
+            lpl = _classes_last(logp)
+            oh = _one_hot(t, c, lpl.dtype) * valid.cast(lpl.dtype).unsqueeze(-1)
+            smooth = smooth.sum() / (oh * as_tensor(weight).cast(lpl.dtype)).sum()
+        else:
+            smooth = smooth.sum() / valid.sum().cast(logp.dtype)
+    elif reduction == "sum":
+        smooth = smooth.sum()
+    out = nll * (1.0 - label_smoothing) + smooth * (label_smoothing / c)
+    return out.squeeze(0) if unbatched and reduction == "none" else out
+
+
+# ---- CTC ------------------------------------------------------------------------------------------------------
+
+# Log-space "minus infinity" for CTC. A finite value keeps the backward pass NaN-free: with a true -inf, a state
+# unreachable from every predecessor computes log(0) and its gradient 0/0. Unreachable alphas sit near -1e30,
+# and a loss that large means "impossible alignment" and is reported as +inf.
+_NEG = -1e30
+
+
+def _int_tensor(x: Any, what: str) -> Tensor:
+    t = x if isinstance(x, Tensor) else Tensor(np.asarray(to_numpy(x) if not isinstance(x, (list, tuple))
+                                                          else x, dtype=np.int64))
+    if t.dtype.is_float:
+        raise TypeError(f"ctc_loss: {what} must hold integers, got {t.dtype}")
+    return t.cast(dtypes.int64)
+
+
+def _padded_targets(targets: Any, target_lengths: Any) -> Tensor:
+    """[N, S] targets; 1-d concatenated targets (torch's other format) are split on the host."""
+    tg = targets if isinstance(targets, Tensor) else Tensor(np.asarray(to_numpy(targets) if not isinstance(
+        targets, (list, tuple)) else targets, dtype=np.int64))
+    if tg.ndim == 2:
+        return tg.cast(dtypes.int64)
+    if tg.ndim != 1:
+        raise ShapeError(f"ctc_loss: targets must be [N, S] (padded) or 1-d (concatenated), got "
+                         f"{list(map(int, tg.shape))}")
+    if session().tracing:
+        raise ShapeError("ctc_loss: concatenated 1-d targets need concrete lengths; pass padded [N, S] targets "
+                         "inside traced code")
+    flat = tg.numpy().astype(np.int64)
+    lengths = np.asarray(target_lengths.numpy() if isinstance(target_lengths, Tensor) else to_numpy(
+        target_lengths) if not isinstance(target_lengths, (list, tuple)) else target_lengths, dtype=np.int64)
+    if int(lengths.sum()) != flat.size:
+        raise ShapeError(f"ctc_loss: target_lengths sum to {int(lengths.sum())} but there are {flat.size} targets")
+    out = np.zeros((lengths.size, max(int(lengths.max(initial=0)), 1)), np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for i, (s, n) in enumerate(zip(starts, lengths)):
+        out[i, :n] = flat[s:s + n]
+    return Tensor(out)
+
+
+def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths: Any, blank: int = 0,
+             reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
+    """Connectionist temporal classification loss of ``log_probs`` [T, N, C] (log-softmax outputs).
+
+    ``targets`` is [N, S] padded (entries past a sample's length are ignored) or 1-d concatenated;
+    lengths are lists, arrays or int tensors. ``reduction="mean"`` divides each loss by its target length
+    (at least 1) and averages over the batch, as torch does. Impossible alignments give +inf (0 with
+    ``zero_infinity``, which also zeroes their gradient).
+
+    Gradient note: torch's CTC backward returns the gradient w.r.t. the *logits* of a log-softmax (it adds
+    ``exp(log_probs)``), while this one is the true gradient w.r.t. ``log_probs``; both agree once composed with
+    ``log_softmax``, which is how CTC is always used.
+    """
+    _check_reduction(reduction)
+    lp = as_tensor(log_probs)
+    if lp.ndim != 3:
+        raise ShapeError(f"ctc_loss: log_probs must be [T, N, C], got {list(map(int, lp.shape))}")
+    out_dtype = lp.dtype
+    if lp.dtype not in (dtypes.float32, dtypes.float64):
+        lp = lp.cast(dtypes.float32)  # -1e30 and the long log-space sums need at least float32
+    _, n, c = lp.shape
+    tg = _padded_targets(targets, target_lengths)
+    in_len = _int_tensor(input_lengths, "input_lengths")
+    tg_len = _int_tensor(target_lengths, "target_lengths")
+    if int(tg.shape[0]) != int(n) or tuple(map(int, in_len.shape)) != (int(n),) or \
+            tuple(map(int, tg_len.shape)) != (int(n),):
+        raise ShapeError(f"ctc_loss: batch size {int(n)} of log_probs disagrees with targets "
+                         f"{list(map(int, tg.shape))}, input_lengths {list(map(int, in_len.shape))} or "
+                         f"target_lengths {list(map(int, tg_len.shape))}")
+    s = int(tg.shape[1])
+    ext_len = 2 * s + 1
+
+    # Extended labels [N, 2S+1]: blank, l1, blank, l2, ..., blank.
+    blanks = full((n, s), blank, dtypes.int64)
+    ext = stack([blanks, tg], axis=2).reshape(n, 2 * s).pad(((0, 0), (0, 1)), value=blank)
+    # Emission log-probabilities of every extended label at every step: a one-hot gather as one matmul.
+    oh = _one_hot(ext, int(c), lp.dtype)                                    # [N, L, C]
+    emit = (lp.unsqueeze(2) @ oh.mT).reshape(lp.shape[0], n, ext_len)      # [T, N, L]
+    # A label may be reached from two back (skipping a blank) unless it is a blank or repeats that label.
+    ext_back2 = ext.pad(((0, 0), (2, 0)), value=blank)[:, :ext_len]
+    skip_ok = (ext != blank) & (ext != ext_back2)
+    pos = arange(ext_len)
+    alpha0 = where(pos < 2, emit[0], _NEG)
+
+    def step(carry, e_t):
+        alpha, t = carry
+        back1 = alpha.pad(((0, 0), (1, 0)), value=_NEG)[:, :ext_len]
+        back2 = where(skip_ok, alpha.pad(((0, 0), (2, 0)), value=_NEG)[:, :ext_len], _NEG)
+        m = maximum(maximum(alpha, back1), back2).detach()  # logsumexp is invariant to m: no gradient needed
+        new = m + ((alpha - m).exp() + (back1 - m).exp() + (back2 - m).exp()).log() + e_t
+        alpha = where((t < in_len).unsqueeze(-1), new, alpha)  # past a sample's length its alpha stays put
+        return (alpha, t + 1), ()
+
+    (alpha, _), _ = scan(step, (alpha0, full((), 1, dtypes.int64)), emit[1:])
+    last = (2 * tg_len).unsqueeze(-1)
+    ends = (pos == last) | (pos == last - 1)
+    nll = -where(ends, alpha, _NEG).logsumexp(-1)                           # [N]
+    impossible = nll > -_NEG / 10
+    nll = where(impossible, 0.0 if zero_infinity else float("inf"), nll)
+    if reduction == "mean":
+        nll = (nll / tg_len.clamp(min=1).cast(nll.dtype)).mean()
+    elif reduction == "sum":
+        nll = nll.sum()
+    return nll.cast(out_dtype)

@@ -1,0 +1,278 @@
+"""LSTM and GRU layers and cells, with PyTorch's parameter names, gate order and return values.
+
+Each layer-direction is one ``nf.scan`` over time, so the loop stays a loop in the IR and its backward pass is a
+reversed scan. The input projection ``x @ W_ih.T + b`` does not depend on the recurrent state, so it is done
+before the scan as one big matmul over all time steps (the "premul" trick); the scan body keeps only the
+recurrent matmul ``h @ W_hh.T`` and the gate math on the stacked gates.
+
+Basecallers stack unidirectional layers that alternate direction; ``reverse`` (a bool or one bool per layer)
+runs a layer from the last time step to the first without flipping any tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..control import scan
+from ..errors import ShapeError
+from ..tensor import Tensor, as_tensor, concat, full, stack, zeros
+from . import functional as F
+from . import init
+from .module import Module, Parameter
+
+_GATES = {"LSTM": 4, "GRU": 3}
+
+
+# ---- the gate math, shared by the layers (inside a scan) and the cells ----------------------------------------
+
+def lstm_gates(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """(h, c) from the stacked pre-activations [..., 4H] in torch's order i, f, g, o."""
+    i, f, g, o = gates.chunk(4, axis=-1)
+    c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+    return o.sigmoid() * c.tanh(), c
+
+
+def gru_gates(gx: Tensor, gh: Tensor, h: Tensor) -> Tensor:
+    """New h from input gates gx [..., 3H] (r, z, n; with b_ih and b_hr, b_hz) and recurrent gates gh.
+
+    ``gh`` must include b_hn: torch applies the reset gate to (W_hn h + b_hn), not to b_hn separately.
+    """
+    hidden = int(h.shape[-1])
+    rz = (gx[..., :2 * hidden] + gh[..., :2 * hidden]).sigmoid()
+    r, z = rz.chunk(2, axis=-1)
+    n = (gx[..., 2 * hidden:] + r * gh[..., 2 * hidden:]).tanh()
+    return n + z * (h - n)  # (1 - z) * n + z * h with one multiply fewer
+
+
+def lstm_layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
+               b_hh: Tensor | None, reverse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """One LSTM layer-direction over x [T, N, I]: (outputs [T, N, H], h_T, c_T)."""
+    gx = x @ w_ih.T
+    bias = _sum_bias(b_ih, b_hh)
+    if bias is not None:
+        gx = gx + bias
+    w_hh_t = w_hh.T
+
+    def cell(carry, gx_t):
+        h, c = carry
+        h, c = lstm_gates(gx_t + h @ w_hh_t, c)
+        return (h, c), h
+
+    (h, c), ys = scan(cell, (h0, c0), gx, reverse=reverse)
+    return ys, h, c
+
+
+def gru_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None, b_hh: Tensor | None,
+              reverse: bool = False) -> tuple[Tensor, Tensor]:
+    """One GRU layer-direction over x [T, N, I]: (outputs [T, N, H], h_T)."""
+    hidden = int(w_hh.shape[1])
+    gx = x @ w_ih.T
+    b_hn = None
+    if b_ih is not None:
+        gx = gx + b_ih
+    if b_hh is not None:  # b_hr and b_hz fold into the premultiplied gates; b_hn must stay inside the reset
+        gx = gx + concat([b_hh[:2 * hidden], full((hidden,), 0, b_hh.dtype)])
+        b_hn = concat([full((2 * hidden,), 0, b_hh.dtype), b_hh[2 * hidden:]])
+    w_hh_t = w_hh.T
+
+    def cell(h, gx_t):
+        gh = h @ w_hh_t
+        if b_hn is not None:
+            gh = gh + b_hn
+        h = gru_gates(gx_t, gh, h)
+        return h, h
+
+    h, ys = scan(cell, h0, gx, reverse=reverse)
+    return ys, h
+
+
+def _sum_bias(b_ih: Tensor | None, b_hh: Tensor | None) -> Tensor | None:
+    if b_ih is None:
+        return b_hh
+    return b_ih if b_hh is None else b_ih + b_hh
+
+
+# ---- layers ---------------------------------------------------------------------------------------------------
+
+class _RNNBase(Module):
+    mode = ""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 reverse: bool | Sequence[bool] = False, proj_size: int = 0):
+        super().__init__()
+        if proj_size:
+            raise NotImplementedError(f"{self.mode}: proj_size is not supported")
+        if num_layers < 1:
+            raise ValueError(f"{self.mode}: num_layers must be at least 1, got {num_layers}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"{self.mode}: dropout must be in [0, 1], got {dropout}")
+        rev = [bool(reverse)] * num_layers if isinstance(reverse, bool) else [bool(r) for r in reverse]
+        if len(rev) != num_layers:
+            raise ValueError(f"{self.mode}: reverse has {len(rev)} entries for {num_layers} layers")
+        if bidirectional and any(rev):
+            raise ValueError(f"{self.mode}: per-layer reverse needs bidirectional=False (a bidirectional layer "
+                             "already runs both ways)")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, dropout
+        self.bidirectional, self.reverse = bidirectional, rev
+        gate = _GATES[self.mode] * hidden_size
+        bound = 1.0 / math.sqrt(hidden_size) if hidden_size else 0.0
+        dirs = 2 if bidirectional else 1
+        for layer in range(num_layers):
+            in_size = input_size if layer == 0 else hidden_size * dirs
+            for sfx in ("", "_reverse")[:dirs]:
+                self.register_parameter(f"weight_ih_l{layer}{sfx}", Parameter(init.uniform((gate, in_size), bound)))
+                self.register_parameter(f"weight_hh_l{layer}{sfx}",
+                                        Parameter(init.uniform((gate, hidden_size), bound)))
+                if bias:
+                    self.register_parameter(f"bias_ih_l{layer}{sfx}", Parameter(init.uniform((gate,), bound)))
+                    self.register_parameter(f"bias_hh_l{layer}{sfx}", Parameter(init.uniform((gate,), bound)))
+
+    def _weights(self, layer: int, sfx: str) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        p = self._parameters
+        return (p[f"weight_ih_l{layer}{sfx}"], p[f"weight_hh_l{layer}{sfx}"], p.get(f"bias_ih_l{layer}{sfx}"),
+                p.get(f"bias_hh_l{layer}{sfx}"))
+
+    def _directions(self, layer: int) -> list[tuple[str, bool]]:
+        """(parameter suffix, runs backwards in time) for each direction of a layer."""
+        return [("", False), ("_reverse", True)] if self.bidirectional else [("", self.reverse[layer])]
+
+    def _prepare(self, x: Any, hx: Any) -> tuple[Tensor, bool, int]:
+        x = as_tensor(x)
+        if x.ndim not in (2, 3):
+            raise ShapeError(f"{self.mode}: expected a 3-d (batched) or 2-d input, got {list(map(int, x.shape))}")
+        unbatched = x.ndim == 2
+        if unbatched:
+            x = x.unsqueeze(1)
+        elif self.batch_first:
+            x = x.transpose(0, 1)
+        if int(x.shape[-1]) != self.input_size:
+            raise ShapeError(f"{self.mode}: input has {int(x.shape[-1])} features, expected {self.input_size}")
+        return x, unbatched, x.shape[1]
+
+    def _state(self, h: Any, batch: int, dtype: Any, unbatched: bool, what: str) -> Tensor:
+        dirs = 2 if self.bidirectional else 1
+        want = (self.num_layers * dirs, int(batch), self.hidden_size)
+        if h is None:
+            return zeros(*want[:1], batch, want[2], dtype=dtype)
+        h = as_tensor(h)
+        if unbatched:
+            h = h.unsqueeze(1)
+        if tuple(map(int, h.shape)) != want:
+            raise ShapeError(f"{self.mode}: {what} has shape {list(map(int, h.shape))}, expected {list(want)}")
+        return h.cast(dtype)
+
+    def _finish(self, out: Tensor, finals: list[Tensor], unbatched: bool) -> tuple[Tensor, list[Tensor]]:
+        if unbatched:
+            return out.squeeze(1), [f.squeeze(1) for f in finals]
+        return (out.transpose(0, 1) if self.batch_first else out), finals
+
+    def _inter_layer(self, x: Tensor, layer: int) -> Tensor:
+        if self.dropout and self.training and layer < self.num_layers - 1:
+            return F.dropout(x, self.dropout, True)
+        return x
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        if any(self.reverse):
+            s += f", reverse={self.reverse}"
+        if self.batch_first:
+            s += ", batch_first=True"
+        return s
+
+
+class LSTM(_RNNBase):
+    """Multi-layer LSTM; ``forward(x, (h0, c0)=None)`` returns ``(output, (h_n, c_n))`` like torch.
+
+    x is [T, N, I] ([N, T, I] with ``batch_first``) or unbatched [T, I]; h0, c0 are [layers * directions, N, H].
+    """
+
+    mode = "LSTM"
+
+    def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        x, unbatched, batch = self._prepare(x, hx)
+        h0 = self._state(None if hx is None else hx[0], batch, x.dtype, unbatched, "h0")
+        c0 = self._state(None if hx is None else hx[1], batch, x.dtype, unbatched, "c0")
+        hs, cs, k = [], [], 0
+        for layer in range(self.num_layers):
+            outs = []
+            for sfx, rev in self._directions(layer):
+                ys, h, c = lstm_layer(x, h0[k], c0[k], *self._weights(layer, sfx), reverse=rev)
+                outs.append(ys)
+                hs.append(h)
+                cs.append(c)
+                k += 1
+            x = self._inter_layer(outs[0] if len(outs) == 1 else concat(outs, axis=-1), layer)
+        out, (h_n, c_n) = self._finish(x, [stack(hs), stack(cs)], unbatched)
+        return out, (h_n, c_n)
+
+
+class GRU(_RNNBase):
+    """Multi-layer GRU; ``forward(x, h0=None)`` returns ``(output, h_n)`` like torch."""
+
+    mode = "GRU"
+
+    def forward(self, x: Any, hx: Any = None) -> tuple[Tensor, Tensor]:
+        x, unbatched, batch = self._prepare(x, hx)
+        h0 = self._state(hx, batch, x.dtype, unbatched, "h0")
+        hs, k = [], 0
+        for layer in range(self.num_layers):
+            outs = []
+            for sfx, rev in self._directions(layer):
+                ys, h = gru_layer(x, h0[k], *self._weights(layer, sfx), reverse=rev)
+                outs.append(ys)
+                hs.append(h)
+                k += 1
+            x = self._inter_layer(outs[0] if len(outs) == 1 else concat(outs, axis=-1), layer)
+        out, (h_n,) = self._finish(x, [stack(hs)], unbatched)
+        return out, h_n
+
+
+# ---- cells ----------------------------------------------------------------------------------------------------
+
+class _CellBase(Module):
+    mode = ""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
+        super().__init__()
+        self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
+        gate = _GATES[self.mode] * hidden_size
+        bound = 1.0 / math.sqrt(hidden_size) if hidden_size else 0.0
+        self.weight_ih = Parameter(init.uniform((gate, input_size), bound))
+        self.weight_hh = Parameter(init.uniform((gate, hidden_size), bound))
+        self.register_parameter("bias_ih", Parameter(init.uniform((gate,), bound)) if bias else None)
+        self.register_parameter("bias_hh", Parameter(init.uniform((gate,), bound)) if bias else None)
+
+    def _zeros(self, x: Tensor) -> Tensor:
+        return zeros(*x.shape[:-1], self.hidden_size, dtype=x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}, bias={self.bias}"
+
+
+class LSTMCell(_CellBase):
+    """One LSTM step: ``forward(x [N, I], (h, c)=None)`` returns ``(h, c)``; use it inside your own nf.scan."""
+
+    mode = "LSTM"
+
+    def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Tensor, Tensor]:
+        x = as_tensor(x)
+        h, c = (self._zeros(x), self._zeros(x)) if hx is None else (as_tensor(hx[0]), as_tensor(hx[1]))
+        gates = F.linear(x, self.weight_ih, _sum_bias(self.bias_ih, self.bias_hh)) + h @ self.weight_hh.T
+        return lstm_gates(gates, c)
+
+
+class GRUCell(_CellBase):
+    """One GRU step: ``forward(x [N, I], h=None)`` returns the new h."""
+
+    mode = "GRU"
+
+    def forward(self, x: Any, hx: Any = None) -> Tensor:
+        x = as_tensor(x)
+        h = self._zeros(x) if hx is None else as_tensor(hx)
+        return gru_gates(F.linear(x, self.weight_ih, self.bias_ih), F.linear(h, self.weight_hh, self.bias_hh), h)
