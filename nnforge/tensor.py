@@ -187,10 +187,10 @@ class Tensor:
                 return self.sqrt()
             if o == -1:
                 return self.reciprocal()
-        return _binary(Op.POW, self, o, float_result=True)
+        return _binary(Op.POW, self, o)  # int ** int stays int, as in PyTorch
 
     def __rpow__(self, o):
-        return _binary(Op.POW, o, self, float_result=True)
+        return _binary(Op.POW, o, self)
 
     def __neg__(self):
         return _unary(Op.NEG, self)
