@@ -1,0 +1,178 @@
+"""Feed-forward layers against their torch twins: outputs, parameter gradients and input gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from nn_testutil import ATOL, RTOL, compare_with_torch, randn
+
+import nnforge as nf
+import nnforge.nn as nn
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(bias: bool) -> None:
+    rng = np.random.default_rng(10)
+    compare_with_torch(nn.Linear(5, 3, bias=bias), torch.nn.Linear(5, 3, bias=bias), [randn(rng, 2, 4, 5)])
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(stride=2, padding=1),
+    dict(padding=2, dilation=2),
+    dict(groups=2, bias=False),
+    dict(stride=3, padding=2, dilation=2, groups=2),
+    dict(padding="same", dilation=2),
+])
+def test_conv1d(kw: dict) -> None:
+    rng = np.random.default_rng(11)
+    args = (4, 6, 3)
+    compare_with_torch(nn.Conv1d(*args, **kw), torch.nn.Conv1d(*args, **kw), [randn(rng, 2, 4, 11)])
+
+
+def test_conv1d_unbatched_and_kernel_one() -> None:
+    rng = np.random.default_rng(12)
+    compare_with_torch(nn.Conv1d(3, 5, 1), torch.nn.Conv1d(3, 5, 1), [randn(rng, 3, 7)])
+
+
+def test_conv1d_errors() -> None:
+    with pytest.raises(nf.ShapeError, match="channels"):
+        nn.Conv1d(4, 2, 3)(nf.zeros(1, 3, 9))
+    with pytest.raises(nf.ShapeError, match="shorter"):
+        nn.Conv1d(1, 1, 5)(nf.zeros(1, 1, 3))
+
+
+@pytest.mark.parametrize("shape", [(6,), (3, 6)])
+def test_layer_norm(shape: tuple) -> None:
+    rng = np.random.default_rng(13)
+    t_mod = torch.nn.LayerNorm(shape)
+    with torch.no_grad():  # non-trivial affine parameters
+        t_mod.weight.copy_(torch.tensor(randn(rng, *shape)))
+        t_mod.bias.copy_(torch.tensor(randn(rng, *shape)))
+    compare_with_torch(nn.LayerNorm(shape), t_mod, [randn(rng, 2, 3, 6, scale=3.0)])
+
+
+@pytest.mark.parametrize("shape", [(8, 4), (5, 4, 3)])
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batch_norm_train_then_eval(shape: tuple, momentum: float | None) -> None:
+    rng = np.random.default_rng(14)
+    t_mod, n_mod = torch.nn.BatchNorm1d(4, momentum=momentum), nn.BatchNorm1d(4, momentum=momentum)
+    with torch.no_grad():
+        t_mod.weight.copy_(torch.tensor(randn(rng, 4)))
+        t_mod.bias.copy_(torch.tensor(randn(rng, 4)))
+    compare_with_torch(n_mod, t_mod, [randn(rng, *shape, scale=2.0) + 1.0])
+    for _ in range(2):  # more training batches update the running statistics
+        x = randn(rng, *shape) * 3 - 1
+        t_mod(torch.tensor(x))
+        n_mod(nf.tensor(x))
+    for name, v in t_mod.state_dict().items():
+        np.testing.assert_allclose(n_mod.state_dict()[name], v.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+    t_mod.eval()
+    n_mod.eval()
+    compare_with_torch(n_mod, t_mod, [randn(rng, *shape)])
+
+
+def test_batch_norm_without_running_stats_or_affine() -> None:
+    rng = np.random.default_rng(15)
+    kw = dict(affine=False, track_running_stats=False)
+    t_mod, n_mod = torch.nn.BatchNorm1d(3, **kw).eval(), nn.BatchNorm1d(3, **kw).eval()
+    assert list(n_mod.state_dict()) == list(t_mod.state_dict()) == []
+    x = randn(rng, 4, 3, 5)
+    np.testing.assert_allclose(n_mod(nf.tensor(x)).numpy(), t_mod(torch.tensor(x)).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_embedding() -> None:
+    rng = np.random.default_rng(16)
+    idx = rng.integers(0, 7, (3, 4))
+    compare_with_torch(nn.Embedding(7, 5), torch.nn.Embedding(7, 5), [idx])
+
+
+def test_embedding_padding_idx_gets_no_gradient() -> None:
+    rng = np.random.default_rng(17)
+    idx = np.array([[0, 2, 2, 1], [1, 0, 3, 2]])
+    t_mod, n_mod = torch.nn.Embedding(4, 3, padding_idx=2), nn.Embedding(4, 3, padding_idx=2)
+    assert np.all(n_mod.weight.numpy()[2] == 0)
+    with torch.no_grad():
+        t_mod.weight[2] = torch.tensor(randn(rng, 3))  # a loaded, non-zero padding row still comes out
+    compare_with_torch(n_mod, t_mod, [idx])
+
+
+@pytest.mark.parametrize("name,kw", [("ReLU", {}), ("Tanh", {}), ("Sigmoid", {}), ("SiLU", {}),
+                                     ("GELU", {}), ("GELU", {"approximate": "tanh"})])
+def test_activations(name: str, kw: dict) -> None:
+    rng = np.random.default_rng(18)
+    compare_with_torch(getattr(nn, name)(**kw), getattr(torch.nn, name)(**kw), [randn(rng, 3, 7, scale=3.0)])
+    assert nn.Swish is nn.SiLU
+
+
+def test_sequential_matches_torch() -> None:
+    rng = np.random.default_rng(19)
+    t_mod = torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv1d(4, 3, 1))
+    n_mod = nn.Sequential(nn.Conv1d(2, 4, 3, padding=1), nn.SiLU(), nn.Conv1d(4, 3, 1))
+    assert list(n_mod.state_dict()) == list(t_mod.state_dict())
+    compare_with_torch(n_mod, t_mod, [randn(rng, 2, 2, 9)])
+
+
+def test_dropout_train_and_eval() -> None:
+    nf.manual_seed(0)
+    rng = np.random.default_rng(20)
+    x = randn(rng, 200, 50) + 3.0
+    d = nn.Dropout(0.25)
+    y = d(nf.tensor(x)).numpy()
+    dropped = y == 0
+    assert 0.2 < dropped.mean() < 0.3
+    np.testing.assert_allclose(y[~dropped], x[~dropped] / 0.75, rtol=1e-6)
+    d.eval()
+    np.testing.assert_array_equal(d(nf.tensor(x)).numpy(), x)
+    # the gradient flows through kept elements only, scaled like the values
+    xt = nf.tensor(x, requires_grad=True)
+    d.train()
+    out = d(xt)
+    out.sum().backward()
+    g = xt.grad.numpy()
+    np.testing.assert_allclose(g, np.where(out.numpy() == 0, 0.0, 1 / 0.75), rtol=1e-6)
+
+
+def test_dropout_in_compiled_function_draws_fresh_masks() -> None:
+    d = nn.Dropout(0.5)
+    f = nf.compile(lambda x: d(x))
+    x = np.ones((64,), np.float32) + np.arange(64, dtype=np.float32)
+    a, b = f(x), f(x)
+    assert not np.array_equal(a == 0, b == 0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_layer(norm_first: bool, activation: str) -> None:
+    rng = np.random.default_rng(21)
+    kw = dict(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0, activation=activation, norm_first=norm_first)
+    t_mod, n_mod = torch.nn.TransformerEncoderLayer(**kw), nn.TransformerEncoderLayer(**kw)
+    assert list(n_mod.state_dict()) == list(t_mod.state_dict())
+    compare_with_torch(n_mod, t_mod, [randn(rng, 5, 3, 8)])
+
+
+def test_transformer_encoder_layer_masks_batch_first() -> None:
+    rng = np.random.default_rng(22)
+    kw = dict(d_model=8, nhead=4, dim_feedforward=12, dropout=0.0, batch_first=True)
+    t_mod, n_mod = torch.nn.TransformerEncoderLayer(**kw), nn.TransformerEncoderLayer(**kw)
+    pad = np.array([[False] * 5, [False, False, False, True, True], [False] * 4 + [True]])
+    causal = np.triu(np.ones((5, 5), bool), 1)
+    float_mask = np.where(causal, -np.inf, 0.0).astype(np.float32)
+    float_pad = np.where(pad, -np.inf, 0.0).astype(np.float32)
+    for mask, kp in ((causal, pad), (float_mask, float_pad)):  # torch wants both masks of one kind
+        compare_with_torch(n_mod, t_mod, [randn(rng, 3, 5, 8)],
+                           call=lambda m, x, a=mask, b=kp: m(x, src_mask=_as(m, a), src_key_padding_mask=_as(m, b)))
+
+
+def _as(module, a: np.ndarray):
+    return torch.tensor(a) if isinstance(module, torch.nn.Module) else a
+
+
+def test_multihead_attention_weights() -> None:
+    rng = np.random.default_rng(23)
+    t_mod, n_mod = torch.nn.MultiheadAttention(6, 3), nn.MultiheadAttention(6, 3)
+    q, k = randn(rng, 4, 2, 6), randn(rng, 5, 2, 6)
+    for avg in (True, False):
+        compare_with_torch(n_mod, t_mod, [q, k, k], call=lambda m, q, k, v, avg=avg: m(q, k, v,
+                                                                                       average_attn_weights=avg))
