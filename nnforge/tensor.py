@@ -178,7 +178,7 @@ class Tensor:
         return _binary(Op.DIV, o, self, float_result=True)
 
     def __pow__(self, o):
-        if isinstance(o, (int, float)) and not isinstance(o, bool):
+        if isinstance(o, (int, float)) and not isinstance(o, bool) and self.dtype != dtypes.bool_:
             if o == 2:
                 return self * self
             if o == 1:
