@@ -1,0 +1,170 @@
+"""Losses against torch.nn.functional: values and gradients, CTC included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+from nn_testutil import ATOL, RTOL, randn
+
+import nnforge as nf
+import nnforge.nn as nn
+import nnforge.nn.functional as F
+
+
+def _both(fn_nf, fn_t, x: np.ndarray, *args_np, rtol: float = RTOL, atol: float = ATOL) -> None:
+    """Compare value and d(sum of value)/dx of a loss of x."""
+    xt, xn = torch.tensor(x, requires_grad=True), nf.tensor(x, requires_grad=True)
+    lt, ln = fn_t(xt, *args_np), fn_nf(xn, *args_np)
+    np.testing.assert_allclose(ln.numpy(), lt.detach().numpy(), rtol=rtol, atol=atol)
+    lt.sum().backward()
+    ln.sum().backward()
+    np.testing.assert_allclose(xn.grad.numpy(), xt.grad.numpy(), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_mse(reduction: str) -> None:
+    rng = np.random.default_rng(30)
+    x, y = randn(rng, 3, 4), randn(rng, 3, 4)
+    _both(lambda a: F.mse_loss(a, y, reduction), lambda a: TF.mse_loss(a, torch.tensor(y), reduction=reduction), x)
+    _both(lambda a: nn.MSELoss(reduction)(a, y), lambda a: torch.nn.MSELoss(reduction=reduction)(a, torch.tensor(y)), x)
+
+
+CE_CASES = [
+    dict(),
+    dict(reduction="sum"),
+    dict(reduction="none"),
+    dict(ignore_index=2),
+    dict(label_smoothing=0.2),
+    dict(label_smoothing=0.1, ignore_index=1, reduction="none"),
+    dict(weight=True),
+    dict(weight=True, ignore_index=0, label_smoothing=0.3),
+    dict(weight=True, reduction="sum", label_smoothing=0.3),
+]
+
+
+@pytest.mark.parametrize("kw", CE_CASES, ids=[str(k) for k in CE_CASES])
+@pytest.mark.parametrize("spatial", [False, True])
+def test_cross_entropy_class_indices(kw: dict, spatial: bool) -> None:
+    rng = np.random.default_rng(31)
+    c = 5
+    x = randn(rng, 6, c, 3, scale=2.0) if spatial else randn(rng, 6, c, scale=2.0)
+    y = rng.integers(0, c, (6, 3) if spatial else (6,))
+    kw = dict(kw)
+    if kw.pop("weight", False):
+        w = rng.random(c).astype(np.float32) + 0.5
+        kw["weight"] = w
+    tkw = {k: torch.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    _both(lambda a: F.cross_entropy(a, y, **kw), lambda a: TF.cross_entropy(a, torch.tensor(y), **tkw), x)
+    _both(lambda a: nn.CrossEntropyLoss(**kw)(a, y), lambda a: torch.nn.CrossEntropyLoss(**tkw)(a, torch.tensor(y)),
+          x)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(label_smoothing=0.2), dict(reduction="none", weight=True)])
+def test_cross_entropy_probabilities(kw: dict) -> None:
+    rng = np.random.default_rng(32)
+    x = randn(rng, 4, 6)
+    p = rng.random((4, 6)).astype(np.float32)
+    p /= p.sum(1, keepdims=True)
+    kw = dict(kw)
+    if kw.pop("weight", False):
+        kw["weight"] = rng.random(6).astype(np.float32) + 0.5
+    tkw = {k: torch.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    _both(lambda a: F.cross_entropy(a, p, **kw), lambda a: TF.cross_entropy(a, torch.tensor(p), **tkw), x)
+
+
+def test_cross_entropy_unbatched() -> None:
+    rng = np.random.default_rng(33)
+    x = randn(rng, 5)
+    _both(lambda a: F.cross_entropy(a, np.array(3)), lambda a: TF.cross_entropy(a, torch.tensor(3)), x)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss(reduction: str) -> None:
+    rng = np.random.default_rng(34)
+    x = randn(rng, 5, 4)
+    y = rng.integers(0, 4, 5)
+    w = rng.random(4).astype(np.float32) + 0.5
+    _both(lambda a: F.nll_loss(a.log_softmax(1), y, weight=w, reduction=reduction),
+          lambda a: TF.nll_loss(a.log_softmax(1), torch.tensor(y), weight=torch.tensor(w), reduction=reduction), x)
+
+
+def test_loss_argument_errors() -> None:
+    with pytest.raises(ValueError, match="reduction"):
+        F.mse_loss(nf.zeros(2), nf.ones(2), "avg")
+    with pytest.raises(nf.ShapeError, match="target"):
+        F.cross_entropy(nf.zeros(3, 4), np.zeros(4, np.int64))
+
+
+# ---- CTC ------------------------------------------------------------------------------------------------------
+
+def _ctc_case(rng: np.random.Generator, t: int, n: int, c: int, s: int):
+    logits = randn(rng, t, n, c, scale=2.0)
+    targets = rng.integers(1, c, (n, s))
+    if s > 1:
+        targets[0, 1] = targets[0, 0]  # a repeated label needs a blank between the two
+    input_lengths = rng.integers(max(2 * s, 1), t + 1, n)
+    input_lengths[0] = t
+    target_lengths = rng.integers(0, s + 1, n)
+    target_lengths[0] = s
+    return logits, targets, input_lengths, target_lengths
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape", [(10, 4, 5, 3), (16, 3, 7, 6), (3, 2, 4, 1)])
+def test_ctc_matches_torch(reduction: str, shape: tuple) -> None:
+    """Value and gradient w.r.t. the logits (through log_softmax: see ctc_loss's docstring for why)."""
+    rng = np.random.default_rng(35)
+    logits, tg, il, tl = _ctc_case(rng, *shape)
+    _both(lambda a: F.ctc_loss(a.log_softmax(-1), tg, il, tl, reduction=reduction),
+          lambda a: TF.ctc_loss(a.log_softmax(-1), torch.tensor(tg), torch.tensor(il), torch.tensor(tl),
+                                reduction=reduction), logits)
+
+
+def test_ctc_lengths_as_lists_tensors_and_concatenated_targets() -> None:
+    rng = np.random.default_rng(36)
+    logits, tg, il, tl = _ctc_case(rng, 9, 3, 5, 3)
+    lp = nf.tensor(logits).log_softmax(-1)
+    ref = TF.ctc_loss(torch.tensor(logits).log_softmax(-1), torch.tensor(tg), torch.tensor(il), torch.tensor(tl),
+                      reduction="none").numpy()
+    concat = np.concatenate([tg[i, :tl[i]] for i in range(3)])
+    for args in [(tg, list(il), list(tl)), (nf.tensor(tg), nf.tensor(il), nf.tensor(tl)),
+                 (torch.tensor(tg), torch.tensor(il), torch.tensor(tl)), (concat, il, tl)]:
+        np.testing.assert_allclose(F.ctc_loss(lp, *args, reduction="none").numpy(), ref, rtol=RTOL, atol=ATOL)
+
+
+def test_ctc_blank_other_than_zero_and_module() -> None:
+    rng = np.random.default_rng(37)
+    logits, tg, il, tl = _ctc_case(rng, 8, 2, 5, 2)
+    tg = tg - 1  # labels 0..3, blank 4
+    _both(lambda a: nn.CTCLoss(blank=4)(a.log_softmax(-1), tg, il, tl),
+          lambda a: torch.nn.CTCLoss(blank=4)(a.log_softmax(-1), torch.tensor(tg), torch.tensor(il),
+                                               torch.tensor(tl)), logits)
+
+
+def test_ctc_impossible_alignment_is_inf_or_zero() -> None:
+    rng = np.random.default_rng(38)
+    logits = randn(rng, 3, 2, 4)
+    tg = np.array([[1, 1, 2], [1, 2, 3]])   # sample 0 needs 4 steps (1, blank, 1, 2): impossible in 3
+    il, tl = np.array([3, 3]), np.array([3, 3])
+    lp = nf.tensor(logits).log_softmax(-1)
+    ref = TF.ctc_loss(torch.tensor(logits).log_softmax(-1), torch.tensor(tg), torch.tensor(il), torch.tensor(tl),
+                      reduction="none").numpy()
+    out = F.ctc_loss(lp, tg, il, tl, reduction="none").numpy()
+    assert np.isinf(out[0]) and np.isinf(ref[0])
+    np.testing.assert_allclose(out[1], ref[1], rtol=RTOL)
+    _both(lambda a: F.ctc_loss(a.log_softmax(-1), tg, il, tl, zero_infinity=True, reduction="sum"),
+          lambda a: TF.ctc_loss(a.log_softmax(-1), torch.tensor(tg), torch.tensor(il), torch.tensor(tl),
+                                zero_infinity=True, reduction="sum"), logits)
+
+
+def test_ctc_compiles_once_for_several_lengths() -> None:
+    rng = np.random.default_rng(39)
+    f = nf.compile(lambda lp, tg, il, tl: F.ctc_loss(lp, tg, il, tl, reduction="sum"))
+    for t in (6, 9):
+        logits, tg, il, tl = _ctc_case(rng, t, 2, 4, 2)
+        lp = torch.tensor(logits).log_softmax(-1)
+        ref = TF.ctc_loss(lp, torch.tensor(tg), torch.tensor(il), torch.tensor(tl), reduction="sum")
+        np.testing.assert_allclose(np.asarray(f(lp.numpy(), tg, il, tl)), ref.numpy(), rtol=RTOL, atol=ATOL)
+    assert f.trace_count == 1  # T is the scan's trip count: a new length re-specializes, it does not re-trace

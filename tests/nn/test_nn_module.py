@@ -1,0 +1,146 @@
+"""Module mechanics: registration, torch-identical state_dict keys, loading, error messages, modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import nnforge as nf
+import nnforge.nn as nn
+
+TWINS = [
+    (lambda m: m.Linear(3, 4), "linear"),
+    (lambda m: m.Conv1d(2, 4, 3, groups=2, bias=False), "conv"),
+    (lambda m: m.LSTM(3, 4, num_layers=2, bidirectional=True), "lstm"),
+    (lambda m: m.GRU(3, 4, num_layers=3, bias=False), "gru"),
+    (lambda m: m.LSTMCell(3, 4), "lstmcell"),
+    (lambda m: m.GRUCell(3, 4), "grucell"),
+    (lambda m: m.LayerNorm(4), "layernorm"),
+    (lambda m: m.BatchNorm1d(4), "batchnorm"),
+    (lambda m: m.Embedding(5, 3), "embedding"),
+    (lambda m: m.TransformerEncoderLayer(8, 2, 16), "transformer"),
+    (lambda m: m.Sequential(m.Conv1d(1, 4, 5), m.SiLU(), m.Dropout(0.1), m.LayerNorm(4)), "sequential"),
+]
+
+
+@pytest.mark.parametrize("make", [t[0] for t in TWINS], ids=[t[1] for t in TWINS])
+def test_state_dict_keys_shapes_and_order_match_torch(make) -> None:
+    t_mod, n_mod = make(torch.nn), make(nn)
+    t_sd, n_sd = t_mod.state_dict(), n_mod.state_dict()
+    assert list(n_sd) == list(t_sd)
+    for k in t_sd:
+        assert n_sd[k].shape == tuple(t_sd[k].shape), k
+        assert n_sd[k].dtype == t_sd[k].numpy().dtype, k
+    assert [k for k, _ in n_mod.named_parameters()] == [k for k, _ in t_mod.named_parameters()]
+
+
+@pytest.mark.parametrize("make", [t[0] for t in TWINS], ids=[t[1] for t in TWINS])
+def test_state_dict_round_trip(make) -> None:
+    nf.manual_seed(1)
+    a, b = make(nn), make(nn)
+    b.load_state_dict(a.state_dict())
+    for (k, va), (_, vb) in zip(a.state_dict().items(), b.state_dict().items()):
+        np.testing.assert_array_equal(va, vb, err_msg=k)
+    t_mod = make(torch.nn)
+    b.load_state_dict(t_mod.state_dict())  # torch tensors load directly
+    for k, v in t_mod.state_dict().items():
+        np.testing.assert_array_equal(b.state_dict()[k], v.numpy(), err_msg=k)
+
+
+def test_state_dict_is_a_copy() -> None:
+    m = nn.Linear(2, 2)
+    sd = m.state_dict()
+    sd["weight"][:] = 5.0
+    assert not np.any(m.weight.numpy() == 5.0)
+
+
+def test_load_errors_name_the_key_and_shapes() -> None:
+    m = nn.LSTM(3, 4)
+    sd = m.state_dict()
+    bad = dict(sd, weight_ih_l0=np.zeros((16, 5), np.float32))
+    with pytest.raises(KeyError, match=r"'weight_ih_l0'.*\[16, 5\].*\[16, 3\]"):
+        m.load_state_dict(bad)
+    missing = {k: v for k, v in sd.items() if k != "bias_hh_l0"}
+    with pytest.raises(KeyError, match="missing keys: 'bias_hh_l0'"):
+        m.load_state_dict(missing)
+    with pytest.raises(KeyError, match="unexpected keys: 'weight_ih_l1'"):
+        m.load_state_dict(dict(sd, weight_ih_l1=np.zeros((16, 4), np.float32)))
+    before = m.weight_ih_l0.numpy().copy()
+    with pytest.raises(KeyError):  # a failing load changes nothing
+        m.load_state_dict(dict(missing, weight_ih_l0=np.ones((16, 3), np.float32)))
+    np.testing.assert_array_equal(m.weight_ih_l0.numpy(), before)
+    missing_keys, unexpected = m.load_state_dict(dict(missing, extra=np.ones(1)), strict=False)
+    assert missing_keys == ["bias_hh_l0"] and unexpected == ["extra"]
+
+
+def test_load_casts_dtype() -> None:
+    m = nn.Linear(2, 3)
+    m.load_state_dict({"weight": np.ones((3, 2), np.float64), "bias": np.zeros(3, np.float64)})
+    assert m.weight.dtype == nf.float32 and m.weight.requires_grad
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 2, 3)
+        self.blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+        self.scale = nn.Parameter(np.ones(1, np.float32))
+        self.register_buffer("steps", np.zeros((), np.int64))
+        self.note = "plain attribute"
+
+    def forward(self, x):
+        h = self.conv(x).mT
+        for b in self.blocks:
+            h = b(h).relu()
+        return h * self.scale
+
+
+def test_registration_and_traversal() -> None:
+    net = _Net()
+    names = [k for k, _ in net.named_parameters()]
+    assert names == ["scale", "conv.weight", "conv.bias", "blocks.0.weight", "blocks.0.bias", "blocks.1.weight",
+                     "blocks.1.bias"]
+    assert list(net.state_dict()) == ["scale", "steps", "conv.weight", "conv.bias", "blocks.0.weight",
+                                      "blocks.0.bias", "blocks.1.weight", "blocks.1.bias"]
+    assert all(p.requires_grad for p in net.parameters())
+    assert [k for k, _ in net.named_buffers()] == ["steps"]
+    assert len(list(net.modules())) == 5 and net.note == "plain attribute"
+    with pytest.raises(TypeError, match="scale"):
+        net.scale = np.ones(1)
+    with pytest.raises(AttributeError, match="missing"):
+        _ = net.missing
+    shared = nn.Sequential(net.blocks[0], net.blocks[0])
+    assert len(list(shared.parameters())) == 2  # a shared module's parameters are listed once
+
+
+def test_train_eval_zero_grad_and_backward_fills_grads() -> None:
+    net = _Net()
+    assert net.training and all(m.training for m in net.modules())
+    net.eval()
+    assert not any(m.training for m in net.modules())
+    net.train()
+    x = nf.tensor(np.random.default_rng(0).standard_normal((2, 1, 6)).astype(np.float32))
+    net(x).sum().backward()
+    assert all(p.grad is not None for p in net.parameters())
+    net.zero_grad()
+    assert all(p.grad is None for p in net.parameters())
+
+
+def test_to_double_and_requires_grad() -> None:
+    m = nn.GRU(2, 3).double()
+    assert all(p.dtype == nf.float64 for p in m.parameters())
+    out, _ = m(nf.tensor(np.ones((2, 1, 2)), dtype=nf.float64))
+    assert out.dtype == nf.float64
+    m.requires_grad_(False)
+    out, _ = m(nf.tensor(np.ones((2, 1, 2))))
+    out.sum().backward()
+    assert all(p.grad is None for p in m.parameters())
+    m.requires_grad_(True)
+    m(nf.tensor(np.ones((2, 1, 2))))[0].sum().backward()
+    assert all(p.grad is not None for p in m.parameters())
+
+
+def test_repr() -> None:
+    text = repr(nn.Sequential(nn.Linear(2, 3), nn.ReLU()))
+    assert "(0): Linear(in_features=2, out_features=3, bias=True)" in text and "(1): ReLU()" in text
