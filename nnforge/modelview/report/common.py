@@ -24,7 +24,6 @@ BASELINE = "eager"
 MAX_BARS = 40  # categories in the throughput chart before the rest are summarised in its note
 MAX_PANELS = 6  # variants shown in the scaling charts
 MAX_HEATMAP_ROWS = 60  # settings before the speed-up heatmap aggregates (geometric mean) per variant and setting group
-MAX_POINTS_SVG = 1500  # above this a scatter uses WebGL so the page stays responsive
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,13 @@ def unit_of(cells: Sequence[CellRow]) -> str:
 
 
 def base_layout(title: str, height: int = 420, **extra: Any) -> dict[str, Any]:
+    """Common layout. The title goes into ``meta`` (the page's section heading shows it; a second title inside the
+    plot would only take space), so a figure exported on its own still knows what it is."""
     return {
-        "title": {"text": title, "x": 0.01, "xanchor": "left"},
+        "meta": {"title": title},
         "template": "plotly_white",
         "height": height,
-        "margin": {"l": 60, "r": 20, "t": 60, "b": 50},
+        "margin": {"l": 60, "r": 20, "t": 30, "b": 50},
         "legend": {"title": {"text": "backend"}},
         "hoverlabel": {"namelength": -1},
         **extra,

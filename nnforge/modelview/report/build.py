@@ -1,0 +1,154 @@
+"""Assemble a report: read one run, build every figure, render one self-contained HTML file.
+
+The file embeds plotly.js inline (about 4.8 MB) rather than linking a CDN, so it opens on an air-gapped machine, from
+an e-mail attachment or a CI artefact years later, exactly as it looked when written.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import FigureSpec, fmt_si, unit_of
+from .data import CellRow, Database, RunInfo
+from .figures import max_throughput, scaling, speedup
+from .figures_perf import compile_vs_steady, flatten, gpu, gpu_metrics_of, latency, latency_cells, roofline
+
+MAX_PROBLEM_ROWS = 500  # failed/skipped cells listed in a report; the rest are counted
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything a report page shows, before rendering (the tests check this, the templates draw it)."""
+
+    db_path: str
+    runs: list[RunInfo]
+    run: RunInfo | None
+    figures: list[FigureSpec] = field(default_factory=list)
+    problems: list[CellRow] = field(default_factory=list)
+    problems_total: int = 0
+    throttled: list[tuple[CellRow, list[str]]] = field(default_factory=list)
+    headline: str = ""
+
+    def figure(self, fid: str) -> FigureSpec:
+        return next(f for f in self.figures if f.id == fid)
+
+    @property
+    def env_rows(self) -> list[tuple[str, str]]:
+        if self.run is None:
+            return []
+        return [(k, _show(v)) for k, v in flatten(self.run.env)]
+
+    @property
+    def spec_rows(self) -> list[tuple[str, str]]:
+        if self.run is None:
+            return []
+        return [(k, _show(v)) for k, v in flatten(self.run.spec)]
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, list | tuple):
+        return ", ".join(map(str, v)) or "–"
+    return "–" if v is None or v == {} else str(v)
+
+
+def build_figures(cells: list[CellRow], run: RunInfo, samples: dict[str, tuple[float, ...]]) -> list[FigureSpec]:
+    """All figures of one run, in page order: the seed chart first."""
+    return [
+        max_throughput(cells),
+        scaling(cells, "batch"),
+        scaling(cells, "seq_len"),
+        speedup(cells),
+        roofline(cells, run.env),
+        compile_vs_steady(cells),
+        latency(cells, samples),
+        gpu(cells),
+    ]
+
+
+def headline(cells: list[CellRow]) -> str:
+    ok = [c for c in cells if c.ok]
+    if not ok:
+        return "No successful cells."
+    best = max(ok, key=lambda c: c.throughput or 0)
+    return (
+        f"Best: {best.model_label} on {best.backend} at {best.shape_label} ({best.group_label}): "
+        f"{fmt_si(best.throughput)} {unit_of(ok)}"
+    )
+
+
+def build_report(db_path: str | Path, run_id: str | None = None) -> Report:
+    """Read the run (default: the latest) and build its figures and tables."""
+    db = Database(db_path)
+    runs = db.runs()
+    run = db.run(run_id) if runs or run_id else None
+    if run is None:
+        return Report(db_path=str(db_path), runs=runs, run=None, headline="This database holds no runs yet.")
+    cells = db.cells(run.run_id)
+    samples = db.samples(run.run_id, [c.cell_key for c in latency_cells(cells)])
+    problems = [c for c in cells if c.status != "ok"]
+    throttled = [(c, m["throttle_reasons"]) for c in cells if (m := gpu_metrics_of(c)).get("throttle_reasons")]
+    return Report(
+        db_path=str(db_path),
+        runs=runs,
+        run=run,
+        figures=build_figures(cells, run, samples),
+        problems=problems[:MAX_PROBLEM_ROWS],
+        problems_total=len(problems),
+        throttled=throttled[:MAX_PROBLEM_ROWS],
+        headline=headline(cells),
+    )
+
+
+def figure_json(spec: FigureSpec) -> str:
+    """A figure as JSON that is safe inside a <script> element (no '</' can close it early)."""
+    if spec.figure is None:
+        return "null"
+    return spec.figure.to_json().replace("</", "<\\/")
+
+
+def when(ts: float | None) -> str:
+    if not ts:
+        return "–"
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def render_html(report: Report) -> str:
+    """The report as one HTML document with plotly.js inline."""
+    from plotly.offline import get_plotlyjs
+
+    from .templating import environment
+
+    tpl = environment().get_template("report.html.j2")
+    return tpl.render(
+        report=report,
+        plotlyjs=get_plotlyjs(),
+        figures=[(f, figure_json(f)) for f in report.figures],
+        when=when,
+        fmt_si=fmt_si,
+        generated=_dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        json=json,
+    )
+
+
+def write_report(db_path: str | Path, out_path: str | Path, run_id: str | None = None) -> str:
+    """Write the report of ``run_id`` (default: the latest run) to ``out_path``; returns the absolute path written.
+    Written to a temporary file then renamed, so a reader never sees half a report."""
+    html = render_html(build_report(db_path, run_id))
+    out = Path(out_path).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(html)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is meant to be shared
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return str(out)
