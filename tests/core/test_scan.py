@@ -1,0 +1,362 @@
+"""nf.scan: forward and gradients against the same function unrolled in Python and against torch autograd."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import nnforge as nf
+from nnforge.ir.ops import Op
+
+from .scan_util import py_scan
+from .utils import assert_close, seed_of, to_torch
+
+T, N, I, H = 6, 2, 3, 4
+
+
+def rng_for(*parts):
+    return np.random.default_rng(seed_of("scan", *parts))
+
+
+def compare(model, arrays, n_diff, rtol=1e-9):
+    """``model(scan, *tensors) -> scalar`` with nf.scan, unrolled nf, and unrolled torch: values and gradients.
+
+    The first ``n_diff`` arrays are differentiated; the rest (projections, masks) are constants.
+    """
+    argnums = tuple(range(n_diff))
+    v_scan, g_scan = nf.value_and_grad(lambda *a: model(nf.scan, *a), argnums)(*arrays)
+    v_unr, g_unr = nf.value_and_grad(lambda *a: model(py_scan, *a), argnums)(*arrays)
+    tt = [to_torch(a, requires_grad=i < n_diff) for i, a in enumerate(arrays)]
+    v_t = model(py_scan, *tt)
+    v_t.backward()
+    assert_close(v_scan, v_unr, rtol=rtol, atol=rtol, what="value: scan vs unrolled")
+    assert_close(v_scan, v_t, rtol=rtol, atol=rtol, what="value: scan vs torch")
+    for i in argnums:
+        assert np.abs(g_scan[i]).max() > 0, f"gradient {i} is identically zero: the test would prove nothing"
+        assert_close(g_scan[i], g_unr[i], rtol=rtol, atol=rtol, what=f"grad {i}: scan vs unrolled")
+        assert_close(g_scan[i], tt[i].grad, rtol=rtol, atol=rtol, what=f"grad {i}: scan vs torch")
+    return v_scan, g_scan
+
+
+def _sigmoid(x):
+    return x.sigmoid()
+
+
+# ---- RNN and LSTM ---------------------------------------------------------------------------------------------
+def rnn_model(scan, xs, h0, w_ih, w_hh, b, ry, rh, reverse=False, **kw):
+    def cell(h, x_t):
+        h = (x_t @ w_ih.T + h @ w_hh.T + b).tanh()
+        return h, h * 2
+
+    h, ys = scan(cell, h0, xs, reverse=reverse, **kw)
+    return (ys * ry).sum() + (h * rh).sum()
+
+
+def rnn_arrays(seed):
+    r = rng_for("rnn", seed)
+    return [r.standard_normal(s) * sc for s, sc in
+            [((T, N, I), 1), ((N, H), 1), ((H, I), 0.5), ((H, H), 0.5), ((H,), 0.1), ((T, N, H), 1), ((N, H), 1)]]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_rnn_grad_equals_unrolled_and_torch(reverse):
+    compare(lambda scan, *a: rnn_model(scan, *a, reverse=reverse), rnn_arrays(reverse), n_diff=5)
+
+
+def lstm_model(scan, xs, h0, c0, w_ih, w_hh, b, ry, rc):
+    def cell(carry, x_t):
+        h, c = carry
+        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, -1)
+        c = _sigmoid(f) * c + _sigmoid(i) * g.tanh()
+        h = _sigmoid(o) * c.tanh()
+        return (h, c), h
+
+    (h, c), ys = scan(cell, (h0, c0), xs)
+    return (ys * ry).sum() + (c * rc).sum() + h.sum()
+
+
+def test_lstm_grad_equals_unrolled_and_torch():
+    r = rng_for("lstm")
+    arrays = [r.standard_normal(s) * sc for s, sc in
+              [((T, N, I), 1), ((N, H), 1), ((N, H), 1), ((4 * H, I), 0.4), ((4 * H, H), 0.4), ((4 * H,), 0.1),
+               ((T, N, H), 1), ((N, H), 1)]]
+    compare(lstm_model, arrays, n_diff=6)
+
+
+def test_lstm_matches_torch_lstm_module():
+    """The scan LSTM cell against torch.nn.LSTM itself (same gate order i, f, g, o)."""
+    r = rng_for("lstm_module")
+    lstm = torch.nn.LSTM(I, H).double()
+    xs, h0, c0 = r.standard_normal((T, N, I)), r.standard_normal((N, H)), r.standard_normal((N, H))
+    ys_t, (h_t, c_t) = lstm(to_torch(xs), (to_torch(h0)[None], to_torch(c0)[None]))
+    p = {k: v.detach().numpy() for k, v in lstm.named_parameters()}
+
+    def cell(carry, x_t):
+        h, c = carry
+        i, f, g, o = (x_t @ p["weight_ih_l0"].T + h @ p["weight_hh_l0"].T + p["bias_ih_l0"] + p["bias_hh_l0"]).chunk(
+            4, -1)
+        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        h = o.sigmoid() * c.tanh()
+        return (h, c), h
+
+    (h, c), ys = nf.scan(cell, (nf.tensor(h0), nf.tensor(c0)), nf.tensor(xs))
+    assert_close(ys, ys_t, "float64")
+    assert_close(h, h_t[0], "float64")
+    assert_close(c, c_t[0], "float64")
+
+
+# ---- pytrees --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["tuple", "list", "dict", "nested"])
+def test_pytree_carry_and_ys(kind):
+    def pack(a, b):
+        return {"tuple": (a, b), "list": [a, b], "dict": {"b": b, "a": a}, "nested": (a, {"inner": [b]})}[kind]
+
+    def unpack(c):
+        return {"tuple": lambda: c, "list": lambda: c, "dict": lambda: (c["a"], c["b"]),
+                "nested": lambda: (c[0], c[1]["inner"][0])}[kind]()
+
+    def model(scan, xs_a, xs_b, a0, b0, w):
+        def body(carry, x):
+            a, b = unpack(carry)
+            xa, xb = unpack(x)
+            a2 = (a * w + xa).tanh()
+            b2 = b * 0.9 + (a2 @ xb)
+            return pack(a2, b2), pack(a2.sum(-1), b2 * b2)
+
+        carry, ys = scan(body, pack(a0, b0), pack(xs_a, xs_b))
+        (a, b), (ya, yb) = unpack(carry), unpack(ys)
+        assert type(carry) is type(pack(a0, b0)) and type(ys) is type(pack(a0, b0))
+        return a.sum() + (b * b).sum() + (ya * ya).sum() + yb.sum()
+
+    r = rng_for("pytree", kind)
+    arrays = [r.standard_normal((T, 3)), r.standard_normal((T, 3, 2)), r.standard_normal(3), r.standard_normal(2),
+              r.standard_normal(3)]
+    compare(model, arrays, n_diff=5)
+
+
+def test_ys_none_and_several_xs():
+    def body(c, x):
+        a, b = x
+        return c * a + b, None
+
+    xs = (nf.tensor(np.arange(1.0, 5.0)), nf.tensor(np.ones(4)))
+    c, ys = nf.scan(body, nf.tensor(1.0, dtype="float64"), xs)
+    assert ys is None
+    expected = 1.0
+    for t in range(4):
+        expected = expected * (t + 1) + 1
+    assert c.item() == expected
+
+
+# ---- reverse, length, empty -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("reverse", [False, True])
+def test_reverse_keeps_ys_in_input_order(reverse):
+    x = np.arange(1.0, 6.0)
+    c, ys = nf.scan(lambda c, x_t: (c + x_t, c + x_t), nf.tensor(0.0, dtype="float64"), nf.tensor(x), reverse=reverse)
+    expected = np.cumsum(x[::-1])[::-1] if reverse else np.cumsum(x)
+    np.testing.assert_array_equal(ys.numpy(), expected)
+    assert c.item() == x.sum()
+
+
+def test_length_without_xs_forward_and_grad():
+    """A power iteration: no xs, the trip count comes from ``length=``; grads w.r.t. the closed-over matrix."""
+
+    def model(scan, m, v0, r):
+        def step(v, _):
+            w = m @ v
+            return w / (w * w).sum().sqrt(), (w * r).sum()
+
+        v, ys = scan(step, v0, None, length=7)
+        return v.sum() + ys.sum()
+
+    r = rng_for("length")
+    compare(model, [r.standard_normal((4, 4)), r.standard_normal(4), r.standard_normal(4)], n_diff=2)
+
+
+def test_length_and_xs_must_agree():
+    with pytest.raises(nf.ShapeError, match="length=3"):
+        nf.scan(lambda c, x: (c, x), nf.zeros(2), nf.zeros(5, 2), length=3)
+
+
+def test_length_one_and_zero():
+    w = nf.tensor(np.array([2.0, 3.0]))
+    c, ys = nf.scan(lambda c, x: (c * w + x, c), nf.ones(2, dtype="float64"), nf.tensor(np.ones((1, 2))))
+    np.testing.assert_array_equal(c.numpy(), [3.0, 4.0])
+    np.testing.assert_array_equal(ys.numpy(), [[1.0, 1.0]])
+    c0, ys0 = nf.scan(lambda c, x: (c * w + x, c), nf.ones(2, dtype="float64"), nf.tensor(np.ones((0, 2))))
+    np.testing.assert_array_equal(c0.numpy(), [1.0, 1.0])
+    assert ys0.numpy().shape == (0, 2)
+
+
+def test_int_carry_alongside_float_carry():
+    def model(scan, xs, h0, w):
+        def body(carry, x):
+            h, k = carry
+            return ((h * w + x).tanh(), k + 1), h * (k + 1)
+
+        (h, k), ys = scan(body, (h0, nf.tensor(0) if scan is nf.scan or isinstance(h0, nf.Tensor)
+                                 else torch.tensor(0)), xs)
+        return h.sum() + ys.sum() + k * 0.0
+
+    r = rng_for("intcarry")
+    compare(model, [r.standard_normal((T, 3)), r.standard_normal(3), r.standard_normal(3)], n_diff=3)
+
+
+# ---- nesting --------------------------------------------------------------------------------------------------
+def nested_model(scan, xs, h0, w, u, r):
+    """Outer scan over time; its body runs an inner scan over the feature chunks of x_t, closing over the carry."""
+
+    def outer(h, x_t):  # x_t: [K, D]
+        def inner(acc, x_k):
+            acc = (acc @ u + x_k * h).tanh()
+            return acc, acc.sum()
+
+        acc, s = scan(inner, h * 0.5, x_t)
+        h = (h @ w).tanh() + acc
+        return h, s
+
+    h, ys = scan(outer, h0, xs)
+    return (h * h).sum() + (ys * r).sum()
+
+
+def test_nested_scan_forward_and_grad():
+    r = rng_for("nested")
+    arrays = [r.standard_normal((5, 3, 4)), r.standard_normal(4), r.standard_normal((4, 4)) * 0.5,
+              r.standard_normal((4, 4)) * 0.5, r.standard_normal((5, 3))]
+    compare(nested_model, arrays, n_diff=4)
+
+
+def test_nested_scan_stays_nested_in_ir():
+    r = rng_for("nested_ir")
+    arrays = [r.standard_normal((5, 3, 4)), r.standard_normal(4), r.standard_normal((4, 4)),
+              r.standard_normal((4, 4)), r.standard_normal((5, 3))]
+    graph = nf.compile(lambda *a: nested_model(nf.scan, *a)).trace(*arrays)
+    outer = [n for n in graph.order if n.op == Op.SCAN]
+    assert len(outer) == 1
+    inner = [n for n in outer[0].attrs["body"].order if n.op == Op.SCAN]
+    assert len(inner) == 1
+
+
+# ---- checkpointing --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 10, 16])
+def test_checkpoint_every_gives_same_values_and_grads(k, reverse):
+    """T=10: k in {2, 5, 10} divides it, {3, 4, 6, 7} do not, 16 exceeds it."""
+    r = rng_for("ckpt")
+    arrays = [r.standard_normal((10, N, I)), r.standard_normal((N, H)), r.standard_normal((H, I)) * 0.5,
+              r.standard_normal((H, H)) * 0.5, r.standard_normal(H), r.standard_normal((10, N, H)),
+              r.standard_normal((N, H))]
+
+    def run(**kw):
+        return nf.value_and_grad(lambda *a: rnn_model(nf.scan, *a, reverse=reverse, **kw), tuple(range(5)))(*arrays)
+
+    v0, g0 = run()
+    v1, g1 = run(checkpoint_every=k)
+    assert_close(v1, v0, rtol=1e-12, atol=1e-12, what="value")
+    for a, b in zip(g1, g0):
+        assert_close(a, b, rtol=1e-12, atol=1e-12, what="grad")
+    # ys themselves, not just a projection of them
+    xs, h0, w_ih, w_hh, b = (nf.tensor(a) for a in arrays[:5])
+
+    def cell(h, x_t):
+        h = (x_t @ w_ih.T + h @ w_hh.T + b).tanh()
+        return h, h
+
+    h_a, ys_a = nf.scan(cell, h0, xs, reverse=reverse)
+    h_b, ys_b = nf.scan(cell, h0, xs, reverse=reverse, checkpoint_every=k)
+    assert tuple(ys_b.shape) == (10, N, H)
+    np.testing.assert_allclose(ys_b.numpy(), ys_a.numpy(), rtol=1e-13)
+    np.testing.assert_allclose(h_b.numpy(), h_a.numpy(), rtol=1e-13)
+
+
+def test_checkpoint_every_with_pytree_carry():
+    r = rng_for("ckpt_tree")
+    arrays = [r.standard_normal((7, N, I)), r.standard_normal((N, H)), r.standard_normal((N, H)),
+              r.standard_normal((4 * H, I)) * 0.4, r.standard_normal((4 * H, H)) * 0.4, r.standard_normal(4 * H),
+              r.standard_normal((7, N, H)), r.standard_normal((N, H))]
+
+    def ck_scan(body, init, xs, **kw):
+        return nf.scan(body, init, xs, checkpoint_every=3, **kw)
+
+    g0 = nf.grad(lambda *a: lstm_model(nf.scan, *a), tuple(range(6)))(*arrays)
+    g1 = nf.grad(lambda *a: lstm_model(ck_scan, *a), tuple(range(6)))(*arrays)
+    for a, b in zip(g1, g0):
+        assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+# ---- gradient accumulation ------------------------------------------------------------------------------------
+def test_value_used_many_times_accumulates():
+    """w is read three times per step and once outside; h0 is the init and also in the loss; xs in and out."""
+
+    def model(scan, xs, h0, w):
+        def body(h, x):
+            h2 = (h * w + x * w).tanh() * w
+            return h2, (h2 * x).sum()
+
+        h, ys = scan(body, h0, xs)
+        return h.sum() + ys.sum() + (w * h0).sum() + (xs * xs).sum() + (h0 * h0).sum()
+
+    r = rng_for("many")
+    compare(model, [r.standard_normal((T, 3)), r.standard_normal(3), r.standard_normal(3)], n_diff=3)
+
+
+def test_same_scan_output_used_twice_and_two_scans_share_weights():
+    def model(scan, xs, h0, w):
+        def body(h, x):
+            h = (h @ w + x).tanh()
+            return h, h
+
+        h1, ys1 = scan(body, h0, xs)
+        h2, ys2 = scan(body, h1, ys1)  # a second scan reading the first one's results
+        return (ys1 * ys2).sum() + (h1 * h2).sum() + ys1.sum()
+
+    r = rng_for("twice")
+    compare(model, [r.standard_normal((T, 3)), r.standard_normal(3), r.standard_normal((3, 3)) * 0.5], n_diff=3)
+
+
+def test_closed_over_parameter_backward_accumulates_into_grad():
+    r = rng_for("param")
+    w_np, xs_np, h0_np = r.standard_normal((3, 3)) * 0.5, r.standard_normal((T, 3)), r.standard_normal(3)
+    w = nf.tensor(w_np, requires_grad=True)
+
+    def body(h, x):
+        h = (h @ w + x).tanh()
+        return h, h
+
+    _, ys = nf.scan(body, nf.tensor(h0_np), nf.tensor(xs_np))
+    (ys * ys).sum().backward()
+
+    wt = to_torch(w_np, requires_grad=True)
+    _, ys_t = py_scan(lambda h, x: ((h @ wt + x).tanh(),) * 2, to_torch(h0_np), to_torch(xs_np))
+    (ys_t * ys_t).sum().backward()
+    assert w.grad is not None
+    assert_close(w.grad, wt.grad, "float64", grad=True)
+
+
+def test_grad_with_respect_to_xs_only():
+    def model(scan, xs, h0, w):
+        return scan(lambda h, x: ((h * w + x).sin(), h * x), h0, xs)[1].sum()
+
+    r = rng_for("xs")
+    compare(model, [r.standard_normal((T, 3)), r.standard_normal(3), r.standard_normal(3)], n_diff=1)
+
+
+def test_second_order_grad_through_scan():
+    """grad of (grad through a scan) against torch double backward."""
+    r = rng_for("second")
+    xs, h0, w = r.standard_normal((4, 3)), r.standard_normal(3), r.standard_normal(3)
+
+    def loss(scan, w, xs, h0):
+        h, ys = scan(lambda h, x: ((h * w + x).tanh(), h), h0, xs)
+        return (ys * ys).sum() + h.sum()
+
+    def gnorm(w):
+        g = nf.grad(lambda w_: loss(nf.scan, w_, nf.tensor(xs), nf.tensor(h0)))(w)
+        return (g * g).sum()
+
+    g2 = nf.grad(gnorm)(w)
+    wt = to_torch(w, requires_grad=True)
+    (gt,) = torch.autograd.grad(loss(py_scan, wt, to_torch(xs), to_torch(h0)), wt, create_graph=True)
+    (g2t,) = torch.autograd.grad((gt * gt).sum(), wt)
+    assert_close(g2, g2t, "float64", grad=True)
