@@ -174,3 +174,24 @@ def test_shape_errors_are_clear() -> None:
         model(nf.zeros(T, N, I + 1))
     with pytest.raises(nf.ShapeError, match="h0"):
         model(nf.zeros(T, N, I), (nf.zeros(1, N, H), nf.zeros(2, N, H)))
+
+
+def test_compiled_rnn_takes_new_lengths_without_retracing() -> None:
+    rng = np.random.default_rng(9)
+    model = nn.GRU(I, H, num_layers=2, batch_first=True, reverse=[False, True])
+    f = nf.compile(lambda x: model(x)[0])
+    for t in (4, 7):
+        x = randn(rng, N, t, I)
+        np.testing.assert_allclose(f(x), model(nf.tensor(x))[0].numpy(), rtol=1e-5, atol=1e-6)
+    assert f.trace_count == 1
+
+
+def test_inter_layer_dropout_only_in_training() -> None:
+    rng = np.random.default_rng(10)
+    t_mod, n_mod = torch.nn.LSTM(I, H, num_layers=2, dropout=0.5), nn.LSTM(I, H, num_layers=2, dropout=0.5)
+    t_mod.eval()
+    n_mod.eval()
+    compare_with_torch(n_mod, t_mod, [randn(rng, T, N, I)])
+    n_mod.train()
+    x = nf.tensor(randn(rng, T, N, I))
+    assert not np.allclose(n_mod(x)[0].numpy(), n_mod(x)[0].numpy())
