@@ -145,8 +145,8 @@ CASES: list[OpCase] = [
                     ("eq", operator.eq), ("ne", operator.ne)]],
     same("cmp_lt_scalar", lambda a: a < 1, R(3, 4, domain="smallint"), dtypes=(*INTS, *FLOATS), grad=False,
          fd=False),
-    same("cmp_rge_scalar", lambda a: 0.5 >= a,  # noqa: SIM300 R(3, 4, domain="smallint"), dtypes=(*INTS, *FLOATS), grad=False,
-         fd=False),
+    same("cmp_rge_scalar", lambda a: 0.5 >= a,  # noqa: SIM300 (the reflected operator is the point)
+         R(3, 4, domain="smallint"), dtypes=(*INTS, *FLOATS), grad=False, fd=False),
     same("cmp_eq_scalar", lambda a: a == 1, R(3, 4, domain="smallint"), dtypes=ALL_DTYPES[1:], grad=False,
          fd=False),
     # unary
