@@ -121,6 +121,9 @@ class CompiledFunction:
 
     def _program(self, entry: _Entry, shapes: tuple) -> Callable:
         key = tuple(shapes[i][ax] for i, ax in sorted(entry.generic))
+        generic = next(iter(entry.programs.values()), None)
+        if key not in entry.programs and getattr(generic, "sizes_at_runtime", False):
+            entry.programs[key] = generic  # the program reads trip counts from its inputs: no rebuild
         if key not in entry.programs:
             env = {f"a{i}.{ax}": shapes[i][ax] for i, ax in entry.generic}
             graph = specialize(entry.graph, env) if env else entry.graph

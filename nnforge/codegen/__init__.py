@@ -16,7 +16,13 @@ def _reference(graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray
     return ReferenceProgram(graph, session().rng)
 
 
-BACKENDS: dict[str, Callable[[Graph], Callable]] = {"reference": _reference}
+def _cpu_backend() -> Callable[[Graph], Callable]:
+    from .c import CpuBackend
+
+    return CpuBackend()
+
+
+BACKENDS: dict[str, Callable[[Graph], Callable]] = {"reference": _reference, "cpu": _cpu_backend()}
 
 
 def build_program(backend: str, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
@@ -24,5 +30,5 @@ def build_program(backend: str, graph: Graph) -> Callable[[Sequence[np.ndarray]]
 
 
 def available_backends() -> list[str]:
-    """Backends that can run on this machine."""
-    return sorted(BACKENDS)
+    """Backends that can run on this machine ("cpu" only where a C compiler with OpenMP works)."""
+    return sorted(name for name, b in BACKENDS.items() if getattr(b, "available", True))

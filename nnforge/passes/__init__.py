@@ -17,6 +17,12 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
 )
 
 
+CPU_PIPELINE: tuple[tuple[str, Pass], ...] = (
+    ("dce", dce),
+)
+"""Passes that only matter for compiled code (they may reassociate float sums), run by the CPU backend."""
+
+
 def run_pipeline(graph: Graph, passes: Sequence[tuple[str, Pass]] = PIPELINE, check: bool = True) -> Graph:
     """Apply the passes in order; verify after each one so a broken pass is caught where it broke."""
     for _name, p in passes:

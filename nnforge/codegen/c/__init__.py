@@ -1,0 +1,101 @@
+"""The CPU backend: scheduled IR -> C (OpenMP, vectorizable loops) -> shared object cached on disk -> ctypes.
+
+``CpuBackend`` is an explicit object holding the compiler and the loaded libraries; ``nnforge.codegen`` keeps
+one in its backend table. Graphs the C generator does not cover (side effects, random numbers, half
+precision) run on the reference interpreter instead, logged at INFO.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...ir.node import Graph
+from ...passes.specialize import loop_length_symbols
+from .cexpr import Sizes, Unsupported
+from .gemm import GemmConfig
+from .lower import KernelInfo, Lowering
+from .program import CProgram
+from .toolchain import Toolchain, find_compiler, works
+
+log = logging.getLogger("nnforge.codegen.c")
+
+
+def schedule(graph: Graph) -> Graph:
+    """The CPU pipeline (hoisting, premul, layout) applied to an already optimized graph."""
+    from ...passes import CPU_PIPELINE, run_pipeline
+
+    return run_pipeline(graph, CPU_PIPELINE)
+
+
+def lower(graph: Graph, gemm: GemmConfig | None = None) -> Lowering:
+    """C source and kernel listing for ``graph`` (after ``schedule``); raises Unsupported."""
+    sizes = Sizes(sorted(loop_length_symbols(graph)))
+    low = Lowering(graph, sizes, gemm)
+    low.text = low.source()
+    return low
+
+
+@dataclass
+class CpuBackend:
+    """Builds programs; owns the toolchain (compiler + in-memory library cache)."""
+
+    gemm: GemmConfig = field(default_factory=GemmConfig)
+    _toolchain: Toolchain | None = None
+
+    @functools.cached_property
+    def available(self) -> bool:
+        return works(find_compiler())
+
+    @property
+    def toolchain(self) -> Toolchain:
+        if self._toolchain is None:
+            cc = find_compiler()
+            if cc is None:
+                raise RuntimeError("backend 'cpu' needs a C compiler (cc, gcc or clang) on PATH")
+            self._toolchain = Toolchain(cc)
+        return self._toolchain
+
+    def __call__(self, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+        graph = schedule(graph)
+        try:
+            low = lower(graph, self._gemm_for(graph))
+        except Unsupported as e:
+            from ...trace import session
+            from ..reference import ReferenceProgram
+
+            log.info("cpu backend: %s; running this graph on the reference interpreter", e)
+            return ReferenceProgram(graph, session().rng)
+        lib, key = self.toolchain.load(low.text)
+        return CProgram(graph, lib, key, low.sizes, [n.attrs["array"] for n in low.data], low.listing)
+
+    def _gemm_for(self, graph: Graph) -> GemmConfig:
+        from ...tune import load_gemm_config
+
+        return load_gemm_config() or self.gemm
+
+
+def format_listing(kernels: list[KernelInfo], indent: str = "") -> str:
+    """The kernel listing, one block per kernel, loops nested (the seed's procedural IR)."""
+    lines = []
+    for k, info in enumerate(kernels):
+        if info.kind in ("scan", "loop"):
+            lines.append(f"{indent}{info.kind} -> ({info.out}) {info.note} {{")
+            lines.append(format_listing(info.children, indent + "    "))
+            lines.append(f"{indent}}}")
+            continue
+        head = f"{indent}kernel {k} {info.kind} -> {info.out} {info.type}"
+        if info.fused:
+            head += f" fuses [{', '.join(info.fused)}]"
+        if info.note:
+            head += f" ({info.note})"
+        lines.append(head)
+        for s in info.stores:
+            lines.append(f"{indent}    {s}")
+        for ld in dict.fromkeys(info.loads):
+            lines.append(f"{indent}    reads {ld}")
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""C spellings of dtypes, sizes and scalar op formulas: one row per elementwise op.
+
+Sizes that set a loop's trip count stay symbolic (``S[k]``, read from the input shapes at run time) so one
+shared object serves every sequence length; every other size is a literal the C compiler can unroll on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ...dtypes import DType
+from ...errors import NNForgeError
+from ...ir.dims import Dim
+from ...ir.ops import Op
+
+CTYPE = {DType.bool: "uint8_t", DType.int32: "int32_t", DType.int64: "int64_t", DType.float32: "float",
+         DType.float64: "double"}
+
+
+class Unsupported(NNForgeError):
+    """A graph the C backend cannot compile (the backend then runs it on the reference interpreter)."""
+
+
+def ctype(dt: DType) -> str:
+    if dt not in CTYPE:
+        raise Unsupported(f"the C backend has no {dt} support yet")
+    return CTYPE[dt]
+
+
+class Sizes:
+    """Renders sizes as C: dynamic symbols as ``S[k]``, all else as literals."""
+
+    def __init__(self, dynamic: Sequence[str]):
+        self.dynamic = list(dynamic)
+        self.slot = {name: k for k, name in enumerate(self.dynamic)}
+
+    def __call__(self, d: int) -> str:
+        if isinstance(d, Dim):
+            return self._expr(d.expr, int(d))
+        return str(int(d))
+
+    def _expr(self, e: tuple, value: int) -> str:
+        if not self._dynamic(e):
+            return str(value)
+        return self._r(e)
+
+    def _dynamic(self, e: tuple) -> bool:
+        if e[0] == "sym":
+            return e[1] in self.slot
+        if e[0] == "const":
+            return False
+        return self._dynamic(e[1]) or self._dynamic(e[2])
+
+    def _r(self, e: tuple) -> str:
+        if e[0] == "const":
+            return str(e[1])
+        if e[0] == "sym":
+            return f"S[{self.slot[e[1]]}]" if e[1] in self.slot else str(e[2])
+        a, b = self._r(e[1]), self._r(e[2])
+        if e[0] == "floordiv":
+            return f"nf_floordiv({a}, {b})"
+        if e[0] == "mod":
+            return f"nf_mod({a}, {b})"
+        return f"({a} {dict(add='+', sub='-', mul='*')[e[0]]} {b})"
+
+    def prod(self, shape: Sequence[int]) -> str:
+        if not shape:
+            return "1"
+        if not any(isinstance(d, Dim) and self._dynamic(d.expr) for d in shape):
+            return str(math.prod(int(d) for d in shape))
+        return " * ".join(f"({self(d)})" for d in shape)
+
+    def is_static(self, d: int) -> bool:
+        return not (isinstance(d, Dim) and self._dynamic(d.expr))
+
+
+def literal(value: object, dt: DType) -> str:
+    if dt == DType.bool:
+        return "1" if value else "0"
+    if dt.is_int:
+        return f"INT64_C({int(value)})" if dt == DType.int64 else str(int(value))
+    v = float(value)
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    text = repr(v)
+    return f"{text}f" if dt == DType.float32 else text
+
+
+def flat(idx: Sequence[str], shape: Sequence[str]) -> str:
+    """Row-major offset of ``idx`` in a contiguous buffer of ``shape`` (both C expressions)."""
+    if not idx:
+        return "0"
+    out = idx[0]
+    for i, d in zip(idx[1:], shape[1:]):
+        out = i if out == "0" else f"({out}) * {d} + {i}"
+    return out
+
+
+_MATH = {Op.EXP: "exp", Op.LOG: "log", Op.SQRT: "sqrt", Op.SIN: "sin", Op.COS: "cos", Op.TANH: "nf_tanh"}
+
+
+def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mapping) -> str:
+    """The C expression of one elementwise op on already-evaluated operands (plain variable names)."""
+    f = "f" if dt == DType.float32 else ""
+    a = args[0]
+    b = args[1] if len(args) > 1 else ""
+    fl = dt.is_float
+    if op in _MATH:
+        if op == Op.TANH:
+            return f"nf_tanh{f}({a})"
+        return f"{_MATH[op]}{f}({a})"
+    if op == Op.NEG:
+        return f"(-{a})"
+    if op == Op.RECIP:
+        return f"(({ctype(dt)})1 / {a})"
+    if op == Op.SIGMOID:
+        return f"nf_sigmoid{f}({a})"
+    if op == Op.ABS:
+        return f"fabs{f}({a})" if fl else (a if dt == DType.bool else f"({a} < 0 ? -{a} : {a})")
+    if op == Op.SIGN:
+        if fl:
+            return f"({a} > 0 ? ({ctype(dt)})1 : ({a} < 0 ? ({ctype(dt)})-1 : {a}))"
+        return f"(({ctype(dt)})(({a} > 0) - ({a} < 0)))"
+    if op == Op.ADD:
+        return f"({a} + {b})" if dt != DType.bool else f"(uint8_t)({a} | {b})"
+    if op == Op.SUB:
+        return f"({a} - {b})"
+    if op == Op.MUL:
+        return f"({a} * {b})" if dt != DType.bool else f"(uint8_t)({a} & {b})"
+    if op == Op.DIV:
+        return f"({a} / {b})" if fl else f"nf_idiv_{ctype(dt)}({a}, {b})"
+    if op == Op.POW:
+        return f"pow{f}({a}, {b})" if fl else f"(({ctype(dt)})nf_ipow({a}, {b}))"
+    if op == Op.MAX:
+        return f"(({a} > {b} || {a} != {a}) ? {a} : {b})" if fl else f"({a} > {b} ? {a} : {b})"
+    if op == Op.MIN:
+        return f"(({a} < {b} || {a} != {a}) ? {a} : {b})" if fl else f"({a} < {b} ? {a} : {b})"
+    if op in (Op.LT, Op.LE, Op.EQ, Op.NE):
+        sym = {Op.LT: "<", Op.LE: "<=", Op.EQ: "==", Op.NE: "!="}[op]
+        return f"(uint8_t)({a} {sym} {b})"
+    if op == Op.WHERE:
+        return f"({a} ? {b} : {args[2]})"
+    if op == Op.CAST:
+        if dt == DType.bool:
+            return f"(uint8_t)({a} != 0)"
+        return f"(({ctype(dt)}){a})"
+    raise Unsupported(f"no C formula for {op.name.lower()}")
+
+
+PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
+"""Scalar helpers every program includes (kept in a .h file so it reads as C)."""

@@ -1,0 +1,463 @@
+"""Lowering a graph to one C function: kernels inside one OpenMP parallel region, scans as C loops.
+
+Each stored node (see ``passes.fuse``) gets a kernel; everything else is inlined into its reader as scalar
+statements and index expressions. A scan becomes ``for (t ...)`` around its body's kernels with ping-pong
+carry buffers, so no Python runs per time step, and the trip count is read from the input shapes at run time.
+All buffers are allocated once before the parallel region (loop bodies reuse theirs every step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ...dtypes import DType
+from ...ir.node import Graph, Node
+from ...ir.ops import ELEMENTWISE, REDUCE, Op
+from ...ir.printer import fmt_type
+from ...passes.fuse import Grouping, group
+from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
+from .gemm import GemmConfig, emit_gemm, gemm_prelude
+from .views import index_map, strided
+
+
+@dataclass
+class KernelInfo:
+    """One kernel of the listing (``nf.show(stage="fused")``)."""
+
+    kind: str
+    out: str
+    type: str
+    fused: list[str]
+    stores: list[str] = field(default_factory=list)
+    loads: list[str] = field(default_factory=list)
+    children: list[KernelInfo] = field(default_factory=list)
+    note: str = ""
+
+
+class Scalar:
+    """Scalar statements of one loop body: each inlined node evaluated once per index (SSA temporaries)."""
+
+    def __init__(self, low: Lowering, ctx: GraphCtx, overrides: dict[int, str] | None = None,
+                 identity: tuple[str, ...] | None = None):
+        self.low, self.ctx = low, ctx
+        self.stmts: list[str] = []
+        self.memo: dict[tuple, str] = {}
+        self.overrides = overrides or {}
+        self.identity = identity
+        self.loads: list[str] = []
+        self.fused: list[str] = []
+
+    def tmp(self, dt: DType, expr: str) -> str:
+        name = self.low.fresh("v")
+        self.stmts.append(f"const {ctype(dt)} {name} = {expr};")
+        return name
+
+    def val(self, n: Node, idx: Sequence[str]) -> str:
+        idx = tuple(idx)
+        if id(n) in self.overrides and idx == self.identity:
+            return self.overrides[id(n)]
+        key = (id(n), idx)
+        if key in self.memo:
+            return self.memo[key]
+        out = self._val(n, idx)
+        self.memo[key] = out
+        return out
+
+    def _val(self, n: Node, idx: tuple[str, ...]) -> str:
+        ctx, sz = self.ctx, self.low.sizes
+        ptr = ctx.buffer(n)
+        if ptr is not None:
+            shape = [sz(d) for d in n.shape]
+            access = f"{ptr}[{flat(idx, shape)}]"
+            self.loads.append(access)
+            return self.tmp(n.dtype, access)
+        if n.op == Op.CONST:
+            return literal(n.attrs["value"], n.dtype)
+        if n.op == Op.RESHAPE and ctx.buffer(n.srcs[0]) is not None:
+            access = f"{ctx.buffer(n.srcs[0])}[{flat(idx, [sz(d) for d in n.shape])}]"
+            self.loads.append(access)
+            return self.tmp(n.dtype, access)
+        if n.op in (Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.RESHAPE):
+            return self.val(n.srcs[0], index_map(n, idx, sz))
+        if n.op == Op.PAD:
+            return self._pad(n, idx)
+        if n.op == Op.CONCAT:
+            return self._concat(n, idx)
+        if n.op in ELEMENTWISE:
+            self.fused.append(n.op.name.lower())
+            args = [self.val(s, idx) for s in n.srcs]
+            return self.tmp(n.dtype, formula(n.op, n.dtype, n.srcs[0].dtype, args, n.attrs))
+        raise Unsupported(f"cannot inline {n.op.name.lower()} (created at {n.loc})")
+
+    def _pad(self, n: Node, idx: tuple[str, ...]) -> str:
+        sz = self.low.sizes
+        src = n.srcs[0]
+        conds, inner = [], []
+        for i, (lo, _hi), d in zip(idx, n.attrs["pads"], src.shape):
+            if int(d) == 0:
+                return literal(n.attrs["value"], n.dtype)
+            if int(lo) == 0 and int(_hi) == 0:
+                inner.append(i)
+                continue
+            j = f"(({i}) - {sz(lo)})"
+            conds.append(f"({j} >= 0 && {j} < {sz(d)})")
+            inner.append(f"({j} < 0 ? 0 : ({j} >= {sz(d)} ? {sz(d)} - 1 : {j}))")
+        v = self.val(src, inner)
+        if not conds:
+            return v
+        return self.tmp(n.dtype, f"({' && '.join(conds)}) ? {v} : {literal(n.attrs['value'], n.dtype)}")
+
+    def _concat(self, n: Node, idx: tuple[str, ...]) -> str:
+        sz = self.low.sizes
+        axis = n.attrs["axis"]
+        parts: list[tuple[str, str]] = []
+        start = "0"
+        for s in n.srcs:
+            d = sz(s.shape[axis])
+            if int(s.shape[axis]) == 0:
+                continue
+            j = idx[axis] if start == "0" else f"(({idx[axis]}) - ({start}))"
+            clamped = f"({j} < 0 ? 0 : ({j} >= {d} ? {d} - 1 : {j}))"
+            v = self.val(s, (*idx[:axis], clamped, *idx[axis + 1:]))
+            end = d if start == "0" else f"{start} + {d}"
+            parts.append((f"({idx[axis]}) < ({end})", v))
+            start = end
+        expr = parts[-1][1]
+        for cond, v in reversed(parts[:-1]):
+            expr = f"({cond} ? {v} : {expr})"
+        return self.tmp(n.dtype, expr)
+
+
+class GraphCtx:
+    """Buffers of one graph being lowered: id(node) -> pointer expression."""
+
+    def __init__(self, graph: Graph, grouping: Grouping):
+        self.graph = graph
+        self.g = grouping
+        self.ptr: dict[int, str] = {}
+
+    def buffer(self, n: Node) -> str | None:
+        return self.ptr.get(id(n))
+
+
+class Lowering:
+    """Turns a top-level graph into C source (and a kernel listing)."""
+
+    def __init__(self, graph: Graph, sizes: Sizes, gemm: GemmConfig | None = None):
+        self.graph = graph
+        self.sizes = sizes
+        self.gemm = gemm or GemmConfig()
+        self.counter = 0
+        self.allocs: list[tuple[str, str, str]] = []
+        self.data: list[Node] = []
+        self.data_ids: dict[int, int] = {}
+        self.listing: list[KernelInfo] = []
+        self.stats = {"kernels": 0, "gemm": 0, "fused_gemm": 0, "scans": 0}
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def alloc(self, dt: DType, shape: Sequence[int]) -> str:
+        name = self.fresh("b")
+        self.allocs.append((name, ctype(dt), f"({self.sizes.prod(shape)}) * (int64_t)sizeof({ctype(dt)})"))
+        return name
+
+    # ---- top level ----------------------------------------------------------------------------------------
+    def source(self) -> str:
+        g = self.graph
+        if g.effects:
+            raise Unsupported("graphs with side effects (receivers, nf.loop) run on the reference backend")
+        for n in g.order:
+            if n.op == Op.DATA:
+                self.data_ids[id(n)] = len(self.data)
+                self.data.append(n)
+        n_in = len(g.inputs)
+        ins = [f"(({ctype(n.dtype)}*)args[{k}])" for k, n in enumerate(g.inputs)]
+        outs = [f"(({ctype(n.dtype)}*)args[{n_in + len(self.data) + k}])" for k, n in enumerate(g.outputs)]
+        body: list[str] = []
+        self.lower_graph(g, ins, outs, body, "    ", self.listing)
+        lines = [PRELUDE, gemm_prelude(self.gemm), "void nf_main(void** args, const int64_t* S) {",
+                 "    (void)S;"]
+        for name, ct, size in self.allocs:
+            lines.append(f"    {ct}* {name} = ({ct}*)nf_alloc({size});")
+        lines.append("    #pragma omp parallel")
+        lines.append("    {")
+        lines.extend(body)
+        lines.append("    }")
+        for name, _, _ in self.allocs:
+            lines.append(f"    free({name});")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def data_ptr(self, n: Node) -> str:
+        k = len(self.graph.inputs) + self.data_ids[id(n)]
+        return f"(({ctype(n.dtype)}*)args[{k}])"
+
+    # ---- one graph ----------------------------------------------------------------------------------------
+    def lower_graph(self, graph: Graph, ins: Sequence[str], outs: Sequence[str], code: list[str], ind: str,
+                    listing: list[KernelInfo]) -> None:
+        g = group(graph)
+        ctx = GraphCtx(graph, g)
+        for n, p in zip(graph.inputs, ins):
+            ctx.ptr[id(n)] = p
+        dest: dict[int, str] = {}
+        copies: list[tuple[Node, str]] = []
+        for o, p in zip(graph.outputs, outs):
+            if id(o) in dest or id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o):
+                copies.append((o, p))
+            else:
+                dest[id(o)] = p
+        for n in graph.order:
+            if id(n) in ctx.ptr:
+                continue
+            if n.op == Op.DATA:
+                ctx.ptr[id(n)] = self.data_ptr(n) if id(n) in self.data_ids else self._late_data(n)
+                continue
+            if n.op == Op.PROJ:
+                continue  # bound by its scan
+            if not g.is_stored(n):
+                continue
+            out = dest.get(id(n)) or (None if n.op in (Op.SCAN, Op.LOOP) else self.alloc(n.dtype, n.shape))
+            if n.op in (Op.SCAN, Op.LOOP):
+                self.lower_loop(n, ctx, code, ind, listing, dest)
+                continue
+            ctx.ptr[id(n)] = out
+            if n.op == Op.MATMUL:
+                self.kernel_gemm(n, None, ctx, out, code, ind, listing)
+            elif n.op in REDUCE:
+                self.kernel_reduce(n, None, ctx, out, code, ind, listing)
+            elif id(n) in g.prologue:
+                p = next(m for m in graph.order if id(m) == g.prologue[id(n)])
+                if p.op == Op.MATMUL:
+                    self.kernel_gemm(p, n, ctx, out, code, ind, listing)
+                else:
+                    self.kernel_reduce(p, n, ctx, out, code, ind, listing)
+            elif n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
+                raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
+            else:
+                self.kernel_pointwise(n, ctx, out, code, ind, listing)
+        for o, p in copies:
+            self.kernel_pointwise(o, ctx, p, code, ind, listing, kind="copy")
+
+    def _late_data(self, n: Node) -> str:
+        self.data_ids[id(n)] = len(self.data)
+        self.data.append(n)
+        return self.data_ptr(n)
+
+    # ---- kernels ------------------------------------------------------------------------------------------
+    def _loops(self, shape: Sequence[str], code: list[str], ind: str, prefix: str) -> tuple[list[str], str]:
+        """Open a loop nest over ``shape`` with the outer loop(s) shared among threads."""
+        idx = [self.fresh(prefix) for _ in shape]
+        if not shape:
+            code.append(f"{ind}#pragma omp single")
+            code.append(f"{ind}{{")
+            return idx, ind + "    "
+        if len(shape) >= 3:
+            code.append(f"{ind}#pragma omp for collapse({len(shape) - 1}) schedule(static)")
+        else:
+            code.append(f"{ind}#pragma omp for schedule(static)")
+        for i, d in zip(idx, shape):
+            code.append(f"{ind}for (int64_t {i} = 0; {i} < {d}; {i}++)")
+        code.append(f"{ind}{{")
+        return idx, ind + "    "
+
+    def kernel_pointwise(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
+                         listing: list[KernelInfo], kind: str = "elementwise") -> None:
+        self.stats["kernels"] += 1
+        shape = [self.sizes(d) for d in n.shape]
+        idx, inner = self._loops(shape, code, ind, "i")
+        sc = Scalar(self, ctx)
+        ptr = ctx.ptr.pop(id(n), None) if kind != "copy" else None  # compute, not load, the root itself
+        v = sc.val(n, idx) if kind != "copy" or ctx.buffer(n) is not None or True else ""
+        if ptr is not None:
+            ctx.ptr[id(n)] = ptr
+        code.extend(inner + s for s in sc.stmts)
+        store = f"{out}[{flat(idx, shape)}]"
+        code.append(f"{inner}{store} = {v};")
+        code.append(f"{ind}}}")
+        listing.append(KernelInfo(kind if sc.fused or kind == "copy" else "copy", out,
+                                  fmt_type(n.shape, n.dtype), sc.fused, [f"{store} = {_last(sc)}"], sc.loads))
+
+    def kernel_reduce(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
+                      listing: list[KernelInfo]) -> None:
+        self.stats["kernels"] += 1
+        sz = self.sizes
+        src = p.srcs[0]
+        axes, keep = p.attrs["axes"], p.attrs["keepdims"]
+        oshape = [sz(d) for d in p.shape]
+        idx, inner = self._loops(oshape, code, ind, "i")
+        ridx = [self.fresh("r") for _ in axes]
+        full, it, rit = [], iter(idx), iter(ridx)
+        for a in range(src.ndim):
+            if a in axes:
+                if keep:
+                    next(it)
+                full.append(next(rit))
+            else:
+                full.append(next(it))
+        acc_t = "double" if p.dtype == DType.float32 and p.op == Op.SUM else ctype(p.dtype)
+        if p.op == Op.SUM:
+            init = "0"
+        elif p.dtype.is_float:
+            init = "-INFINITY"
+        else:
+            init = {DType.int32: "INT32_MIN", DType.int64: "INT64_MIN", DType.bool: "0"}[p.dtype]
+        acc = self.fresh("acc")
+        code.append(f"{inner}{acc_t} {acc} = {init};")
+        rin = inner
+        for r, a in zip(ridx, axes):
+            code.append(f"{rin}for (int64_t {r} = 0; {r} < {sz(src.shape[a])}; {r}++)")
+        code.append(f"{rin}{{")
+        sc = Scalar(self, ctx)
+        v = sc.val(src, full)
+        code.extend(rin + "    " + s for s in sc.stmts)
+        if p.op == Op.SUM:
+            upd = f"{acc} + {v}" if p.dtype != DType.bool else f"{acc} | {v}"
+        elif p.dtype.is_float:
+            upd = f"(({v} > {acc} || {v} != {v}) ? {v} : {acc})"
+        else:
+            upd = f"({v} > {acc} ? {v} : {acc})"
+        code.append(f"{rin}    {acc} = {upd};")
+        code.append(f"{rin}}}")
+        result = f"({ctype(p.dtype)}){acc}"
+        ep = Scalar(self, ctx, {id(p): result}, tuple(idx))
+        if root is not None:
+            ctx.ptr.pop(id(root), None)
+            value = ep.val(root, idx)
+            ctx.ptr[id(root)] = out
+            code.extend(inner + s for s in ep.stmts)
+        else:
+            value = result
+        store = f"{out}[{flat(idx, oshape)}]"
+        code.append(f"{inner}{store} = {value};")
+        code.append(f"{ind}}}")
+        kind = "ReduceElwFuse" if root is not None else "reduce"
+        listing.append(KernelInfo(kind, out, fmt_type((root or p).shape, (root or p).dtype),
+                                  [p.op.name.lower(), *sc.fused, *ep.fused], [store], sc.loads + ep.loads,
+                                  note=f"axes={tuple(axes)}"))
+
+    def kernel_gemm(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
+                    listing: list[KernelInfo]) -> None:
+        self.stats["kernels"] += 1
+        self.stats["gemm"] += 1
+        sz = self.sizes
+        views = []
+        for s in p.srcs:
+            v = strided(s, ctx.buffer, sz)
+            if v is None:
+                raise Unsupported(f"matmul operand {s.op.name.lower()} is not a strided view (created at {s.loc})")
+            views.append(v)
+        epilogue: Callable[[list[str], str], tuple[list[str], str]] | None = None
+        ep_info: list[Scalar] = []
+        if root is not None:
+            self.stats["fused_gemm"] += 1
+
+            def epilogue(idx: list[str], acc: str) -> tuple[list[str], str]:
+                sc = Scalar(self, ctx, {id(p): acc}, tuple(idx))
+                ctx.ptr.pop(id(root), None)
+                value = sc.val(root, idx)
+                ctx.ptr[id(root)] = out
+                ep_info.append(sc)
+                return sc.stmts, value
+
+        scratch = None
+        kdim = p.srcs[0].shape[-1]
+        ndim_ = p.shape[-1]
+        if views[1][2][-1] != "1":
+            scratch = self.alloc(p.dtype, (kdim, ndim_))
+        text, store = emit_gemm(self, p, views, out, scratch, epilogue, ind)
+        code.extend(text)
+        kind = "DPElwFuse" if root is not None else "gemm"
+        fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
+        loads = [f"{views[0][0]}[{views[0][1]} + i*{views[0][2][-2]} + k*{views[0][2][-1]}]",
+                 f"{views[1][0]}[{views[1][1]} + k*{views[1][2][-2]} + j*{views[1][2][-1]}]"]
+        loads += ep_info[0].loads if ep_info else []
+        listing.append(KernelInfo(kind, out, fmt_type((root or p).shape, (root or p).dtype), fused, [store], loads,
+                                  note="B packed" if scratch else ""))
+
+    # ---- loops --------------------------------------------------------------------------------------------
+    def lower_loop(self, n: Node, ctx: GraphCtx, code: list[str], ind: str, listing: list[KernelInfo],
+                   dest: dict[int, str]) -> None:
+        sz = self.sizes
+        a = n.attrs
+        body: Graph = a["body"]
+        if body.effects:
+            raise Unsupported("loop bodies with side effects run on the reference backend")
+        is_scan = n.op == Op.SCAN
+        nc = a["n_carry"] if is_scan else a["n_state"]
+        nx = a["n_xs"] if is_scan else 0
+        self.stats["scans"] += 1
+        srcs = n.srcs
+        for s in srcs:
+            if ctx.buffer(s) is None:
+                raise Unsupported(f"loop source {s.op.name.lower()} has no buffer")
+        projs = {m.attrs["index"]: m for m in ctx.graph.order if m.op == Op.PROJ and m.srcs[0] is n}
+        results = []
+        for i, (shape, dt) in enumerate(n.types):
+            pj = projs.get(i)
+            if pj is not None and id(pj) in dest:
+                results.append(dest[id(pj)])
+            else:
+                results.append(self.alloc(dt, shape))
+            if pj is not None:
+                ctx.ptr[id(pj)] = results[-1]
+        info = KernelInfo("scan" if is_scan else "loop", ", ".join(results[:nc] + results[nc:]), "", [],
+                          note="")
+        listing.append(info)
+        cur, nxt = [], []
+        for k in range(nc):
+            shape, dt = n.types[k]
+            c_a, c_b = self.alloc(dt, shape), self.alloc(dt, shape)
+            cur.append(self.fresh("cur"))
+            nxt.append(self.fresh("nxt"))
+            self._copy(srcs[k], ctx, c_a, code, ind, info.children)
+            code.append(f"{ind}{ctype(dt)}* {cur[-1]} = {c_a};")
+            code.append(f"{ind}{ctype(dt)}* {nxt[-1]} = {c_b};")
+        if is_scan:
+            length = sz(srcs[nc].shape[0]) if nx else sz(a["length"])
+        else:
+            length = sz(a["length"])
+        t, tt = self.fresh("t"), self.fresh("tt")
+        rev = is_scan and a["reverse"]
+        info.note = f"{'reverse ' if rev else ''}for {tt} in 0..{length}"
+        code.append(f"{ind}for (int64_t {t} = 0; {t} < {length}; {t}++) {{")
+        inner = ind + "    "
+        code.append(f"{inner}const int64_t {tt} = {f'{length} - 1 - {t}' if rev else t};")
+        ins = []
+        if not is_scan and a["with_index"]:
+            li = self.fresh("li")
+            code.append(f"{inner}int64_t {li} = {tt};")
+            ins.append(f"(&{li})")
+        ins += cur
+        for k in range(nx):
+            x = srcs[nc + k]
+            ins.append(f"({ctx.buffer(x)} + {tt} * ({sz.prod(x.shape[1:])}))")
+        ins += [ctx.buffer(s) for s in srcs[nc + nx:]]
+        outs = list(nxt)
+        for j in range(len(n.types) - nc):
+            shape, _ = n.types[nc + j]
+            outs.append(f"({results[nc + j]} + {tt} * ({sz.prod(shape[1:])}))")
+        self.lower_graph(body, ins, outs, code, inner, info.children)
+        for c, x in zip(cur, nxt):
+            tmp = self.fresh("sw")
+            code.append(f"{inner}{{ void* {tmp} = {c}; {c} = {x}; {x} = {tmp}; }}")
+        code.append(f"{ind}}}")
+        for k in range(nc):
+            shape, dt = n.types[k]
+            self._copy_ptr(cur[k], results[k], dt, shape, code, ind)
+
+    def _copy(self, src: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
+              listing: list[KernelInfo]) -> None:
+        self.kernel_pointwise(src, ctx, out, code, ind, listing, kind="copy")
+
+    def _copy_ptr(self, src: str, dst: str, dt: DType, shape: Sequence[int], code: list[str], ind: str) -> None:
+        n = self.sizes.prod(shape)
+        i = self.fresh("i")
+        code.append(f"{ind}#pragma omp for schedule(static)")
+        code.append(f"{ind}for (int64_t {i} = 0; {i} < {n}; {i}++) {dst}[{i}] = {src}[{i}];")
+
+
+def _last(sc: Scalar) -> str:
+    return sc.stmts[-1].split(" = ", 1)[1].rstrip(";") if sc.stmts else "?"

@@ -1,0 +1,36 @@
+/* Helpers every generated program includes: integer division as numpy does it, stable sigmoid/tanh. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+static inline int64_t nf_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }
+static inline int64_t nf_mod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+static inline int64_t nf_idiv_int64_t(int64_t a, int64_t b) { return b == 0 ? 0 : nf_floordiv(a, b); }
+static inline int32_t nf_idiv_int32_t(int32_t a, int32_t b) { return b == 0 ? 0 : (int32_t)nf_floordiv(a, b); }
+static inline uint8_t nf_idiv_uint8_t(uint8_t a, uint8_t b) { return b == 0 ? 0 : a / b; }
+static inline int64_t nf_ipow(int64_t a, int64_t b) { int64_t r = 1; if (b < 0) return 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+static inline double nf_sigmoid(double x) { double e = exp(-fabs(x)); return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e); }
+static inline double nf_tanh(double x) { return tanh(x); }
+/* float32 transcendental kernels written so that -O3 vectorizes them (no libm call in the loop); error ~2 ulp. */
+static inline float nf_expf(float x) {
+    x = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);
+    float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f; p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f; p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23; float s; memcpy(&s, &bits, 4);
+    return p * s;
+}
+static inline float nf_sigmoidf(float x) { float e = nf_expf(-fabsf(x)); float r = 1.0f / (1.0f + e); return x >= 0 ? r : e * r; }
+static inline float nf_tanhf(float x) {
+    float ax = fabsf(x); float e = nf_expf(-2.0f * ax); float t = (1.0f - e) / (1.0f + e);
+    if (ax < 0.0625f) { float x2 = x * x; t = ax * (1.0f + x2 * (-0.333333333f + x2 * (0.133333333f + x2 * -0.0539682540f))); }
+    if (x != x) return x;
+    return x < 0 ? -t : t;
+}
+static inline void* nf_alloc(int64_t bytes) { void* p = NULL; if (posix_memalign(&p, 64, (size_t)(bytes > 0 ? bytes : 64))) return NULL; return p; }

@@ -1,0 +1,61 @@
+"""The executable form of a compiled graph: a loaded shared object plus the Python glue that reads sizes from
+the inputs, allocates the outputs and calls ``nf_main`` (which releases the GIL for the whole program)."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...errors import NNForgeError
+from ...ir.dims import Dim, substitute
+from ...ir.node import Graph
+from .cexpr import Sizes
+
+
+class CProgram:
+    """Callable on a list of arrays; the same object serves every trip count (``sizes_at_runtime``)."""
+
+    sizes_at_runtime = True
+
+    def __init__(self, graph: Graph, lib: ctypes.CDLL, key: str, sizes: Sizes, data: Sequence[np.ndarray],
+                 listing: object = None):
+        self.graph = graph
+        self.lib = lib
+        self.key = key
+        self.sizes = sizes
+        self.data = [np.ascontiguousarray(d) for d in data]
+        self.listing = listing
+        self._fn = lib.nf_main
+        self._fn.restype = None
+        self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+
+    def _env(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
+        env: dict[str, int] = {}
+        for n, a in zip(self.graph.inputs, arrays):
+            for d, actual in zip(n.shape, a.shape):
+                if (isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] in self.sizes.slot
+                        and env.setdefault(d.expr[1], int(actual)) != int(actual)):
+                    raise NNForgeError(f"inputs disagree on size {d.expr[1]}: {env[d.expr[1]]} vs {actual}")
+        for name in self.sizes.dynamic:
+            env.setdefault(name, 0)
+        return env
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        g = self.graph
+        if len(inputs) != len(g.inputs):
+            raise NNForgeError(f"program takes {len(g.inputs)} inputs, got {len(inputs)}")
+        arrays = [np.ascontiguousarray(a, dtype=n.dtype.np) for n, a in zip(g.inputs, inputs)]
+        env = self._env(arrays)
+        for n, a in zip(g.inputs, arrays):
+            want = tuple(int(d) for d in substitute(tuple(n.shape), env))
+            if tuple(a.shape) != want:
+                raise NNForgeError(f"input {n.attrs.get('name')!r} has shape {list(a.shape)}, expected {list(want)}")
+        outs = [np.empty(tuple(int(d) for d in substitute(tuple(o.shape), env)), dtype=o.dtype.np)
+                for o in g.outputs]
+        ptrs = (ctypes.c_void_p * (len(arrays) + len(self.data) + len(outs)))(
+            *[a.ctypes.data for a in (*arrays, *self.data, *outs)])
+        sizes = np.array([env[name] for name in self.sizes.dynamic] or [0], dtype=np.int64)
+        self._fn(ptrs, sizes.ctypes.data)
+        return outs

@@ -1,0 +1,147 @@
+"""Compiling generated C with the system compiler, and the on-disk cache of shared objects.
+
+The cache key is a SHA-256 of the source, the compiler's identity and the flags. Each entry is ``<key>.so`` plus
+``<key>.json`` recording the SHA-256 of the .so bytes; an entry whose bytes do not match, that fails to load,
+or whose embedded ``nf_key()`` differs is rebuilt, never trusted. Writes go to a temporary file first and are
+renamed into place, so concurrent test workers sharing the cache never see half-written files.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("nnforge.codegen.c")
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math",
+         "-std=gnu11", "-w")
+
+
+def cache_dir() -> Path:
+    """``$NNFORGE_CACHE_DIR`` or ``~/.cache/nnforge``; shared objects live in its ``c/`` folder."""
+    root = os.environ.get("NNFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nnforge")
+    return Path(root) / "c"
+
+
+def find_compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+class CompileError(RuntimeError):
+    """The C compiler rejected generated code (a bug in nnforge's code generator)."""
+
+
+@dataclass
+class Toolchain:
+    """A C compiler, its identity and a cache of loaded libraries (an explicit object, not module state)."""
+
+    cc: str
+    flags: tuple[str, ...] = FLAGS
+    loaded: dict[str, ctypes.CDLL] = field(default_factory=dict)
+    last_compile_s: float = 0.0
+    compiles: int = 0
+
+    @functools.cached_property
+    def identity(self) -> str:
+        try:
+            out = subprocess.run([self.cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        return f"{self.cc}\n{out.splitlines()[0] if out else ''}"
+
+    def key(self, source: str) -> str:
+        h = hashlib.sha256()
+        for part in (source, self.identity, " ".join(self.flags)):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()
+
+    def load(self, source: str) -> tuple[ctypes.CDLL, str]:
+        """The library for ``source`` (compiled on first use, then from memory or disk)."""
+        key = self.key(source)
+        if key in self.loaded:
+            return self.loaded[key], key
+        d = cache_dir()
+        so, meta = d / f"{key}.so", d / f"{key}.json"
+        lib = self._try_cached(key, so, meta)
+        if lib is None:
+            self._compile(source, key, so, meta)
+            lib = self._try_cached(key, so, meta)
+            if lib is None:
+                raise CompileError(f"freshly built {so} does not validate")
+        self.loaded[key] = lib
+        return lib, key
+
+    def _try_cached(self, key: str, so: Path, meta: Path) -> ctypes.CDLL | None:
+        try:
+            info = json.loads(meta.read_text())
+            data = so.read_bytes()
+        except (OSError, ValueError):
+            return None
+        if info.get("key") != key or info.get("sha256") != hashlib.sha256(data).hexdigest():
+            log.info("cache entry %s is corrupt or stale; rebuilding", so.name)
+            return None
+        try:
+            lib = ctypes.CDLL(str(so))
+            lib.nf_key.restype = ctypes.c_char_p
+            if lib.nf_key().decode() != key:
+                return None
+        except (OSError, AttributeError):
+            log.info("cache entry %s does not load; rebuilding", so.name)
+            return None
+        return lib
+
+    def _compile(self, source: str, key: str, so: Path, meta: Path) -> None:
+        d = so.parent
+        d.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(dir=d) as tmp:
+            c_file = Path(tmp) / f"{key}.c"
+            c_file.write_text(source + f'\nconst char* nf_key(void) {{ return "{key}"; }}\n')
+            out = Path(tmp) / f"{key}.so"
+            proc = subprocess.run([self.cc, *self.flags, str(c_file), "-o", str(out), "-lm"],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                keep = d / f"{key}.failed.c"
+                keep.write_text(c_file.read_text())
+                raise CompileError(f"{self.cc} failed ({proc.returncode}); source kept at {keep}:\n"
+                                   f"{proc.stderr[-4000:]}")
+            data = out.read_bytes()
+            os.replace(out, so)
+            tmp_meta = Path(tmp) / "meta.json"
+            tmp_meta.write_text(json.dumps({"key": key, "sha256": hashlib.sha256(data).hexdigest(),
+                                            "cc": self.identity, "flags": list(self.flags)}))
+            os.replace(tmp_meta, meta)
+        self.last_compile_s = time.perf_counter() - t0
+        self.compiles += 1
+        log.info("compiled %s in %.2fs", so.name, self.last_compile_s)
+
+
+def works(cc: str | None) -> bool:
+    """Whether ``cc`` builds and loads an OpenMP shared object here."""
+    if cc is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text("#include <omp.h>\nint nf_probe(void) { return omp_get_max_threads() > 0; }\n")
+        out = Path(tmp) / "probe.so"
+        try:
+            proc = subprocess.run([cc, *FLAGS, str(src), "-o", str(out)], capture_output=True, timeout=60)
+            if proc.returncode != 0:
+                return False
+            return ctypes.CDLL(str(out)).nf_probe() == 1
+        except (OSError, subprocess.SubprocessError):
+            return False

@@ -1,0 +1,150 @@
+"""Fusion grouping: which nodes get a buffer (kernel roots) and which are inlined into a consumer's kernel.
+
+This is the scheduling decision every compiled backend shares. It does not rewrite the graph; it returns a
+``Grouping`` (a plain immutable-by-convention record) that a code generator walks. Rules, greedily from the
+outputs back (producers join their consumer, as in Inductor's vertical fusion):
+
+* inherent buffers: inputs, constant arrays, matmuls, reductions, scan/loop results, random numbers;
+* *free* nodes (constants, and movement ops whose sources are buffers or free) are never stored: they become
+  index expressions of whichever kernel reads them;
+* an elementwise or movement node joins its users' kernel when all its users sit in one kernel; otherwise it is
+  stored (a refusal, logged at ``NNFORGE_DEBUG=2`` with the reason);
+* a matmul or reduction whose single user is an elementwise chain of the same shape, with no movement on the
+  way, runs that chain as its epilogue (DPElwFuse / ReduceElwFuse in the seed's words).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..ir.node import Graph, Node, users
+from ..ir.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
+
+log = logging.getLogger("nnforge.fuse")
+
+INHERENT = frozenset({Op.INPUT, Op.DATA, Op.MATMUL, Op.SUM, Op.REDUCE_MAX, Op.PROJ, Op.RAND, Op.FEEDER,
+                      Op.SCAN, Op.LOOP, Op.RECEIVER})
+STRIDED = frozenset({Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.RESHAPE})
+
+
+@dataclass
+class Grouping:
+    """Per-graph fusion decision. Keys are ``id(node)`` of nodes of ``graph`` (bodies get their own Grouping)."""
+
+    graph: Graph
+    stored: set[int] = field(default_factory=set)          # nodes with a buffer (roots and inherent buffers)
+    free: set[int] = field(default_factory=set)            # index-expression-only nodes
+    kernel_of: dict[int, int] = field(default_factory=dict)  # lazy node -> root it is inlined into
+    epilogue_of: dict[int, int] = field(default_factory=dict)  # matmul/reduce -> elementwise root it computes
+    prologue: dict[int, int] = field(default_factory=dict)   # root -> matmul/reduce feeding its epilogue
+    refusals: list[str] = field(default_factory=list)
+
+    def is_stored(self, n: Node) -> bool:
+        return id(n) in self.stored and id(n) not in self.epilogue_of
+
+
+def _same_shape(a: Node, b: Node) -> bool:
+    return a.shape is not None and b.shape is not None and tuple(map(int, a.shape)) == tuple(map(int, b.shape))
+
+
+def strided_base(n: Node, stored: set[int], free: set[int]) -> bool:
+    """True when ``n`` is a stored buffer or a chain of permute/expand/slice/reshape over one (a GEMM operand
+    read through strides, without a copy). Reshapes must only add or drop size-1 axes."""
+    while id(n) not in stored:
+        if n.op not in STRIDED:
+            return False
+        if n.op == Op.RESHAPE:
+            a = [int(d) for d in n.shape if int(d) != 1]
+            b = [int(d) for d in n.srcs[0].shape if int(d) != 1]
+            if a != b:
+                return False
+        n = n.srcs[0]
+    return True
+
+
+def group(graph: Graph) -> Grouping:
+    """Decide kernels for one graph (not its bodies)."""
+    g = Grouping(graph)
+    order = graph.order
+    us = users(order)
+    outputs = {id(o) for o in graph.outputs}
+    for n in order:  # forward: inherent buffers and free nodes
+        if n.op in INHERENT:
+            g.stored.add(id(n))
+        elif n.op == Op.CONST or (n.op in MOVEMENT and all(id(s) in g.stored or id(s) in g.free for s in n.srcs)):
+            g.free.add(id(n))
+
+    def kernel(u: Node) -> int:
+        if id(u) in g.stored:
+            return id(u)
+        return g.kernel_of.get(id(u), id(u))
+
+    for n in reversed(order):  # backward: producers join their consumer's kernel
+        if id(n) in g.stored:
+            continue
+        readers = us.get(id(n), [])
+        needs_view = any(u.op == Op.MATMUL for u in readers)
+        if id(n) in g.free:
+            if id(n) in outputs or any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) for u in readers) or (
+                    needs_view and not strided_base(n, g.stored, g.free)):
+                g.free.discard(id(n))
+                g.stored.add(id(n))
+            continue
+        why = ""
+        if id(n) in outputs:
+            why = "it is a result of the graph"
+        elif not readers:
+            why = "it has no readers"
+        elif any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) for u in readers):
+            why = "a loop reads it"
+        elif needs_view:
+            why = "a matmul reads it (GEMM operands are strided buffers)"
+        else:
+            ks = {kernel(u) for u in readers}
+            if len(ks) == 1:
+                g.kernel_of[id(n)] = ks.pop()
+                continue
+            why = f"its {len(readers)} readers sit in {len(ks)} different kernels"
+        g.stored.add(id(n))
+        if n.op in ELEMENTWISE and readers and id(n) not in outputs:
+            g.refusals.append(f"{n.op.name.lower()} at {n.loc}: not fused into its readers: {why}")
+    # free nodes that now read a stored non-buffer are still free (they only remap indices)
+    _epilogues(g, order, us)
+    for r in g.refusals:
+        log.debug("fusion refused: %s", r)
+    return g
+
+
+def _epilogues(g: Grouping, order: tuple[Node, ...], us: dict[int, list[Node]]) -> None:
+    """Let a matmul/reduction compute the elementwise root that is its only reader, on the accumulator."""
+    members: dict[int, list[Node]] = {}
+    for n in order:
+        if id(n) in g.kernel_of:
+            members.setdefault(g.kernel_of[id(n)], []).append(n)
+    by_id = {id(n): n for n in order}
+    for p in order:
+        if p.op not in (Op.MATMUL, *REDUCE):
+            continue
+        readers = us.get(id(p), [])
+        if len(readers) != 1 or id(p) in {id(o) for o in g.graph.outputs}:
+            continue
+        u = readers[0]
+        if u.op not in ELEMENTWISE:
+            g.refusals.append(f"{p.op.name.lower()} at {p.loc}: no epilogue: its reader is a {u.op.name.lower()}")
+            continue
+        root_id = id(u) if id(u) in g.stored else g.kernel_of.get(id(u))
+        root = by_id.get(root_id) if root_id is not None else None
+        if root is None or root.op not in ELEMENTWISE or root_id in g.prologue or root_id in g.epilogue_of:
+            continue
+        if not _same_shape(p, root):
+            g.refusals.append(f"{p.op.name.lower()} at {p.loc}: no epilogue: reader kernel has another shape")
+            continue
+        kernel_nodes = [*members.get(root_id, []), root]
+        if any(m.op in MOVEMENT for m in kernel_nodes):
+            g.refusals.append(f"{p.op.name.lower()} at {p.loc}: no epilogue: the epilogue moves indices")
+            continue
+        if any(m.op in (Op.MATMUL, *REDUCE) and id(m) != id(p) and id(m) in g.epilogue_of for m in kernel_nodes):
+            continue
+        g.epilogue_of[id(p)] = root_id
+        g.prologue[root_id] = id(p)

@@ -1,0 +1,12 @@
+"""Opt-in schedule search: GEMM tile sizes timed on this machine, results cached on disk.
+
+``nnforge.tune.tune_gemm()`` measures a few NC (column cache block) choices on representative shapes and writes
+the winner to ``<cache>/tune/gemm.json``; the CPU backend reads it when present (``load_gemm_config``) and uses
+the defaults in ``GemmConfig`` otherwise. Tuning never runs implicitly.
+"""
+
+from __future__ import annotations
+
+from .search import load_gemm_config, tune_gemm
+
+__all__ = ["load_gemm_config", "tune_gemm"]
