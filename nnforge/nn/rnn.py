@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 from ..control import scan
@@ -22,7 +23,7 @@ from . import functional as F
 from . import init
 from .module import Module, Parameter
 
-_GATES = {"LSTM": 4, "GRU": 3}
+_GATES = MappingProxyType({"LSTM": 4, "GRU": 3})  # gates per hidden unit (read-only)
 
 
 # ---- the gate math, shared by the layers (inside a scan) and the cells ----------------------------------------
