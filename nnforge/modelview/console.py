@@ -7,6 +7,7 @@ eager; the fastest backend of the row is named and highlighted. Cells that did n
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -138,6 +139,13 @@ def print_closing_table(
 ) -> None:
     console = console or Console()
     console.print(closing_table(df, title, backend_order))
+    loads = []
+    for m in df["metrics_json"].dropna() if len(df) else []:
+        loads += [x for x in json.loads(m).get("loadavg_1m") or [] if x is not None]
+    cpus = os.cpu_count() or 1
+    if loads and max(loads) > cpus:
+        console.print(f"[yellow]note:[/] the 1-minute load average reached {max(loads):.1f} while timing, more than "
+                      f"the {cpus} CPUs here: other processes competed for the cores; expect wide CIs.")
     not_ok = df[df["status"] != "ok"] if len(df) else df
     if len(not_ok):
         console.print("[dim]cells without a time:[/]")

@@ -85,6 +85,7 @@ def environment(threads: int) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpus_available": available_cpus(),
         "threads": threads,
+        "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "torch_config": {
             "mkldnn": torch.backends.mkldnn.is_available(),
             "openmp": torch.backends.openmp.is_available(),

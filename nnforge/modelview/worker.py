@@ -355,6 +355,7 @@ class Harness:
             self.events.emit("heartbeat", rounds=rounds)
 
         t_timing = time.time()
+        load_start = _loadavg()
         if cfg.method == "naive":
             series = {}
             for b, fn in fns.items():
@@ -403,6 +404,7 @@ class Harness:
                 "rotate_inputs": cfg.rotate_inputs,
                 "flush_cache": cfg.flush_cache,
                 "timing_wall_s": time.time() - t_timing,
+                "loadavg_1m": [load_start, _loadavg()],  # a busy machine (load > CPUs) explains a wide CI
             }
             peak_f = (self.peaks.get("peak_flops_by_dtype") or {}).get(cell.dtype)
             peak_b = self.peaks.get("peak_bytes_per_s")
@@ -438,6 +440,13 @@ class Harness:
             )
         if perf is not None:
             perf.close()
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def run_peaks(job: dict[str, Any]) -> None:

@@ -1,0 +1,122 @@
+"""Two runs side by side: cells matched by key, Mann-Whitney U on the per-call samples, Holm-adjusted, and a verdict.
+
+Same rule as ``nnforge compare`` (modelview/compare.py): a change counts when the adjusted p is below ``alpha`` and the
+ratio's confidence interval excludes changes smaller than ``min_effect``. Two differences, both for speed at 10,000
+cells: the U test uses its normal approximation with tie correction (vectorised numpy, microseconds per pair; it is
+scipy's "asymptotic" method), and the ratio's interval is the conservative one from the stored per-cell median CIs
+(B_low/A_high .. B_high/A_low) instead of a bootstrap, so the view can only be stricter than the CLI, never looser.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..report.data import CellRow
+
+ALPHA = 0.01
+MIN_EFFECT = 0.01
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One cell in both runs. ``ratio`` = median time B / A (< 1: B is faster)."""
+
+    a: CellRow
+    b: CellRow
+    ratio: float
+    ratio_ci: tuple[float, float]
+    p: float
+    p_adjusted: float
+    verdict: str  # "faster" | "slower" | "same" | "n/a"
+
+    @property
+    def mark(self) -> str:
+        return {"faster": "▲ faster", "slower": "▼ slower", "same": "≈", "n/a": "–"}[self.verdict]
+
+
+def mann_whitney_p(a: Any, b: Any) -> float:
+    """Two-sided p of the Mann-Whitney U test, normal approximation with tie and continuity corrections."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n1, n2 = len(x), len(y)
+    if n1 < 2 or n2 < 2:
+        return float("nan")
+    allv = np.concatenate([x, y])
+    order = np.argsort(allv, kind="mergesort")
+    sorted_v = allv[order]
+    # average ranks of ties: rank = mean of the 1-based positions of each run of equal values
+    _, start, counts = np.unique(sorted_v, return_index=True, return_counts=True)
+    avg = start + (counts + 1) / 2.0
+    ranks = np.empty(n1 + n2)
+    ranks[order] = np.repeat(avg, counts)
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    tie = (counts**3 - counts).sum() / (n * (n - 1))
+    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie))
+    if sigma == 0:
+        return 1.0
+    mu = n1 * n2 / 2.0
+    z = (abs(u1 - mu) - 0.5) / sigma
+    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0))))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (NaN stays NaN and does not count as a test)."""
+    idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    out = [float("nan")] * len(pvalues)
+    m = len(idx)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def _ratio_ci(a: CellRow, b: CellRow, ratio: float) -> tuple[float, float]:
+    if a.ci_low_s and a.ci_high_s and b.ci_low_s and b.ci_high_s:
+        return b.ci_low_s / a.ci_high_s, b.ci_high_s / a.ci_low_s
+    return ratio, ratio
+
+
+def compare(
+    a_cells: list[CellRow],
+    b_cells: list[CellRow],
+    samples_a: dict[str, tuple[float, ...]],
+    samples_b: dict[str, tuple[float, ...]],
+    alpha: float = ALPHA,
+    min_effect: float = MIN_EFFECT,
+) -> tuple[list[Pair], list[str]]:
+    """Pairs sorted by the size of the change (largest first), and notes on cells only one run has."""
+    b_by = {c.cell_key: c for c in b_cells}
+    a_keys = {c.cell_key for c in a_cells}
+    raw: list[tuple[CellRow, CellRow, float, tuple[float, float], float]] = []
+    for ca in a_cells:
+        cb = b_by.get(ca.cell_key)
+        if cb is None or not (ca.ok and cb.ok and ca.median_s and cb.median_s):
+            continue
+        ratio = cb.median_s / ca.median_s
+        sa, sb = samples_a.get(ca.cell_key, ()), samples_b.get(cb.cell_key, ())
+        raw.append((ca, cb, ratio, _ratio_ci(ca, cb, ratio), mann_whitney_p(sa, sb)))
+    adjusted = holm([r[4] for r in raw])
+    pairs = []
+    for (ca, cb, ratio, ci, p), padj in zip(raw, adjusted):
+        if math.isnan(padj):
+            verdict = "n/a"
+        elif padj < alpha and ci[1] < 1 - min_effect:
+            verdict = "faster"
+        elif padj < alpha and ci[0] > 1 + min_effect:
+            verdict = "slower"
+        else:
+            verdict = "same"
+        pairs.append(Pair(ca, cb, ratio, ci, p, padj, verdict))
+    pairs.sort(key=lambda p: -abs(math.log(p.ratio)))
+    only_a = len(a_keys - set(b_by))
+    only_b = len(set(b_by) - a_keys)
+    notes = [f"{n} cells only in run {w}" for n, w in ((only_a, "A"), (only_b, "B")) if n]
+    not_ok = sum(1 for c in a_cells if c.cell_key in b_by and not (c.ok and b_by[c.cell_key].ok))
+    if not_ok:
+        notes.append(f"{not_ok} cells not ok in one of the runs (not compared)")
+    return pairs, notes

@@ -1,0 +1,83 @@
+"""Query-string handling for the web view: filters, pagination, and the figures of a filtered run.
+
+Filters are plain GET parameters (``?backend=eager&dtype=float32``; repeat a name for several values), so every view is
+a URL that can be bookmarked, shared, or fetched by a script from ``/api``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import QueryParams
+
+from ..report.build import build_figures, figure_json, headline
+from ..report.data import FILTER_COLUMNS, CellRow, Database, RunInfo
+from ..report.figures_perf import latency_cells
+
+PER_PAGE = 100
+MAX_PER_PAGE = 1000
+INT_COLUMNS = ("batch", "seq_len")
+
+
+def parse_filters(q: QueryParams) -> dict[str, list[Any]]:
+    """Only known columns, empty values dropped, integers parsed (a bad integer matches nothing rather than erring)."""
+    out: dict[str, list[Any]] = {}
+    for col in FILTER_COLUMNS:
+        vals = [v for v in q.getlist(col) if v != ""]
+        if col in INT_COLUMNS:
+            vals = [int(v) if v.lstrip("-").isdigit() else -(2**62) for v in vals]
+        if vals:
+            out[col] = vals
+    return out
+
+
+def filters_key(f: Mapping[str, list[Any]]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    return tuple(sorted((k, tuple(v)) for k, v in f.items()))
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a filtered cell table."""
+
+    cells: list[CellRow]
+    total: int
+    page: int
+    per_page: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, math.ceil(self.total / self.per_page))
+
+
+def page_args(q: QueryParams) -> tuple[int, int]:
+    def as_int(name: str, default: int) -> int:
+        v = q.get(name, "")
+        return int(v) if v.isdigit() else default
+
+    per_page = min(MAX_PER_PAGE, max(1, as_int("per_page", PER_PAGE)))
+    return max(1, as_int("page", 1)), per_page
+
+
+def cell_page(db: Database, run_id: str, filters: Mapping[str, list[Any]], page: int, per_page: int) -> Page:
+    total = db.count(run_id, filters)
+    page = min(page, max(1, math.ceil(total / per_page)))
+    cells = db.cells(run_id, filters, limit=per_page, offset=(page - 1) * per_page)
+    return Page(cells, total, page, per_page)
+
+
+def run_figures(db: Database, run: RunInfo, filters: Mapping[str, list[Any]]) -> dict[str, Any]:
+    """Figures of the filtered run as JSON-ready dicts (figure JSON as text, parsed by the page)."""
+    cells = db.cells(run.run_id, filters)
+    samples = db.samples(run.run_id, [c.cell_key for c in latency_cells(cells)])
+    figs = build_figures(cells, run, samples)
+    return {
+        "headline": headline(cells),
+        "n_cells": len(cells),
+        "figures": [
+            {"id": f.id, "title": f.title, "note": f.note, "figure": figure_json(f) if f.figure else None}
+            for f in figs
+        ],
+    }

@@ -1,0 +1,84 @@
+"""Serving the web view: bind first (so a taken port is a clear message, not a uvicorn traceback), then run uvicorn
+on the bound socket; a context manager runs it on a background thread for tests and notebooks."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8050
+
+
+class PortInUse(OSError):
+    """The requested address is taken; the message says what to do."""
+
+
+def bind(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> socket.socket:
+    """A listening-ready socket on (host, port); port 0 picks a free one. SO_REUSEADDR lets a restart reuse a port
+    left in TIME_WAIT, but on Linux never lets two servers listen on one port, so a live one is still detected."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise PortInUse(
+                e.errno,
+                f"cannot serve on {host}:{port}: the port is already in use (another `nnforge view`?). "
+                f"Stop that server or choose another port with --port.",
+            ) from e
+        raise
+    return sock
+
+
+def _server(db_path: str | Path, sock: socket.socket):  # -> uvicorn.Server
+    import uvicorn
+
+    from .app import create_app
+
+    config = uvicorn.Config(create_app(db_path), log_level="warning", access_log=False, lifespan="off")
+    return uvicorn.Server(config)
+
+
+def serve(db_path: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, open_browser: bool = False) -> None:
+    """Serve until interrupted. Raises :class:`PortInUse` before anything starts if the port is taken."""
+    sock = bind(host, port)
+    server = _server(db_path, sock)
+    url = f"http://{host}:{sock.getsockname()[1]}/"
+    print(f"ModelView: serving {db_path} at {url} (Ctrl-C stops)", flush=True)
+    if open_browser:
+        import webbrowser
+
+        threading.Timer(0.5, webbrowser.open, args=(url,)).start()
+    server.run(sockets=[sock])
+
+
+@contextmanager
+def running(db_path: str | Path, host: str = DEFAULT_HOST, port: int = 0, timeout_s: float = 20.0) -> Iterator[str]:
+    """The view on a background thread for the duration of a ``with`` block; yields its base URL, always stops it."""
+    sock = bind(host, port)
+    server = _server(db_path, sock)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="modelview-view")
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError("the web view did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout_s)
+        sock.close()

@@ -1,0 +1,69 @@
+"""Isolation: a cell that segfaults, hangs, allocates too much, raises or is numerically wrong is a row with its
+status, and the sweep completes with every other cell measured."""
+
+from __future__ import annotations
+
+import json
+
+from nnforge.modelview import open_store, sweep
+
+
+def _rows(db: str, run_id: str) -> dict[tuple[str, str], dict]:
+    with open_store(db) as s:
+        return {(r["variant"], r["backend"]): r for r in s.rows(run_id)}
+
+
+def test_crash_hang_oom_failure_are_recorded_and_sweep_completes(db: str, fast: dict, faulty: str) -> None:
+    fast["isolation"] = {"timeout_s": 8.0, "memory_mb": 2048}
+    res = sweep(
+        variants=["test_segfault", "test_hang", "test_hog", "test_raises", "test_tanh"],
+        backends=["eager"],
+        batch=[2],
+        seq_len=[3],
+        plugins=[faulty],
+        db=db,
+        progress=False,
+        table=False,
+        **fast,
+    )
+    rows = _rows(db, res.run_id)
+    assert len(rows) == 5
+    assert rows[("test_segfault", "eager")]["status"] == "crashed"
+    assert "SIGSEGV" in rows[("test_segfault", "eager")]["error"]
+    assert rows[("test_hang", "eager")]["status"] == "timeout"
+    assert "no progress" in rows[("test_hang", "eager")]["error"]
+    assert rows[("test_hog", "eager")]["status"] == "oom"
+    assert rows[("test_raises", "eager")]["status"] == "failed"
+    assert "this variant always fails" in rows[("test_raises", "eager")]["error"]
+    ok = rows[("test_tanh", "eager")]
+    assert ok["status"] == "ok" and ok["median_s"] > 0
+    assert res.counts == {"crashed": 1, "timeout": 1, "oom": 1, "failed": 1, "ok": 1}
+
+
+def test_crashing_backend_does_not_lose_the_others(db: str, fast: dict, faulty: str) -> None:
+    res = sweep(
+        variants=["test_tanh"],
+        backends=["eager", "test_crash", "test_wrong", "test_skip", "jit.trace"],
+        batch=[2],
+        seq_len=[3],
+        plugins=[faulty],
+        db=db,
+        progress=False,
+        table=False,
+        **fast,
+    )
+    rows = _rows(db, res.run_id)
+    assert {b: r["status"] for (_, b), r in rows.items()} == {
+        "eager": "ok",
+        "test_crash": "crashed",
+        "test_wrong": "mismatch",
+        "test_skip": "skipped",
+        "jit.trace": "ok",
+    }
+    assert "during prepare of test_crash" in rows[("test_tanh", "test_crash")]["error"]
+    assert "exceeds" in rows[("test_tanh", "test_wrong")]["error"]
+    assert rows[("test_tanh", "test_skip")]["error"] == "never applies (test)"
+    # the survivors were re-run alone after the crash, and say so
+    for b in ("eager", "jit.trace"):
+        m = json.loads(rows[("test_tanh", b)]["metrics_json"])
+        assert m["alone"] is True and m["interleaved"] is False
