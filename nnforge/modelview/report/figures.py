@@ -78,6 +78,7 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
                 f"{'★ ' if winner[cat] == be else ''}{c.throughput:.3e} · {c.shape_label}" for cat, c in rows
             ],
             textposition="auto",
+            insidetextanchor="start",
             marker={
                 "color": color,
                 "line": {"color": ["#000" if winner[cat] == be else color for cat, _ in rows],
