@@ -687,7 +687,7 @@ def _getitem(x: Tensor, index: Any) -> Tensor:
             steps.append(step)
             kinds.append("keep")
         elif isinstance(i, (int, np.integer)) and not isinstance(i, bool):
-            k = int(i)
+            k = i if isinstance(i, Dim) else int(i)  # a size-derived index stays symbolic
             if not -int(d) <= k < int(d):
                 raise ShapeError(at(f"index: {k} out of range for axis {ax} of size {int(d)}"))
             start = k if k >= 0 else d + k
