@@ -1,0 +1,265 @@
+"""nf.compile: one trace per signature, new scan lengths without retracing, array kinds in = out, nf.show."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import nnforge as nf
+from nnforge.ir.ops import Op
+
+from .scan_util import py_scan
+from .utils import assert_close, seed_of, to_torch
+
+N, I, H = 2, 3, 4
+
+
+def rnn(xs, h0, w_ih, w_hh, b):
+    def cell(h, x_t):
+        h = (x_t @ w_ih.T + h @ w_hh.T + b).tanh()
+        return h, h
+
+    h, ys = nf.scan(cell, h0, xs)
+    return ys, h
+
+
+def torch_rnn(xs, h0, w_ih, w_hh, b):
+    h, ys = py_scan(lambda h, x: ((x @ w_ih.T + h @ w_hh.T + b).tanh(),) * 2, h0, xs)
+    return ys, h
+
+
+def rnn_inputs(T, dtype=np.float32, n=N, seed=0):
+    r = np.random.default_rng(seed_of("compile", T, n, seed))
+    return [a.astype(dtype) for a in (r.standard_normal((T, n, I)), r.standard_normal((n, H)),
+                                      r.standard_normal((H, I)) * 0.5, r.standard_normal((H, H)) * 0.5,
+                                      r.standard_normal(H) * 0.1)]
+
+
+def test_new_sequence_length_reuses_the_trace():
+    f = nf.compile(rnn)
+    for T in (10, 37, 10, 1):
+        args = rnn_inputs(T)
+        ys, h = f(*args)
+        assert isinstance(ys, np.ndarray) and ys.shape == (T, N, H) and ys.dtype == np.float32
+        ys_t, h_t = torch_rnn(*[to_torch(a) for a in args])
+        assert_close(ys, ys_t, "float32")
+        assert_close(h, h_t, "float32")
+    assert f.trace_count == 1
+
+
+def test_new_sequence_length_reuses_the_trace_of_a_gradient():
+    def loss(xs, h0, w_ih, w_hh, b):
+        ys, h = rnn(xs, h0, w_ih, w_hh, b)
+        return (ys * ys).sum() + h.sum()
+
+    f = nf.compile(nf.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))
+    for T in (10, 37):
+        args = rnn_inputs(T, np.float64)
+        value, grads = f(*args)
+        tt = [to_torch(a, requires_grad=True) for a in args]
+        ys_t, h_t = torch_rnn(*tt)
+        v_t = (ys_t * ys_t).sum() + h_t.sum()
+        v_t.backward()
+        assert_close(value, v_t, "float64")
+        for g, t in zip(grads, tt):
+            assert g.shape == tuple(t.shape)
+            assert_close(g, t.grad, "float64", grad=True)
+    assert f.trace_count == 1
+
+
+def test_scan_is_not_unrolled():
+    """The traced graph does not grow with T: the same node count at T=3 and at T=50."""
+
+    def loss(xs, h0, w_ih, w_hh, b):
+        return rnn(xs, h0, w_ih, w_hh, b)[0].sum()
+
+    def size(graph):
+        total = 0
+        for n in graph.order:
+            total += 1
+            if "body" in n.attrs:
+                total += size(n.attrs["body"])
+        return total
+
+    g = nf.grad(loss, argnums=(2, 3))
+    small, big = nf.compile(g).trace(*rnn_inputs(3)), nf.compile(g).trace(*rnn_inputs(50))
+    assert size(small) == size(big)
+    assert sum(n.op == Op.SCAN for n in small.order) >= 2  # forward and backward scans, both loops
+
+
+@pytest.mark.parametrize(("change", "retrace"), [
+    ("same", False), ("seq_len", False), ("batch", True), ("dtype", True), ("hidden", True),
+])
+def test_cache_is_per_signature(change, retrace):
+    f = nf.compile(rnn)
+    f(*rnn_inputs(5))
+    args = {"same": rnn_inputs(5, seed=1), "seq_len": rnn_inputs(9), "batch": rnn_inputs(5, n=3),
+            "dtype": rnn_inputs(5, np.float64), "hidden": None}[change]
+    if args is None:
+        r = np.random.default_rng(1)
+        args = [r.standard_normal(s).astype(np.float32) for s in ((5, N, I), (N, 6), (6, I), (6, 6), (6,))]
+    ys, h = f(*args)
+    assert f.trace_count == (2 if retrace else 1)
+    ys_t, _ = torch_rnn(*[to_torch(a) for a in args])
+    assert ys.dtype == args[0].dtype
+    assert_close(ys, ys_t, "float64" if args[0].dtype == np.float64 else "float32")
+    f(*rnn_inputs(5))  # the first signature is still cached
+    assert f.trace_count == (2 if retrace else 1)
+
+
+def test_static_python_arguments_are_part_of_the_key():
+    f = nf.compile(lambda x, scale, mode: x * scale if mode == "mul" else x + scale)
+    x = np.arange(3.0, dtype=np.float32)
+    np.testing.assert_array_equal(f(x, 2.0, "mul"), x * 2)
+    np.testing.assert_array_equal(f(x, 3.0, "mul"), x * 3)
+    np.testing.assert_array_equal(f(x, 3.0, "add"), x + 3)
+    np.testing.assert_array_equal(f(x, 2.0, "mul"), x * 2)
+    assert f.trace_count == 3
+
+
+def test_numpy_in_numpy_out_torch_in_torch_out():
+    f = nf.compile(lambda a, b: {"sum": a + b, "parts": (a * b, b.sum())})
+    a, b = np.ones((2, 3), np.float32), np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = f(a, b)
+    assert set(out) == {"sum", "parts"} and isinstance(out["parts"], tuple)
+    assert all(isinstance(v, np.ndarray) for v in (out["sum"], *out["parts"]))
+    np.testing.assert_array_equal(out["sum"], a + b)
+    out_t = f(torch.from_numpy(a), torch.from_numpy(b))
+    assert all(isinstance(v, torch.Tensor) for v in (out_t["sum"], *out_t["parts"]))
+    assert torch.equal(out_t["parts"][0], torch.from_numpy(a * b))
+    assert out_t["parts"][1].item() == 15.0
+    assert f.trace_count == 1  # same signature whichever array library carried it
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32, torch.float64])
+def test_torch_dtypes_survive_the_round_trip(dtype):
+    f = nf.compile(lambda a: a * 2)
+    x = torch.arange(6).reshape(2, 3).to(dtype)
+    y = f(x)
+    assert isinstance(y, torch.Tensor) and y.dtype == dtype
+    assert torch.equal(y, x * 2)
+
+
+def test_kwargs_and_nested_argument_structures():
+    f = nf.compile(lambda params, x, *, bias: (x @ params["w"] + params["b"]) * bias)
+    r = np.random.default_rng(3)
+    p = {"w": r.standard_normal((3, 2)), "b": r.standard_normal(2)}
+    x = r.standard_normal((4, 3))
+    np.testing.assert_allclose(f(p, x, bias=2.0), (x @ p["w"] + p["b"]) * 2.0, rtol=1e-12)
+    np.testing.assert_allclose(f(p, x, bias=2.0), (x @ p["w"] + p["b"]) * 2.0, rtol=1e-12)
+    assert f.trace_count == 1
+
+
+def test_compiled_function_is_inlined_inside_another_trace():
+    inner = nf.compile(lambda x: x.exp())
+    outer = nf.compile(lambda x: inner(x) + 1)
+    x = np.linspace(-1, 1, 5)
+    np.testing.assert_allclose(outer(x), np.exp(x) + 1, rtol=1e-14)
+    assert inner.trace_count == 0 and outer.trace_count == 1
+
+
+def test_captured_parameter_is_read_at_call_time():
+    w = nf.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    f = nf.compile(lambda x: x * w)
+    x = np.array([3.0, 4.0])
+    np.testing.assert_array_equal(f(x), [3.0, 8.0])
+    w.assign(np.array([-1.0, 0.5]))
+    np.testing.assert_array_equal(f(x), [-3.0, 2.0])
+    assert f.trace_count == 1
+
+
+def test_compiled_matches_eager():
+    args = rnn_inputs(7, np.float64)
+    ys_c, h_c = nf.compile(rnn)(*args)
+    ys_e, h_e = rnn(*[nf.tensor(a) for a in args])
+    np.testing.assert_array_equal(ys_c, ys_e.numpy())
+    np.testing.assert_array_equal(h_c, h_e.numpy())
+
+
+# ---- nf.show --------------------------------------------------------------------------------------------------
+def tiny(xs, h0, w):
+    return nf.scan(lambda h, x: ((h @ w + x).tanh(), h.sum()), h0, xs)
+
+
+TINY_GOLDEN = """\
+graph(%0: f32[T, 2], %1: f32[2], %2: f32[2, 2]) {
+  %3 = scan(%1, %0, %2) length=T n_carry=1 n_xs=1 reverse=False unroll=1 : (f32[2], f32[T]) {
+    body(%0: f32[2], %1: f32[2], %2: f32[2, 2]) {
+      %3 = reshape(%0) shape=(1, 2) : f32[1, 2]
+      %4 = matmul(%3, %2) : f32[1, 2]
+      %5 = reshape(%4) shape=(2) : f32[2]
+      %6 = add(%5, %1) : f32[2]
+      %7 = tanh(%6) : f32[2]
+      %8 = sum(%0) axes=(0) keepdims=False : f32[]
+      return %7, %8
+    }
+  }
+  %4 = proj(%3) index=0 : f32[2]
+  %5 = proj(%3) index=1 : f32[T]
+  return %4, %5
+}"""
+
+
+def _tiny_args(T=5):
+    return np.ones((T, 2), np.float32), np.ones(2, np.float32), np.eye(2, dtype=np.float32)
+
+
+def test_show_golden_text(capsys):
+    text = nf.show(tiny, *_tiny_args(), stage="traced")
+    assert text == TINY_GOLDEN
+    assert capsys.readouterr().out.strip() == TINY_GOLDEN
+
+
+def test_show_is_deterministic_and_nested():
+    def f(xs, h0, w):
+        def outer(h, x):
+            acc, _ = nf.scan(lambda a, x_k: ((a * x_k + h).sin(), None), h, x)
+            return (h @ w + acc).tanh(), acc
+
+        return nf.grad(lambda h0_: nf.scan(outer, h0_, xs)[1].sum())(h0)
+
+    args = (np.ones((4, 3, 2), np.float32), np.ones(2, np.float32), np.eye(2, dtype=np.float32))
+    texts = [nf.show(f, *args), nf.show(f, *args), nf.show(nf.compile(f), *args)]
+    assert texts[0] == texts[1] == texts[2]
+    assert "scan(" in texts[0]
+    depth = max(len(line) - len(line.lstrip()) for line in texts[0].splitlines() if "body(" in line)
+    assert depth >= 8, "a scan inside a scan body prints as a body nested in a body"
+    assert nf.show(tiny, *_tiny_args(5)) == nf.show(tiny, *_tiny_args(9)), "T prints symbolically"
+
+
+def test_show_rejects_unknown_stage():
+    with pytest.raises(ValueError, match="stage"):
+        nf.show(tiny, *_tiny_args(), stage="kernels?")
+
+
+def _size_uses(xs):
+    h, ys = nf.scan(lambda h, x: (h + x, h), nf.zeros(2, dtype=xs.dtype), xs)
+    n = xs.shape[0]
+    return (ys[n // 2], ys[n - 1], ys[: n // 2].sum(0), ys[n // 2:].sum(0), ys[-(n // 2)], ys.mean(0),
+            ys.sum(0) / n, ys[::2].sum(0), h * n)
+
+
+def test_values_derived_from_the_length_follow_a_new_length():
+    """Sizes used as values (indices, slice bounds, means) stay symbolic: no retrace and no baked-in T."""
+    f = nf.compile(_size_uses)
+    for T in (4, 9, 6):
+        xs = np.random.default_rng(T).standard_normal((T, 2))
+        got = f(xs)
+        expected = [o.numpy() for o in _size_uses(nf.tensor(xs))]
+        for k, (g, e) in enumerate(zip(got, expected)):
+            np.testing.assert_allclose(g, e, rtol=1e-12, err_msg=f"output {k} at T={T}")
+    assert f.trace_count == 1
+
+
+@pytest.mark.xfail(strict=True, reason="design: a size turned into a Python float (1.0 / x.shape[0]) leaves the "
+                                       "symbolic world and is baked into the trace; a new length reuses the trace "
+                                       "and silently computes with the old 1/T")
+def test_python_float_of_a_length_is_not_baked_in():
+    def f(xs):
+        _, ys = nf.scan(lambda h, x: (h + x, h), nf.zeros(2, dtype="float64"), xs)
+        return ys.sum(0) * (1.0 / xs.shape[0])
+
+    cf = nf.compile(f)
+    cf(np.ones((4, 2)))
+    np.testing.assert_allclose(cf(np.ones((9, 2))), [4.0, 4.0])
