@@ -172,6 +172,31 @@ def backends(plugin: Annotated[list[str] | None, typer.Option(help="Also load th
     Console().print(table)
 
 
+@app.command()
+def report(
+    db: Annotated[Path, typer.Argument(help="SQLite store file.")] = Path("modelview.db"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("report.html"),
+    run: Annotated[str | None, typer.Option(help="Run id, id prefix or name (default: the latest run).")] = None,
+) -> None:
+    """Write one self-contained HTML report of a run (plots first; opens offline)."""
+    from nnforge.modelview.report.cli import report_command
+
+    report_command(db, out, run, Console())
+
+
+@app.command()
+def view(
+    db: Annotated[Path, typer.Argument(help="SQLite store file.")] = Path("modelview.db"),
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8050,
+    open_browser: Annotated[bool, typer.Option("--open", help="Open the view in a browser.")] = False,
+) -> None:
+    """Serve the web view: runs, filterable cells, run comparison, one cell's samples and generated code."""
+    from nnforge.modelview.report.cli import view_command
+
+    view_command(db, host, port, open_browser, Console())
+
+
 def main() -> None:
     app()
 
