@@ -455,7 +455,10 @@ def _data_node(data: Any, dtype: Any) -> Node:
         arr = arr.astype(as_dtype(dtype).np)
     elif arr.dtype == np.float64 and not isinstance(data, np.ndarray) and type(data).__module__ != "torch":
         arr = arr.astype(np.float32)  # Python floats default to float32, as in PyTorch
-    dtypes.from_numpy(arr.dtype)
+    try:
+        dtypes.from_numpy(arr.dtype)
+    except TypeError as e:
+        raise DTypeError(at(f"tensor: cannot make a tensor of a {type(data).__name__}: {e}")) from None
     arr = np.array(arr, order="C")  # a private copy: 0-d stays 0-d (ascontiguousarray makes it 1-d), and the
     arr.setflags(write=False)       # caller's own array is not turned read-only
     return make(Op.DATA, (), {"array": arr})
@@ -774,7 +777,7 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
 
 
 def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    tensors = [_operand(t, "concat") for t in tensors]
     if not tensors:
         raise ShapeError(at("concat: needs at least one tensor"))
     a = _axis(axis, tensors[0].ndim, "concat")
@@ -791,7 +794,7 @@ cat = concat
 
 
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    tensors = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    tensors = [_operand(t, "stack") for t in tensors]
     if not tensors:
         raise ShapeError(at("stack: needs at least one tensor"))
     a = _axis(axis, tensors[0].ndim + 1, "stack")
@@ -801,9 +804,19 @@ def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     return concat([t.unsqueeze(a) for t in tensors], a)
 
 
+def _operand(v: Any, name: str) -> Tensor:
+    """``v`` as a Tensor; anything that is not array-like is an error naming the op and the caller's line."""
+    if isinstance(v, Tensor):
+        return v
+    try:
+        return Tensor(v)
+    except (TypeError, ValueError):
+        raise TraceError(at(f"{name}: unsupported operand of type {type(v).__name__}")) from None
+
+
 def _fn(method: str):
     def f(x: Any, *args: Any, **kwargs: Any) -> Tensor:
-        x = x if isinstance(x, Tensor) else Tensor(x)
+        x = _operand(x, method.strip("_"))
         return getattr(x, method)(*args, **kwargs)
 
     f.__name__ = method
