@@ -72,6 +72,8 @@ class CompiledFunction:
 
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; available: {', '.join(sorted(BACKENDS))}")
+        if not callable(fn):
+            raise TraceError(at(f"compile: expected a function, got {type(fn).__name__}"))
         self.fn = fn
         self.backend = backend
         self.trace_count = 0
@@ -89,7 +91,11 @@ class CompiledFunction:
                 arrays.append(v.numpy())
             else:
                 a = to_numpy(v)
-                from_numpy(a.dtype)
+                try:
+                    from_numpy(a.dtype)
+                except TypeError:
+                    raise TraceError(at(f"compile: argument of type {type(v).__name__} is not an array, tensor or "
+                                        "Python scalar")) from None
                 arrays.append(a)
         return leaves, treedef, arrays, tuple(statics)
 
