@@ -34,7 +34,7 @@ def subsample(cells: Sequence[CellRow], limit: int, key: Callable[[CellRow], flo
         by_be[c.backend].append(c)
     out: list[CellRow] = []
     for sel in by_be.values():
-        quota = max(1, round(limit * len(sel) / len(cells)))
+        quota = max(1, limit * len(sel) // len(cells))
         ranked = sorted(sel, key=key, reverse=True)
         top = quota // 4
         rest = ranked[top:]
