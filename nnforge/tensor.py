@@ -448,12 +448,12 @@ class Tensor:
 # ---- construction ---------------------------------------------------------------------------------------------
 
 def _data_node(data: Any, dtype: Any) -> Node:
-    from .interop.convert import to_numpy
+    from .interop.convert import is_torch, to_numpy
 
     arr = to_numpy(data)
     if dtype is not None:
         arr = arr.astype(as_dtype(dtype).np)
-    elif arr.dtype == np.float64 and not isinstance(data, np.ndarray) and type(data).__module__ != "torch":
+    elif arr.dtype == np.float64 and not isinstance(data, (np.ndarray, np.generic)) and not is_torch(data):
         arr = arr.astype(np.float32)  # Python floats default to float32, as in PyTorch
     try:
         dtypes.from_numpy(arr.dtype)
