@@ -248,13 +248,18 @@ def compile(fn: Callable | None = None, *, backend: str = "reference") -> Any:
 
 
 def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
-    """Print and return the IR of ``fn`` for these arguments. ``stage``: "traced" (before passes) or "ir"."""
-    stages = ("traced", "ir")
+    """Print and return the IR of ``fn`` for these arguments. ``stage``: "traced" (before passes), "ir", or
+    "fused" (the CPU backend's kernel listing: what each kernel fuses and its index expressions)."""
+    stages = ("traced", "ir", "fused")
     if stage not in stages:
         raise ValueError(f"show: unknown stage {stage!r}; choose one of {', '.join(stages)}")
     cf = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
     if stage == "ir":
         text = repr(cf.trace(*args, **kwargs))
+    elif stage == "fused":
+        from .codegen.c import fused_listing
+
+        text = fused_listing(cf.trace(*args, **kwargs))
     else:
         leaves, treedef, arrays, _ = cf._split(args, kwargs)
         text = repr(trace_function(cf.fn, treedef, leaves, arrays)[0])

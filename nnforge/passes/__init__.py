@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 from ..ir.node import Graph
 from ..ir.verify import verify
+from .cse import cse
 from .dce import dce
+from .hoist import hoist
 from .scans import merge_augmented_scans
+from .simplify import sigmoid_forms, simplify
+
+log = logging.getLogger("nnforge.passes")
 
 Pass = Callable[[Graph], Graph]
 
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("merge_augmented_scans", merge_augmented_scans),
+    ("simplify", simplify),
+    ("cse", cse),
     ("dce", dce),
 )
 
 
 CPU_PIPELINE: tuple[tuple[str, Pass], ...] = (
+    ("sigmoid_forms", sigmoid_forms),
+    ("hoist", hoist),
+    ("simplify", simplify),
+    ("cse", cse),
     ("dce", dce),
 )
 """Passes that only matter for compiled code (they may reassociate float sums), run by the CPU backend."""
@@ -25,8 +37,11 @@ CPU_PIPELINE: tuple[tuple[str, Pass], ...] = (
 
 def run_pipeline(graph: Graph, passes: Sequence[tuple[str, Pass]] = PIPELINE, check: bool = True) -> Graph:
     """Apply the passes in order; verify after each one so a broken pass is caught where it broke."""
-    for _name, p in passes:
+    for name, p in passes:
+        before = graph
         graph = p(graph)
+        if graph is not before:
+            log.debug("pass %s changed the graph", name)
         if check:
             verify(graph)
     return graph

@@ -38,10 +38,11 @@ class Grouping:
     kernel_of: dict[int, int] = field(default_factory=dict)  # lazy node -> root it is inlined into
     epilogue_of: dict[int, int] = field(default_factory=dict)  # matmul/reduce -> elementwise root it computes
     prologue: dict[int, int] = field(default_factory=dict)   # root -> matmul/reduce feeding its epilogue
+    alias: set[int] = field(default_factory=set)           # reshapes that are another name for their source
     refusals: list[str] = field(default_factory=list)
 
     def is_stored(self, n: Node) -> bool:
-        return id(n) in self.stored and id(n) not in self.epilogue_of
+        return id(n) in self.stored and id(n) not in self.epilogue_of and id(n) not in self.alias
 
 
 def _same_shape(a: Node, b: Node) -> bool:
@@ -72,6 +73,9 @@ def group(graph: Graph) -> Grouping:
     for n in order:  # forward: inherent buffers and free nodes
         if n.op in INHERENT:
             g.stored.add(id(n))
+        elif n.op == Op.RESHAPE and id(n.srcs[0]) in g.stored:
+            g.stored.add(id(n))  # a contiguous buffer seen with another shape: no copy
+            g.alias.add(id(n))
         elif n.op == Op.CONST or (n.op in MOVEMENT and all(id(s) in g.stored or id(s) in g.free for s in n.srcs)):
             g.free.add(id(n))
 
@@ -84,9 +88,16 @@ def group(graph: Graph) -> Grouping:
         if id(n) in g.stored:
             continue
         readers = us.get(id(n), [])
+        if n.op == Op.RESHAPE and id(n) not in g.free:
+            ks = {kernel(u) for u in readers}
+            if id(n) in outputs or len(ks) != 1 or any(u.op in (Op.SCAN, Op.LOOP, Op.MATMUL) for u in readers):
+                g.stored.add(id(n))  # store the source instead (below) and alias it
+                g.alias.add(id(n))
+                continue
         needs_view = any(u.op == Op.MATMUL for u in readers)
         if id(n) in g.free:
-            if id(n) in outputs or any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) for u in readers) or (
+            if id(n) in outputs or any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) or id(u) in g.alias
+                                       for u in readers) or (
                     needs_view and not strided_base(n, g.stored, g.free)):
                 g.free.discard(id(n))
                 g.stored.add(id(n))
@@ -94,6 +105,8 @@ def group(graph: Graph) -> Grouping:
         why = ""
         if id(n) in outputs:
             why = "it is a result of the graph"
+        elif any(id(u) in g.alias for u in readers):
+            why = "a reshape reads it as a buffer"
         elif not readers:
             why = "it has no readers"
         elif any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) for u in readers):

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 
 from ..ir.build import rebuild
 from ..ir.node import Graph, Node
+from ..ir.ops import Op
 
 
 def substitute(graph: Graph, mapping: Mapping[int, Node], attrs_fn: Callable[[Node], dict | None] | None = None,
@@ -28,3 +29,31 @@ def substitute(graph: Graph, mapping: Mapping[int, Node], attrs_fn: Callable[[No
             new[id(n)] = rebuild(n, srcs, attrs, types)
     return Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
                  [new[id(e)] for e in graph.effects])
+
+
+def map_nodes(graph: Graph, rule: Callable[[Node], Node | None], max_rounds: int = 8) -> Graph:
+    """Apply ``rule`` bottom-up (each node sees rewritten sources; None keeps it), bodies included, until a round
+    changes nothing. Rewriting a body re-creates its scan/loop node with the new body."""
+    for _ in range(max_rounds):
+        changed = False
+        new: dict[int, Node] = {}
+        for n in graph.order:
+            srcs = tuple(new.get(id(s), s) for s in n.srcs)
+            attrs = None
+            body = n.attrs.get("body")
+            if isinstance(body, Graph):
+                nb = map_nodes(body, rule, max_rounds)
+                if nb is not body:
+                    attrs = {**n.attrs, "body": nb}
+            node = n if srcs == n.srcs and attrs is None else rebuild(n, srcs, attrs)
+            out = rule(node) if n.op != Op.INPUT else None
+            if out is not None and out is not node:
+                node = out
+            if node is not n:
+                changed = True
+            new[id(n)] = node
+        if not changed:
+            return graph
+        graph = Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
+                      [new[id(e)] for e in graph.effects])
+    return graph

@@ -127,3 +127,22 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, monkeypatch):
     again = Toolchain(find_compiler())
     again.load(src)
     assert again.compiles == 0  # the rebuilt entry validates
+
+
+@needs_cpu
+def test_lstm_structure_one_hoisted_gemm_and_fused_step():
+    from nnforge.codegen.c import lower, schedule
+
+    low = lower(schedule(nf.compile(lstm).trace(*lstm_args())))
+    top = [k for k in low.listing if k.kind not in ("scan", "loop")]
+    (scan,) = [k for k in low.listing if k.kind == "scan"]
+    assert sum(k.kind == "DPElwFuse" for k in top) == 1          # x @ W_ih + b for all steps: one GEMM
+    step = [k for k in scan.children if k.kind != "copy"]
+    assert [k.kind for k in step].count("DPElwFuse") == 1        # h @ W_hh + premul_t: one GEMM per step
+    assert all(k.kind in ("DPElwFuse", "elementwise") for k in step) and len(step) <= 3  # no unrolling
+    assert "for tt" in scan.note and "S[0]" in scan.note          # a real loop with a run-time trip count
+
+
+def test_show_fused_listing(capsys):
+    text = nf.show(nf.compile(lstm), *lstm_args(), stage="fused")
+    assert "DPElwFuse" in text and "scan" in text and "reads" in text

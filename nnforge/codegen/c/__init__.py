@@ -61,6 +61,9 @@ class CpuBackend:
         return self._toolchain
 
     def __call__(self, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+        from ...runtime import debug_level, setup_logging
+
+        setup_logging()
         graph = schedule(graph)
         try:
             low = lower(graph, self._gemm_for(graph))
@@ -70,6 +73,8 @@ class CpuBackend:
 
             log.info("cpu backend: %s; running this graph on the reference interpreter", e)
             return ReferenceProgram(graph, session().rng)
+        if debug_level() >= 3:
+            log.debug("generated C:\n%s", low.text)
         lib, key = self.toolchain.load(low.text)
         return CProgram(graph, lib, key, low.sizes, [n.attrs["array"] for n in low.data], low.listing)
 
@@ -77,6 +82,11 @@ class CpuBackend:
         from ...tune import load_gemm_config
 
         return load_gemm_config() or self.gemm
+
+
+def fused_listing(graph: Graph) -> str:
+    """``nf.show(stage="fused")``: the scheduled IR and its kernels, for an optimized graph."""
+    return format_listing(lower(schedule(graph)).listing)
 
 
 def format_listing(kernels: list[KernelInfo], indent: str = "") -> str:

@@ -205,7 +205,8 @@ class Lowering:
         dest: dict[int, str] = {}
         copies: list[tuple[Node, str]] = []
         for o, p in zip(graph.outputs, outs):
-            if id(o) in dest or id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o):
+            if id(o) in dest or id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) \
+                    or id(o) in g.alias:
                 copies.append((o, p))
             else:
                 dest[id(o)] = p
@@ -217,6 +218,9 @@ class Lowering:
                 continue
             if n.op == Op.PROJ:
                 continue  # bound by its scan
+            if id(n) in g.alias:
+                ctx.ptr[id(n)] = ctx.ptr[id(n.srcs[0])]
+                continue
             if not g.is_stored(n):
                 continue
             out = dest.get(id(n)) or (None if n.op in (Op.SCAN, Op.LOOP) else self.alloc(n.dtype, n.shape))

@@ -1,0 +1,106 @@
+"""Algebraic simplification: constant folding and identities that are exact in floating point.
+
+Exact rewrites only (x*1, x+0, x-0, x/1, --x, no-op movement and casts, movement of movement), so the
+reference backend gives bit-identical results after this pass. ``sigmoid_forms`` (in the CPU pipeline) also
+recognizes ``1/(1+exp(-x))`` and ``(exp(2x)-1)/(exp(2x)+1)``-style spellings, which changes rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.build import make
+from ..ir.node import Graph, Node
+from ..ir.ops import BINARY, COMPARE, ELEMENTWISE, UNARY, Op
+from .rewrite import map_nodes
+
+
+def _const_value(n: Node) -> float | None:
+    return n.attrs["value"] if n.op == Op.CONST else None
+
+
+def _is(n: Node, value: float) -> bool:
+    v = _const_value(n)
+    return v is not None and not isinstance(v, bool) and v == value
+
+
+def _fold(n: Node) -> Node | None:
+    """An elementwise op on scalar constants becomes one constant (computed as the reference would)."""
+    if n.op not in ELEMENTWISE or not n.srcs or any(s.op != Op.CONST for s in n.srcs):
+        return None
+    from ..codegen.reference import REFERENCE, Interpreter
+
+    args = [np.full((), s.attrs["value"], dtype=s.dtype.np) for s in n.srcs]
+    probe = Node(n.op, tuple(), n.attrs, (), n.dtype, n.loc)
+    value = np.asarray(REFERENCE[n.op](probe, args, Interpreter(np.random.default_rng(0)))).item()
+    return make(Op.CONST, (), {"value": value, "shape": n.shape, "dtype": n.dtype}, loc=n.loc)
+
+
+def _identity(n: Node) -> Node | None:
+    s = n.srcs
+    same = lambda a: a.dtype == n.dtype and tuple(map(int, a.shape)) == tuple(map(int, n.shape))  # noqa: E731
+    if n.op == Op.MUL and n.dtype.is_float:
+        if _is(s[1], 1) and same(s[0]):
+            return s[0]
+        if _is(s[0], 1) and same(s[1]):
+            return s[1]
+    if n.op == Op.ADD and n.dtype.is_float:
+        if _is(s[1], 0) and same(s[0]):
+            return s[0]
+        if _is(s[0], 0) and same(s[1]):
+            return s[1]
+    if n.op == Op.SUB and _is(s[1], 0) and same(s[0]):
+        return s[0]
+    if n.op == Op.DIV and n.dtype.is_float and _is(s[1], 1):
+        return s[0]
+    if n.op == Op.NEG and s[0].op == Op.NEG:
+        return s[0].srcs[0]
+    if n.op == Op.CAST and s[0].dtype == n.dtype:
+        return s[0]
+    if n.op in (Op.RESHAPE, Op.EXPAND) and tuple(n.shape) == tuple(s[0].shape):
+        return s[0]
+    if n.op == Op.PERMUTE and tuple(n.attrs["perm"]) == tuple(range(n.ndim)):
+        return s[0]
+    if n.op == Op.RESHAPE and s[0].op == Op.RESHAPE:
+        return make(Op.RESHAPE, (s[0].srcs[0],), n.attrs, loc=n.loc)
+    if n.op == Op.PERMUTE and s[0].op == Op.PERMUTE:
+        inner, outer = s[0].attrs["perm"], n.attrs["perm"]
+        return make(Op.PERMUTE, (s[0].srcs[0],), {"perm": tuple(inner[p] for p in outer)}, loc=n.loc)
+    if n.op in (Op.RESHAPE, Op.EXPAND, Op.PERMUTE) and s[0].op == Op.CONST:
+        return make(Op.CONST, (), {**s[0].attrs, "shape": n.shape}, loc=n.loc)
+    return None
+
+
+def simplify(graph: Graph) -> Graph:
+    """Fold constants and apply exact identities until nothing changes (bodies included)."""
+    return map_nodes(graph, lambda n: _fold(n) or _identity(n))
+
+
+def _sigmoid_of(n: Node) -> Node | None:
+    """x for ``1 / (1 + exp(-x))`` spelled with recip or div, else None."""
+    if n.op == Op.RECIP:
+        den = n.srcs[0]
+    elif n.op == Op.DIV and _is(n.srcs[0], 1):
+        den = n.srcs[1]
+    else:
+        return None
+    if den.op != Op.ADD:
+        return None
+    a, b = den.srcs
+    e = b if _is(a, 1) else a if _is(b, 1) else None
+    if e is None or e.op != Op.EXP or e.srcs[0].op != Op.NEG:
+        return None
+    return e.srcs[0].srcs[0]
+
+
+def sigmoid_forms(graph: Graph) -> Graph:
+    """Recognize spelled-out sigmoids (and ``2*sigmoid(2x)-1`` is left alone) so codegen emits one fast call."""
+
+    def rule(n: Node) -> Node | None:
+        x = _sigmoid_of(n)
+        return make(Op.SIGMOID, (x,), loc=n.loc) if x is not None and x.dtype == n.dtype else None
+
+    return map_nodes(graph, rule)
+
+
+__all__ = ["BINARY", "COMPARE", "UNARY", "sigmoid_forms", "simplify"]
