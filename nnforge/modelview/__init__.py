@@ -4,40 +4,50 @@ isolated cells and an append-only SQLite store. User guide: docs/modelview.md.
     from nnforge.modelview import sweep
     result = sweep(variants=["lstm_manual", "torch_lstm"], backends=["eager", "jit.script"], batch=[16, 64])
     df = result.cells()
+
+Names are imported lazily (PEP 562): every cell's worker process imports this package, and pulling in the runner,
+Rich and pandas there would add seconds per cell for nothing.
 """
 
 from __future__ import annotations
 
-from .backends import Backend, Context, Prepared, backend_registry
-from .compare import compare_runs
-from .registry import backend, variant
-from .runner import SweepResult, sweep
-from .spec import Cell, IsolationConfig, SpecError, SweepSpec, TimingConfig, spec_from_mapping, spec_from_toml
-from .store import Store, open_store
-from .variants import NnforgeImpl, Param, Request, Variant, variant_registry
+import importlib
+from typing import Any
 
-__all__ = [
-    "Backend",
-    "Cell",
-    "Context",
-    "IsolationConfig",
-    "NnforgeImpl",
-    "Param",
-    "Prepared",
-    "Request",
-    "SpecError",
-    "Store",
-    "SweepResult",
-    "SweepSpec",
-    "TimingConfig",
-    "Variant",
-    "backend",
-    "backend_registry",
-    "compare_runs",
-    "open_store",
-    "spec_from_mapping",
-    "spec_from_toml",
-    "sweep",
-    "variant",
-    "variant_registry",
-]
+_EXPORTS = {
+    "Backend": "backends",
+    "Context": "backends",
+    "Prepared": "backends",
+    "backend_registry": "backends",
+    "compare_runs": "compare",
+    "backend": "registry",
+    "variant": "registry",
+    "SweepResult": "runner",
+    "sweep": "runner",
+    "Cell": "spec",
+    "IsolationConfig": "spec",
+    "SpecError": "spec",
+    "SweepSpec": "spec",
+    "TimingConfig": "spec",
+    "spec_from_mapping": "spec",
+    "spec_from_toml": "spec",
+    "Store": "store",
+    "open_store": "store",
+    "NnforgeImpl": "variants",
+    "Param": "variants",
+    "Request": "variants",
+    "Variant": "variants",
+    "variant_registry": "variants",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

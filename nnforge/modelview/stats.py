@@ -7,11 +7,33 @@ change". The median, not the mean, is what the sweep reports: one preempted call
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from scipy import stats as sps
+
+
+@lru_cache(maxsize=4096)
+def _median_rank(n: int, confidence: float) -> int:
+    """Largest 0-based rank j with P(Binomial(n, 1/2) <= j) <= (1 - confidence) / 2, or -1 if none.
+
+    Computed exactly in log space (no scipy import in the timing workers: it costs a second per process)."""
+    half_alpha = (1.0 - confidence) / 2
+    if n > 2000:  # normal approximation of the binomial; exact to within a rank at this size
+        z = statistics.NormalDist().inv_cdf(1 - half_alpha)
+        return max(-1, math.floor(n / 2 - z * math.sqrt(n) / 2 - 0.5))
+    log_half_n = n * math.log(0.5)
+    cdf = 0.0
+    j = -1
+    for k in range(n // 2 + 1):
+        cdf += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + log_half_n)
+        if cdf > half_alpha:
+            break
+        j = k
+    return j
 
 
 def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -25,11 +47,7 @@ def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float
     if n == 0:
         raise ValueError("no samples")
     med = float(np.median(x))
-    alpha = 1.0 - confidence
-    # lowest rank j (0-based) with P(B < j+1) <= alpha/2, i.e. the largest j with binom.cdf(j, n, .5) <= alpha/2
-    j = int(sps.binom.ppf(alpha / 2, n, 0.5)) - 1
-    if j < 0 or sps.binom.cdf(j, n, 0.5) > alpha / 2:
-        j -= 1
+    j = _median_rank(n, confidence)
     if j < 0:
         return med, float(x[0]), float(x[-1])
     k = n - 1 - j
@@ -81,6 +99,8 @@ def compare_samples(
     xb = np.asarray(b, dtype=float)
     if len(xa) < 2 or len(xb) < 2:
         raise ValueError("need at least two samples on each side")
+    from scipy import stats as sps
+
     p = float(sps.mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
     rng = np.random.default_rng(seed)
     ma = np.median(rng.choice(xa, size=(n_boot, len(xa)), replace=True), axis=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import types
+import warnings
 from typing import Any
 
 import torch
@@ -27,7 +28,9 @@ class JitScript(Backend):
     description = "torch.jit.script (TorchScript compiler; profiling executor fuses on later calls)"
 
     def prepare(self, ctx: Context) -> Prepared:
-        scripted = torch.jit.script(ctx.module)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # "torch.jit.script is deprecated": we measure it
+            scripted = torch.jit.script(ctx.module)
         return Prepared(fn=scripted, artifact=clip_artifact(scripted.code))
 
 
@@ -37,7 +40,8 @@ class JitTrace(Backend):
     description = "torch.jit.trace (records one execution; Python control flow is unrolled)"
 
     def prepare(self, ctx: Context) -> Prepared:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             traced = torch.jit.trace(ctx.module, ctx.inputs, check_trace=False)
         return Prepared(fn=traced, artifact=clip_artifact(traced.code))
 

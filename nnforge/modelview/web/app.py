@@ -66,6 +66,10 @@ def create_app(db_path: str | Path) -> FastAPI:
     def plots_js() -> FileResponse:
         return FileResponse(REPORT_TEMPLATES / "plots.js", media_type="text/javascript")
 
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status_code=204)
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
