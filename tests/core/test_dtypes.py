@@ -57,6 +57,14 @@ def test_tensor_with_explicit_dtype(src, dtype):
     np.testing.assert_array_equal(to_np(t), to_np(r))
 
 
+@pytest.mark.parametrize("scalar", [np.float64(0.25), np.float32(0.25), np.int32(3), np.int64(-3), np.bool_(True),
+                                    np.float16(1.5)], ids=lambda v: type(v).__name__)
+def test_tensor_from_numpy_scalar_keeps_its_dtype(scalar):
+    t, r = nf.tensor(scalar), torch.tensor(scalar)
+    assert t.dtype.value == _tname(r.dtype) and t.shape == ()
+    assert t.item() == r.item()
+
+
 def test_tensor_scalar_is_0d_and_item():
     t = nf.tensor(2.5)
     assert t.shape == () and t.ndim == 0 and t.item() == 2.5

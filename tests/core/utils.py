@@ -135,3 +135,27 @@ def rand_array(rng: np.random.Generator, shape: tuple, domain: str = "real", dty
         if a.size and not a.any():
             a.flat[0] = 1
     return np.asarray(a).astype(np_dtype(dtype))
+
+
+def torch_getitem(t: torch.Tensor, index) -> torch.Tensor:
+    """numpy-style basic indexing for torch, negative steps included (torch refuses those)."""
+    index = index if isinstance(index, tuple) else (index,)
+    n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
+    if any(i is Ellipsis for i in index):
+        k = index.index(Ellipsis)
+        index = index[:k] + (slice(None),) * (t.ndim - n_real) + index[k + 1:]
+    index = index + (slice(None),) * (t.ndim - sum(1 for i in index if i is not None))
+    out_axis, in_axis = 0, 0
+    for i in index:
+        if i is None:
+            t = t.unsqueeze(out_axis)
+            out_axis += 1
+        elif isinstance(i, int):
+            t = t.select(out_axis, i)
+            in_axis += 1
+        else:
+            pos = torch.as_tensor(np.arange(t.shape[out_axis])[i].copy(), dtype=torch.long)
+            t = t.index_select(out_axis, pos)
+            out_axis += 1
+            in_axis += 1
+    return t
