@@ -153,6 +153,7 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
                 x=xs + xs[::-1],
                 y=[b[1] for b in bands] + [b[0] for b in bands][::-1],
                 fill="toself",
+                mode="lines",
                 fillcolor=color,
                 opacity=0.2,
                 line={"width": 0},
@@ -177,8 +178,9 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
                 col=col,
             )
             legend_done.add(be)
-        xs_all = [getattr(c, axis) for c in sel]
-        fig.update_xaxes(type="log" if spans_decade(xs_all) else "linear", title_text=label, row=row, col=col)
+        xs_all = sorted({getattr(c, axis) for c in sel})
+        ticks = {"tickvals": xs_all} if len(xs_all) <= 12 else {}  # sizes are integers: no "2.5" ticks
+        fig.update_xaxes(type="log" if spans_decade(xs_all) else "linear", title_text=label, row=row, col=col, **ticks)
         fig.update_yaxes(title_text=unit if col == 1 else None, rangemode="tozero", row=row, col=col)
     fig.update_layout(**base_layout(title, height=120 + 300 * nrows))
     return FigureSpec(fid, title, fig, note or "lines: median; bands: 95 % confidence interval of the median")

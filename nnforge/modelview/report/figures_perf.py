@@ -136,7 +136,7 @@ def roofline(cells: Sequence[CellRow], env: Mapping[str, Any]) -> FigureSpec:
         )
     fig.update_layout(**base_layout(title, height=460))
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP/byte)")
-    fig.update_yaxes(type="log", title_text="achieved FLOP/s")
+    fig.update_yaxes(type="log", title_text="achieved FLOP/s", exponentformat="SI")
     return FigureSpec("roofline", title, fig, note)
 
 
@@ -167,8 +167,8 @@ def compile_vs_steady(cells: Sequence[CellRow]) -> FigureSpec:
             )
         )
     fig.update_layout(**base_layout(title, height=420))
-    fig.update_xaxes(type="log", title_text="steady-state median time per call (s)")
-    fig.update_yaxes(type="log", title_text="compile time (s; first call where no compile)")
+    fig.update_xaxes(type="log", title_text="steady-state median time per call (s)", exponentformat="SI")
+    fig.update_yaxes(type="log", title_text="compile time (s; first call where no compile)", exponentformat="SI")
     note = "each point is a cell; higher and left: compile dominates short jobs"
     if n_all > len(pts):
         note += f"; {len(pts)} of {n_all} cells drawn (each backend's slowest compiles and an even sample)"
