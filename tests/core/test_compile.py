@@ -263,3 +263,16 @@ def test_python_float_of_a_length_is_not_baked_in():
     cf = nf.compile(f)
     cf(np.ones((4, 2)))
     np.testing.assert_allclose(cf(np.ones((9, 2))), [4.0, 4.0])
+
+
+def test_scan_length_from_a_size_and_the_length_used_outside_the_loop():
+    f = nf.compile(lambda x, c: nf.scan(lambda c, _: (c * 0.5 + x.sum(), None), c, None, length=x.shape[0])[0])
+    g = nf.compile(lambda xs: (nf.scan(lambda c, x: (c + x, c), nf.zeros(2, dtype="float64"), xs)[1].reshape(-1).sum(),
+                               xs.reshape(-1)))
+    for T in (3, 8, 5):
+        c = 0.0
+        for _ in range(T):
+            c = c * 0.5 + T
+        np.testing.assert_allclose(f(np.ones(T), np.zeros(())), c, rtol=1e-15)
+        total, flat = g(np.ones((T, 2)))
+        assert total == T * (T - 1) and flat.shape == (2 * T,)

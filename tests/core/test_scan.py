@@ -360,3 +360,17 @@ def test_second_order_grad_through_scan():
     (gt,) = torch.autograd.grad(loss(py_scan, wt, to_torch(xs), to_torch(h0)), wt, create_graph=True)
     (g2t,) = torch.autograd.grad((gt * gt).sum(), wt)
     assert_close(g2, g2t, "float64", grad=True)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_scan_in_reduced_precision_matches_torch_in_the_same_dtype(dtype):
+    r = rng_for("half", dtype)
+    xs, w, h0 = r.standard_normal((8, 3)), r.standard_normal(3), r.standard_normal(3)
+    c, ys = nf.scan(lambda h, x: ((h * nf.tensor(w).cast(dtype) + x).tanh(), h * x),
+                    nf.tensor(h0).cast(dtype), nf.tensor(xs).cast(dtype))
+    assert c.dtype == nf.DType(dtype) and ys.dtype == nf.DType(dtype)
+    td = getattr(torch, dtype)
+    tw, th, tx = to_torch(w).to(td), to_torch(h0).to(td), to_torch(xs).to(td)
+    th_final, tys = py_scan(lambda h, x: ((h * tw + x).tanh(), h * x), th, tx)
+    assert_close(c, th_final, dtype)
+    assert_close(ys, tys, dtype)
