@@ -137,8 +137,10 @@ def test_empty_and_only_failed(empty_db: Path, failed_db: Path) -> None:
 def test_huge_run_is_aggregated(huge_db: Path) -> None:
     rep = build_report(huge_db)
     assert rep.run.n_cells == 10_000
-    bars = rep.figure("max_throughput").figure
-    assert len({y for t in bars.data for y in t.y}) <= 40
+    spec = rep.figure("max_throughput")
+    bars = spec.figure
+    assert len({y for t in bars.data for y in t.y}) == sum(len(t.y) for t in bars.data) == 40  # compact: best only
+    assert "one bar per row" in spec.note and all(x.startswith("★") for t in bars.data for x in t.text)
     hm = rep.figure("speedup")
     assert "geometric mean" in hm.note and len(hm.figure.data[0].y) <= 60
     roof = rep.figure("roofline")

@@ -22,6 +22,7 @@ PALETTE = (
 )  # fmt: skip
 BASELINE = "eager"
 MAX_BARS = 40  # categories in the throughput chart before the rest are summarised in its note
+MAX_COMPACT_BARS = 60  # rows × backends above which the throughput chart shows only each row's best bar
 MAX_PANELS = 6  # variants shown in the scaling charts
 MAX_HEATMAP_ROWS = 60  # settings before the speed-up heatmap aggregates (geometric mean) per variant and setting group
 

@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 from .common import (
     BASELINE,
     MAX_BARS,
+    MAX_COMPACT_BARS,
     MAX_HEATMAP_ROWS,
     MAX_PANELS,
     FigureSpec,
@@ -55,9 +56,14 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
     note = f"{len(top) - len(order)} lower categories not shown" if len(top) > len(order) else ""
     unit = unit_of(ok)
     colors = backend_colors(c.backend for c in ok)
+    # Compact when a bar per backend would make the chart a scroll: only each row's best bar, coloured by backend.
+    compact = len(order) * len(colors) > MAX_COMPACT_BARS
     fig = go.Figure()
     for be, color in colors.items():
-        rows = [(cat, c) for (cat, b), c in best.items() if b == be and cat in shown]
+        rows = [
+            (cat, c) for (cat, b), c in best.items()
+            if b == be and cat in shown and (not compact or winner[cat] == be)
+        ]
         if not rows:
             continue
         rows.sort(key=lambda r: order.index(r[0]))
@@ -87,16 +93,21 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
             customdata=[[c.cell_key, c.setting_label] for _, c in rows],
             hovertemplate="%{customdata[1]}<br>" + be + ": %{x:.4g} " + unit + "<extra></extra>",
         )
-    n_be = max(1, len(fig.data))
+    n_be = 1 if compact else max(1, len(fig.data))
     fig.update_layout(
         **base_layout(title, height=max(320, 90 + 22 * len(order) * n_be)),
-        barmode="group",
+        barmode="overlay" if compact else "group",
         bargap=0.25,
         xaxis={"title": {"text": f"Throughput ({unit})"}, "type": "log" if spans_decade(top.values(), 3) else "linear"},
         yaxis={"categoryorder": "array", "categoryarray": order, "automargin": True},
     )
     fig.update_layout(margin={"l": 10})
-    return FigureSpec("max_throughput", title, fig, note or "★ and outline: the best backend of each row")
+    marks = (
+        f"one bar per row: its best backend ({len(order)} rows × {len(colors)} backends would not be readable; "
+        "filter by backend in the web view to compare them)" if compact
+        else "★ and outline: the best backend of each row"
+    )
+    return FigureSpec("max_throughput", title, fig, "; ".join(x for x in (marks, note) if x))
 
 
 def _reference(cells: Sequence[CellRow], axis: str) -> tuple[str, int | None]:
