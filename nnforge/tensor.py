@@ -322,6 +322,7 @@ class Tensor:
     def logsumexp(self, axis: int | Sequence[int] | None = -1, keepdims: bool = False) -> Tensor:
         """log(sum(exp(x))) computed as m + log(sum(exp(x - m))), m the max: no overflow."""
         m = self.max(axis, keepdims=True)
+        m = where(m.abs() == math.inf, 0.0, m)  # all -inf (or an inf) in a slice: give -inf/inf, not inf - inf
         out = (self - m).exp().sum(axis, keepdims=True).log() + m
         return out if keepdims else out.squeeze(_axes(axis, self.ndim, "logsumexp"))
 
