@@ -373,3 +373,18 @@ def test_table_covers_required_ops() -> None:
     missing = [r for r in required if r not in names]
     assert not missing, missing
     assert len({c.name for c in CASES}) == len(CASES), "duplicate case names"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_logsumexp_with_infinite_slices_matches_torch(dtype):
+    """A fully masked row (all -inf) gives -inf, a row holding +inf gives +inf: not inf - inf = nan."""
+    a = np.array([[-np.inf, -np.inf, -np.inf], [0.0, -np.inf, 1.0], [np.inf, 1.0, 2.0], [30.0, 29.0, -np.inf]],
+                 dtype=np_dtype(dtype))
+    for axis in (-1, 0):
+        assert_close(nf.tensor(a).logsumexp(axis), to_torch(a).logsumexp(axis), dtype, what=f"axis {axis}")
+    t = to_torch(a, requires_grad=True)
+    ct = np.array([0.0, 1.5, 0.0, -2.0], dtype=np_dtype(dtype))
+    (t.logsumexp(-1) * to_torch(ct)).sum().backward()
+    g = nf.grad(lambda x: (x.logsumexp(-1) * ct).sum())(a)
+    np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-5, equal_nan=True)
+    assert np.isfinite(g[[1, 3]]).all()
