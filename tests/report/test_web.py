@@ -33,7 +33,10 @@ def test_pages(view_small: str) -> None:
     assert "cdn" not in html and '<script src="/static/plotly.min.js">' in html
     status, js = get(view_small + "/static/plotly.min.js")
     assert status == 200 and len(js) > 3_000_000
-    assert get(view_small + "/runs/nope")[0] == 404
+    status, html = get(view_small + "/runs/nope")
+    assert status == 404 and 'id="error-detail"' in html and "no run" in html
+    assert get(view_small + "/no/such/page")[0] == 404
+    assert json.loads(get(view_small + "/api/runs/nope/cells")[1])["detail"].startswith("no run")
 
 
 def test_filters_and_pagination(view_small: str) -> None:

@@ -97,6 +97,7 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
     fig.update_layout(
         **base_layout(title, height=max(320, 90 + 22 * len(order) * n_be)),
         barmode="overlay" if compact else "group",
+        showlegend=True,  # also with one backend: the colour must stay explained
         bargap=0.25,
         xaxis={"title": {"text": f"Throughput ({unit})"}, "type": "log" if spans_decade(top.values(), 3) else "linear"},
         yaxis={"categoryorder": "array", "categoryarray": order, "automargin": True},

@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..report.build import when
 from ..report.common import fmt_s, fmt_si
@@ -57,6 +58,14 @@ def create_app(db_path: str | Path) -> FastAPI:
         if run is None:
             raise HTTPException(404, f"no run {ref!r}")
         return run
+
+    @app.exception_handler(StarletteHTTPException)  # the base class: unknown URLs get the page too
+    def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """JSON for /api, a readable page for people."""
+        if request.url.path.startswith("/api/"):
+            return Response(json.dumps({"detail": exc.detail}), exc.status_code, media_type="application/json")
+        html = env.get_template("error.html.j2").render(status=exc.status_code, detail=exc.detail)
+        return HTMLResponse(html, exc.status_code)
 
     @app.get("/static/plotly.min.js")
     def plotly_js() -> FileResponse:
