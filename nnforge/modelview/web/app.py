@@ -54,7 +54,7 @@ def create_app(db_path: str | Path) -> FastAPI:
         try:
             run = state.db.run(ref)
         except KeyError as e:
-            raise HTTPException(404, str(e)) from e
+            raise HTTPException(404, str(e.args[0]) if e.args else str(e)) from e
         if run is None:
             raise HTTPException(404, f"no run {ref!r}")
         return run
