@@ -13,7 +13,7 @@ import functools
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .control import _is_leaf, placeholder
 from .dtypes import from_numpy
 from .errors import NNForgeError, TraceError, at
 from .interop.convert import is_torch, to_numpy, to_torch
-from .ir.dims import sym
+from .ir.dims import baked_symbols, sym
 from .ir.node import Graph, Node, toposort
 from .ir.ops import Op
 from .passes import run_pipeline
@@ -149,15 +149,18 @@ class CompiledFunction:
 
     def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         self.trace_count += 1
-        graph, out_def, implicit, state, n_out = trace_function(self.fn, treedef, leaves, arrays)
-        graph = run_pipeline(graph)
-        generic = _generic_axes(graph, shapes)
-        return _Entry(treedef, dts, shapes, generic, statics, graph, out_def, implicit, state, n_out)
+        t = trace_function(self.fn, treedef, leaves, arrays)
+        graph = run_pipeline(t.graph)
+        generic = _generic_axes(graph, shapes, t.baked)
+        return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out)
 
 
-def _generic_axes(graph: Graph, shapes: tuple) -> frozenset:
-    """Input axes whose size only sets a loop's trip count, checked by re-specializing at another size."""
-    names = loop_length_symbols(graph)
+def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> frozenset:
+    """Input axes whose size only sets a loop's trip count, checked by re-specializing at another size.
+
+    Sizes the function turned into Python floats (``baked``) are in the trace as constants: never generic.
+    """
+    names = loop_length_symbols(graph) - baked
     axes = set()
     for name in names:
         i, ax = map(int, name[1:].split("."))
@@ -169,8 +172,19 @@ def _generic_axes(graph: Graph, shapes: tuple) -> frozenset:
     return frozenset(axes)
 
 
-def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> tuple:
-    """Trace ``fn`` on symbolic placeholders. Returns (graph, output treedef, implicit inputs, state, n_out)."""
+class Traced(NamedTuple):
+    """A traced function: its graph, output structure, inputs read at call time and tensors written back."""
+
+    graph: Graph
+    out_def: Any
+    implicit: list[weakref.ref]             # captured tensors, read after the explicit inputs
+    state: list[tuple[weakref.ref, int]]     # tensors written back from output index
+    n_out: int                               # outputs the caller sees (state outputs follow)
+    baked: set[str]                          # size symbols used as Python floats during the trace
+
+
+def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Traced:
+    """Trace ``fn`` on symbolic placeholders."""
     placeholders, wrapped = [], []
     for i, (v, a) in enumerate(zip(leaves, arrays)):
         if a is None:
@@ -181,8 +195,13 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> tu
         placeholders.append(p)
         wrapped.append(Tensor(p))
     args, kwargs = unflatten(treedef, wrapped)
-    with scope("function") as sc:
-        out = fn(*args, **kwargs)
+    baked: set[str] = set()
+    token = baked_symbols.set(baked)
+    try:
+        with scope("function") as sc:
+            out = fn(*args, **kwargs)
+    finally:
+        baked_symbols.reset(token)
     for t, g in sc.grads_set.values():
         t._grad = g
     out_leaves, out_def = flatten(out, _is_leaf)
@@ -208,7 +227,7 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> tu
     graph = Graph(tuple(graph.inputs) + tuple(mapping[id(n)] for n, _ in captured), graph.outputs, graph.effects)
     implicit = [weakref.ref(t) for _, t in captured]
     state_refs = [(weakref.ref(t), len(outs) + i) for i, (t, _) in enumerate(state)]
-    return graph, out_def, implicit, state_refs, len(outs)
+    return Traced(graph, out_def, implicit, state_refs, len(outs), baked)
 
 
 def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:
@@ -262,6 +281,6 @@ def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
         text = fused_listing(cf.trace(*args, **kwargs))
     else:
         leaves, treedef, arrays, _ = cf._split(args, kwargs)
-        text = repr(trace_function(cf.fn, treedef, leaves, arrays)[0])
+        text = repr(trace_function(cf.fn, treedef, leaves, arrays).graph)
     print(text)
     return text

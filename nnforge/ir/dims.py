@@ -8,7 +8,14 @@ mixes Dims stays symbolic; anything else (``float()``, comparisons) uses the con
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping
+
+# While a function is traced for nf.compile, the symbols of sizes that leave the symbolic world through float
+# arithmetic (``1.0 / x.shape[0]``, ``float(T)``) are collected here: such a size is baked into the trace, so it
+# must stay in the cache key. A context variable, so concurrent traces in other threads do not mix.
+baked_symbols: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("nnforge_baked_symbols",
+                                                                              default=None)
 
 
 class Dim(int):
@@ -64,6 +71,27 @@ class Dim(int):
 
     def __neg__(self):
         return Dim(-int(self), ("sub", ("const", 0), self.expr))
+
+    def _bake(self) -> None:
+        seen = baked_symbols.get()
+        if seen is not None:
+            seen |= free_symbols(self)
+
+    def __float__(self) -> float:
+        self._bake()
+        return float(int(self))
+
+    def __truediv__(self, o):
+        self._bake()
+        return int(self) / o
+
+    def __rtruediv__(self, o):
+        self._bake()
+        return o / int(self)
+
+    def __pow__(self, o, mod=None):
+        self._bake()
+        return pow(int(self), o, mod)
 
     def __hash__(self) -> int:
         return int.__hash__(self)
