@@ -4,7 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean
+BROWSER := $(VENV)/.browser
+
+.PHONY: demo test lint venv browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,10 +18,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Debian's Chromium for the report/web-view browser tests (Playwright drives it; it never downloads a browser).
+$(BROWSER): scripts/install-browser.sh | $(STAMP)
+	bash scripts/install-browser.sh
+	touch $(BROWSER)
+
+browser: $(BROWSER)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP)
+test: $(STAMP) $(BROWSER)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -n 2 tests
 
