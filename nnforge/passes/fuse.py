@@ -161,3 +161,106 @@ def _epilogues(g: Grouping, order: tuple[Node, ...], us: dict[int, list[Node]]) 
             continue
         g.epilogue_of[id(p)] = root_id
         g.prologue[root_id] = id(p)
+
+
+@dataclass(frozen=True)
+class SlicedGroup:
+    """A GEMM whose result is read only through column slices of one width by elementwise kernels of shape
+    ``[M, width]`` (an RNN step: the gates ``i, f, g, o`` are slices of ``h @ W``). Code generators compute the
+    GEMM column tile by column tile (the columns ``offset + u`` for every offset) and run ``members`` on each
+    tile while it is in cache: one kernel, one barrier. ``root`` is the stored GEMM result (the matmul or the
+    elementwise root of its epilogue)."""
+
+    gemm: Node
+    root: Node
+    offsets: tuple[int, ...]
+    width: int
+    members: tuple[Node, ...]
+
+
+def sliced_groups(g: Grouping) -> list[SlicedGroup]:
+    """Every ``SlicedGroup`` of one graph's grouping (refusals are logged at ``NNFORGE_DEBUG=2``)."""
+    order = g.graph.order
+    us = users(order)
+    pos = {id(n): k for k, n in enumerate(order)}
+    by_id = {id(n): n for n in order}
+    outputs = {id(o) for o in g.graph.outputs}
+    out: list[SlicedGroup] = []
+    taken: set[int] = set()
+    for p in order:
+        if p.op != Op.MATMUL or p.ndim != 2:
+            continue
+        root = by_id[g.epilogue_of[id(p)]] if id(p) in g.epilogue_of else p
+        why = _sliced_refusal(g, p, root, us, pos, outputs, taken)
+        if isinstance(why, str):
+            if why:
+                log.debug("sliced epilogue refused for matmul at %s: %s", p.loc, why)
+            continue
+        out.append(why)
+        taken |= {id(m) for m in why.members}
+    return out
+
+
+def _sliced_refusal(g: Grouping, p: Node, root: Node, us: dict[int, list[Node]], pos: dict[int, int],
+                    outputs: set[int], taken: set[int]) -> SlicedGroup | str:
+    M = int(p.shape[0])
+    readers = us.get(id(root), [])
+    if not readers or id(root) in outputs:
+        return ""
+    slices, offsets, widths = [], [], set()
+    for s in readers:
+        if (s.op != Op.SLICE or id(s) in g.stored or tuple(s.attrs["steps"]) != (1, 1)
+                or int(s.attrs["starts"][0]) != 0 or int(s.shape[0]) != M):
+            return f"its result is read by a {s.op.name.lower()} that is not a column slice"
+        slices.append(s)
+        widths.add(int(s.shape[1]))
+        if int(s.attrs["starts"][1]) not in offsets:
+            offsets.append(int(s.attrs["starts"][1]))
+    if len(widths) != 1:
+        return "its column slices differ in width"
+    width = widths.pop()
+    slice_ids = {id(s) for s in slices}
+
+    def kernel(u: Node) -> int:
+        return id(u) if id(u) in g.stored else g.kernel_of.get(id(u), -1)
+
+    member_ids: set[int] = set()
+    for s in slices:
+        for u in us.get(id(s), []):
+            if u.op not in ELEMENTWISE:
+                return f"a column slice is read by a {u.op.name.lower()}"
+            member_ids.add(kernel(u))
+    members = sorted((g.graph.order[pos[k]] for k in member_ids if k in pos), key=lambda n: pos[id(n)])
+    if len(members) != len(member_ids):
+        return "a slice reader is not part of a kernel"
+    for m in members:
+        if (m.op not in ELEMENTWISE or not g.is_stored(m) or id(m) in g.prologue or id(m) in taken
+                or tuple(int(d) for d in m.shape) != (M, width)):
+            return f"the reader kernel {m.op.name.lower()} at {m.loc} is not an elementwise [{M}, {width}] kernel"
+    first = pos[id(p)]
+    seen: set[int] = set()
+
+    def walk(n: Node) -> str:
+        for s in n.srcs:
+            if id(s) in member_ids or id(s) in slice_ids:
+                if n.op not in ELEMENTWISE:
+                    return f"{n.op.name.lower()} at {n.loc} moves the indices of a fused value"
+                continue
+            if id(s) == id(root):
+                return "the GEMM result is read other than through a column slice"
+            if id(s) in g.stored and id(s) not in g.alias:
+                if pos.get(id(s), -1) > first and s.op != Op.INPUT:
+                    return f"{s.op.name.lower()} at {s.loc} is computed after the GEMM"
+                continue
+            if id(s) not in seen:
+                seen.add(id(s))
+                why = walk(s)
+                if why:
+                    return why
+        return ""
+
+    for m in members:
+        why = walk(m)
+        if why:
+            return why
+    return SlicedGroup(p, root, tuple(offsets), width, tuple(members))

@@ -1,9 +1,22 @@
-"""GEMM code: a register-blocked micro-kernel (MR x NR accumulators in vector registers), cache blocking over
-columns (NC) and rows, tiles shared among OpenMP threads, and the fused epilogue applied while the tile is hot.
+"""GEMM code, BLIS-style: B packed into NR-wide zero-padded panels, an MR x NR register-blocked micro-kernel,
+work split among OpenMP threads in (row block x column group) items, and the fused epilogue applied while the
+tile is hot.
 
-Operands are strided views (see ``views.strided``): transposes and broadcasts cost nothing; a B operand whose
-columns are not contiguous is packed once per GEMM into a scratch buffer. Tile sizes come from ``GemmConfig``
-(defaults are good for AVX2; ``nnforge.tune`` searches NC).
+Why this shape of code:
+
+* B is packed (``[panel][k][NR]``, 64-byte aligned) so the micro-kernel does aligned vector loads with no edge
+  cases: a partial last panel is zero-padded and its extra columns are simply not stored. A B operand that does
+  not change inside a loop (a scan's weights) is packed once before the loop (``Lowering.pre``).
+* A is read in place through its strides (one broadcast per row and k): for the K <= ~1000 of recurrent cells,
+  the six row streams prefetch well, and packing A every step would cost a pass over it plus a barrier.
+* One work-sharing loop over (MC-row block, NC-column group) items: a small-M GEMM (a recurrent step, M = batch)
+  splits columns among threads, a large-M one (all time steps at once) splits rows; each item keeps its B panels
+  in L1 across its row blocks. One barrier per GEMM.
+* ``emit_sliced`` computes a GEMM only on the columns that a group of elementwise kernels reads through column
+  slices (an LSTM's four gates), column tile by column tile, and runs those kernels on the tile right away: a
+  recurrent step becomes one kernel with one barrier (see ``passes.fuse.sliced_groups``).
+
+Tile sizes come from ``GemmConfig`` (defaults measured on AVX2; ``nnforge.tune`` searches MC and NC).
 """
 
 from __future__ import annotations
@@ -22,66 +35,121 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Tile sizes. ``mr`` rows x ``nr`` columns of accumulators; ``nc`` columns per cache block."""
+    """Tile sizes: ``mr`` x ``nr`` accumulators; ``mc`` rows and ``nc`` columns per thread work item."""
 
     mr: int = 6
     nr32: int = 16
     nr64: int = 8
-    nc: int = 256
+    nc: int = 64
+    mc: int = 96
 
     def nr(self, dt: DType) -> int:
         return self.nr32 if dt == DType.float32 else self.nr64
 
 
-def _tile_fn(dt: DType, mr: int, nr: int) -> str:
-    ct = ctype(dt)
-    sfx = "f32" if dt == DType.float32 else "f64"
+def _sfx(dt: DType) -> str:
+    return "f32" if dt == DType.float32 else "f64"
+
+
+def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
+    """Micro-kernel and B packing for one dtype, written with GCC vector extensions (AVX2/FMA under
+    -march=native; still correct, just slower, elsewhere)."""
+    ct, sfx = ctype(dt), _sfx(dt)
     lanes = 8 if dt == DType.float32 else 4
     vt = f"nf_v{lanes}{sfx}"
     nv = nr // lanes
-    lines = [f"typedef {ct} {vt} __attribute__((vector_size(32)));",
-             f"static inline void nf_tile_{sfx}(int64_t K, const {ct}* A, int64_t sam, int64_t sak, int mr,",
-             f"                               const {ct}* B, int64_t sbk, {ct}* restrict out) {{"]
+    L = [f"typedef {ct} {vt} __attribute__((vector_size(32), aligned(32)));",
+         "/* out[MR][NR] = A[mr rows, K] @ P (one packed panel [K][NR]); rows >= mr repeat row mr-1. */",
+         f"static inline void nf_ukr_{sfx}(int64_t K, const {ct}* A, int64_t sam, int64_t sak, int mr,",
+         f"                             const {ct}* restrict P, {ct}* restrict out) {{"]
     for r in range(mr):
-        lines.append(f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;")
-        lines.append("    " + " ".join(f"{vt} c{r}_{v} = {{0}};" for v in range(nv)))
-    lines.append("    for (int64_t k = 0; k < K; k++) {")
-    lines.append(f"        const {ct}* b = B + k * sbk;")
+        L.append(f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;")
+        L.append("    " + " ".join(f"{vt} c{r}_{v} = {{0}};" for v in range(nv)))
+    L.append("    for (int64_t k = 0; k < K; k++) {")
+    L.append(f"        const {vt}* b = (const {vt}*)(P + k * {nr});")
     for v in range(nv):
-        lines.append(f"        {vt} b{v}; memcpy(&b{v}, b + {v * lanes}, sizeof b{v});")
+        L.append(f"        const {vt} b{v} = b[{v}];")
     for r in range(mr):
-        lines.append(f"        {{ const {ct} av = a{r}[k * sak]; "
-                     + " ".join(f"c{r}_{v} += av * b{v};" for v in range(nv)) + " }")
-    lines.append("    }")
+        L.append(f"        {{ const {ct} av = a{r}[k * sak]; "
+                 + " ".join(f"c{r}_{v} += av * b{v};" for v in range(nv)) + " }")
+    L.append("    }")
     for r in range(mr):
         for v in range(nv):
-            lines.append(f"    memcpy(out + {r * nr + v * lanes}, &c{r}_{v}, sizeof c{r}_{v});")
-    lines.append("}")
-    lines.append(f"static inline void nf_tile_edge_{sfx}(int64_t K, const {ct}* A, int64_t sam, int64_t sak, "
-                 f"int mr, const {ct}* B, int64_t sbk, int64_t sbn, int nr, {ct}* restrict out) {{")
-    lines.append(f"    for (int r = 0; r < mr; r++) for (int c = 0; c < nr; c++) {{ {ct} s = 0;")
-    lines.append("        for (int64_t k = 0; k < K; k++) s += A[r * sam + k * sak] * B[k * sbk + c * sbn];")
-    lines.append(f"        out[r * {nr} + c] = s; }}")
-    lines.append("}")
-    return "\n".join(lines)
+            L.append(f"    *({vt}*)(out + {r * nr + v * lanes}) = c{r}_{v};")
+    L.append("}")
+    L.append(f"/* P[k][c] = B[k, c] for c < ncols, 0 beyond: one zero-padded panel of {nr} columns. */")
+    L.append(f"static inline void nf_pack_{sfx}(int64_t K, const {ct}* B, int64_t sbk, int64_t sbn, int64_t ncols,"
+             f" {ct}* restrict P) {{")
+    L.append(f"    if (ncols < {nr} || sbn != 1) for (int64_t k = 0; k < K; k++) for (int c = 0; c < {nr}; c++) "
+             f"P[k * {nr} + c] = 0;")
+    L.append("    if (sbn == 1) {")
+    L.append(f"        if (ncols == {nr}) for (int64_t k = 0; k < K; k++) memcpy(P + k * {nr}, B + k * sbk, "
+             f"{nr} * sizeof({ct}));")
+    L.append(f"        else for (int64_t k = 0; k < K; k++) for (int64_t c = 0; c < ncols; c++) "
+             f"P[k * {nr} + c] = B[k * sbk + c];")
+    L.append(f"    }} else for (int64_t c = 0; c < ncols; c++) for (int64_t k = 0; k < K; k++) "
+             f"P[k * {nr} + c] = B[k * sbk + c * sbn];")
+    L.append("}")
+    return "\n".join(L)
 
 
 def gemm_prelude(cfg: GemmConfig) -> str:
-    return "\n".join([f"#define NF_MR {cfg.mr}", _tile_fn(DType.float32, cfg.mr, cfg.nr32),
-                      _tile_fn(DType.float64, cfg.mr, cfg.nr64)])
+    return "\n".join([_kernel_fns(DType.float32, cfg.mr, cfg.nr32), _kernel_fns(DType.float64, cfg.mr, cfg.nr64)])
 
 
 Epilogue = Callable[[list[str], str], tuple[list[str], str]]
 
 
-def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]], out: str, scratch: str | None,
-              epilogue: Epilogue | None, ind: str) -> tuple[list[str], str]:
-    """C lines computing ``out = epilogue(A @ B)`` for matmul node ``p``; returns (lines, store text)."""
+@dataclass(frozen=True)
+class Operands:
+    """A GEMM's operands as strided views: A is read in place, B is packed (``b_packed`` when it already is)."""
+
+    a_ptr: str
+    sam: str
+    sak: str
+    b_ptr: str
+    sbk: str
+    sbn: str
+
+
+def check_dtype(p: Node) -> None:
     if p.dtype not in (DType.float32, DType.float64):
         raise Unsupported(f"matmul in {p.dtype} runs on the reference backend")
+
+
+def pack_panels(low: Lowering, dt: DType, K: str, src: tuple[str, str, str], columns: Sequence[tuple[str, str]],
+                dst: str, ind: str) -> list[str]:
+    """Work-shared loop packing panels: panel q holds ``columns[q % len]`` shifted by ``(q // len) * NR``;
+    ``columns`` are (first column, width) pairs of C expressions, all of one width."""
+    nr = low.gemm.nr(dt)
+    sfx = _sfx(dt)
+    b, sbk, sbn = src
+    q = low.fresh("q")
+    per = len(columns)
+    lines = [f"{ind}#pragma omp for schedule(static)"]
+    nq = low.fresh("nq")
+    lines.insert(0, f"{ind}const int64_t {nq} = {per} * (({columns[0][1]} + {nr - 1}) / {nr});")
+    lines.append(f"{ind}for (int64_t {q} = 0; {q} < {nq}; {q}++) {{")
+    lines.append(f"{ind}    const int64_t blk = {q} / {per}, g = {q} % {per};")
+    starts = ", ".join(c for c, _ in columns)
+    widths = ", ".join(w for _, w in columns)
+    lines.append(f"{ind}    const int64_t c0s[{per}] = {{{starts}}}, wid[{per}] = {{{widths}}};")
+    lines.append(f"{ind}    const int64_t left = wid[g] - blk * {nr};")
+    lines.append(f"{ind}    nf_pack_{sfx}({K}, {b} + (c0s[g] + blk * {nr}) * ({sbn}), {sbk}, {sbn}, "
+                 f"left < {nr} ? left : {nr}, {dst} + {q} * ({K}) * {nr});")
+    lines.append(f"{ind}}}")
+    return lines
+
+
+def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]], out: str,
+              packed: str | None, scratch: str, epilogue: Epilogue | None, ind: str) -> tuple[list[str], str]:
+    """C lines computing ``out = epilogue(A @ B)`` for matmul node ``p``; returns (lines, store text).
+
+    ``packed`` names B already packed (panels of all N columns, before the loop); otherwise B is packed into
+    ``scratch`` here (per batch index)."""
+    check_dtype(p)
     sz, cfg = low.sizes, low.gemm
-    ct = ctype(p.dtype)
-    sfx = "f32" if p.dtype == DType.float32 else "f64"
+    ct, sfx = ctype(p.dtype), _sfx(p.dtype)
     mr, nr = cfg.mr, cfg.nr(p.dtype)
     batch = p.shape[:-2]
     M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
@@ -94,38 +162,36 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
         cur += "    "
     aoff = " + ".join([oa] + [f"{b} * ({s})" for b, s in zip(bidx, sa[:-2])])
     boff = " + ".join([ob] + [f"{b} * ({s})" for b, s in zip(bidx, sb[:-2])])
-    A, B = low.fresh("A"), low.fresh("B")
-    sam, sak, sbk, sbn = sa[-2], sa[-1], sb[-2], sb[-1]
-    lines.append(f"{cur}{ct}* {A} = {pa} + ({aoff});")
-    lines.append(f"{cur}{ct}* {B} = {pb} + ({boff});")
-    if scratch is not None:
-        k, j = low.fresh("k"), low.fresh("j")
-        lines.append(f"{cur}#pragma omp for schedule(static)")
-        lines.append(f"{cur}for (int64_t {k} = 0; {k} < {K}; {k}++) for (int64_t {j} = 0; {j} < {N}; {j}++) "
-                     f"{scratch}[{k} * ({N}) + {j}] = {B}[{k} * ({sbk}) + {j} * ({sbn})];")
-        lines.append(f"{cur}{B} = {scratch};")
-        sbk, sbn = N, "1"
-    jc, i0, j0 = low.fresh("jc"), low.fresh("i0"), low.fresh("j0")
-    lines.append(f"{cur}for (int64_t {jc} = 0; {jc} < {N}; {jc} += {cfg.nc}) {{")
+    A = low.fresh("A")
+    sam, sak = sa[-2], sa[-1]
+    lines.append(f"{cur}const {ct}* {A} = {pa} + ({aoff});")
+    npan = low.fresh("np")
+    lines.append(f"{cur}const int64_t {npan} = ({N} + {nr - 1}) / {nr};")
+    if packed is None:
+        lines += pack_panels(low, p.dtype, K, (f"({pb} + ({boff}))", sb[-2], sb[-1]), [("0", N)], scratch, cur)
+        packed = scratch
+    ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
+    ngp = max(1, cfg.nc // nr)
+    lines.append(f"{cur}#pragma omp for collapse(2) schedule(static)")
+    lines.append(f"{cur}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {cfg.mc})")
+    lines.append(f"{cur}for (int64_t {jg} = 0; {jg} < {npan}; {jg} += {ngp}) {{")
     c2 = cur + "    "
-    lines.append(f"{c2}const int64_t {jc}_end = {jc} + {cfg.nc} < {N} ? {jc} + {cfg.nc} : {N};")
-    lines.append(f"{c2}#pragma omp for collapse(2) schedule(static)")
-    lines.append(f"{c2}for (int64_t {i0} = 0; {i0} < {M}; {i0} += {mr})")
-    lines.append(f"{c2}for (int64_t {j0} = {jc}; {j0} < {jc}_end; {j0} += {nr}) {{")
+    lines.append(f"{c2}const int64_t ie_ = {ic} + {cfg.mc} < {M} ? {ic} + {cfg.mc} : {M};")
+    lines.append(f"{c2}const int64_t je_ = {jg} + {ngp} < {npan} ? {jg} + {ngp} : {npan};")
+    lines.append(f"{c2}for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
+    lines.append(f"{c2}for (int64_t {i0} = {ic}; {i0} < ie_; {i0} += {mr}) {{")
     c3 = c2 + "    "
     acc = low.fresh("tile")
     lines.append(f"{c3}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));")
-    lines.append(f"{c3}const int mr_ = {M} - {i0} < {mr} ? (int)({M} - {i0}) : {mr};")
-    lines.append(f"{c3}const int nr_ = {jc}_end - {j0} < {nr} ? (int)({jc}_end - {j0}) : {nr};")
-    lines.append(f"{c3}if (nr_ == {nr}) nf_tile_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
-                 f"{B} + {j0}, {sbk}, {acc});")
-    lines.append(f"{c3}else nf_tile_edge_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
-                 f"{B} + {j0}, {sbk}, 1, nr_, {acc});")
+    lines.append(f"{c3}const int mr_ = ie_ - {i0} < {mr} ? (int)(ie_ - {i0}) : {mr};")
+    lines.append(f"{c3}const int nr_ = {N} - {jp} * {nr} < {nr} ? (int)({N} - {jp} * {nr}) : {nr};")
+    lines.append(f"{c3}nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
+                 f"{packed} + ({jp}) * ({K}) * {nr}, {acc});")
     r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
     lines.append(f"{c3}for (int {r} = 0; {r} < mr_; {r}++) {{")
     lines.append(f"{c3}    const int64_t {i} = {i0} + {r};")
     lines.append(f"{c3}    for (int {c} = 0; {c} < nr_; {c}++) {{")
-    lines.append(f"{c3}        const int64_t {j} = {j0} + {c};")
+    lines.append(f"{c3}        const int64_t {j} = {jp} * {nr} + {c};")
     idx = [*bidx, i, j]
     value = f"{acc}[{r} * {nr} + {c}]"
     if epilogue is not None:
@@ -141,3 +207,62 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
         cur = cur[:-4]
         lines.append(f"{cur}}}")
     return lines, f"{store} = {value}"
+
+
+Body = Callable[[str, str], list[str]]
+
+
+def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], packed: str, offsets: Sequence[str],
+                width: str, epilogue: Callable[[list[str], str], tuple[list[str], str]] | None, out: str,
+                body: Body, ind: str) -> list[str]:
+    """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
+    columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), stored through
+    ``epilogue`` into ``out``, then ``body(i, u)`` (the consumer kernels) on the same rows and columns."""
+    check_dtype(p)
+    sz, cfg = low.sizes, low.gemm
+    ct, sfx = ctype(p.dtype), _sfx(p.dtype)
+    mr, nr = cfg.mr, cfg.nr(p.dtype)
+    M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
+    pa, oa, sa = a_view
+    sam, sak = sa[-2], sa[-1]
+    G = len(offsets)
+    ub, i0 = low.fresh("ub"), low.fresh("i0")
+    A = low.fresh("A")
+    L = [f"{ind}const {ct}* {A} = {pa} + ({oa});",
+         f"{ind}#pragma omp for schedule(static)",
+         f"{ind}for (int64_t {ub} = 0; {ub} < ({width} + {nr - 1}) / {nr}; {ub}++) {{"]
+    c1 = ind + "    "
+    L.append(f"{c1}const int64_t u0_ = {ub} * {nr};")
+    L.append(f"{c1}const int nu_ = {width} - u0_ < {nr} ? (int)({width} - u0_) : {nr};")
+    L.append(f"{c1}for (int64_t {i0} = 0; {i0} < {M}; {i0} += {mr}) {{")
+    c2 = c1 + "    "
+    acc = low.fresh("tile")
+    L.append(f"{c2}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));")
+    L.append(f"{c2}const int mr_ = {M} - {i0} < {mr} ? (int)({M} - {i0}) : {mr};")
+    for g, off in enumerate(offsets):
+        L.append(f"{c2}nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
+                 f"{packed} + ({ub} * {G} + {g}) * ({K}) * {nr}, {acc});")
+        r, c = low.fresh("r"), low.fresh("c")
+        i, j = low.fresh("i"), low.fresh("j")
+        L.append(f"{c2}for (int {r} = 0; {r} < mr_; {r}++) {{")
+        L.append(f"{c2}    const int64_t {i} = {i0} + {r};")
+        L.append(f"{c2}    for (int {c} = 0; {c} < nu_; {c}++) {{")
+        L.append(f"{c2}        const int64_t {j} = {off} + u0_ + {c};")
+        value = f"{acc}[{r} * {nr} + {c}]"
+        if epilogue is not None:
+            stmts, value = epilogue([i, j], value)
+            L.extend(f"{c2}        {s}" for s in stmts)
+        L.append(f"{c2}        {out}[{flat([i, j], [M, N])}] = {value};")
+        L.append(f"{c2}    }}")
+        L.append(f"{c2}}}")
+    r, c, i, u = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("u")
+    L.append(f"{c2}for (int {r} = 0; {r} < mr_; {r}++) {{")
+    L.append(f"{c2}    const int64_t {i} = {i0} + {r};")
+    L.append(f"{c2}    for (int {c} = 0; {c} < nu_; {c}++) {{")
+    L.append(f"{c2}        const int64_t {u} = u0_ + {c};")
+    L.extend(f"{c2}        {s}" for s in body(i, u))
+    L.append(f"{c2}    }}")
+    L.append(f"{c2}}}")
+    L.append(f"{c1}}}")
+    L.append(f"{ind}}}")
+    return L

@@ -15,9 +15,9 @@ from ...dtypes import DType
 from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
-from ...passes.fuse import Grouping, group
+from ...passes.fuse import Grouping, SlicedGroup, group, sliced_groups
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
-from .gemm import GemmConfig, emit_gemm, gemm_prelude
+from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .views import index_map, strided
 
 
@@ -141,6 +141,17 @@ class GraphCtx:
         return self.ptr.get(id(n))
 
 
+@dataclass
+class LoopScope:
+    """Where code that is invariant in a loop goes: ``pre`` runs once before the loop. ``invariant`` holds the
+    pointer expressions of buffers the loop does not change; ``packed`` dedupes B panels packed there."""
+
+    invariant: set[str]
+    pre: list[str]
+    ind: str
+    packed: dict[tuple, str] = field(default_factory=dict)
+
+
 class Lowering:
     """Turns a top-level graph into C source (and a kernel listing)."""
 
@@ -153,7 +164,8 @@ class Lowering:
         self.data: list[Node] = []
         self.data_ids: dict[int, int] = {}
         self.listing: list[KernelInfo] = []
-        self.stats = {"kernels": 0, "gemm": 0, "fused_gemm": 0, "scans": 0}
+        self.stats = {"kernels": 0, "gemm": 0, "fused_gemm": 0, "scans": 0, "sliced": 0}
+        self.scopes: list[LoopScope] = []
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -202,16 +214,21 @@ class Lowering:
         ctx = GraphCtx(graph, g)
         for n, p in zip(graph.inputs, ins):
             ctx.ptr[id(n)] = p
+        sliced = {id(sg.root): sg for sg in sliced_groups(g)}
+        member_of = {id(m) for sg in sliced.values() for m in sg.members}
         dest: dict[int, str] = {}
         copies: list[tuple[Node, str]] = []
+        extra: dict[int, list[str]] = {}  # more destinations of a sliced-group member, stored by that kernel
         for o, p in zip(graph.outputs, outs):
-            if id(o) in dest or id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) \
+            if id(o) in dest and id(o) in member_of:
+                extra.setdefault(id(o), []).append(p)
+            elif id(o) in dest or id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) \
                     or id(o) in g.alias:
                 copies.append((o, p))
             else:
                 dest[id(o)] = p
         for n in graph.order:
-            if id(n) in ctx.ptr:
+            if id(n) in ctx.ptr or id(n) in member_of:
                 continue
             if n.op == Op.DATA:
                 ctx.ptr[id(n)] = self.data_ptr(n) if id(n) in self.data_ids else self._late_data(n)
@@ -228,7 +245,9 @@ class Lowering:
                 self.lower_loop(n, ctx, code, ind, listing, dest)
                 continue
             ctx.ptr[id(n)] = out
-            if n.op == Op.MATMUL:
+            if id(n) in sliced:
+                self.kernel_sliced(sliced[id(n)], ctx, out, dest, extra, code, ind, listing)
+            elif n.op == Op.MATMUL:
                 self.kernel_gemm(n, None, ctx, out, code, ind, listing)
             elif n.op in REDUCE:
                 self.kernel_reduce(n, None, ctx, out, code, ind, listing)
@@ -342,44 +361,120 @@ class Lowering:
                                   [p.op.name.lower(), *sc.fused, *ep.fused], [store], sc.loads + ep.loads,
                                   note=f"axes={tuple(axes)}"))
 
+    def _views(self, p: Node, ctx: GraphCtx) -> list[tuple[str, str, list[str]]]:
+        views = []
+        for s in p.srcs:
+            v = strided(s, ctx.buffer, self.sizes)
+            if v is None:
+                raise Unsupported(f"matmul operand {s.op.name.lower()} is not a strided view (created at {s.loc})")
+            views.append(v)
+        return views
+
+    def _epilogue(self, p: Node, root: Node | None, ctx: GraphCtx, out: str,
+                  ep_info: list[Scalar]) -> Callable[[list[str], str], tuple[list[str], str]] | None:
+        """The elementwise root computed on the accumulator ``acc`` at index ``idx`` (None: store the sum)."""
+        if root is None or root is p:
+            return None
+        self.stats["fused_gemm"] += 1
+
+        def epilogue(idx: list[str], acc: str) -> tuple[list[str], str]:
+            sc = Scalar(self, ctx, {id(p): acc}, tuple(idx))
+            ctx.ptr.pop(id(root), None)
+            value = sc.val(root, idx)
+            ctx.ptr[id(root)] = out
+            ep_info.append(sc)
+            return sc.stmts, value
+
+        return epilogue
+
+    def packed_b(self, p: Node, view: tuple[str, str, list[str]], columns: Sequence[tuple[str, str]],
+                 code: list[str], ind: str) -> tuple[str, bool]:
+        """B of matmul ``p`` packed into panels of ``columns``; packed once before the innermost loop when that
+        loop does not change B (weights in a scan), else here. Returns (buffer, hoisted)."""
+        ptr, off, st = view
+        nr = self.gemm.nr(p.dtype)
+        K = self.sizes(p.srcs[0].shape[-1])
+        scope = self.scopes[-1] if self.scopes and ptr in self.scopes[-1].invariant and p.ndim == 2 else None
+        key = (ptr, off, tuple(st), tuple(columns), p.dtype)
+        if scope is not None and key in scope.packed:
+            return scope.packed[key], True
+        name = self.fresh("bp")
+        ct = ctype(p.dtype)
+        self.allocs.append((name, ct, f"({len(columns)} * (({columns[0][1]} + {nr - 1}) / {nr}) * ({K}) * {nr}) "
+                                      f"* (int64_t)sizeof({ct})"))
+        if scope is None:
+            return name, False
+        scope.pre.extend(pack_panels(self, p.dtype, K, (f"({ptr} + ({off}))", st[-2], st[-1]), columns, name,
+                                     scope.ind))
+        scope.packed[key] = name
+        return name, True
+
     def kernel_gemm(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
                     listing: list[KernelInfo]) -> None:
         self.stats["kernels"] += 1
         self.stats["gemm"] += 1
-        sz = self.sizes
-        views = []
-        for s in p.srcs:
-            v = strided(s, ctx.buffer, sz)
-            if v is None:
-                raise Unsupported(f"matmul operand {s.op.name.lower()} is not a strided view (created at {s.loc})")
-            views.append(v)
-        epilogue: Callable[[list[str], str], tuple[list[str], str]] | None = None
+        check_dtype(p)
+        views = self._views(p, ctx)
         ep_info: list[Scalar] = []
-        if root is not None:
-            self.stats["fused_gemm"] += 1
-
-            def epilogue(idx: list[str], acc: str) -> tuple[list[str], str]:
-                sc = Scalar(self, ctx, {id(p): acc}, tuple(idx))
-                ctx.ptr.pop(id(root), None)
-                value = sc.val(root, idx)
-                ctx.ptr[id(root)] = out
-                ep_info.append(sc)
-                return sc.stmts, value
-
-        scratch = None
-        kdim = p.srcs[0].shape[-1]
-        ndim_ = p.shape[-1]
-        if views[1][2][-1] != "1":
-            scratch = self.alloc(p.dtype, (kdim, ndim_))
-        text, store = emit_gemm(self, p, views, out, scratch, epilogue, ind)
+        epilogue = self._epilogue(p, root, ctx, out, ep_info)
+        buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind)
+        text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind)
         code.extend(text)
         kind = "DPElwFuse" if root is not None else "gemm"
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
+        listing.append(KernelInfo(kind, out, fmt_type((root or p).shape, (root or p).dtype), fused, [store],
+                                  self._gemm_loads(views, ep_info),
+                                  note="B packed before the loop" if hoisted else "B packed"))
+
+    @staticmethod
+    def _gemm_loads(views: Sequence[tuple[str, str, list[str]]], ep_info: list[Scalar]) -> list[str]:
         loads = [f"{views[0][0]}[{views[0][1]} + i*{views[0][2][-2]} + k*{views[0][2][-1]}]",
                  f"{views[1][0]}[{views[1][1]} + k*{views[1][2][-2]} + j*{views[1][2][-1]}]"]
-        loads += ep_info[0].loads if ep_info else []
-        listing.append(KernelInfo(kind, out, fmt_type((root or p).shape, (root or p).dtype), fused, [store], loads,
-                                  note="B packed" if scratch else ""))
+        return loads + [ld for sc in ep_info[:1] for ld in sc.loads]
+
+    def kernel_sliced(self, sg: SlicedGroup, ctx: GraphCtx, out: str, dest: dict[int, str],
+                      extra: dict[int, list[str]], code: list[str], ind: str, listing: list[KernelInfo]) -> None:
+        """A GEMM and the kernels reading it through column slices as one kernel (see ``emit_sliced``)."""
+        p, root = sg.gemm, sg.root
+        check_dtype(p)
+        self.stats["kernels"] += 1
+        self.stats["gemm"] += 1
+        self.stats["sliced"] += 1
+        sz = self.sizes
+        views = self._views(p, ctx)
+        columns = [(str(o), str(sg.width)) for o in sg.offsets]
+        buf, hoisted = self.packed_b(p, views[1], columns, code, ind)
+        if not hoisted:
+            code.extend(pack_panels(self, p.dtype, sz(p.srcs[0].shape[-1]), (f"({views[1][0]} + ({views[1][1]}))",
+                                    views[1][2][-2], views[1][2][-1]), columns, buf, ind))
+        ep_info: list[Scalar] = []
+        epilogue = self._epilogue(p, root if root is not p else None, ctx, out, ep_info)
+        outs = []
+        for m in sg.members:
+            outs.append(dest.get(id(m)) or self.alloc(m.dtype, m.shape))
+        body_info: list[Scalar] = []
+
+        def body(i: str, u: str) -> list[str]:
+            sc = Scalar(self, ctx, {}, (i, u))
+            for m, o in zip(sg.members, outs):
+                v = sc.val(m, (i, u))
+                sc.overrides[id(m)] = v  # later members use the value, not a reload
+                for d in [o, *extra.get(id(m), [])]:
+                    sc.stmts.append(f"{d}[{flat([i, u], [sz(x) for x in m.shape])}] = {v};")
+            body_info.append(sc)
+            return sc.stmts
+
+        code.extend(emit_sliced(self, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), epilogue,
+                                out, body, ind))
+        for m, o in zip(sg.members, outs):
+            ctx.ptr[id(m)] = o
+        fused = ["matmul"] + (ep_info[0].fused if ep_info else []) + body_info[0].fused
+        stores = [s for s in body_info[0].stmts if not s.startswith("const ")]
+        listing.append(KernelInfo("DPElwFuse", ", ".join(outs), fmt_type(sg.members[-1].shape, sg.members[-1].dtype),
+                                  fused, stores, self._gemm_loads(views, ep_info) + body_info[0].loads,
+                                  note=f"column tiles of {len(sg.offsets)} slices at {list(sg.offsets)}, "
+                                       f"{len(sg.members)} kernels fused; "
+                                       + ("B packed before the loop" if hoisted else "B packed")))
 
     # ---- loops --------------------------------------------------------------------------------------------
     def lower_loop(self, n: Node, ctx: GraphCtx, code: list[str], ind: str, listing: list[KernelInfo],
@@ -425,6 +520,7 @@ class Lowering:
             length = sz(a["length"])
         t, tt = self.fresh("t"), self.fresh("tt")
         rev = is_scan and a["reverse"]
+        at = len(code)
         info.note = f"{'reverse ' if rev else ''}for {tt} in 0..{length}"
         code.append(f"{ind}for (int64_t {t} = 0; {t} < {length}; {t}++) {{")
         inner = ind + "    "
@@ -443,7 +539,13 @@ class Lowering:
         for j in range(len(n.types) - nc):
             shape, _ = n.types[nc + j]
             outs.append(f"({results[nc + j]} + {tt} * ({sz.prod(shape[1:])}))")
-        self.lower_graph(body, ins, outs, code, inner, info.children)
+        scope = LoopScope({ctx.buffer(s) for s in srcs[nc + nx:]}, [], ind)
+        self.scopes.append(scope)
+        try:
+            self.lower_graph(body, ins, outs, code, inner, info.children)
+        finally:
+            self.scopes.pop()
+        code[at:at] = scope.pre
         for c, x in zip(cur, nxt):
             tmp = self.fresh("sw")
             code.append(f"{inner}{{ void* {tmp} = {c}; {c} = {x}; {x} = {tmp}; }}")
