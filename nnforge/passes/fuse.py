@@ -40,6 +40,7 @@ class Grouping:
     prologue: dict[int, int] = field(default_factory=dict)   # root -> matmul/reduce feeding its epilogue
     alias: set[int] = field(default_factory=set)           # reshapes that are another name for their source
     refusals: list[str] = field(default_factory=list)
+    sliced: list[SlicedGroup] = field(default_factory=list)  # GEMMs whose column-slice readers run on its tiles
 
     def is_stored(self, n: Node) -> bool:
         return id(n) in self.stored and id(n) not in self.epilogue_of and id(n) not in self.alias
@@ -124,6 +125,7 @@ def group(graph: Graph) -> Grouping:
             g.refusals.append(f"{n.op.name.lower()} at {n.loc}: not fused into its readers: {why}")
     # free nodes that now read a stored non-buffer are still free (they only remap indices)
     _epilogues(g, order, us)
+    g.sliced = sliced_groups(g)
     for r in g.refusals:
         log.debug("fusion refused: %s", r)
     return g
@@ -179,7 +181,11 @@ class SlicedGroup:
 
 
 def sliced_groups(g: Grouping) -> list[SlicedGroup]:
-    """Every ``SlicedGroup`` of one graph's grouping (refusals are logged at ``NNFORGE_DEBUG=2``)."""
+    """Every ``SlicedGroup`` of one graph's grouping (refusals are logged at ``NNFORGE_DEBUG=2``).
+
+    When the matmul's result is an elementwise chain inlined into its only reader kernel (a GRU's ``h @ W + b``
+    read through three slices by one kernel), the chain's last node becomes the stored GEMM root with the chain
+    as the GEMM's epilogue; ``g`` records that."""
     order = g.graph.order
     us = users(order)
     pos = {id(n): k for k, n in enumerate(order)}
@@ -190,15 +196,33 @@ def sliced_groups(g: Grouping) -> list[SlicedGroup]:
     for p in order:
         if p.op != Op.MATMUL or p.ndim != 2:
             continue
-        root = by_id[g.epilogue_of[id(p)]] if id(p) in g.epilogue_of else p
+        root = by_id[g.epilogue_of[id(p)]] if id(p) in g.epilogue_of else _chain_end(g, p, us, outputs)
         why = _sliced_refusal(g, p, root, us, pos, outputs, taken)
         if isinstance(why, str):
             if why:
                 log.debug("sliced epilogue refused for matmul at %s: %s", p.loc, why)
             continue
+        if id(root) not in g.stored:
+            g.stored.add(id(root))
+            g.kernel_of.pop(id(root), None)
+            g.epilogue_of[id(p)] = id(root)
+            g.prologue[id(root)] = id(p)
         out.append(why)
         taken |= {id(m) for m in why.members}
     return out
+
+
+def _chain_end(g: Grouping, p: Node, us: dict[int, list[Node]], outputs: set[int]) -> Node:
+    """The last node of the single-reader, same-shape elementwise chain that starts at matmul ``p``."""
+    r = p
+    while True:
+        rs = us.get(id(r), [])
+        if len(rs) != 1 or id(r) in outputs:
+            return r
+        u = rs[0]
+        if u.op not in ELEMENTWISE or not _same_shape(u, p) or id(u) in g.stored or id(u) in g.prologue:
+            return r
+        r = u
 
 
 def _sliced_refusal(g: Grouping, p: Node, root: Node, us: dict[int, list[Node]], pos: dict[int, int],

@@ -15,7 +15,7 @@ from ...dtypes import DType
 from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
-from ...passes.fuse import Grouping, SlicedGroup, group, sliced_groups
+from ...passes.fuse import Grouping, SlicedGroup, group
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .views import index_map, strided
@@ -214,7 +214,7 @@ class Lowering:
         ctx = GraphCtx(graph, g)
         for n, p in zip(graph.inputs, ins):
             ctx.ptr[id(n)] = p
-        sliced = {id(sg.root): sg for sg in sliced_groups(g)}
+        sliced = {id(sg.root): sg for sg in g.sliced}
         member_of = {id(m) for sg in sliced.values() for m in sg.members}
         dest: dict[int, str] = {}
         copies: list[tuple[Node, str]] = []
