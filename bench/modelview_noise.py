@@ -37,20 +37,41 @@ def _spec(args: argparse.Namespace, method: str, name: str) -> dict:
         "params": {"input_size": args.hidden, "hidden": args.hidden},
         "seed": 1234,  # same weights and inputs in every run
         "measure_peaks": False,
-        "timing": {"method": method, "budget_s": args.budget, "threads": args.threads, "target_rel_ci": 0.01},
+        "timing": {"method": method, "budget_s": args.budget, "threads": args.threads, "target_rel_ci": 0.01,
+                   "clock": args.clock if method == "adaptive" else "wall"},
     }
 
 
-def _diffs(db: str, run_a: str, run_b: str) -> list[float]:
+def _diffs(db: str, run_a: str, run_b: str) -> tuple[list[float], list[float]]:
+    """Per cell: relative run-to-run difference of the median time, and of the time relative to eager in the same
+    setting (what a sweep's table reports)."""
     with open_store(db) as s:
         a = s.cells(run_a).set_index("cell_key")
         b = s.cells(run_b).set_index("cell_key")
-    out = []
+
+    def ratio(df, key):
+        eager = key.rsplit("|", 1)[0] + "|eager"
+        return df.loc[key, "median_s"] / df.loc[eager, "median_s"] if eager in df.index else None
+
+    times, ratios = [], []
     for key in a.index.intersection(b.index):
+        if a.loc[key, "status"] != "ok" or b.loc[key, "status"] != "ok":
+            continue
         ta, tb = a.loc[key, "median_s"], b.loc[key, "median_s"]
-        if a.loc[key, "status"] == b.loc[key, "status"] == "ok":
-            out.append(abs(ta - tb) / ((ta + tb) / 2))
-    return out
+        times.append(abs(ta - tb) / ((ta + tb) / 2))
+        if not key.endswith("|eager"):
+            ra, rb = ratio(a, key), ratio(b, key)
+            if ra and rb:
+                ratios.append(abs(ra - rb) / ((ra + rb) / 2))
+    return times, ratios
+
+
+def _line(label: str, d: list[float]) -> str:
+    if not d:
+        return f"{label:24} no comparable cells"
+    d = sorted(d)
+    p90 = d[min(len(d) - 1, int(0.9 * len(d)))]
+    return f"{label:24} {100 * statistics.median(d):11.2f}% {100 * p90:9.2f}% {100 * max(d):9.2f}% {len(d):6d}"
 
 
 def _loadavg() -> str:
@@ -71,6 +92,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--budget", type=float, default=2.0, help="timing budget per backend and setting, seconds")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="ModelView's clock (naive: always wall)")
     p.add_argument("--db", default=None, help="store file (default: a temporary one)")
     args = p.parse_args()
     db = args.db or str(Path(tempfile.mkdtemp(prefix="mv-noise-")) / "noise.db")
@@ -88,18 +110,16 @@ def main() -> None:
         model = ""
     print()
     print(f"date: {datetime.date.today().isoformat()}  machine: {model or cpu_model()} ({platform.machine()}), "
-          f"threads: {args.threads}, load average before: {load_before}, after: {_loadavg()}")
+          f"threads: {args.threads}, clock: {args.clock}, load average before: {load_before}, after: {_loadavg()}")
     print(f"cells per run: {len(args.variants) * len(args.backends) * len(args.batch)} "
           f"({len(args.variants)} variants × {len(args.backends)} backends × {len(args.batch)} batch sizes), "
           f"T={args.seq_len}, hidden={args.hidden}, budget {args.budget} s per backend and setting")
-    print(f"{'method':10} {'median |Δ|':>12} {'p90 |Δ|':>10} {'max |Δ|':>10} {'cells':>6}")
+    print("run-to-run difference per cell, |t1 - t2| / mean(t1, t2):")
+    print(f"{'':24} {'median':>12} {'p90':>10} {'max':>10} {'cells':>6}")
     for method, (a, b) in runs.items():
-        d = sorted(_diffs(db, a, b))
-        if not d:
-            print(f"{method:10} no comparable cells")
-            continue
-        p90 = d[min(len(d) - 1, int(0.9 * len(d)))]
-        print(f"{method:10} {100 * statistics.median(d):11.2f}% {100 * p90:9.2f}% {100 * max(d):9.2f}% {len(d):6d}")
+        times, ratios = _diffs(db, a, b)
+        print(_line(f"{method} time", times))
+        print(_line(f"{method} ratio to eager", ratios))
     print(f"total wall time {time.time() - started:.0f} s; store: {db}")
 
 

@@ -48,6 +48,7 @@ class TimingConfig:
     """How cells are timed; see ``timer.py`` for the method and docs/modelview.md for the reasoning."""
 
     method: str = "adaptive"  # "adaptive" (the method of timer.py) or "naive" (one loop; for comparison only)
+    clock: str = "wall"  # CPU runs: "wall" time, or the process's "cpu" time (reproducible on shared machines)
     target_rel_ci: float = 0.01  # stop when the CI of the median is within ±1 % of the median
     confidence: float = 0.95
     budget_s: float = 10.0  # adaptive-repeat time budget per backend and setting
@@ -234,6 +235,8 @@ def _sub_config(cls: type, key: str, value: Any) -> Any:
     if isinstance(cfg, TimingConfig):
         if cfg.method not in ("adaptive", "naive"):
             raise SpecError(f"{key}.method", cfg.method, "must be adaptive or naive")
+        if cfg.clock not in ("wall", "cpu"):
+            raise SpecError(f"{key}.clock", cfg.clock, "must be wall or cpu")
         if not 0 < cfg.confidence < 1:
             raise SpecError(f"{key}.confidence", cfg.confidence, "must lie strictly between 0 and 1")
         if cfg.rotate_inputs < 1:
@@ -301,7 +304,10 @@ def spec_from_mapping(data: Mapping[str, Any]) -> SweepSpec:
         kwargs["timing"] = _sub_config(TimingConfig, "timing", data["timing"])
     if "isolation" in data:
         kwargs["isolation"] = _sub_config(IsolationConfig, "isolation", data["isolation"])
-    return SweepSpec(**kwargs)
+    spec = SweepSpec(**kwargs)
+    if spec.timing.clock == "cpu" and "cuda" in spec.device:
+        raise SpecError("timing.clock", "cpu", "CPU time says nothing about GPU work: use clock = \"wall\" with cuda")
+    return spec
 
 
 def spec_from_toml(path: str | Path) -> SweepSpec:

@@ -320,7 +320,7 @@ class Harness:
 
         cfg = self.timing
         cuda = setup["device"].type == "cuda"
-        clock = CudaEventClock() if cuda else CpuClock()
+        clock = CudaEventClock() if cuda else CpuClock(cfg.clock)
 
         def rotating(calls: list[Any]) -> Any:
             state = {"i": 0}
@@ -400,6 +400,7 @@ class Harness:
                 "alone": bool(self.job.get("alone")),
                 "timing_method": cfg.method,
                 "clock": clock.name,
+                **_secondary(s, cfg.clock, setup["threads"]),
                 "threads": setup["threads"],
                 "rotate_inputs": cfg.rotate_inputs,
                 "flush_cache": cfg.flush_cache,
@@ -440,6 +441,20 @@ class Harness:
             )
         if perf is not None:
             perf.close()
+
+
+def _secondary(series: Any, primary: str, threads: int) -> dict[str, Any]:
+    """The other clock's median, and the fraction of wall time the process spent on a CPU (per thread): well below 1
+    with one thread means the process waited for a core — the cell was measured on a busy machine."""
+    if not series.secondary:
+        return {}
+    import numpy as np
+
+    other = float(np.median(series.secondary))
+    main = float(np.median(series.samples))
+    wall, cpu = (main, other) if primary == "wall" else (other, main)
+    name = "cpu_time_median_s" if primary == "wall" else "wall_time_median_s"
+    return {name: other, "on_cpu_fraction": (cpu / wall / max(1, threads)) if wall > 0 else None}
 
 
 def _loadavg() -> float | None:

@@ -40,7 +40,8 @@ class JitTrace(Backend):
     description = "torch.jit.trace (records one execution; Python control flow is unrolled)"
 
     def prepare(self, ctx: Context) -> Prepared:
-        with torch.no_grad(), warnings.catch_warnings():
+        grad = torch.enable_grad() if ctx.cell.mode == "training" else torch.no_grad()
+        with grad, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             traced = torch.jit.trace(ctx.module, ctx.inputs, check_trace=False)
         return Prepared(fn=traced, artifact=clip_artifact(traced.code))
