@@ -190,16 +190,20 @@ class Lowering:
         outs = [f"(({ctype(n.dtype)}*)args[{n_in + len(self.data) + k}])" for k, n in enumerate(g.outputs)]
         body: list[str] = []
         self.lower_graph(g, ins, outs, body, "    ", self.listing)
-        lines = [PRELUDE, gemm_prelude(self.gemm), "void nf_main(void** args, const int64_t* S) {",
-                 "    (void)S;"]
+        # Scratch buffers live in one workspace the caller owns and reuses across calls (``nf_workspace`` says
+        # how many bytes at these sizes): no malloc, free or first-touch page faults per call.
+        n_ws = n_in + len(self.data) + len(g.outputs)
+        lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)",
+                 "int64_t nf_workspace(const int64_t* S) {", "    (void)S;", "    int64_t n = 0;"]
+        lines += [f"    n += NF_R64({size});" for _, _, size in self.allocs]
+        lines += ["    return n;", "}", "void nf_main(void** args, const int64_t* S) {", "    (void)S;",
+                  f"    char* ws_ = (char*)args[{n_ws}];", "    int64_t wo_ = 0;"]
         for name, ct, size in self.allocs:
-            lines.append(f"    {ct}* {name} = ({ct}*)nf_alloc({size});")
+            lines.append(f"    {ct}* {name} = ({ct}*)(ws_ + wo_); wo_ += NF_R64({size});")
         lines.append("    #pragma omp parallel")
         lines.append("    {")
         lines.extend(body)
         lines.append("    }")
-        for name, _, _ in self.allocs:
-            lines.append(f"    free({name});")
         lines.append("}")
         return "\n".join(lines) + "\n"
 

@@ -4,6 +4,7 @@ the inputs, allocates the outputs and calls ``nf_main`` (which releases the GIL 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,6 +31,11 @@ class CProgram:
         self._fn = lib.nf_main
         self._fn.restype = None
         self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        self._ws_bytes = lib.nf_workspace
+        self._ws_bytes.restype = ctypes.c_int64
+        self._ws_bytes.argtypes = [ctypes.c_void_p]
+        self._ws = np.empty(0, np.uint8)  # scratch reused across calls: its pages stay mapped
+        self._ws_lock = threading.Lock()  # a concurrent call (nf_main runs without the GIL) gets its own
 
     def _env(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
         env: dict[str, int] = {}
@@ -54,8 +60,18 @@ class CProgram:
                 raise NNForgeError(f"input {n.attrs.get('name')!r} has shape {list(a.shape)}, expected {list(want)}")
         outs = [np.empty(tuple(int(d) for d in substitute(tuple(o.shape), env)), dtype=o.dtype.np)
                 for o in g.outputs]
-        ptrs = (ctypes.c_void_p * (len(arrays) + len(self.data) + len(outs)))(
-            *[a.ctypes.data for a in (*arrays, *self.data, *outs)])
         sizes = np.array([env[name] for name in self.sizes.dynamic] or [0], dtype=np.int64)
-        self._fn(ptrs, sizes.ctypes.data)
+        need = int(self._ws_bytes(sizes.ctypes.data)) + 64
+        owned = self._ws_lock.acquire(blocking=False)
+        try:
+            if owned and self._ws.size < need:
+                self._ws = np.empty(need, np.uint8)
+            ws = self._ws if owned else np.empty(need, np.uint8)
+            base = ws.ctypes.data + (-ws.ctypes.data) % 64
+            ptrs = (ctypes.c_void_p * (len(arrays) + len(self.data) + len(outs) + 1))(
+                *[a.ctypes.data for a in (*arrays, *self.data, *outs)], base)
+            self._fn(ptrs, sizes.ctypes.data)
+        finally:
+            if owned:
+                self._ws_lock.release()
         return outs
