@@ -127,7 +127,8 @@ def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Seq
             ci = ""
             if r["median_s"] and r["ci_high_s"] == r["ci_high_s"]:
                 half = max(float(r["ci_high_s"]) - float(r["median_s"]), float(r["median_s"]) - float(r["ci_low_s"]))
-                ci = f"{100 * half / float(r['median_s']):.1f}%"
+                rel = half / float(r["median_s"])
+                ci = f"{100 * rel:.1f}%" if rel < 1 else ">100%"
             if name == fastest:
                 name, thr, ratio = f"[bold green]★ {name}[/]", f"[bold green]{thr}[/]", f"[bold green]{ratio}[/]"
             table.add_row(setting, name, thr, ratio, ci)

@@ -11,6 +11,8 @@ import torch
 from nnforge.modelview.registry import Registry, class_ref, load_ref, variant
 from nnforge.modelview.variants import BUILTIN_VARIANTS, Request, Variant, variant_registry
 
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.script is what we test
+
 LSTMS = ["lstm_manual", "lstm_combined", "lstm_premult", "lstm_stacked"]
 REG = variant_registry()
 
