@@ -390,5 +390,5 @@ def gpu_kernel_profile(call: Callable[[], Any], calls: int = 5) -> dict[str, Any
     for evt in prof.events():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             kernels += 1
-            kernel_us += evt.device_time
+            kernel_us += evt.time_range.elapsed_us()  # a device-side event's own duration
     return {"kernels_per_call": kernels / calls, "kernel_time_per_call_s": kernel_us / 1e6 / calls}

@@ -144,6 +144,13 @@ class Harness:
     def run(self) -> None:
         started = time.time()
         self.events.emit("phase", phase="setup", backend=None)
+        if self.cells[0].device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                for cell in self.cells:
+                    self.write(cell, "skipped", started, error="no CUDA device on this machine")
+                return
         try:
             setup = self._setup()
         except Exception as e:
@@ -473,9 +480,10 @@ def run_peaks(job: dict[str, Any]) -> None:
     threads = int(job["threads"])
     torch.set_num_threads(threads)
     env = environment(threads)
+    device = job["device"] if job["device"] != "cuda" or torch.cuda.is_available() else "cpu"
     if job.get("measure_peaks", True):
         try:
-            env.update(machine_peaks(job["device"], job["dtypes"]))
+            env.update(machine_peaks(device, job["dtypes"]))
         except Exception as e:
             env["peak_error"] = f"{type(e).__name__}: {e}"
     Path(job["out"]).write_text(json.dumps(env, default=str))

@@ -88,3 +88,15 @@ def test_nnforge_backend_runs_or_says_why_not(db: str, fast: dict):
             assert row["artifact"]  # the IR listing
         else:
             assert row["status"] == "skipped" and row["error"]
+
+
+def test_cuda_cells_without_a_gpu_are_skipped_with_the_reason(db: str, fast: dict):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    res = sweep(variants=["lstm_manual"], backends=["eager", "cudagraphs"], batch=[2], seq_len=[3], device=["cuda"],
+                params={"input_size": 3, "hidden": 4}, db=db, progress=False, table=False, **fast)
+    with open_store(db) as s:
+        df = s.cells(res.run_id)
+    assert set(df["status"]) == {"skipped"} and set(df["error"]) == {"no CUDA device on this machine"}
