@@ -90,16 +90,22 @@ def compare_frames(
 def print_comparison(a_id: str, b_id: str, changes: list[CellChange], notes: list[str],
                      console: Console | None = None) -> None:
     console = console or Console()
-    table = Table(title=f"B = {b_id} vs A = {a_id} (time per call; negative = B faster)")
-    for col in ("setting", "backend", "median A", "median B", "change", "95% CI", "p (Holm)", "verdict"):
-        table.add_column(col, justify="right" if col not in ("setting", "backend", "verdict") else "left")
+    table = Table(title=f"B = {b_id} vs A = {a_id}\ntime per call; negative change = B faster")
+    table.add_column("cell", overflow="fold", max_width=40)
+    table.add_column("A → B, ms", justify="right", no_wrap=True)
+    table.add_column("change [95% CI]", justify="right")
+    table.add_column("p Holm", justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
     style = {"faster": "green", "slower": "red"}
     for ch in changes:
         c = ch.comparison
+        lo, hi = 100 * (c.ratio_ci[0] - 1), 100 * (c.ratio_ci[1] - 1)
         table.add_row(
-            ch.label, ch.backend, f"{c.median_a * 1e3:.4g} ms", f"{c.median_b * 1e3:.4g} ms",
-            f"{100 * ch.change:+.2f}%", f"[{100 * (c.ratio_ci[0] - 1):+.2f}%, {100 * (c.ratio_ci[1] - 1):+.2f}%]",
-            f"{ch.p_adjusted:.2g}", f"[{style.get(ch.verdict, 'dim')}]{ch.verdict}[/]",
+            f"{ch.label} [bold]{ch.backend}[/]",
+            f"{c.median_a * 1e3:.4g} → {c.median_b * 1e3:.4g}",
+            f"{100 * ch.change:+.2f}% [{lo:+.1f}, {hi:+.1f}]",
+            f"{ch.p_adjusted:.2g}",
+            f"[{style.get(ch.verdict, 'dim')}]{'same' if ch.verdict.startswith('no') else ch.verdict}[/]",
         )
     console.print(table)
     sig = [ch for ch in changes if ch.verdict != "no significant change"]
