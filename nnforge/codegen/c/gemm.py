@@ -9,6 +9,8 @@ Why this shape of code:
   not change inside a loop (a scan's weights) is packed once before the loop (``Lowering.pre``).
 * A is read in place through its strides (one broadcast per row and k): for the K <= ~1000 of recurrent cells,
   the six row streams prefetch well, and packing A every step would cost a pass over it plus a barrier.
+* The micro-kernel and packing are out-of-line functions: one copy each, not one per call site, which keeps the
+  C compiler's time down (it scales with the size of the one outlined OpenMP function).
 * One work-sharing loop over (MC-row block, NC-column group) items: a small-M GEMM (a recurrent step, M = batch)
   splits columns among threads, a large-M one (all time steps at once) splits rows; each item keeps its B panels
   in L1 across its row blocks. One barrier per GEMM.
@@ -60,8 +62,8 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     nv = nr // lanes
     L = [f"typedef {ct} {vt} __attribute__((vector_size(32), aligned(32)));",
          "/* out[MR][NR] = A[mr rows, K] @ P (one packed panel [K][NR]); rows >= mr repeat row mr-1. */",
-         f"static inline void nf_ukr_{sfx}(int64_t K, const {ct}* A, int64_t sam, int64_t sak, int mr,",
-         f"                             const {ct}* restrict P, {ct}* restrict out) {{"]
+         f"static __attribute__((noinline)) void nf_ukr_{sfx}(int64_t K, const {ct}* A, int64_t sam, int64_t sak,",
+         f"                             int mr, const {ct}* restrict P, {ct}* restrict out) {{"]
     for r in range(mr):
         L.append(f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;")
         L.append("    " + " ".join(f"{vt} c{r}_{v} = {{0}};" for v in range(nv)))
@@ -78,8 +80,8 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
             L.append(f"    *({vt}*)(out + {r * nr + v * lanes}) = c{r}_{v};")
     L.append("}")
     L.append(f"/* P[k][c] = B[k, c] for c < ncols, 0 beyond: one zero-padded panel of {nr} columns. */")
-    L.append(f"static inline void nf_pack_{sfx}(int64_t K, const {ct}* B, int64_t sbk, int64_t sbn, int64_t ncols,"
-             f" {ct}* restrict P) {{")
+    L.append(f"static __attribute__((noinline)) void nf_pack_{sfx}(int64_t K, const {ct}* B, int64_t sbk, "
+             f"int64_t sbn, int64_t ncols, {ct}* restrict P) {{")
     L.append(f"    if (ncols < {nr} || sbn != 1) for (int64_t k = 0; k < K; k++) for (int c = 0; c < {nr}; c++) "
              f"P[k * {nr} + c] = 0;")
     L.append("    if (sbn == 1) {")
