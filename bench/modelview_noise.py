@@ -38,7 +38,8 @@ def _spec(args: argparse.Namespace, method: str, name: str) -> dict:
         "seed": 1234,  # same weights and inputs in every run
         "measure_peaks": False,
         "timing": {"method": method, "budget_s": args.budget, "threads": args.threads, "target_rel_ci": 0.01,
-                   "clock": args.clock if method == "adaptive" else "wall"},
+                   "clock": args.clock if method == "adaptive" else "wall",
+                   "processes": args.processes if method == "adaptive" else 1},
     }
 
 
@@ -93,6 +94,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--budget", type=float, default=2.0, help="timing budget per backend and setting, seconds")
     p.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="ModelView's clock (naive: always wall)")
+    p.add_argument("--processes", type=int, default=1, help="ModelView's worker processes per setting (naive: 1)")
     p.add_argument("--db", default=None, help="store file (default: a temporary one)")
     args = p.parse_args()
     db = args.db or str(Path(tempfile.mkdtemp(prefix="mv-noise-")) / "noise.db")
@@ -110,7 +112,8 @@ def main() -> None:
         model = ""
     print()
     print(f"date: {datetime.date.today().isoformat()}  machine: {model or cpu_model()} ({platform.machine()}), "
-          f"threads: {args.threads}, clock: {args.clock}, load average before: {load_before}, after: {_loadavg()}")
+          f"threads: {args.threads}, clock: {args.clock}, processes: {args.processes}, "
+          f"load average before: {load_before}, after: {_loadavg()}")
     print(f"cells per run: {len(args.variants) * len(args.backends) * len(args.batch)} "
           f"({len(args.variants)} variants × {len(args.backends)} backends × {len(args.batch)} batch sizes), "
           f"T={args.seq_len}, hidden={args.hidden}, budget {args.budget} s per backend and setting")

@@ -71,6 +71,11 @@ class SweepProgress:
         counts = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
         return f"{self._setting} {counts}".strip()
 
+    def extend(self, cells: int) -> None:
+        """More measurements than planned (process repeats)."""
+        total = self._progress.tasks[0].total or 0
+        self._progress.update(self._task, total=total + cells)
+
     def setting(self, label: str) -> None:
         self._setting = label
         self._progress.update(self._task, description=self._describe())

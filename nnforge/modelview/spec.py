@@ -48,6 +48,7 @@ class TimingConfig:
     """How cells are timed; see ``timer.py`` for the method and docs/modelview.md for the reasoning."""
 
     method: str = "adaptive"  # "adaptive" (the method of timer.py) or "naive" (one loop; for comparison only)
+    processes: int = 1  # independent worker processes per setting; their samples are pooled into one row
     clock: str = "wall"  # CPU runs: "wall" time, or the process's "cpu" time (reproducible on shared machines)
     target_rel_ci: float = 0.01  # stop when the CI of the median is within ±1 % of the median
     confidence: float = 0.95
@@ -239,6 +240,8 @@ def _sub_config(cls: type, key: str, value: Any) -> Any:
             raise SpecError(f"{key}.clock", cfg.clock, "must be wall or cpu")
         if not 0 < cfg.confidence < 1:
             raise SpecError(f"{key}.confidence", cfg.confidence, "must lie strictly between 0 and 1")
+        if cfg.processes < 1:
+            raise SpecError(f"{key}.processes", cfg.processes, "must be >= 1")
         if cfg.rotate_inputs < 1:
             raise SpecError(f"{key}.rotate_inputs", cfg.rotate_inputs, "must be >= 1")
         if cfg.min_samples < 3:

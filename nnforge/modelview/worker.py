@@ -405,6 +405,7 @@ class Harness:
                 "rel_ci": (max(med - lo, hi - med) / med) if med > 0 else None,
                 "interleaved": interleaved,
                 "alone": bool(self.job.get("alone")),
+                "process_repeat": self.job.get("repeat"),
                 "timing_method": cfg.method,
                 "clock": clock.name,
                 **_secondary(s, cfg.clock, setup["threads"]),

@@ -116,3 +116,20 @@ class SkippingBackend(Backend):
 
     def applies(self, ctx: Context) -> str | None:
         return "never applies (test)"
+
+
+@backend
+class FailsSecondTime(Backend):
+    """Works in the first process and fails in every later one (marker file named by $MV_FLAKY_MARK)."""
+
+    name = "test_flaky"
+
+    def prepare(self, ctx: Context) -> Prepared:
+        import os
+        from pathlib import Path
+
+        mark = Path(os.environ["MV_FLAKY_MARK"])
+        if mark.exists():
+            raise RuntimeError("fails in a later process")
+        mark.write_text("seen")
+        return Prepared(fn=ctx.module)

@@ -77,3 +77,26 @@ def test_crashing_backend_does_not_lose_the_others(db: str, fast: dict, faulty: 
     for b in ("eager", "jit.trace"):
         m = json.loads(rows[("test_tanh", b)]["metrics_json"])
         assert m["alone"] is True and m["interleaved"] is False
+
+
+def test_process_repeats_pool_samples_and_expose_intermittent_failures(
+    db: str, fast: dict, faulty: str, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("MV_FLAKY_MARK", str(tmp_path / "flaky-mark"))
+    fast["timing"]["processes"] = 2
+    res = sweep(variants=["test_tanh"], backends=["eager", "test_flaky", "test_skip"], batch=[2], seq_len=[3],
+                plugins=[faulty], db=db, progress=False, table=False, **fast)
+    rows = _rows(db, res.run_id)
+    eager = rows[("test_tanh", "eager")]
+    m = json.loads(eager["metrics_json"])
+    assert eager["status"] == "ok" and m["processes"] == 2 and len(m["process_medians"]) == 2
+    assert len(json.loads(eager["samples_json"])) == m["samples"]
+    assert eager["ci_low_s"] <= eager["median_s"] <= eager["ci_high_s"]
+    flaky = rows[("test_tanh", "test_flaky")]
+    assert flaky["status"] == "failed" and flaky["error"].startswith("process 2 of 2:")
+    assert rows[("test_tanh", "test_skip")]["status"] == "skipped"
+    with open_store(db) as s:
+        history = s.cells(res.run_id, latest_only=False)
+    # eager: two process rows + the merged row; skip: decided once, not repeated
+    assert list(history.groupby("backend").size().sort_index()) == [3, 3, 1]
+    assert sorted(m["merged_row_ids"]) == sorted(history[history.backend == "eager"].row_id.iloc[:2])
