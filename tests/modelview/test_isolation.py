@@ -100,3 +100,15 @@ def test_process_repeats_pool_samples_and_expose_intermittent_failures(
     # eager: two process rows + the merged row; skip: decided once, not repeated
     assert list(history.groupby("backend").size().sort_index()) == [3, 3, 1]
     assert sorted(m["merged_row_ids"]) == sorted(history[history.backend == "eager"].row_id.iloc[:2])
+
+
+def test_parent_memory_watchdog_kills_a_worker_over_its_resident_limit(tmp_path) -> None:
+    from nnforge.modelview.isolation import run_worker
+
+    # device "cuda" makes the worker skip RLIMIT_AS (as on GPU machines), so only the parent's watchdog can stop it;
+    # importing torch alone takes well over 60 MiB of resident memory.
+    job = {"kind": "peaks", "threads": 1, "device": "cuda", "dtypes": ["float32"], "measure_peaks": True,
+           "out": str(tmp_path / "env.json"), "memory_mb": 60}
+    outcome = run_worker(job, tmp_path, timeout_s=120, memory_mb=60, threads=1)
+    assert outcome.status == "oom" and "exceeded the limit of 60 MiB" in outcome.error
+    assert not (tmp_path / "env.json").exists()
