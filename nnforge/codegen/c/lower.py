@@ -1,4 +1,7 @@
-"""Lowering a graph to one C function: kernels inside one OpenMP parallel region, scans as C loops.
+"""Lowering a graph to C: kernels inside one OpenMP parallel region, scans as C loops.
+
+Each top-level kernel or scan is its own C function called from that region (``parts``: compile time, and one
+copy of the code for same-shaped layers).
 
 Each stored node (see ``passes.fuse``) gets a kernel; everything else is inlined into its reader as scalar
 statements and index expressions. A scan becomes ``for (t ...)`` around its body's kernels with ping-pong
@@ -18,6 +21,7 @@ from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
+from .parts import part_functions, split_parts
 from .views import index_map, strided
 
 
@@ -166,10 +170,14 @@ class Lowering:
         self.listing: list[KernelInfo] = []
         self.stats = {"kernels": 0, "gemm": 0, "fused_gemm": 0, "scans": 0, "sliced": 0}
         self.scopes: list[LoopScope] = []
+        self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
+        self.names: set[str] = set()  # every name ``fresh`` made (the part deduplication renames them)
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
-        return f"{prefix}{self.counter}"
+        name = f"{prefix}{self.counter}"
+        self.names.add(name)
+        return name
 
     def alloc(self, dt: DType, shape: Sequence[int]) -> str:
         name = self.fresh("b")
@@ -190,19 +198,23 @@ class Lowering:
         outs = [f"(({ctype(n.dtype)}*)args[{n_in + len(self.data) + k}])" for k, n in enumerate(g.outputs)]
         body: list[str] = []
         self.lower_graph(g, ins, outs, body, "    ", self.listing)
+        parts = split_parts(body, self.marks)
         # Scratch buffers live in one workspace the caller owns and reuses across calls (``nf_workspace`` says
         # how many bytes at these sizes): no malloc, free or first-touch page faults per call.
         n_ws = n_in + len(self.data) + len(g.outputs)
         lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)",
                  "int64_t nf_workspace(const int64_t* S) {", "    (void)S;", "    int64_t n = 0;"]
         lines += [f"    n += NF_R64({size});" for _, _, size in self.allocs]
-        lines += ["    return n;", "}", "void nf_main(void** args, const int64_t* S) {", "    (void)S;",
+        lines += ["    return n;", "}"]
+        calls, fns = part_functions(parts, [(name, ct) for name, ct, _ in self.allocs], self.names)
+        lines += fns
+        lines += ["void nf_main(void** args, const int64_t* S) {",
                   f"    char* ws_ = (char*)args[{n_ws}];", "    int64_t wo_ = 0;"]
         for name, ct, size in self.allocs:
             lines.append(f"    {ct}* {name} = ({ct}*)(ws_ + wo_); wo_ += NF_R64({size});")
         lines.append("    #pragma omp parallel")
         lines.append("    {")
-        lines.extend(body)
+        lines.extend(f"        {c}" for c in calls)
         lines.append("    }")
         lines.append("}")
         return "\n".join(lines) + "\n"
@@ -245,11 +257,11 @@ class Lowering:
             if not g.is_stored(n):
                 continue
             out = dest.get(id(n)) or (None if n.op in (Op.SCAN, Op.LOOP) else self.alloc(n.dtype, n.shape))
+            if n.op not in (Op.SCAN, Op.LOOP):
+                ctx.ptr[id(n)] = out
             if n.op in (Op.SCAN, Op.LOOP):
                 self.lower_loop(n, ctx, code, ind, listing, dest)
-                continue
-            ctx.ptr[id(n)] = out
-            if id(n) in sliced:
+            elif id(n) in sliced:
                 self.kernel_sliced(sliced[id(n)], ctx, out, dest, extra, code, ind, listing)
             elif n.op == Op.MATMUL:
                 self.kernel_gemm(n, None, ctx, out, code, ind, listing)
@@ -265,6 +277,8 @@ class Lowering:
                 raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
             else:
                 self.kernel_pointwise(n, ctx, out, code, ind, listing)
+            if graph is self.graph:
+                self.marks.append(len(code))
         for o, p in copies:
             self.kernel_pointwise(o, ctx, p, code, ind, listing, kind="copy")
 

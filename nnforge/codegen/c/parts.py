@@ -1,0 +1,79 @@
+"""Cutting a program's top-level code into C functions, and emitting identical ones once.
+
+Why: gcc's time grows with the size of the one OpenMP-outlined function that used to hold every kernel of a
+program (a 5-layer LSTM stack: 3.3 s, nearly all of it per-function optimisation and RTL generation). Each
+top-level kernel or scan becomes its own function, called in order from the single parallel region; its
+``omp for`` / ``omp single`` constructs are orphaned, which binds them to that region exactly as before
+(same barriers, same thread-private locals). A part is then written in a canonical form (its generated names
+renumbered, its buffers and argument pointers turned into parameters), so parts that differ only in which
+buffers they touch (the layers of a stack, forward and backward of repeated blocks) are compiled once and called
+with different pointers, the way a kernel cache reuses one kernel for same-shaped work.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+# an argument pointer (with its cast, so the parameter gets the element type), or a name
+_TOKEN = re.compile(r"\(\((\w+)\*\)args\[\d+\]\)|\bargs\[\d+\]|\b[A-Za-z_][A-Za-z_0-9]*\b")
+
+
+def split_parts(body: list[str], marks: Sequence[int]) -> list[list[str]]:
+    """The top-level code cut at kernel / scan boundaries (``marks``: line indices after each top-level node);
+    empty parts are dropped."""
+    parts: list[list[str]] = []
+    start = 0
+    for m in [*marks, len(body)]:
+        if m > start:
+            parts.append(body[start:m])
+            start = m
+    return parts
+
+
+def canonical(part: list[str], buffers: dict[str, str], names: set[str]) -> tuple[str, list[tuple[str, str]]]:
+    """``part`` with generated locals renamed ``z0, z1, ...`` and buffers / ``args[k]`` replaced by parameters
+    ``p0, p1, ...`` in order of first use; returns (text, [(parameter C type, actual argument), ...])."""
+    params: dict[str, str] = {}
+    types: list[tuple[str, str]] = []
+    local: dict[str, str] = {}
+
+    def param(actual: str, ct: str) -> str:
+        if actual not in params:
+            params[actual] = f"p{len(params)}"
+            types.append((ct, actual))
+        return params[actual]
+
+    def name(m: re.Match[str]) -> str:
+        tok = m.group(0)
+        if tok.startswith(("((", "args[")):
+            return param(tok, f"{m.group(1)}*" if m.group(1) else "void*")
+        if tok in buffers:
+            return param(tok, buffers[tok] + "*")
+        if tok in names:
+            return local.setdefault(tok, f"z{len(local)}")
+        return tok
+
+    return _TOKEN.sub(name, "\n".join(part)), types
+
+
+def part_functions(parts: Sequence[list[str]], buffers: Sequence[tuple[str, str]],
+                   names: set[str]) -> tuple[list[str], list[str]]:
+    """(calls in order, function definitions): one ``static`` function per distinct canonical part."""
+    btypes = dict(buffers)
+    fns: list[str] = []
+    seen: dict[str, str] = {}
+    calls: list[str] = []
+    for part in parts:
+        text, params = canonical(part, btypes, names)
+        fn = seen.get(text)
+        if fn is None:
+            fn = f"nf_part{len(seen)}"
+            seen[text] = fn
+            sig = ", ".join(["const int64_t* S", *(f"{ct} p{k}" for k, (ct, _) in enumerate(params))])
+            fns.append(f"static __attribute__((noinline)) void {fn}({sig}) {{")
+            fns.append("    (void)S;")
+            fns.append(text)
+            fns.append("}")
+        calls.append(f"{fn}({', '.join(['S', *(a for _, a in params)])});")
+    return calls, fns

@@ -1,0 +1,85 @@
+"""Top-level code cut into C functions; parts that differ only in their buffers are emitted once."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge.codegen.c.parts import canonical, part_functions, split_parts
+
+needs_cpu = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
+
+
+def test_split_parts_drops_empty():
+    body = ["a", "b", "c", "d"]
+    assert split_parts(body, [1, 1, 3]) == [["a"], ["b", "c"], ["d"]]
+    assert split_parts([], []) == []
+
+
+def test_canonical_renames_locals_and_turns_buffers_into_parameters():
+    part = ["    const float v7 = ((float*)args[3])[i5];", "    b2[i5] = v7 + b9[i5] + b2[0];"]
+    text, params = canonical(part, {"b2": "float", "b9": "double"}, {"v7", "i5", "b2", "b9"})
+    assert text == "    const float z0 = p0[z1];\n    p1[z1] = z0 + p2[z1] + p1[0];"
+    assert params == [("float*", "((float*)args[3])"), ("float*", "b2"), ("double*", "b9")]
+
+
+def test_identical_parts_share_one_function():
+    a = ["    b1[0] = b2[0] + S[0];"]
+    b = ["    b3[0] = b4[0] + S[0];"]
+    c = ["    b3[0] = b3[0] + S[0];"]  # same buffer twice: a different function
+    calls, fns = part_functions([a, b, c], [("b1", "float"), ("b2", "float"), ("b3", "float"), ("b4", "float")],
+                                {"b1", "b2", "b3", "b4"})
+    assert calls == ["nf_part0(S, b1, b2);", "nf_part0(S, b3, b4);", "nf_part1(S, b3);"]
+    assert sum(line.startswith("static") for line in fns) == 2
+
+
+def stack(x, *ws):
+    """Three LSTM layers with the same sizes (one C function serves all three scans)."""
+    for k in range(3):
+        w_ih, w_hh, b = ws[3 * k: 3 * k + 3]
+        h0 = nf.zeros((x.shape[1], w_hh.shape[1]))
+
+        def cell(carry, x_t, w_ih=w_ih, w_hh=w_hh, b=b):
+            h, c = carry
+            i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
+            c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+            h = nf.sigmoid(o) * nf.tanh(c)
+            return (h, c), h
+
+        _, x = nf.scan(cell, (h0, h0), x)
+    return x
+
+
+def stack_args(T=5, N=7, H=5, seed=0):
+    rng = np.random.default_rng(seed)
+    ws = []
+    for _ in range(3):
+        ws += [(rng.standard_normal((4 * H, H)) * 0.4).astype(np.float32),
+               (rng.standard_normal((4 * H, H)) * 0.4).astype(np.float32),
+               (rng.standard_normal(4 * H) * 0.1).astype(np.float32)]
+    return [rng.standard_normal((T, N, H)).astype(np.float32), *ws]
+
+
+@needs_cpu
+def test_stack_scans_share_one_function_and_match_reference():
+    from nnforge.codegen.c import lower, schedule
+
+    args = stack_args()
+    low = lower(schedule(nf.compile(stack).trace(*args)))
+    main = low.text[low.text.index("void nf_main"):]
+    calls = re.findall(r"(nf_part\d+)\(", main)
+    defined = re.findall(r"void (nf_part\d+)\(", low.text)
+    assert len(set(calls)) == len(defined) < len(calls)
+    scan_fns = [f for f in defined if "for (int64_t" in low.text.split(f"void {f}(")[1].split("\n}")[0]
+                and "S[0]; " in low.text.split(f"void {f}(")[1].split("\n}")[0]]
+    assert scan_fns, "each scan is a function with its own time loop"
+    assert "#pragma omp parallel" not in low.text.split("void nf_main")[0]  # orphaned constructs only
+    want = nf.compile(stack, backend="reference")(*args)
+    got = nf.compile(stack, backend="cpu")(*args)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    args2 = stack_args(T=9, N=4, seed=1)  # new trip count and batch through the same shared functions
+    np.testing.assert_allclose(nf.compile(stack, backend="cpu")(*args2), nf.compile(stack, backend="reference")(
+        *args2), rtol=2e-5, atol=2e-5)
