@@ -44,8 +44,12 @@ class Outcome:
 def worker_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
+    # numpy's OpenBLAS serves only the nnforge reference interpreter here. Its worker threads keep spinning after
+    # each call and, interleaved with a backend on its own OpenMP pool, stole the cores from it (a 100x slowdown
+    # of nnforge.cpu measured next to nnforge.reference): keep that pool at one thread.
+    env["OPENBLAS_NUM_THREADS"] = "1"
     # One compile thread: a pool of compile subprocesses costs more than it saves on a few cores, and adds noise.
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env["PYTHONFAULTHANDLER"] = "1"
