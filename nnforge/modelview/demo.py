@@ -1,7 +1,8 @@
 """The demo sweep behind ``make demo``: the thesis question on this machine's CPU.
 
-Three LSTM implementations × eager / TorchScript / torch.compile / ONNX Runtime (when installed) × two batch sizes,
-sized to finish in about three minutes on two cores including torch.compile's compilation.
+Three LSTM implementations × eager / TorchScript / torch.compile / ONNX Runtime (when installed) / nnforge's
+generated C (when a C compiler works) × two batch sizes, sized to finish in about three minutes on two cores
+including torch.compile's compilation.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ def demo_spec() -> dict:
     backends = ["eager", "jit.script", "compile"]
     if importlib.util.find_spec("onnxruntime") is not None:
         backends.append("onnxruntime")
+    import nnforge
+
+    if "cpu" in nnforge.available_backends():
+        backends.append("nnforge.cpu")
     return {
         "name": "demo",
         "variants": ["lstm_manual", "lstm_premult", "torch_lstm"],
