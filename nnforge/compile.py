@@ -10,6 +10,8 @@ back after each call, so a compiled training step behaves like the eager one.
 from __future__ import annotations
 
 import functools
+import logging
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ from .passes.specialize import loop_length_symbols, specialize
 from .pytree import flatten, unflatten
 from .tensor import Tensor
 from .trace import scope, session
+
+log = logging.getLogger("nnforge.compile")
 
 
 @dataclass
@@ -131,9 +135,11 @@ class CompiledFunction:
         if key not in entry.programs and getattr(generic, "sizes_at_runtime", False):
             entry.programs[key] = generic  # the program reads trip counts from its inputs: no rebuild
         if key not in entry.programs:
+            start = time.perf_counter()
             env = {f"a{i}.{ax}": shapes[i][ax] for i, ax in entry.generic}
             graph = specialize(entry.graph, env) if env else entry.graph
             entry.programs[key] = build_program(self.backend, graph)
+            log.info("%s: %s program built in %.3f s", _name(self.fn), self.backend, time.perf_counter() - start)
         return entry.programs[key]
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
@@ -149,10 +155,18 @@ class CompiledFunction:
 
     def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         self.trace_count += 1
+        start = time.perf_counter()
         t = trace_function(self.fn, treedef, leaves, arrays)
+        traced = time.perf_counter()
         graph = run_pipeline(t.graph)
+        log.info("%s: traced in %.3f s (%d nodes), passes in %.3f s", _name(self.fn), traced - start,
+                 len(t.graph.order), time.perf_counter() - traced)
         generic = _generic_axes(graph, shapes, t.baked)
         return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out)
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
 
 
 def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> frozenset:

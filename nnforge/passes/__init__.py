@@ -36,12 +36,21 @@ CPU_PIPELINE: tuple[tuple[str, Pass], ...] = (
 
 
 def run_pipeline(graph: Graph, passes: Sequence[tuple[str, Pass]] = PIPELINE, check: bool = True) -> Graph:
-    """Apply the passes in order; verify after each one so a broken pass is caught where it broke."""
+    """Apply the passes in order; verify after each one so a broken pass is caught where it broke.
+
+    ``NNFORGE_DEBUG=2`` logs which passes changed the graph, ``4`` also the IR after each of them.
+    """
+    from ..runtime import debug_level, setup_logging
+
+    setup_logging()
+    show_ir = debug_level() >= 4
     for name, p in passes:
         before = graph
         graph = p(graph)
         if graph is not before:
             log.debug("pass %s changed the graph", name)
+            if show_ir:
+                log.debug("IR after %s:\n%r", name, graph)
         if check:
             verify(graph)
     return graph

@@ -1,10 +1,54 @@
-"""Dead-code elimination."""
+"""Dead-code elimination.
+
+Unreachable nodes vanish by construction (``Graph.order`` walks from the outputs and effects). What is left to
+remove is dead work *inside* loops: a stacked scan output nobody reads still costs a store per step and T
+copies of memory, and its computation in the body stays alive through the body's outputs.
+"""
 
 from __future__ import annotations
 
-from ..ir.node import Graph
+from ..ir.build import make, rebuild
+from ..ir.node import Graph, Node
+from ..ir.ops import Op
 
 
 def dce(graph: Graph) -> Graph:
-    """Drop nodes no output or effect reads. Graph.order already walks from the roots, so a fresh Graph is it."""
-    return Graph(graph.inputs, graph.outputs, graph.effects)
+    """Drop unread stacked outputs (ys) of scans, in this graph and in every body."""
+    read: dict[int, set[int]] = {}
+    for n in graph.order:
+        if n.op == Op.PROJ:
+            read.setdefault(id(n.srcs[0]), set()).add(n.attrs["index"])
+    new: dict[int, Node] = {}
+    index_map: dict[int, dict[int, int]] = {}
+    changed = False
+    for n in graph.order:
+        srcs = tuple(new.get(id(s), s) for s in n.srcs)
+        if n.op == Op.PROJ and id(n.srcs[0]) in index_map:
+            node = make(Op.PROJ, srcs, {"index": index_map[id(n.srcs[0])][n.attrs["index"]]}, loc=n.loc)
+        elif n.op in (Op.SCAN, Op.LOOP):
+            node, remap = _prune(n, srcs, read.get(id(n), set()))
+            if remap is not None:
+                index_map[id(n)] = remap
+        else:
+            node = n if srcs == n.srcs else rebuild(n, srcs)
+        new[id(n)] = node
+        changed |= node is not n
+    if not changed:
+        return graph
+    return Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
+                 [new[id(e)] for e in graph.effects])
+
+
+def _prune(n: Node, srcs: tuple[Node, ...], read: set[int]) -> tuple[Node, dict[int, int] | None]:
+    """The loop node with a dead-code-free body and, for a scan, only the ys someone reads."""
+    body: Graph = n.attrs["body"]
+    first = n.attrs["n_carry"] if n.op == Op.SCAN else len(n.types)
+    keep = list(range(first)) + [i for i in range(first, len(n.types)) if i in read]
+    if len(keep) < len(n.types):
+        body = Graph(body.inputs, [body.outputs[i] for i in keep], body.effects)
+    new_body = dce(body)
+    if new_body is n.attrs["body"] and srcs == n.srcs:
+        return n, None
+    types = tuple(n.types[i] for i in keep)
+    node = rebuild(n, srcs, {**n.attrs, "body": new_body}, types)
+    return node, {old: new for new, old in enumerate(keep)}

@@ -14,8 +14,10 @@ def substitute(graph: Graph, mapping: Mapping[int, Node], attrs_fn: Callable[[No
     """A copy of ``graph`` with nodes replaced per ``mapping`` (id -> node) and users rebuilt.
 
     ``attrs_fn``/``types_fn`` may return new attrs/types for any node (None keeps them); inputs are rebuilt too
-    when they change.
+    when they change. Returns ``graph`` itself when nothing changes, so passes can tell.
     """
+    if not mapping and attrs_fn is None and types_fn is None:
+        return graph
     new: dict[int, Node] = dict(mapping)
     for n in graph.order:
         if id(n) in new:
@@ -27,6 +29,8 @@ def substitute(graph: Graph, mapping: Mapping[int, Node], attrs_fn: Callable[[No
             new[id(n)] = n
         else:
             new[id(n)] = rebuild(n, srcs, attrs, types)
+    if all(new[id(n)] is n for n in graph.order):
+        return graph
     return Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
                  [new[id(e)] for e in graph.effects])
 

@@ -1,0 +1,54 @@
+"""DCE removes stacked scan outputs nobody reads, and the body work behind them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import nnforge as nf
+from nnforge.ir.ops import Op
+from nnforge.passes.dce import dce
+
+
+def _scan_nodes(graph):
+    return [n for n in graph.order if n.op == Op.SCAN]
+
+
+def test_unread_ys_and_their_body_work_are_dropped():
+    def f(x, w):
+        def cell(h, x_t):
+            h = nf.tanh(x_t @ w + h)
+            return h, (h, nf.exp(h) * 3.0)  # the second output is never read
+
+        h, (ys, _unused) = nf.scan(cell, nf.zeros(x.shape[1], w.shape[1]), x)
+        return ys.sum(0) + h
+
+    rng = np.random.default_rng()
+    x = rng.standard_normal((5, 2, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 3)).astype(np.float32)
+    traced = nf.compile(f).trace(x, w)
+    from nnforge.compile import CompiledFunction, trace_function
+
+    cf = CompiledFunction(f)
+    leaves, treedef, arrays, _ = cf._split((x, w), {})
+    raw = trace_function(f, treedef, leaves, arrays).graph
+    (before,) = _scan_nodes(raw)
+    after = _scan_nodes(dce(raw))[0]
+    assert len(before.types) == 3 and len(after.types) == 2
+    assert any(m.op == Op.EXP for m in before.attrs["body"].order)
+    assert not any(m.op == Op.EXP for m in after.attrs["body"].order)
+    assert len(_scan_nodes(traced)[0].types) == 2  # the pipeline runs it
+    ref = np.zeros((2, 3), np.float32)
+    acc = np.zeros((2, 3), np.float32)
+    for t in range(5):
+        ref = np.tanh(x[t] @ w + ref)
+        acc += ref
+    np.testing.assert_allclose(nf.compile(f)(x, w), acc + ref, rtol=1e-5, atol=1e-6)
+
+
+def test_graph_without_dead_loop_outputs_is_returned_unchanged():
+    def f(x):
+        return nf.scan(lambda c, x_t: (c + x_t, c * 2), nf.zeros(2), x)
+
+    x = np.random.default_rng().standard_normal((4, 2)).astype(np.float32)
+    graph = nf.compile(f).trace(x)
+    assert dce(graph) is graph
