@@ -1,6 +1,7 @@
 """Opt-in schedule search: GEMM tile sizes timed on this machine, results cached on disk.
 
-``nnforge.tune.tune_gemm()`` measures a few NC (column cache block) choices on representative shapes and writes
+``nnforge.tune.tune_gemm()`` searches the GEMM blocking (NC columns and MC rows per work item, whether the
+large-M GEMM packs A and its MCA x KC block) one axis at a time on representative shapes and writes
 the winner to ``<cache>/tune/gemm.json``; the CPU backend reads it when present (``load_gemm_config``) and uses
 the defaults in ``GemmConfig`` otherwise. Tuning never runs implicitly.
 """

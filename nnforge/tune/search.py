@@ -6,7 +6,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -54,18 +54,37 @@ def _time_config(cfg: GemmConfig, shapes: Sequence[tuple[int, int, int]], repeat
     return total
 
 
-def tune_gemm(shapes: Sequence[tuple[int, int, int]] = ((4096, 384, 1536), (64, 384, 1536), (8192, 96, 384)),
-              candidates: Sequence[int] = (64, 128, 256, 512, 1024), repeats: int = 5) -> GemmConfig:
-    """Time each NC candidate on ``shapes`` (M, K, N), cache and return the best config."""
-    results = {}
-    for nc in candidates:
-        cfg = GemmConfig(nc=nc)
-        results[nc] = _time_config(cfg, shapes, repeats)
-        log.info("nc=%d: %.3f ms", nc, results[nc] * 1e3)
-    best = GemmConfig(nc=min(results, key=results.get))
+AXES: dict[str, tuple] = {
+    "nc": (64, 128, 256),          # columns per work item (B panels kept in L1 across its row blocks)
+    "mc": (48, 96, 192),           # rows per work item
+    "pack_a": (False, True),       # large-M GEMM: pack A per thread in MCA x KC blocks
+    "kc": (192, 256, 512),         # K slice when A is packed (B panel slice KC x NR in L1)
+    "mca": (96, 144, 288),         # rows per packed A block (L2)
+}
+
+
+def tune_gemm(shapes: Sequence[tuple[int, int, int]] = ((6400, 512, 2048), (64, 384, 1536), (25600, 96, 384)),
+              axes: dict[str, Sequence] | None = None, repeats: int = 5) -> GemmConfig:
+    """Coordinate search over ``axes`` (one axis at a time, keeping the best value found so far) timed on
+    ``shapes`` (M, K, N); caches and returns the best config. A few dozen builds instead of the full product:
+    the axes interact little (row vs column blocking, then the packed-A path's own two sizes)."""
+    best = GemmConfig()
+    results: dict[str, float] = {}
+
+    def timed(cfg: GemmConfig) -> float:
+        key = json.dumps(asdict(cfg), sort_keys=True)
+        if key not in results:
+            results[key] = _time_config(cfg, shapes, repeats)
+            log.info("%s: %.3f ms", key, results[key] * 1e3)
+        return results[key]
+
+    for name, values in (axes or AXES).items():
+        if name in ("kc", "mca") and not best.pack_a:
+            continue
+        best = min((replace(best, **{name: v}) for v in values), key=timed)
     path = _path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config": asdict(best), "timings_s": {str(k): v for k, v in results.items()}}))
+    tmp.write_text(json.dumps({"config": asdict(best), "timings_s": results}))
     tmp.replace(path)
     return best

@@ -44,6 +44,14 @@ class GemmConfig:
     nr64: int = 8
     nc: int = 64
     mc: int = 96
+    # The large-M GEMM (a scan's hoisted input projection, T * N rows) with A packed per thread in MCA x KC
+    # blocks (L2) and B panel slices KC x NR reused from L1 across a block's MCA / MR micro-kernel calls. Off by
+    # default: on Zen 3 (1 thread, CPU time, 2026-11-22) the unpacked loops already reach 87-89 GFLOP/s per core
+    # at K = 384 / 512 (93 % of the core's FMA peak) and packing measured 84-85; ``nnforge.tune`` may turn it on.
+    pack_a: bool = False
+    mca: int = 144
+    kc: int = 256
+    packed_a_min_m: int = 1024  # at least this many rows (a run-time size counts as large) to pack A
 
     def nr(self, dt: DType) -> int:
         return self.nr32 if dt == DType.float32 else self.nr64
@@ -78,6 +86,37 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     for r in range(mr):
         for v in range(nv):
             L.append(f"    *({vt}*)(out + {r * nr + v * lanes}) = c{r}_{v};")
+    L.append("}")
+    L.append(f"/* out[MR][NR] = Ap @ P: Ap one packed A micro-panel [K][{mr}], P one B panel slice [K][NR]. */")
+    L.append(f"static __attribute__((noinline)) void nf_ukrp_{sfx}(int64_t K, const {ct}* restrict Ap, "
+             f"const {ct}* restrict P, {ct}* restrict out) {{")
+    for r in range(mr):
+        L.append("    " + " ".join(f"{vt} c{r}_{v} = {{0}};" for v in range(nv)))
+    L.append("    for (int64_t k = 0; k < K; k++) {")
+    L.append(f"        const {vt}* b = (const {vt}*)(P + k * {nr});")
+    for v in range(nv):
+        L.append(f"        const {vt} b{v} = b[{v}];")
+    for r in range(mr):
+        L.append(f"        {{ const {ct} av = Ap[k * {mr} + {r}]; "
+                 + " ".join(f"c{r}_{v} += av * b{v};" for v in range(nv)) + " }")
+    L.append("    }")
+    for r in range(mr):
+        for v in range(nv):
+            L.append(f"    *({vt}*)(out + {r * nr + v * lanes}) = c{r}_{v};")
+    L.append("}")
+    L.append(f"/* Ap[p][k][r] = A[p*{mr} + r, k] for the rows < m (0 beyond): {mr}-row micro-panels of an A block. */")
+    L.append(f"static __attribute__((noinline)) void nf_packa_{sfx}(int64_t m, int64_t K, const {ct}* A, "
+             f"int64_t sam, int64_t sak, {ct}* restrict Ap) {{")
+    L.append(f"    for (int64_t p = 0; p * {mr} < m; p++) {{")
+    L.append(f"        const int64_t rows = m - p * {mr} < {mr} ? m - p * {mr} : {mr};")
+    L.append(f"        {ct}* d = Ap + p * K * {mr};")
+    L.append(f"        for (int r = 0; r < {mr}; r++) {{")
+    L.append(f"            if (r >= rows) {{ for (int64_t k = 0; k < K; k++) d[k * {mr} + r] = 0; continue; }}")
+    L.append(f"            const {ct}* a = A + (p * {mr} + r) * sam;")
+    L.append(f"            if (sak == 1) for (int64_t k = 0; k < K; k++) d[k * {mr} + r] = a[k];")
+    L.append(f"            else for (int64_t k = 0; k < K; k++) d[k * {mr} + r] = a[k * sak];")
+    L.append("        }")
+    L.append("    }")
     L.append("}")
     L.append(f"/* P[k][c] = B[k, c] for c < ncols, 0 beyond: one zero-padded panel of {nr} columns. */")
     L.append(f"static __attribute__((noinline)) void nf_pack_{sfx}(int64_t K, const {ct}* B, int64_t sbk, "
@@ -144,11 +183,13 @@ def pack_panels(low: Lowering, dt: DType, K: str, src: tuple[str, str, str], col
 
 
 def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]], out: str,
-              packed: str | None, scratch: str, epilogue: Epilogue | None, ind: str) -> tuple[list[str], str]:
+              packed: str | None, scratch: str, epilogue: Epilogue | None, ind: str,
+              out_holds_sums: bool = True) -> tuple[list[str], str]:
     """C lines computing ``out = epilogue(A @ B)`` for matmul node ``p``; returns (lines, store text).
 
     ``packed`` names B already packed (panels of all N columns, before the loop); otherwise B is packed into
-    ``scratch`` here (per batch index)."""
+    ``scratch`` here (per batch index). ``out_holds_sums``: ``out`` has the matmul's dtype, so partial sums over
+    K slices may be kept there."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
     ct, sfx = ctype(p.dtype), _sfx(p.dtype)
@@ -172,6 +213,9 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     if packed is None:
         lines += pack_panels(low, p.dtype, K, (f"({pb} + ({boff}))", sb[-2], sb[-1]), [("0", N)], scratch, cur)
         packed = scratch
+    if not batch and packed_a_wanted(low, p):
+        body, store = _packed_a_loops(low, p, A, sam, sak, npan, packed, out, epilogue, cur, out_holds_sums)
+        return lines + body, store
     ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
     ngp = max(1, cfg.nc // nr)
     lines.append(f"{cur}#pragma omp for collapse(2) schedule(static)")
@@ -209,6 +253,77 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
         cur = cur[:-4]
         lines.append(f"{cur}}}")
     return lines, f"{store} = {value}"
+
+
+def packed_a_wanted(low: Lowering, p: Node) -> bool:
+    """Pack A for a GEMM outside any loop whose M is large (the hoisted input projection of a scan, T * N rows):
+    there A is read once per column panel otherwise, through MR strided row streams."""
+    if low.scopes or not low.gemm.pack_a:
+        return False
+    m = p.shape[-2]
+    try:
+        return int(m) >= low.gemm.packed_a_min_m
+    except (TypeError, ValueError):
+        return True  # a run-time size (T * N): large in the cases that matter; small M just wastes one pack
+
+
+def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: str, packed: str, out: str,
+                    epilogue: Epilogue | None, ind: str, out_holds_sums: bool) -> tuple[list[str], str]:
+    """BLIS loops for a large-M GEMM: threads share MCA-row blocks; per block and KC slice, A is packed into
+    this thread's buffer and every B panel slice (KC x NR, from the panels packed for all of K) is applied to
+    all of the block's micro-panels. Partial sums over KC slices go through ``out`` (the epilogue runs on the
+    last), so the K split is used only when the result is stored in the GEMM's own dtype."""
+    sz, cfg = low.sizes, low.gemm
+    ct, sfx = ctype(p.dtype), _sfx(p.dtype)
+    mr, nr = cfg.mr, cfg.nr(p.dtype)
+    M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
+    mca = max(mr, cfg.mca // mr * mr)
+    kc = max(8, cfg.kc)
+    try:
+        split = out_holds_sums and int(K) > kc
+    except (TypeError, ValueError):
+        split = out_holds_sums
+    nk, ap, mine = low.fresh("nk"), low.fresh("ap"), low.fresh("apt")
+    low.allocs.append((ap, ct, f"({mca} * {kc if split else K}) * nf_nthreads() * (int64_t)sizeof({ct})"))
+    # K in nk equal slices of at most KC (384 -> 2 x 192, not 256 + 128)
+    L = [f"{ind}const int64_t {nk} = " + (f"(({K}) + {kc - 1}) / {kc};" if split else "1;")]
+    ic, pc, jp, i0 = low.fresh("ic"), low.fresh("pc"), low.fresh("jp"), low.fresh("i0")
+    L.append(f"{ind}{ct}* {mine} = {ap} + (int64_t)nf_thread() * {mca} * ((({K}) + {nk} - 1) / {nk});")
+    L.append(f"{ind}#pragma omp for schedule(static)")
+    L.append(f"{ind}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {mca}) {{")
+    c1 = ind + "    "
+    L.append(f"{c1}const int64_t mb_ = {M} - {ic} < {mca} ? {M} - {ic} : {mca};")
+    L.append(f"{c1}for (int64_t {pc} = 0; {pc} < {nk}; {pc}++) {{")
+    c2 = c1 + "    "
+    L.append(f"{c2}const int64_t k0_ = {pc} * ((({K}) + {nk} - 1) / {nk});")
+    L.append(f"{c2}const int64_t k1_ = k0_ + ((({K}) + {nk} - 1) / {nk}) < ({K}) ? "
+             f"k0_ + ((({K}) + {nk} - 1) / {nk}) : ({K});")
+    L.append(f"{c2}nf_packa_{sfx}(mb_, k1_ - k0_, {A} + {ic} * ({sam}) + k0_ * ({sak}), {sam}, {sak}, {mine});")
+    L.append(f"{c2}for (int64_t {jp} = 0; {jp} < {npan}; {jp}++)")
+    L.append(f"{c2}for (int64_t {i0} = 0; {i0} < mb_; {i0} += {mr}) {{")
+    c3 = c2 + "    "
+    acc = low.fresh("tile")
+    L.append(f"{c3}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));")
+    L.append(f"{c3}const int mr_ = mb_ - {i0} < {mr} ? (int)(mb_ - {i0}) : {mr};")
+    L.append(f"{c3}const int nr_ = {N} - {jp} * {nr} < {nr} ? (int)({N} - {jp} * {nr}) : {nr};")
+    L.append(f"{c3}nf_ukrp_{sfx}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), "
+             f"{packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {acc});")
+    r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
+    L.append(f"{c3}for (int {r} = 0; {r} < mr_; {r}++) {{")
+    L.append(f"{c3}    const int64_t {i} = {ic} + {i0} + {r};")
+    L.append(f"{c3}    for (int {c} = 0; {c} < nr_; {c}++) {{")
+    L.append(f"{c3}        const int64_t {j} = {jp} * {nr} + {c};")
+    store = f"{out}[{flat([i, j], [M, N])}]"
+    value = f"{acc}[{r} * {nr} + {c}]"
+    L.append(f"{c3}        if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}")
+    value = f"(({pc} ? {store} : 0) + {value})"
+    if epilogue is not None:
+        stmts, value = epilogue([i, j], value)
+        L.extend(f"{c3}        {s}" for s in stmts)
+    L.append(f"{c3}        {store} = {value};")
+    L += [f"{c3}    }}", f"{c3}}}"]
+    L += [f"{c2}}}", f"{c1}}}", f"{ind}}}"]
+    return L, f"{store} = {value}"
 
 
 Body = Callable[[str, str], list[str]]

@@ -436,7 +436,8 @@ class Lowering:
         ep_info: list[Scalar] = []
         epilogue = self._epilogue(p, root, ctx, out, ep_info)
         buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind)
-        text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind)
+        text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind,
+                                root is None or root.dtype == p.dtype)
         code.extend(text)
         kind = "DPElwFuse" if root is not None else "gemm"
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])

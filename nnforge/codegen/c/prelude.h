@@ -5,6 +5,11 @@
 #include <math.h>
 #ifdef _OPENMP
 #include <omp.h>
+static inline int nf_nthreads(void) { return omp_get_max_threads(); }
+static inline int nf_thread(void) { return omp_get_thread_num(); }
+#else
+static inline int nf_nthreads(void) { return 1; }
+static inline int nf_thread(void) { return 0; }
 #endif
 static inline int64_t nf_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }
 static inline int64_t nf_mod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }

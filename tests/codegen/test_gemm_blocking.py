@@ -1,0 +1,62 @@
+"""The packed-A, K-sliced large-M GEMM path (opt-in through ``GemmConfig``) and the tile-size search."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge.codegen.c import CpuBackend, lower, schedule
+from nnforge.codegen.c.gemm import GemmConfig
+
+needs_cpu = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
+PACKED = GemmConfig(pack_a=True, mca=12, kc=40, packed_a_min_m=8)
+
+
+def _run(fn, cfg: GemmConfig, *args):
+    be = CpuBackend(gemm=cfg)
+    be._gemm_for = lambda _g: cfg
+    return be(nf.compile(fn, backend="reference").trace(*args))(list(args))
+
+
+@needs_cpu
+@pytest.mark.parametrize("m,k,n", [(37, 41, 19), (13, 97, 33), (50, 7, 17), (12, 80, 16)])
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_packed_a_gemm_with_epilogue(m, k, n, dt):
+    rng = np.random.default_rng(m + k + n)
+    a, w, b = (rng.standard_normal(s).astype(dt) for s in [(m, k), (n, k), (n,)])
+    (got,) = _run(lambda x, y, z: nf.tanh(x @ y.T + z), PACKED, a, w, b)
+    tol = 1e-4 if dt == np.float32 else 1e-10
+    np.testing.assert_allclose(got, np.tanh(a @ w.T + b), rtol=tol, atol=tol)
+
+
+@needs_cpu
+def test_packed_a_gemm_cast_epilogue_does_not_split_k():
+    rng = np.random.default_rng(1)
+    a, w = rng.standard_normal((30, 90)), rng.standard_normal((90, 20))
+    (got,) = _run(lambda x, y: (x @ y).astype(nf.float32), PACKED, a, w)
+    np.testing.assert_allclose(got, (a @ w).astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+@needs_cpu
+def test_packed_a_only_outside_loops_and_when_enabled():
+    rng = np.random.default_rng(2)
+    a, w = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((30, 20)).astype(np.float32)
+    g = schedule(nf.compile(lambda x, y: x @ y, backend="reference").trace(a, w))
+    assert "nf_ukrp_f32(k1_" in lower(g, PACKED).text
+    assert "nf_ukrp_f32(k1_" not in lower(g, GemmConfig()).text
+
+
+def test_tune_gemm_searches_axes_and_caches(tmp_path, monkeypatch):
+    if "cpu" not in nf.available_backends():
+        pytest.skip("no working C compiler")
+    from nnforge.tune import load_gemm_config, tune_gemm
+
+    monkeypatch.setenv("NNFORGE_CACHE_DIR", str(tmp_path))
+    best = tune_gemm(shapes=((48, 20, 40),), axes={"nc": (32, 64), "pack_a": (False, True), "kc": (8, 16)},
+                     repeats=1)
+    assert load_gemm_config() == best
+    data = json.loads((tmp_path / "tune" / "gemm.json").read_text())
+    assert len(data["timings_s"]) >= 3
