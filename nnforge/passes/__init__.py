@@ -10,6 +10,7 @@ from ..ir.verify import verify
 from .cse import cse
 from .dce import dce
 from .hoist import hoist
+from .reductions import hoist_reductions
 from .scans import merge_augmented_scans
 from .simplify import sigmoid_forms, simplify
 
@@ -28,6 +29,7 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
 CPU_PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("sigmoid_forms", sigmoid_forms),
     ("hoist", hoist),
+    ("hoist_reductions", hoist_reductions),
     ("simplify", simplify),
     ("cse", cse),
     ("dce", dce),

@@ -51,7 +51,8 @@ class GemmConfig:
     pack_a: bool = False
     mca: int = 144
     kc: int = 256
-    packed_a_min_m: int = 1024  # at least this many rows (a run-time size counts as large) to pack A
+    packed_a_min_m: int = 1024  # rows (a run-time size counts as large) from which pack_a applies
+    packed_a_min_k: int = 512  # K from which the packed-A, K-sliced loops are always used
 
     def nr(self, dt: DType) -> int:
         return self.nr32 if dt == DType.float32 else self.nr64
@@ -108,6 +109,12 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     L.append(f"static __attribute__((noinline)) void nf_packa_{sfx}(int64_t m, int64_t K, const {ct}* A, "
              f"int64_t sam, int64_t sak, {ct}* restrict Ap) {{")
     L.append(f"    for (int64_t p = 0; p * {mr} < m; p++) {{")
+    L.append(f"        if (sam == 1 && m - p * {mr} >= {mr}) {{  /* A transposed (x_tᵀ of a weight gradient) */")
+    L.append(f"            const {ct}* a = A + p * {mr};")
+    L.append(f"            for (int64_t k = 0; k < K; k++) for (int r = 0; r < {mr}; r++) "
+             f"Ap[p * K * {mr} + k * {mr} + r] = a[k * sak + r];")
+    L.append("            continue;")
+    L.append("        }")
     L.append(f"        const int64_t rows = m - p * {mr} < {mr} ? m - p * {mr} : {mr};")
     L.append(f"        {ct}* d = Ap + p * K * {mr};")
     L.append(f"        for (int r = 0; r < {mr}; r++) {{")
@@ -255,23 +262,30 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     return lines, f"{store} = {value}"
 
 
-def packed_a_wanted(low: Lowering, p: Node) -> bool:
-    """Pack A for a GEMM outside any loop whose M is large (the hoisted input projection of a scan, T * N rows):
-    there A is read once per column panel otherwise, through MR strided row streams."""
-    if low.scopes or not low.gemm.pack_a:
-        return False
-    m = p.shape[-2]
+def _large(d: object, at_least: int) -> bool:
     try:
-        return int(m) >= low.gemm.packed_a_min_m
+        return int(d) >= at_least
     except (TypeError, ValueError):
-        return True  # a run-time size (T * N): large in the cases that matter; small M just wastes one pack
+        return True  # a run-time size (T * N): large in the cases that matter
+
+
+def packed_a_wanted(low: Lowering, p: Node) -> bool:
+    """Use the packed-A, K-sliced loops for a GEMM outside any loop when K is large (a weight gradient hoisted
+    out of a backward scan: K = T * N, where whole-K B panels of 400 KB and more fall out of L1 and L2 on every
+    row block), or, when ``GemmConfig.pack_a`` asks for it, when M is large (a hoisted input projection)."""
+    if low.scopes:
+        return False
+    cfg = low.gemm
+    return _large(p.srcs[0].shape[-1], cfg.packed_a_min_k) or (cfg.pack_a and _large(p.shape[-2],
+                                                                                      cfg.packed_a_min_m))
 
 
 def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: str, packed: str, out: str,
                     epilogue: Epilogue | None, ind: str, out_holds_sums: bool) -> tuple[list[str], str]:
-    """BLIS loops for a large-M GEMM: threads share MCA-row blocks; per block and KC slice, A is packed into
-    this thread's buffer and every B panel slice (KC x NR, from the panels packed for all of K) is applied to
-    all of the block's micro-panels. Partial sums over KC slices go through ``out`` (the epilogue runs on the
+    """BLIS loops: threads share (MCA-row block, NC-column group) items; per item and KC slice, A is packed
+    into this thread's buffer and each of the group's B panel slices (KC x NR, from the panels packed for all
+    of K) is applied to all of the block's micro-panels (A is packed once per column group: M * K copies
+    against M * K * NC multiply-adds). Partial sums over KC slices go through ``out`` (the epilogue runs on the
     last), so the K split is used only when the result is stored in the GEMM's own dtype."""
     sz, cfg = low.sizes, low.gemm
     ct, sfx = ctype(p.dtype), _sfx(p.dtype)
@@ -289,17 +303,21 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
     L = [f"{ind}const int64_t {nk} = " + (f"(({K}) + {kc - 1}) / {kc};" if split else "1;")]
     ic, pc, jp, i0 = low.fresh("ic"), low.fresh("pc"), low.fresh("jp"), low.fresh("i0")
     L.append(f"{ind}{ct}* {mine} = {ap} + (int64_t)nf_thread() * {mca} * ((({K}) + {nk} - 1) / {nk});")
-    L.append(f"{ind}#pragma omp for schedule(static)")
-    L.append(f"{ind}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {mca}) {{")
+    jg = low.fresh("jg")
+    ngp = max(1, cfg.nc // nr)
+    L.append(f"{ind}#pragma omp for collapse(2) schedule(static)")
+    L.append(f"{ind}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {mca})")
+    L.append(f"{ind}for (int64_t {jg} = 0; {jg} < {npan}; {jg} += {ngp}) {{")
     c1 = ind + "    "
     L.append(f"{c1}const int64_t mb_ = {M} - {ic} < {mca} ? {M} - {ic} : {mca};")
+    L.append(f"{c1}const int64_t je_ = {jg} + {ngp} < {npan} ? {jg} + {ngp} : {npan};")
     L.append(f"{c1}for (int64_t {pc} = 0; {pc} < {nk}; {pc}++) {{")
     c2 = c1 + "    "
     L.append(f"{c2}const int64_t k0_ = {pc} * ((({K}) + {nk} - 1) / {nk});")
     L.append(f"{c2}const int64_t k1_ = k0_ + ((({K}) + {nk} - 1) / {nk}) < ({K}) ? "
              f"k0_ + ((({K}) + {nk} - 1) / {nk}) : ({K});")
     L.append(f"{c2}nf_packa_{sfx}(mb_, k1_ - k0_, {A} + {ic} * ({sam}) + k0_ * ({sak}), {sam}, {sak}, {mine});")
-    L.append(f"{c2}for (int64_t {jp} = 0; {jp} < {npan}; {jp}++)")
+    L.append(f"{c2}for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
     L.append(f"{c2}for (int64_t {i0} = 0; {i0} < mb_; {i0} += {mr}) {{")
     c3 = c2 + "    "
     acc = low.fresh("tile")

@@ -265,6 +265,8 @@ class Lowering:
                 self.kernel_sliced(sliced[id(n)], ctx, out, dest, extra, code, ind, listing)
             elif n.op == Op.MATMUL:
                 self.kernel_gemm(n, None, ctx, out, code, ind, listing)
+            elif n.op in REDUCE and self.leading_sum(n, ctx):
+                self.kernel_leading_sum(n, ctx, out, code, ind, listing)
             elif n.op in REDUCE:
                 self.kernel_reduce(n, None, ctx, out, code, ind, listing)
             elif id(n) in g.prologue:
@@ -378,6 +380,41 @@ class Lowering:
         listing.append(KernelInfo(kind, out, fmt_type((root or p).shape, (root or p).dtype),
                                   [p.op.name.lower(), *sc.fused, *ep.fused], [store], sc.loads + ep.loads,
                                   note=f"axes={tuple(axes)}"))
+
+    @staticmethod
+    def leading_sum(p: Node, ctx: GraphCtx) -> bool:
+        """A float sum over leading axes of a stored buffer (a scan's stacked ys summed over time)."""
+        axes = tuple(sorted(p.attrs["axes"]))
+        return (p.op == Op.SUM and p.dtype.is_float and ctx.buffer(p.srcs[0]) is not None and len(axes) > 0
+                and axes == tuple(range(len(axes))) and len(axes) < p.srcs[0].ndim)
+
+    def kernel_leading_sum(self, p: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
+                           listing: list[KernelInfo]) -> None:
+        """``out[o] = sum_r src[r, o]`` with the outputs innermost: threads share blocks of 256 contiguous
+        outputs, each summed row by row into a local accumulator (vectorized, unit stride), where the generic
+        reduce loop would read ``src`` with a stride of the whole output per element."""
+        self.stats["kernels"] += 1
+        sz = self.sizes
+        src = p.srcs[0]
+        k = len(p.attrs["axes"])
+        nred, nout = sz.prod(src.shape[:k]), sz.prod(src.shape[k:])
+        acc_t = "double" if p.dtype == DType.float32 else ctype(p.dtype)
+        ob, r, j, acc = self.fresh("ob"), self.fresh("r"), self.fresh("j"), self.fresh("acc")
+        buf = ctx.buffer(src)
+        code += [f"{ind}#pragma omp for schedule(static)",
+                 f"{ind}for (int64_t {ob} = 0; {ob} < {nout}; {ob} += 256) {{",
+                 f"{ind}    const int64_t n_ = {nout} - {ob} < 256 ? {nout} - {ob} : 256;",
+                 f"{ind}    {acc_t} {acc}[256];",
+                 f"{ind}    for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;",
+                 f"{ind}    for (int64_t {r} = 0; {r} < {nred}; {r}++)",
+                 f"{ind}        for (int64_t {j} = 0; {j} < n_; {j}++) "
+                 f"{acc}[{j}] += {buf}[{r} * ({nout}) + {ob} + {j}];",
+                 f"{ind}    for (int64_t {j} = 0; {j} < n_; {j}++) {out}[{ob} + {j}] = "
+                 f"({ctype(p.dtype)}){acc}[{j}];",
+                 f"{ind}}}"]
+        listing.append(KernelInfo("reduce", out, fmt_type(p.shape, p.dtype), ["sum"], [f"{out}[o] = sum_r"],
+                                  [f"{buf}[r * {nout} + o]"], note=f"leading axes {tuple(range(k))}, outputs "
+                                                                   "innermost"))
 
     def _views(self, p: Node, ctx: GraphCtx) -> list[tuple[str, str, list[str]]]:
         views = []

@@ -1,0 +1,103 @@
+"""hoist_reductions: accumulating scan carries become one GEMM / sum after the loop."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge.codegen.reference import ReferenceProgram
+from nnforge.ir.node import Graph
+from nnforge.ir.ops import Op
+from nnforge.passes import CPU_PIPELINE, run_pipeline
+from nnforge.passes.reductions import hoist_reductions
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "codegen"))
+from test_passes import traced
+from test_scan import lstm, lstm_args
+
+
+def accumulate(xs, w, acc0, s0, h0, bc0):
+    """acc += x_tᵀ @ d_t (an outer product over the batch), s += d_t, and a decaying sum that must stay."""
+
+    def body(carry, x_t):
+        acc, s, h, bc = carry
+        d = nf.tanh(x_t @ w + h)
+        return (acc + x_t.T @ d, s + d, d, bc * 0.5 + d.sum(axis=0)), d
+
+    (acc, s, h, bc), ys = nf.scan(body, (acc0, s0, h0, bc0), xs)
+    return acc, s, h, bc, ys
+
+
+def acc_args(T=5, N=3, P=4, Q=7, dt=np.float64):
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(s).astype(dt) for s in [(T, N, P), (P, Q), (P, Q), (N, Q), (N, Q), (1, Q)]]
+
+
+def _scans(g: Graph) -> list:
+    return [n for n in g.order if n.op == Op.SCAN]
+
+
+def test_ir_before_and_after():
+    g = traced(accumulate, *acc_args())
+    (before,) = _scans(g)
+    after_g = hoist_reductions(g, min_bytes=0)
+    (after,) = _scans(after_g)
+    assert before.attrs["n_carry"] == 4 and after.attrs["n_carry"] == 2  # acc and s hoisted; h, bc stay
+    body = repr(after.attrs["body"])
+    assert body.count("matmul(") == 1  # x_t @ w only: no per-step outer product
+    assert "permute(" not in body
+    text = repr(after_g)
+    tail = text.rsplit("    }\n  }", 1)[1]  # after the scan
+    assert "matmul(" in tail and "sum(" in tail and "axes=(0)" in tail  # one GEMM (K = T*N) and one sum
+    assert "reshape(" in tail and "shape=(15, 7)" in tail  # [T*N, Q]: all steps' d_t as one GEMM operand
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+def test_values_unchanged(dt):
+    args = acc_args(T=6, N=5, P=3, Q=9, dt=dt)
+    g = traced(accumulate, *args)
+    want = ReferenceProgram(g, None)(args)
+    got = ReferenceProgram(hoist_reductions(g, min_bytes=0), None)(args)
+    tol = 1e-12 if dt == np.float64 else 1e-4
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_small_carries_stay_in_the_loop():
+    g = traced(accumulate, *acc_args())
+    assert hoist_reductions(g) is g  # a 4 x 7 outer-product carry stays hot in cache: not worth stacking d_t
+    assert hoist_reductions(g, min_bytes=4 * 7 * 8) is not g
+
+
+def test_backward_scan_has_no_per_step_weight_gradient_gemm():
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        return (lstm(x, h0, c0, w_ih, w_hh, b)[0] ** 2).sum()
+
+    args = lstm_args(T=5, N=3, I=7, H=192)  # dW_hh [192, 768] f32: 576 KB, above the half-L2 threshold
+    g = run_pipeline(traced(nf.grad(loss, argnums=(3, 4, 5)), *args))
+    g = run_pipeline(g, CPU_PIPELINE)
+    (bwd,) = [n for n in _scans(g) if n.attrs["reverse"]]
+    body = bwd.attrs["body"]
+    assert bwd.attrs["n_carry"] == 2  # dh, dc; dW_ih, dW_hh and db left the loop
+    assert sum(n.op == Op.MATMUL for n in body.order) == 1  # dh = dg @ W_hh only
+    assert sum(n.op == Op.MATMUL for n in g.order) >= 3  # dW_ih, dW_hh as [H, T*N] @ [T*N, 4H] after the loop
+
+
+@pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
+@pytest.mark.parametrize("T,N,I,H", [(5, 3, 7, 129), (9, 7, 2, 131), (0, 2, 3, 130)])  # f64 dW_hh > 512 KB
+def test_lstm_gradients_cpu_match_reference(T, N, I, H):
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        ys, h, c = lstm(x, h0, c0, w_ih, w_hh, b)
+        return (ys * ys).sum() + (c * h).sum()
+
+    args = lstm_args(T=T, N=N, I=I, H=H, dt=np.float64)
+    args[4] *= 0.1  # keep the recurrence tame at this width
+    want = nf.compile(nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5)), backend="reference")(*args)
+    got = nf.compile(nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5)), backend="cpu")(*args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
