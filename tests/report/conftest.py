@@ -169,3 +169,24 @@ def page(browser: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterat
         yield p
     finally:
         ctx.close()
+
+
+@pytest.fixture
+def fresh_page(browser: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[[], Page]]:
+    """A factory of pages, each in a new browser context (empty HTTP and code caches: a first visit); all are closed
+    at teardown, and a failing test lists the last one's screenshots."""
+    contexts: list[Any] = []
+
+    def make() -> Page:
+        ctx = browser.new_context(viewport={"width": 1300, "height": 900})
+        ctx.set_default_timeout(30_000)
+        contexts.append(ctx)
+        p = Page(ctx.new_page(), tmp_path)
+        request.node._nnforge_page = p
+        return p
+
+    try:
+        yield make
+    finally:
+        for ctx in contexts:
+            ctx.close()

@@ -78,21 +78,54 @@ def test_view_compare(page, view_small: str) -> None:
     assert page.errors == []
 
 
+NAV_TIMING = (
+    "() => { const n = performance.getEntriesByType('navigation')[0];"
+    " return {load: n.loadEventEnd, first: Number(document.body.dataset.firstPlotMs)}; }"
+)
+FIRST_VISIT_TRIES = 3
+
+
+def _visit(page, url: str) -> dict[str, float]:
+    """Navigate, wait for every chart, and return when the load event ended and the first chart was drawn (ms from
+    navigation start)."""
+    page.page.goto(url)
+    page.wait_plots(60_000)
+    return page.page.evaluate(NAV_TIMING)
+
+
+def test_huge_run_first_visit_is_fast(fresh_page, huge_db: Path) -> None:
+    """10,000 cells, first visit: a server just started (``running`` returns once it is up and warmed, as `nnforge
+    view --open` opens the browser) and a fresh browser context (no plotly.js in its cache, no compiled code) reach
+    the run page's load event and draw its first chart within 2 s. The machine is shared and noisy (2 vCPUs, other
+    jobs, the other xdist worker), so each of up to three tries is a genuine first visit (new server, new context)
+    and one within budget passes; a regression (figures built on request, plotly.js blocking) misses all three."""
+    tries = []
+    for i in range(FIRST_VISIT_TRIES):
+        page = fresh_page()
+        with running(huge_db) as url:
+            rid = page.page.context.request.get(url + "/api/runs").json()[0]["run_id"]
+            timing = _visit(page, url + f"/runs/{rid}")
+            if i == 0:
+                page.screenshot("huge-run-first-visit")
+        assert page.errors == []
+        page.page.context.close()
+        tries.append(timing)
+        if max(timing["load"], timing["first"]) < LOAD_BUDGET_MS:
+            break
+    best = min(tries, key=lambda t: max(t["load"], t["first"]))
+    assert best["load"] < LOAD_BUDGET_MS, tries
+    assert best["first"] < LOAD_BUDGET_MS, tries
+
+
 def test_huge_run_stays_responsive(page, huge_db: Path, tmp_path: Path) -> None:
     """10,000 cells: a returning visit to the run page (the server's figure cache warm, plotly.js in the browser's
     cache) reaches its load event and draws its first chart within 2 s; the table is paginated; the report file of the
-    same run renders too. (A first visit in a fresh browser also compiles plotly.js: about 1-2 s more here.)"""
+    same run renders too. (The first visit is test_huge_run_first_visit_is_fast.)"""
     p = page.page
     with running(huge_db) as url:
         rid = p.context.request.get(url + "/api/runs").json()[0]["run_id"]
-        p.goto(url + f"/runs/{rid}")
-        page.wait_plots(60_000)
-        p.goto(url + f"/runs/{rid}")
-        page.wait_plots(60_000)
-        timing = p.evaluate(
-            "() => { const n = performance.getEntriesByType('navigation')[0];"
-            " return {load: n.loadEventEnd, first: Number(document.body.dataset.firstPlotMs)}; }"
-        )
+        _visit(page, url + f"/runs/{rid}")
+        timing = _visit(page, url + f"/runs/{rid}")
         page.screenshot("huge-run")
         assert p.locator("tr.cell-row").count() == 100 and "10000 cells" in p.locator("#cell-count").inner_text()
         assert timing["load"] < LOAD_BUDGET_MS, timing

@@ -149,3 +149,19 @@ def test_huge_run_is_aggregated(huge_db: Path) -> None:
     lat = rep.figure("latency").figure
     assert sum(len(t.y) for t in lat.data) <= 8 * 5 * 1000
     assert not math.isnan(bars.data[0].x[0])
+
+
+def test_plot_dicts_read_as_plotly_py_would_draw_them(small_db: Path) -> None:
+    """Figures are plain dicts (fast to build); their JSON must still draw what go.Figure would: the named template
+    inlined (plotly.js knows no names) and plotly.py's RdBu (plotly.js's own is reversed: 2x faster would be red)."""
+    import json
+
+    from nnforge.modelview.report.build import figure_json
+
+    rep = build_report(small_db, "run-a")
+    for spec in rep.figures:
+        if spec.plot is not None:
+            fig = json.loads(figure_json(spec))
+            assert fig["layout"]["template"]["layout"], spec.id
+    heat = json.loads(figure_json(rep.figure("speedup")))["data"][0]
+    assert heat["colorscale"][0] == [0.0, "rgb(103,0,31)"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import urllib.error
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 from nnforge.cli import app
 from nnforge.modelview.web import PortInUse, bind, running
 from nnforge.modelview.web.compare import holm, mann_whitney_p
+from nnforge.modelview.web.static import plotly_body, plotly_url
 
 
 def get(url: str) -> tuple[int, str]:
@@ -25,14 +27,29 @@ def get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
+def test_plotly_js_cached_and_compressed_for_remote_browsers(view_small: str) -> None:
+    """plotly.js: a year-long immutable cache at its versioned URL; gzipped only for a browser on another machine
+    (over loopback compressing costs more than it saves). Pages and figure JSON are gzipped by the middleware."""
+    from nnforge.modelview.web.static import YEAR
+
+    req = urllib.request.Request(view_small + plotly_url(), headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req) as r:
+        assert r.headers["Cache-Control"] == YEAR and r.headers.get("Content-Encoding") is None
+    req = urllib.request.Request(view_small + "/api/runs/run-a/figures", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(req) as r:
+        assert r.headers["Content-Encoding"] == "gzip" and json.loads(gzip.decompress(r.read()))["figures"]
+    assert gzip.decompress(plotly_body(gzipped=True)) == plotly_body()  # what a remote browser gets
+
+
 def test_pages(view_small: str) -> None:
     status, html = get(view_small + "/")
     assert status == 200 and 'href="/runs/run-a"' in html and 'id="compare-form"' in html
     status, html = get(view_small + "/runs/run-a")
     assert status == 200 and html.count('class="cell-row"') == 31 and "/api/runs/run-a/figures" in html
-    assert "cdn" not in html and '<script src="/static/plotly.min.js">' in html
-    status, js = get(view_small + "/static/plotly.min.js")
-    assert status == 200 and len(js) > 3_000_000
+    assert "cdn" not in html and f'<script defer src="{plotly_url()}">' in html  # versioned, cached for a year
+    for path in (plotly_url(), "/static/plotly.min.js"):
+        status, js = get(view_small + path)
+        assert status == 200 and len(js) > 3_000_000 and js.startswith("//# allFunctionsCalledOnLoad"), path
     status, html = get(view_small + "/runs/nope")
     assert status == 404 and 'id="error-detail"' in html and "no run" in html
     assert get(view_small + "/no/such/page")[0] == 404

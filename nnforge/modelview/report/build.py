@@ -18,6 +18,7 @@ from .common import FigureSpec, fmt_si, unit_of
 from .data import CellRow, Database, RunInfo
 from .figures import max_throughput, scaling, speedup
 from .figures_perf import compile_vs_steady, flatten, gpu, gpu_metrics_of, latency, latency_cells, roofline
+from .plotdict import plot_json
 
 MAX_PROBLEM_ROWS = 500  # failed/skipped cells listed in a report; the rest are counted
 
@@ -107,9 +108,10 @@ def build_report(db_path: str | Path, run_id: str | None = None) -> Report:
 
 def figure_json(spec: FigureSpec) -> str:
     """A figure as JSON that is safe inside a <script> element (no '</' can close it early)."""
-    if spec.figure is None:
+    if spec.plot is None:
         return "null"
-    return spec.figure.to_json().replace("</", "<\\/")
+    text = plot_json(spec.plot) if isinstance(spec.plot, dict) else spec.plot.to_json()
+    return text.replace("</", "<\\/")
 
 
 def when(ts: float | None) -> str:

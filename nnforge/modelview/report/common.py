@@ -10,6 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,12 +30,24 @@ MAX_HEATMAP_ROWS = 60  # settings before the speed-up heatmap aggregates (geomet
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """One chart of the report: ``figure`` is None when the run has no data for it, and ``note`` says why."""
+    """One chart of the report: ``plot`` is None when the run has no data for it, and ``note`` says why.
+
+    ``plot`` is either a plain figure dict (the run's charts, built cheaply; see plotdict.py) or a ``go.Figure``;
+    ``figure`` is always a ``go.Figure``, built from the dict on first use (tests and notebooks; pages never need it).
+    """
 
     id: str
     title: str
-    figure: go.Figure | None
+    plot: go.Figure | dict[str, Any] | None
     note: str = ""
+
+    @cached_property
+    def figure(self) -> go.Figure | None:
+        if self.plot is None or not isinstance(self.plot, dict):
+            return self.plot
+        import plotly.graph_objects as go
+
+        return go.Figure(self.plot)
 
 
 def backend_colors(backends: Iterable[str]) -> dict[str, str]:

@@ -2,7 +2,8 @@
 
 Each function takes the run's cells (latest rows) and returns a :class:`FigureSpec`; none reads the database, so the
 report, the web view and the tests all build the very same figures from the same rows. Big runs are aggregated here
-(a bounded number of bars, panels and heatmap rows) so that no page ships thousands of traces.
+(a bounded number of bars, panels and heatmap rows) so that no page ships thousands of traces. Figures are plain
+dicts (plotdict.py: graph_objects' validation cost the web view a second per 10,000-cell run).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+from plotly.colors import get_colorscale
 
 from .common import (
     BASELINE,
@@ -27,6 +27,7 @@ from .common import (
     unit_of,
 )
 from .data import CellRow
+from .plotdict import axis_suffix, new_plot, subplot_grid
 
 
 def _category(c: CellRow, groups: int) -> str:
@@ -58,7 +59,8 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
     colors = backend_colors(c.backend for c in ok)
     # Compact when a bar per backend would make the chart a scroll: only each row's best bar, coloured by backend.
     compact = len(order) * len(colors) > MAX_COMPACT_BARS
-    fig = go.Figure()
+    rank = {cat: i for i, cat in enumerate(order)}
+    traces: list[dict] = []
     for be, color in colors.items():
         rows = [
             (cat, c) for (cat, b), c in best.items()
@@ -66,9 +68,10 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
         ]
         if not rows:
             continue
-        rows.sort(key=lambda r: order.index(r[0]))
+        rows.sort(key=lambda r: rank[r[0]])
         bands = [c.throughput_band for _, c in rows]
-        fig.add_bar(
+        traces.append(dict(
+            type="bar",
             name=be,
             orientation="h",
             y=[cat for cat, _ in rows],
@@ -92,17 +95,19 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
             },
             customdata=[[c.cell_key, c.setting_label] for _, c in rows],
             hovertemplate="%{customdata[1]}<br>" + be + ": %{x:.4g} " + unit + "<extra></extra>",
-        )
-    n_be = 1 if compact else max(1, len(fig.data))
-    fig.update_layout(
-        **base_layout(title, height=max(320, 90 + 22 * len(order) * n_be)),
+        ))
+    n_be = 1 if compact else max(1, len(traces))
+    fig = new_plot(base_layout(
+        title,
+        height=max(320, 90 + 22 * len(order) * n_be),
         barmode="overlay" if compact else "group",
         showlegend=True,  # also with one backend: the colour must stay explained
         bargap=0.25,
         xaxis={"title": {"text": f"Throughput ({unit})"}, "type": "log" if spans_decade(top.values(), 3) else "linear"},
         yaxis={"categoryorder": "array", "categoryarray": order, "automargin": True},
-    )
-    fig.update_layout(margin={"l": 10})
+    ))
+    fig["data"] = traces
+    fig["layout"]["margin"]["l"] = 10
     marks = (
         f"one bar per row: its best backend ({len(order)} rows × {len(colors)} backends would not be readable; "
         "filter by backend in the web view to compare them)" if compact
@@ -140,10 +145,12 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
     refs = {m: _reference(by_model[m], axis) for m in models}
     ncols = min(3, len(models))
     nrows = math.ceil(len(models) / ncols)
-    fig = make_subplots(
-        rows=nrows,
-        cols=ncols,
-        subplot_titles=[f"{m}<br><sup>{refs[m][0]}, {other}={refs[m][1]}</sup>" for m in models],
+    fig = new_plot(base_layout(title, height=120 + 300 * nrows))
+    subplot_grid(
+        fig["layout"],
+        nrows,
+        ncols,
+        titles=[f"{m}<br><sup>{refs[m][0]}, {other}={refs[m][1]}</sup>" for m in models],
         horizontal_spacing=0.08,
         vertical_spacing=0.18 if nrows > 1 else 0.1,
     )
@@ -153,6 +160,7 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
     legend_done: set[str] = set()
     for i, m in enumerate(models):
         row, col = i // ncols + 1, i % ncols + 1
+        ax = axis_suffix(row, col, ncols)
         group, fixed = refs[m]
         sel = [c for c in by_model[m] if c.group_label == group and getattr(c, other_attr) == fixed]
         for be, color in colors.items():
@@ -161,7 +169,10 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
                 continue
             xs = [getattr(c, axis) for c in pts]
             bands = [c.throughput_band or (c.throughput, c.throughput) for c in pts]
-            fig.add_scatter(
+            fig["data"].append(dict(
+                type="scatter",
+                xaxis="x" + ax,
+                yaxis="y" + ax,
                 x=xs + xs[::-1],
                 y=[b[1] for b in bands] + [b[0] for b in bands][::-1],
                 fill="toself",
@@ -173,10 +184,11 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
                 showlegend=False,
                 legendgroup=be,
                 name=f"{be} 95% CI",
-                row=row,
-                col=col,
-            )
-            fig.add_scatter(
+            ))
+            fig["data"].append(dict(
+                type="scatter",
+                xaxis="x" + ax,
+                yaxis="y" + ax,
                 x=xs,
                 y=[c.throughput for c in pts],
                 mode="lines+markers",
@@ -186,15 +198,13 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
                 line={"color": color},
                 customdata=[[c.cell_key, c.setting_label] for c in pts],
                 hovertemplate="%{customdata[1]}<br>" + be + ": %{y:.4g} " + unit + "<extra></extra>",
-                row=row,
-                col=col,
-            )
+            ))
             legend_done.add(be)
         xs_all = sorted({getattr(c, axis) for c in sel})
         ticks = {"tickvals": xs_all} if len(xs_all) <= 12 else {}  # sizes are integers: no "2.5" ticks
-        fig.update_xaxes(type="log" if spans_decade(xs_all) else "linear", title_text=label, row=row, col=col, **ticks)
-        fig.update_yaxes(title_text=unit if col == 1 else None, rangemode="tozero", row=row, col=col)
-    fig.update_layout(**base_layout(title, height=120 + 300 * nrows))
+        fig["layout"]["xaxis" + ax].update(type="log" if spans_decade(xs_all) else "linear", title={"text": label},
+                                           **ticks)
+        fig["layout"]["yaxis" + ax].update(rangemode="tozero", **({"title": {"text": unit}} if col == 1 else {}))
     return FigureSpec(fid, title, fig, note or "lines: median; bands: 95 % confidence interval of the median")
 
 
@@ -241,29 +251,29 @@ def speedup(cells: Sequence[CellRow]) -> FigureSpec:
         text.append([f"{v:.2f}×" if v else "" for v in vals])
         counts.append([len(ratios.get((r, be), [])) for be in others])
     zmax = max([abs(v) for row in z for v in row if v is not None] + [0.5])
-    fig = go.Figure(
-        go.Heatmap(
-            x=others,
-            y=rows,
-            z=z,
-            text=text,
-            texttemplate="%{text}",
-            customdata=[[[v, n] for v, n in zip(rv, rn)] for rv, rn in zip(raw, counts)],
-            colorscale="RdBu",
-            zmid=0,
-            zmin=-zmax,
-            zmax=zmax,
-            colorbar={"title": {"text": "speed-up"}, "tickvals": [-2, -1, 0, 1, 2],
-                      "ticktext": ["¼×", "½×", "1×", "2×", "4×"]},
-            hovertemplate="%{y}<br>%{x}: %{customdata[0]:.3f}× over " + BASELINE
-            + (" (geometric mean of %{customdata[1]} settings)" if aggregate else "") + "<extra></extra>",
-            xgap=2,
-            ygap=2,
-        )
+    heatmap = dict(
+        type="heatmap",
+        x=others,
+        y=rows,
+        z=z,
+        text=text,
+        texttemplate="%{text}",
+        customdata=[[[v, n] for v, n in zip(rv, rn)] for rv, rn in zip(raw, counts)],
+        colorscale=get_colorscale("RdBu"),  # plotly.py's RdBu (red = slower); plotly.js's own "RdBu" is reversed
+        zmid=0,
+        zmin=-zmax,
+        zmax=zmax,
+        colorbar={"title": {"text": "speed-up"}, "tickvals": [-2, -1, 0, 1, 2],
+                  "ticktext": ["¼×", "½×", "1×", "2×", "4×"]},
+        hovertemplate="%{y}<br>%{x}: %{customdata[0]:.3f}× over " + BASELINE
+        + (" (geometric mean of %{customdata[1]} settings)" if aggregate else "") + "<extra></extra>",
+        xgap=2,
+        ygap=2,
     )
-    fig.update_layout(**base_layout(title, height=max(300, 120 + 24 * len(rows))))
-    fig.update_yaxes(automargin=True, autorange="reversed")
-    fig.update_layout(margin={"l": 10})
+    fig = new_plot(base_layout(title, height=max(300, 120 + 24 * len(rows)),
+                               yaxis={"automargin": True, "autorange": "reversed"}))
+    fig["data"].append(heatmap)
+    fig["layout"]["margin"]["l"] = 10
     note = (
         f"{len(settings)} settings: geometric mean per variant and setting group" if aggregate
         else f"{BASELINE} time / backend time; blue: faster than {BASELINE}"

@@ -1,7 +1,7 @@
 """Where the time goes: roofline position, compile vs steady-state time, latency distributions, GPU telemetry.
 
 Like figures.py these are pure functions of the cells (plus the run's environment for the machine peaks and the
-samples of the few cells whose distributions are drawn).
+samples of the few cells whose distributions are drawn), and build plain figure dicts (see plotdict.py).
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from .common import MAX_BARS, FigureSpec, backend_colors, base_layout, fmt_si
 from .data import CellRow
+from .plotdict import axis_suffix, new_plot, subplot_grid
 
 MAX_BOX_SAMPLES = 1000  # per cell; larger sample sets are reduced to evenly spaced quantiles (same distribution)
 MAX_LATENCY_MODELS = 8
@@ -96,24 +95,28 @@ def roofline(cells: Sequence[CellRow], env: Mapping[str, Any]) -> FigureSpec:
     pts = subsample(pts, MAX_SCATTER_POINTS, key=lambda c: c.achieved_flops or 0.0)
     peak, bw, by_dtype = machine_peaks(env)
     colors = backend_colors(c.backend for c in pts)
-    fig = go.Figure()
+    fig = new_plot(base_layout(
+        title, height=460, xaxis={"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
+        yaxis={"type": "log", "title": {"text": "achieved FLOP/s"}, "exponentformat": "SI"},
+    ))
     xs = [c.intensity or 0.0 for c in pts]
     lo, hi = min(xs) / 4, max(xs) * 4
     if peak and bw:
         ridge = peak / bw
         lo, hi = min(lo, ridge / 4), max(hi, ridge * 4)
         grid = sorted({lo, ridge, hi})
-        fig.add_scatter(
-            x=grid, y=[min(peak, bw * x) for x in grid], mode="lines", name="roof (measured peaks)",
+        fig["data"].append(dict(
+            type="scatter", x=grid, y=[min(peak, bw * x) for x in grid], mode="lines", name="roof (measured peaks)",
             line={"color": "#333", "width": 2}, legendgroup="roof",
             hovertemplate="roof: %{y:.3s}FLOP/s at %{x:.3g} FLOP/B<extra></extra>",
-        )
+        ))
         for dt, p in sorted(by_dtype.items()):
             if abs(p - peak) / peak > 0.01:
-                fig.add_scatter(
-                    x=[p / bw, hi], y=[p, p], mode="lines", name=f"{dt} peak", line={"dash": "dot", "width": 1},
-                    legendgroup="roof", hovertemplate=f"{dt} peak: %{{y:.3s}}FLOP/s<extra></extra>",
-                )
+                fig["data"].append(dict(
+                    type="scatter", x=[p / bw, hi], y=[p, p], mode="lines", name=f"{dt} peak",
+                    line={"dash": "dot", "width": 1}, legendgroup="roof",
+                    hovertemplate=f"{dt} peak: %{{y:.3s}}FLOP/s<extra></extra>",
+                ))
         note = f"peaks: {fmt_si(peak, 'FLOP/s')}, {fmt_si(bw, 'B/s')} (ridge at {ridge:.3g} FLOP/B)"
     else:
         note = "machine peaks not measured for this run: points only"
@@ -123,20 +126,16 @@ def roofline(cells: Sequence[CellRow], env: Mapping[str, Any]) -> FigureSpec:
         sel = [c for c in pts if c.backend == be]
         if not sel:
             continue
-        fig.add_trace(
-            go.Scatter(
-                x=np.array([c.intensity for c in sel], dtype=float),
-                y=np.array([c.achieved_flops for c in sel], dtype=float),
-                mode="markers",
-                name=be,
-                marker={"color": color, "size": 8 if n_all <= MAX_SCATTER_POINTS else 5, "opacity": 0.8},
-                **point_labels(sel),
-                hovertemplate="%{hovertext}<br>" + be + ": %{y:.3s}FLOP/s at %{x:.3g} FLOP/B<extra></extra>",
-            )
-        )
-    fig.update_layout(**base_layout(title, height=460))
-    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP/byte)")
-    fig.update_yaxes(type="log", title_text="achieved FLOP/s", exponentformat="SI")
+        fig["data"].append(dict(
+            type="scatter",
+            x=[c.intensity for c in sel],
+            y=[c.achieved_flops for c in sel],
+            mode="markers",
+            name=be,
+            marker={"color": color, "size": 8 if n_all <= MAX_SCATTER_POINTS else 5, "opacity": 0.8},
+            **point_labels(sel),
+            hovertemplate="%{hovertext}<br>" + be + ": %{y:.3s}FLOP/s at %{x:.3g} FLOP/B<extra></extra>",
+        ))
     return FigureSpec("roofline", title, fig, note)
 
 
@@ -150,25 +149,26 @@ def compile_vs_steady(cells: Sequence[CellRow]) -> FigureSpec:
     n_all = len(pts)
     pts = subsample(pts, MAX_SCATTER_POINTS, key=lambda c: c.compile_s or c.first_call_s or 0.0)
     colors = backend_colors(c.backend for c in pts)
-    fig = go.Figure()
+    fig = new_plot(base_layout(
+        title, height=420,
+        xaxis={"type": "log", "title": {"text": "steady-state median time per call (s)"}, "exponentformat": "SI"},
+        yaxis={"type": "log", "title": {"text": "compile time (s; first call where no compile)"},
+               "exponentformat": "SI"},
+    ))
     for be, color in colors.items():
         sel = [c for c in pts if c.backend == be]
         if not sel:
             continue
-        fig.add_trace(
-            go.Scatter(
-                x=np.array([c.median_s for c in sel], dtype=float),
-                y=np.array([c.compile_s if c.compile_s is not None else c.first_call_s for c in sel], dtype=float),
-                mode="markers",
-                name=be,
-                marker={"color": color, "size": 8 if n_all <= MAX_SCATTER_POINTS else 5},
-                **point_labels(sel),
-                hovertemplate="%{hovertext}<br>" + be + ": compile %{y:.3s}s, steady %{x:.3s}s/call<extra></extra>",
-            )
-        )
-    fig.update_layout(**base_layout(title, height=420))
-    fig.update_xaxes(type="log", title_text="steady-state median time per call (s)", exponentformat="SI")
-    fig.update_yaxes(type="log", title_text="compile time (s; first call where no compile)", exponentformat="SI")
+        fig["data"].append(dict(
+            type="scatter",
+            x=[c.median_s for c in sel],
+            y=[c.compile_s if c.compile_s is not None else c.first_call_s for c in sel],
+            mode="markers",
+            name=be,
+            marker={"color": color, "size": 8 if n_all <= MAX_SCATTER_POINTS else 5},
+            **point_labels(sel),
+            hovertemplate="%{hovertext}<br>" + be + ": compile %{y:.3s}s, steady %{x:.3s}s/call<extra></extra>",
+        ))
     note = "each point is a cell; higher and left: compile dominates short jobs"
     if n_all > len(pts):
         note += f"; {len(pts)} of {n_all} cells drawn (each backend's slowest compiles and an even sample)"
@@ -202,7 +202,8 @@ def latency(cells: Sequence[CellRow], samples: Mapping[str, Sequence[float]]) ->
     if not sel:
         return FigureSpec("latency", title, None, "no per-call samples recorded")
     colors = backend_colors(c.backend for c in sel)
-    fig = go.Figure()
+    fig = new_plot(base_layout(title, height=440, boxmode="group",
+                               yaxis={"type": "log", "title": {"text": "time per call (ms)"}}))
     for be, color in colors.items():
         xs: list[str] = []
         ys: list[float] = []
@@ -211,9 +212,8 @@ def latency(cells: Sequence[CellRow], samples: Mapping[str, Sequence[float]]) ->
                 vals = _reduce(samples[c.cell_key])
                 xs += [f"{c.model_label}<br>{c.shape_label}"] * len(vals)
                 ys += [v * 1e3 for v in vals]
-        fig.add_box(x=xs, y=ys, name=be, marker_color=color, boxpoints=False, hovertemplate="%{y:.4g} ms")
-    fig.update_layout(**base_layout(title, height=440), boxmode="group")
-    fig.update_yaxes(type="log", title_text="time per call (ms)")
+        fig["data"].append(dict(type="box", x=xs, y=ys, name=be, marker={"color": color}, boxpoints=False,
+                                hovertemplate="%{y:.4g} ms"))
     return FigureSpec("latency", title, fig, "boxes: quartiles; whiskers: 1.5 IQR")
 
 
@@ -249,7 +249,8 @@ def gpu(cells: Sequence[CellRow]) -> FigureSpec:
     rows.sort(key=lambda r: -(r[0].throughput or 0))
     note = f"{len(rows) - MAX_BARS} more cells not shown" if len(rows) > MAX_BARS else ""
     rows = rows[:MAX_BARS]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=list(GPU_KEYS.values()), horizontal_spacing=0.06)
+    fig = new_plot(base_layout(title, height=440, barmode="group"))
+    subplot_grid(fig["layout"], 1, 3, titles=list(GPU_KEYS.values()), horizontal_spacing=0.06)
     colors = backend_colors(c.backend for c, _ in rows)
     throttled = sum(1 for _, m in rows if m.get("throttle_reasons"))
     for j, key in enumerate(GPU_KEYS, start=1):
@@ -259,7 +260,11 @@ def gpu(cells: Sequence[CellRow]) -> FigureSpec:
                 per_be[c.backend].append((c, m))
         for be, sel in per_be.items():
             flags = [", ".join(m.get("throttle_reasons", [])) for _, m in sel]
-            fig.add_bar(
+            ax = axis_suffix(1, j, 3)
+            fig["data"].append(dict(
+                type="bar",
+                xaxis="x" + ax,
+                yaxis="y" + ax,
                 x=[f"{c.model_label} {c.shape_label}" for c, _ in sel],
                 y=[m[key] for _, m in sel],
                 name=be,
@@ -269,10 +274,8 @@ def gpu(cells: Sequence[CellRow]) -> FigureSpec:
                         "line": {"color": colors[be], "width": 1.5}},
                 customdata=[[c.cell_key, f or "none"] for (c, _), f in zip(sel, flags)],
                 hovertemplate="%{x}<br>" + be + ": %{y:.4g}<br>throttle: %{customdata[1]}<extra></extra>",
-                row=1,
-                col=j,
-            )
-    fig.update_layout(**base_layout(title, height=440), barmode="group")
-    fig.update_xaxes(showticklabels=len(rows) <= 12)
+            ))
+    for j in range(1, 4):
+        fig["layout"]["xaxis" + axis_suffix(1, j, 3)]["showticklabels"] = len(rows) <= 12
     flag = f"{throttled} cell(s) throttled (red)" if throttled else "no throttling recorded"
     return FigureSpec("gpu", title, fig, "; ".join(x for x in (flag, note) if x))

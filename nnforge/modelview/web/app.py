@@ -3,8 +3,9 @@
 Why FastAPI + Jinja2 + plain Plotly rather than Dash or Panel: the report already builds Plotly figures as JSON, so the
 view only needs routes and templates (no second figure model, no websocket session state per tab); FastAPI is
 maintained, small, and its TestClient makes every page testable without a browser. plotly.js is served from the
-installed plotly package, never a CDN, so the view works offline. Pages: ``/`` runs, ``/runs/{id}`` plots + filtered
-cell table, ``/runs/{id}/cell?key=...`` one cell, ``/compare?a=&b=`` two runs; ``/api/...`` the same data as JSON.
+installed plotly package, never a CDN, so the view works offline (static.py). Pages: ``/`` runs, ``/runs/{id}`` plots +
+filtered cell table, ``/runs/{id}/cell?key=...`` one cell, ``/compare?a=&b=`` two runs; ``/api/...`` the same data as
+JSON.
 """
 
 from __future__ import annotations
@@ -16,43 +17,43 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..report.build import when
 from ..report.common import fmt_s, fmt_si
-from ..report.data import FILTER_COLUMNS, CellRow, RunInfo
+from ..report.data import CellRow, RunInfo
 from ..report.figures_perf import flatten, gpu_metrics_of
-from ..report.templating import TEMPLATES as REPORT_TEMPLATES
 from ..report.templating import environment
 from . import queries
 from .compare import compare
 from .pages import cell_figures, compare_figure
 from .state import ViewState
+from .static import GZipPages, add_static_routes, plotly_js_path, plotly_url
+from .warm import start_warm_up
 
 WEB_TEMPLATES = Path(__file__).with_name("templates")
+__all__ = ["WEB_TEMPLATES", "create_app", "plotly_js_path"]
 
 
-def plotly_js_path() -> Path:
-    import plotly
-
-    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-
-
-def create_app(db_path: str | Path) -> FastAPI:
-    """An app serving one store file (checked to exist now, so a typo fails before the server starts)."""
+def create_app(db_path: str | Path, warm: bool = False) -> FastAPI:
+    """An app serving one store file (checked to exist now, so a typo fails before the server starts). ``warm``
+    builds the latest runs' figures (and compresses plotly.js) on a background thread now, so that the first visit
+    after a server start does not wait for them; the server turns it on, tests with a TestClient need not."""
     state = ViewState(str(db_path))
     app = FastAPI(title="ModelView", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(GZipPages, minimum_size=2048, compresslevel=5)
     app.state.view = state
     env = environment(WEB_TEMPLATES)
-    env.globals.update(when=when, fmt_si=fmt_si, fmt_s=fmt_s, urlencode=urlencode, db_path=str(db_path))
+    env.globals.update(when=when, fmt_si=fmt_si, fmt_s=fmt_s, urlencode=urlencode, db_path=str(db_path),
+                       plotly_url=plotly_url())
 
     def page(name: str, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(**ctx))
 
     def get_run(ref: str) -> RunInfo:
         try:
-            run = state.db.run(ref)
+            run = state.db.run(ref, runs=state.runs())
         except KeyError as e:
             raise HTTPException(404, str(e.args[0]) if e.args else str(e)) from e
         if run is None:
@@ -67,13 +68,7 @@ def create_app(db_path: str | Path) -> FastAPI:
         html = env.get_template("error.html.j2").render(status=exc.status_code, detail=exc.detail)
         return HTMLResponse(html, exc.status_code)
 
-    @app.get("/static/plotly.min.js")
-    def plotly_js() -> FileResponse:
-        return FileResponse(plotly_js_path(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
-
-    @app.get("/static/plots.js")
-    def plots_js() -> FileResponse:
-        return FileResponse(REPORT_TEMPLATES / "plots.js", media_type="text/javascript")
+    add_static_routes(app)
 
     @app.get("/favicon.ico")
     def favicon() -> Response:
@@ -81,11 +76,12 @@ def create_app(db_path: str | Path) -> FastAPI:
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        """Up; ``warm`` says whether the start-up warm-up has finished ("done"), is under way, or is "off"."""
+        return {"status": "ok", "warm": state.warm}
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> HTMLResponse:
-        runs = list(reversed(state.db.runs()))
+        runs = list(reversed(state.runs()))
         return page("index.html.j2", runs=runs)
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -94,7 +90,7 @@ def create_app(db_path: str | Path) -> FastAPI:
         filters = queries.parse_filters(request.query_params)
         page_no, per_page = queries.page_args(request.query_params)
         pg = queries.cell_page(state.db, run.run_id, filters, page_no, per_page)
-        options = {c: state.db.distinct(run.run_id, c) for c in FILTER_COLUMNS}
+        options = state.options(run.run_id)
         fq = [(k, v) for k, vals in filters.items() for v in vals]
         return page("run.html.j2", run=run, page=pg, filters=filters, options=options, filter_query=urlencode(fq),
                     figures_url=f"/api/runs/{run.run_id}/figures" + (f"?{urlencode(fq)}" if fq else ""))
@@ -102,14 +98,13 @@ def create_app(db_path: str | Path) -> FastAPI:
     @app.get("/api/runs")
     def api_runs() -> list[dict[str, Any]]:
         return [{"run_id": r.run_id, "name": r.name, "created": r.created, "status_counts": r.status_counts}
-                for r in state.db.runs()]
+                for r in state.runs()]
 
     @app.get("/api/runs/{run_id}/figures")
     def api_figures(run_id: str, request: Request) -> Response:
         run = get_run(run_id)
         filters = queries.parse_filters(request.query_params)
-        data = state.cached("figures", (run.run_id, queries.filters_key(filters)),
-                            lambda: queries.run_figures(state.db, run, filters))
+        data = queries.cached_figures(state, run, filters)
         # The figures are already JSON text: splice them in rather than parse and re-serialise megabytes.
         parts = [
             f'{{"id":{json.dumps(f["id"])},"title":{json.dumps(f["title"])},"note":{json.dumps(f["note"])},'
@@ -142,7 +137,7 @@ def create_app(db_path: str | Path) -> FastAPI:
 
     @app.get("/compare", response_class=HTMLResponse)
     def compare_page(request: Request, a: str = "", b: str = "", verdict: str = "") -> HTMLResponse:
-        runs = list(reversed(state.db.runs()))
+        runs = list(reversed(state.runs()))
         if not a or not b:
             return page("compare.html.j2", runs=runs, ra=None, rb=None, pairs=None)
         ra, rb = get_run(a), get_run(b)
@@ -164,6 +159,7 @@ def create_app(db_path: str | Path) -> FastAPI:
                     total=len(shown), counts=counts, notes=notes, verdict=verdict, page_no=page_no, pages=pages,
                     env_diff=env_diff, figure=compare_figure(pairs))
 
+    app.state.warm_thread = start_warm_up(state, env) if warm else None
     return app
 
 

@@ -16,6 +16,7 @@ from starlette.datastructures import QueryParams
 from ..report.build import build_figures, figure_json, headline
 from ..report.data import FILTER_COLUMNS, CellRow, Database, RunInfo
 from ..report.figures_perf import latency_cells
+from .state import ViewState
 
 PER_PAGE = 100
 MAX_PER_PAGE = 1000
@@ -68,6 +69,11 @@ def cell_page(db: Database, run_id: str, filters: Mapping[str, list[Any]], page:
     return Page(cells, total, page, per_page)
 
 
+def cached_figures(state: ViewState, run: RunInfo, filters: Mapping[str, list[Any]]) -> dict[str, Any]:
+    """The figures of a filtered run from the app's cache (the start-up warm-up fills it under the same key)."""
+    return state.cached("figures", (run.run_id, filters_key(filters)), lambda: run_figures(state.db, run, filters))
+
+
 def run_figures(db: Database, run: RunInfo, filters: Mapping[str, list[Any]]) -> dict[str, Any]:
     """Figures of the filtered run as JSON-ready dicts (figure JSON as text, parsed by the page)."""
     cells = db.cells(run.run_id, filters)
@@ -77,7 +83,7 @@ def run_figures(db: Database, run: RunInfo, filters: Mapping[str, list[Any]]) ->
         "headline": headline(cells),
         "n_cells": len(cells),
         "figures": [
-            {"id": f.id, "title": f.title, "note": f.note, "figure": figure_json(f) if f.figure else None}
+            {"id": f.id, "title": f.title, "note": f.note, "figure": figure_json(f) if f.plot is not None else None}
             for f in figs
         ],
     }

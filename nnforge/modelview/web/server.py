@@ -13,6 +13,7 @@ from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
+WARM_WAIT_S = 10.0  # the longest a browser opened by --open (or a `running` block) waits for the start-up warm-up
 
 
 class PortInUse(OSError):
@@ -45,8 +46,16 @@ def _server(db_path: str | Path, sock: socket.socket):  # -> uvicorn.Server
 
     from .app import create_app
 
-    config = uvicorn.Config(create_app(db_path), log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(create_app(db_path, warm=True), log_level="warning", access_log=False, lifespan="off")
     return uvicorn.Server(config)
+
+
+def _wait_warm(server, timeout_s: float = WARM_WAIT_S) -> None:  # server: uvicorn.Server
+    """Wait for the app's start-up warm-up (figures of the latest runs), so a first visit finds them built; bounded,
+    so a very big store only means a slower first page, never a server that seems not to start."""
+    thread = getattr(server.config.app.state, "warm_thread", None)
+    if thread is not None:
+        thread.join(timeout_s)
 
 
 def serve(db_path: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, open_browser: bool = False) -> None:
@@ -58,13 +67,18 @@ def serve(db_path: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_POR
     if open_browser:
         import webbrowser
 
-        threading.Timer(0.5, webbrowser.open, args=(url,)).start()
+        def open_when_warm() -> None:
+            _wait_warm(server)
+            webbrowser.open(url)
+
+        threading.Thread(target=open_when_warm, daemon=True, name="modelview-open").start()
     server.run(sockets=[sock])
 
 
 @contextmanager
 def running(db_path: str | Path, host: str = DEFAULT_HOST, port: int = 0, timeout_s: float = 20.0) -> Iterator[str]:
-    """The view on a background thread for the duration of a ``with`` block; yields its base URL, always stops it."""
+    """The view on a background thread for the duration of a ``with`` block; yields its base URL once it is up and its
+    start-up warm-up is done (as ``--open`` does), always stops it."""
     sock = bind(host, port)
     server = _server(db_path, sock)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="modelview-view")
@@ -76,6 +90,7 @@ def running(db_path: str | Path, host: str = DEFAULT_HOST, port: int = 0, timeou
             sock.close()
             raise RuntimeError("the web view did not start")
         time.sleep(0.02)
+    _wait_warm(server)
     try:
         yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
