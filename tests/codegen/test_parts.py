@@ -30,10 +30,10 @@ def test_identical_parts_share_one_function():
     a = ["    b1[0] = b2[0] + S[0];"]
     b = ["    b3[0] = b4[0] + S[0];"]
     c = ["    b3[0] = b3[0] + S[0];"]  # same buffer twice: a different function
-    calls, fns = part_functions([a, b, c], [("b1", "float"), ("b2", "float"), ("b3", "float"), ("b4", "float")],
+    calls, fns, _ = part_functions([a, b, c], [("b1", "float"), ("b2", "float"), ("b3", "float"), ("b4", "float")],
                                 {"b1", "b2", "b3", "b4"})
     assert calls == ["nf_part0(S, b1, b2);", "nf_part0(S, b3, b4);", "nf_part1(S, b3);"]
-    assert sum(line.startswith("static") for line in fns) == 2
+    assert sum(line.startswith("__attribute__") for line in fns) == 2
 
 
 def stack(x, *ws):
@@ -71,7 +71,7 @@ def test_stack_scans_share_one_function_and_match_reference():
     low = lower(schedule(nf.compile(stack).trace(*args)))
     main = low.text[low.text.index("void nf_main"):]
     calls = re.findall(r"(nf_part\d+)\(", main)
-    defined = re.findall(r"void (nf_part\d+)\(", low.text)
+    defined = re.findall(r"void (nf_part\d+)\(.*\) \{$", low.text, re.M)
     assert len(set(calls)) == len(defined) < len(calls)
     scan_fns = [f for f in defined if "for (int64_t" in low.text.split(f"void {f}(")[1].split("\n}")[0]
                 and "S[0]; " in low.text.split(f"void {f}(")[1].split("\n}")[0]]
@@ -83,3 +83,32 @@ def test_stack_scans_share_one_function_and_match_reference():
     args2 = stack_args(T=9, N=4, seed=1)  # new trip count and batch through the same shared functions
     np.testing.assert_allclose(nf.compile(stack, backend="cpu")(*args2), nf.compile(stack, backend="reference")(
         *args2), rtol=2e-5, atol=2e-5)
+
+
+def test_split_units_repeat_header_and_balance():
+    from nnforge.codegen.c.parts import UNIT_MARK
+    from nnforge.codegen.c.toolchain import split_units
+
+    src = "H\n" + "".join(f"{UNIT_MARK}f{k}\n" + "x\n" * (k + 1) for k in range(4)) + f"{UNIT_MARK}main\n"
+    assert split_units(src, 1) == [src]
+    units = split_units(src, 2)
+    assert len(units) == 2 and all(u.startswith("H\n") for u in units)
+    body = "".join(u[2:] for u in units)
+    assert sorted(body.split("\n")) == sorted(src[2:].replace(UNIT_MARK, "").split("\n"))
+    assert sum("main" in u for u in units) == 1
+
+
+@needs_cpu
+def test_units_compiled_separately_give_the_same_program(tmp_path, monkeypatch):
+    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c.program import CProgram
+    from nnforge.codegen.c.toolchain import Toolchain, find_compiler
+
+    monkeypatch.setenv("NNFORGE_CACHE_DIR", str(tmp_path))
+    args = stack_args(T=4, N=3, H=6, seed=3)
+    g = schedule(nf.compile(stack).trace(*args))
+    low = lower(g)
+    lib, key = Toolchain(find_compiler(), jobs=3).load(low.text)
+    got = CProgram(g, lib, key, low.sizes, [n.attrs["array"] for n in low.data])(args)
+    want = nf.compile(stack, backend="reference")(*args)
+    np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=2e-5)

@@ -21,7 +21,7 @@ from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
-from .parts import part_functions, split_parts
+from .parts import UNIT_MARK, part_functions, split_parts
 from .views import index_map, strided
 
 
@@ -202,12 +202,11 @@ class Lowering:
         # Scratch buffers live in one workspace the caller owns and reuses across calls (``nf_workspace`` says
         # how many bytes at these sizes): no malloc, free or first-touch page faults per call.
         n_ws = n_in + len(self.data) + len(g.outputs)
-        lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)",
-                 "int64_t nf_workspace(const int64_t* S) {", "    (void)S;", "    int64_t n = 0;"]
+        calls, fns, protos = part_functions(parts, [(name, ct) for name, ct, _ in self.allocs], self.names)
+        lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
+                 UNIT_MARK, *protos, "int64_t nf_workspace(const int64_t* S) {", "    (void)S;", "    int64_t n = 0;"]
         lines += [f"    n += NF_R64({size});" for _, _, size in self.allocs]
         lines += ["    return n;", "}"]
-        calls, fns = part_functions(parts, [(name, ct) for name, ct, _ in self.allocs], self.names)
-        lines += fns
         lines += ["void nf_main(void** args, const int64_t* S) {",
                   f"    char* ws_ = (char*)args[{n_ws}];", "    int64_t wo_ = 0;"]
         for name, ct, size in self.allocs:

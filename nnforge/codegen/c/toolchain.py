@@ -53,6 +53,27 @@ class Toolchain:
     loaded: dict[str, ctypes.CDLL] = field(default_factory=dict)
     last_compile_s: float = 0.0
     compiles: int = 0
+    jobs: int = field(default_factory=lambda: max(1, min(4, len(os.sched_getaffinity(0)))))
+
+    def _build_units(self, units: list[str], tmp: Path, out: Path) -> subprocess.CompletedProcess:
+        """Compile the units as separate objects at the same time (gcc's time is per function, so the split
+        divides it among the cores), then link them; returns the first failure or the link's result."""
+        procs = []
+        objs = []
+        for k, text in enumerate(units):
+            src, obj = tmp / f"unit{k}.c", tmp / f"unit{k}.o"
+            src.write_text(text)
+            objs.append(str(obj))
+            procs.append(subprocess.Popen([self.cc, *self.flags, "-c", str(src), "-o", str(obj)],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        failed = None
+        for pr in procs:
+            err = pr.communicate()[1]
+            if pr.returncode != 0 and failed is None:
+                failed = subprocess.CompletedProcess(pr.args, pr.returncode, "", err)
+        if failed is not None:
+            return failed
+        return subprocess.run([self.cc, *self.flags, *objs, "-o", str(out), "-lm"], capture_output=True, text=True)
 
     @functools.cached_property
     def identity(self) -> str:
@@ -110,10 +131,15 @@ class Toolchain:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(dir=d) as tmp:
             c_file = Path(tmp) / f"{key}.c"
-            c_file.write_text(source + f'\nconst char* nf_key(void) {{ return "{key}"; }}\n')
+            full = source + f'\nconst char* nf_key(void) {{ return "{key}"; }}\n'
+            c_file.write_text(full)
             out = Path(tmp) / f"{key}.so"
-            proc = subprocess.run([self.cc, *self.flags, str(c_file), "-o", str(out), "-lm"],
-                                  capture_output=True, text=True)
+            units = split_units(full, self.jobs)
+            if len(units) > 1:
+                proc = self._build_units(units, Path(tmp), out)
+            else:
+                proc = subprocess.run([self.cc, *self.flags, str(c_file), "-o", str(out), "-lm"],
+                                      capture_output=True, text=True)
             if proc.returncode != 0:
                 keep = d / f"{key}.failed.c"
                 keep.write_text(c_file.read_text())
@@ -128,6 +154,28 @@ class Toolchain:
         self.last_compile_s = time.perf_counter() - t0
         self.compiles += 1
         log.info("compiled %s in %.2fs", so.name, self.last_compile_s)
+
+
+def split_units(source: str, jobs: int) -> list[str]:
+    """``source`` as up to ``jobs`` translation units: the text before the first ``UNIT_MARK`` (the header) is
+    repeated in each; the marked sections are dealt, largest first, to the unit with the fewest lines so far;
+    the last section (prototypes and ``nf_main``) joins the smallest unit. One unit when there is nothing to
+    split or one job."""
+    from .parts import UNIT_MARK
+
+    pieces = source.split(UNIT_MARK)
+    if jobs <= 1 or len(pieces) < 3:
+        return [source]
+    header, sections = pieces[0], pieces[1:]
+    n = min(jobs, len(sections))
+    groups: list[list[str]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    for sec in sorted(sections[:-1], key=lambda t: -t.count("\n")):
+        k = sizes.index(min(sizes))
+        groups[k].append(sec)
+        sizes[k] += sec.count("\n")
+    groups[sizes.index(min(sizes))].append(sections[-1])
+    return [header + "".join(g) for g in groups if g]
 
 
 def works(cc: str | None) -> bool:
