@@ -1,4 +1,5 @@
-"""Compile time of a 5-layer LSTM stack, cold cache, T = 100 vs T = 10,000 (issue 3: <= 2 s either way).
+"""Compile time of a 5-layer LSTM stack, cold cache, T = 100 vs T = 10,000 (issue 3: <= 2 s either way); also
+a stack whose five layers all have different widths (nothing for the generated C to share).
 
 Each T runs in a fresh process with an empty ``NNFORGE_CACHE_DIR``, so nothing is reused between them. Printed
 per T: compile = trace + passes and C generation (Python side) + the C compiler run; the first and a steady call
@@ -24,11 +25,13 @@ from nnforge.codegen import BACKENDS
 from nnforge.codegen.c import lower, schedule
 
 T, N, H, L = int(sys.argv[1]), 8, 64, 5
+DISTINCT = sys.argv[2] == "distinct"  # layer k has width 64 + 8k: no two scans share a C function
+WIDTH = [H + 8 * k if DISTINCT else H for k in range(L)]
 
 def stack(x, *ws):
     for k in range(L):
         w_ih, w_hh, b = ws[3 * k: 3 * k + 3]
-        h0 = nf.zeros((x.shape[1], H))
+        h0 = nf.zeros((x.shape[1], WIDTH[k]))
         def cell(carry, x_t, w_ih=w_ih, w_hh=w_hh, b=b):
             h, c = carry
             i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
@@ -41,8 +44,9 @@ def stack(x, *ws):
 rng = np.random.default_rng(0)
 ws = []
 for k in range(L):
-    ws += [rng.standard_normal((4 * H, H)).astype(np.float32) * 0.1,
-           rng.standard_normal((4 * H, H)).astype(np.float32) * 0.1, np.zeros(4 * H, np.float32)]
+    Hk, Ik = WIDTH[k], (H if k == 0 else WIDTH[k - 1])
+    ws += [rng.standard_normal((4 * Hk, Ik)).astype(np.float32) * 0.1,
+           rng.standard_normal((4 * Hk, Hk)).astype(np.float32) * 0.1, np.zeros(4 * Hk, np.float32)]
 x = rng.standard_normal((T, N, H)).astype(np.float32)
 fn = nf.compile(stack, backend="cpu")
 t0 = time.perf_counter(); g = fn.trace(x, *ws); t_trace = time.perf_counter() - t0
@@ -50,7 +54,8 @@ t0 = time.perf_counter(); low = lower(schedule(g)); t_gen = time.perf_counter() 
 t0 = time.perf_counter(); fn(x, *ws); first = time.perf_counter() - t0
 t0 = time.perf_counter(); fn(x, *ws); steady = time.perf_counter() - t0
 tc = BACKENDS["cpu"].toolchain
-print(json.dumps({"T": T, "trace_s": t_trace, "passes_codegen_s": t_gen, "cc_s": tc.last_compile_s,
+print(json.dumps({"T": T, "distinct": DISTINCT, "trace_s": t_trace, "passes_codegen_s": t_gen,
+                  "cc_s": tc.last_compile_s,
                   "compiles": tc.compiles, "first_call_s": first, "steady_call_s": steady,
                   "compile_s": t_trace + t_gen + tc.last_compile_s, "c_lines": low.text.count("\n")}))
 """
@@ -77,13 +82,13 @@ def main() -> None:
     print(f"load average {os.getloadavg()}")
     start = cc_startup()
     print(f"cc start-up (empty file, same flags): {start:.2f} s")
-    for T in (100, 10_000):
+    for T, kind in ((100, "equal"), (10_000, "equal"), (100, "distinct")):
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "NNFORGE_CACHE_DIR": cache}
-            out = subprocess.run([sys.executable, "-c", CHILD, str(T)], env=env, stdout=subprocess.PIPE, text=True,
-                                 check=True)
+            out = subprocess.run([sys.executable, "-c", CHILD, str(T), kind], env=env, stdout=subprocess.PIPE,
+                                 text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"T={T:>6}: compile {r['compile_s']:.2f} s = trace {r['trace_s']:.2f} + passes/codegen "
+        print(f"{kind} widths, T={T:>6}: compile {r['compile_s']:.2f} s = trace {r['trace_s']:.2f} + passes/codegen "
               f"{r['passes_codegen_s']:.2f} + cc {r['cc_s']:.2f} s ({r['compiles']} build, {r['c_lines']} C lines); "
               f"without cc start-up {r['compile_s'] - start:.2f} s; first call {r['first_call_s']:.2f} s, "
               f"steady call {r['steady_call_s']:.2f} s")
