@@ -53,7 +53,7 @@ def _bytes(n: Node) -> float:
         return float("inf")  # a run-time size
 
 
-def _hoist_reductions(n: Node, min_bytes: float) -> tuple[Node, dict[int, Node]] | None:
+def _hoist_reductions(n: Node, min_bytes: float, read_transposed: set[int]) -> tuple[Node, dict[int, Node]] | None:
     """The new scan and, for each accumulating carry's index, the value after the loop that replaces it."""
     a = n.attrs
     nc, nx = a["n_carry"], a["n_xs"]
@@ -88,8 +88,14 @@ def _hoist_reductions(n: Node, min_bytes: float) -> tuple[Node, dict[int, Node]]
             x = n.srcs[j]  # [T, N, P]
             flat_x = make(Op.RESHAPE, (x,), {"shape": (T * x.shape[1], x.shape[2])}, loc=n.loc)
             flat_d = make(Op.RESHAPE, (ds,), {"shape": (T * d.shape[0], d.shape[1])}, loc=n.loc)
-            xt = make(Op.PERMUTE, (flat_x,), {"perm": (1, 0)}, loc=n.loc)
-            total = make(Op.MATMUL, (xt, flat_d), loc=n.loc)
+            if k in read_transposed:
+                # its readers take dWᵀ (the autodiff of x @ Wᵀ): compute dWᵀ = dgᵀ @ x straight into place and let
+                # simplify cancel the two transposes, instead of a GEMM and a transposing copy of the result
+                dt = make(Op.PERMUTE, (flat_d,), {"perm": (1, 0)}, loc=n.loc)
+                total = make(Op.PERMUTE, (make(Op.MATMUL, (dt, flat_x), loc=n.loc),), {"perm": (1, 0)}, loc=n.loc)
+            else:
+                xt = make(Op.PERMUTE, (flat_x,), {"perm": (1, 0)}, loc=n.loc)
+                total = make(Op.MATMUL, (xt, flat_d), loc=n.loc)
         after[k] = make(Op.ADD, (n.srcs[k], total), loc=n.loc)
     return scan, after
 
@@ -106,9 +112,15 @@ def hoist_reductions(graph: Graph, min_bytes: float = L2_HALF) -> Graph:
     slower at H = 96 (dW 147 KB), break-even at H = 384 and 512 (dW 2.4 / 4 MB)."""
     mapping: dict[int, Node] = {}
     new_scan: dict[int, tuple[Node, dict[int, Node], list[int]]] = {}
+    us = users(graph.order)
+    read_transposed: dict[int, set[int]] = {}  # scan -> carries whose every reader is a 2-D transpose
+    for n in graph.order:
+        if n.op == Op.PROJ and n.srcs[0].op == Op.SCAN and us.get(id(n)) and all(
+                u.op == Op.PERMUTE and tuple(u.attrs["perm"]) == (1, 0) for u in us[id(n)]):
+            read_transposed.setdefault(id(n.srcs[0]), set()).add(n.attrs["index"])
     for n in graph.order:
         if n.op == Op.SCAN:
-            r = _hoist_reductions(n, min_bytes)
+            r = _hoist_reductions(n, min_bytes, read_transposed.get(id(n), set()))
             if r is not None:
                 nc = n.attrs["n_carry"]
                 keep = [k for k in range(nc) if k not in r[1]]
