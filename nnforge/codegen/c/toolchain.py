@@ -53,7 +53,7 @@ class Toolchain:
     loaded: dict[str, ctypes.CDLL] = field(default_factory=dict)
     last_compile_s: float = 0.0
     compiles: int = 0
-    jobs: int = field(default_factory=lambda: max(1, min(4, len(os.sched_getaffinity(0)))))
+    jobs: int = field(default_factory=lambda: usable_cores(4))
 
     def _build_units(self, units: list[str], tmp: Path, out: Path) -> subprocess.CompletedProcess:
         """Compile the units as separate objects at the same time (gcc's time is per function, so the split
@@ -154,6 +154,13 @@ class Toolchain:
         self.last_compile_s = time.perf_counter() - t0
         self.compiles += 1
         log.info("compiled %s in %.2fs", so.name, self.last_compile_s)
+
+
+def usable_cores(cap: int) -> int:
+    """Cores this process may run on (its affinity mask where the OS has one), at most ``cap``."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    n = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(1, min(cap, n))
 
 
 def split_units(source: str, jobs: int) -> list[str]:
