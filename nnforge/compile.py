@@ -106,13 +106,7 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if session().tracing:
             return self.fn(*args, **kwargs)  # inside another trace: inline
-        leaves, treedef, arrays, statics = self._split(args, kwargs)
-        dts = tuple(None if a is None else a.dtype.str for a in arrays)
-        shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
-        entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics)), None)
-        if entry is None:
-            entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
-            self._entries.append(entry)
+        leaves, arrays, shapes, entry = self._lookup(args, kwargs)
         program = self._program(entry, shapes)
         implicit = []
         for ref in entry.implicit:
@@ -144,6 +138,10 @@ class CompiledFunction:
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """The optimized graph for these arguments (traced if not cached)."""
+        return self._lookup(args, kwargs)[3].graph
+
+    def _lookup(self, args: tuple, kwargs: dict) -> tuple[list, list, tuple, _Entry]:
+        """The cache entry matching these arguments, traced on a miss; also the flattened arguments."""
         leaves, treedef, arrays, statics = self._split(args, kwargs)
         dts = tuple(None if a is None else a.dtype.str for a in arrays)
         shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
@@ -151,7 +149,7 @@ class CompiledFunction:
         if entry is None:
             entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
             self._entries.append(entry)
-        return entry.graph
+        return leaves, arrays, shapes, entry
 
     def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         self.trace_count += 1
