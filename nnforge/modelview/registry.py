@@ -143,3 +143,18 @@ class Registry(Mapping[str, type]):
 
     def __len__(self) -> int:
         return len(self._classes)
+
+
+def build_registry(kind: str, builtins: Iterable[type], plugins: Iterable[str] = (), extra: Iterable[type] = (),
+                   entry_points: bool = True) -> Registry:
+    """Built-ins, then entry points of the ``nnforge.modelview.<kind>s`` group, then ``plugins`` (modules or .py
+    files), then ``extra`` classes (which may replace a name). A fresh registry per call: no sweep sees another's
+    plugins."""
+    reg = Registry(kind, builtins)
+    if entry_points:
+        reg.add_entry_points()
+    for p in plugins:
+        reg.add_module(p)
+    for cls in extra:
+        reg.add(cls, replace=True)
+    return reg

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..registry import Registry
+from ..registry import Registry, build_registry
 from .base import Backend, Context, Prepared
 from .external import NnforgeCpu, NnforgeReference, NnforgeTriton, OnnxRuntime, TensorRT
 from .torch_backends import Compile, CompileMaxAutotune, CompileReduceOverhead, CudaGraphs, Eager, JitScript, JitTrace
@@ -32,14 +32,7 @@ BUILTIN_BACKENDS: tuple[type[Backend], ...] = (
 
 def backend_registry(plugins: Iterable[str] = (), extra: Iterable[type[Backend]] = (), entry_points: bool = True
                      ) -> Registry:
-    reg = Registry("backend", BUILTIN_BACKENDS)
-    if entry_points:
-        reg.add_entry_points()
-    for p in plugins:
-        reg.add_module(p)
-    for cls in extra:
-        reg.add(cls, replace=True)
-    return reg
+    return build_registry("backend", BUILTIN_BACKENDS, plugins, extra, entry_points)
 
 
 __all__ = ["BUILTIN_BACKENDS", "Backend", "Context", "Prepared", "backend_registry"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..registry import Registry
+from ..registry import Registry, build_registry
 from .base import NnforgeImpl, Param, Request, Variant
 from .gru import GRUTorch, MinGRUScan
 from .lstm import LSTMCombined, LSTMManual, LSTMPremult, LSTMStacked, LSTMTorch
@@ -31,14 +31,7 @@ BUILTIN_VARIANTS: tuple[type[Variant], ...] = (
 def variant_registry(plugins: Iterable[str] = (), extra: Iterable[type[Variant]] = (), entry_points: bool = True
                      ) -> Registry:
     """Built-ins + entry points + ``plugins`` (modules or .py files with ``@variant`` classes) + ``extra`` classes."""
-    reg = Registry("variant", BUILTIN_VARIANTS)
-    if entry_points:
-        reg.add_entry_points()
-    for p in plugins:
-        reg.add_module(p)
-    for cls in extra:
-        reg.add(cls, replace=True)
-    return reg
+    return build_registry("variant", BUILTIN_VARIANTS, plugins, extra, entry_points)
 
 
 __all__ = ["BUILTIN_VARIANTS", "NnforgeImpl", "Param", "Request", "Variant", "variant_registry"]
