@@ -62,6 +62,24 @@ def _sfx(dt: DType) -> str:
     return "f32" if dt == DType.float32 else "f64"
 
 
+def _ukr_body(ct: str, vt: str, mr: int, nr: int, nv: int, lanes: int, a_elem) -> list[str]:
+    """The register-tile loop shared by both micro-kernels: MR x NR accumulators, one packed B row per k, stores.
+
+    ``a_elem(r)`` is the C expression of A's element (row r, step k): the kernels differ only in how A is read.
+    """
+    L = ["    " + " ".join(f"{vt} c{r}_{v} = {{0}};" for v in range(nv)) for r in range(mr)]
+    L.append("    for (int64_t k = 0; k < K; k++) {")
+    L.append(f"        const {vt}* b = (const {vt}*)(P + k * {nr});")
+    L += [f"        const {vt} b{v} = b[{v}];" for v in range(nv)]
+    for r in range(mr):
+        L.append(f"        {{ const {ct} av = {a_elem(r)}; "
+                 + " ".join(f"c{r}_{v} += av * b{v};" for v in range(nv)) + " }")
+    L.append("    }")
+    L += [f"    *({vt}*)(out + {r * nr + v * lanes}) = c{r}_{v};" for r in range(mr) for v in range(nv)]
+    L.append("}")
+    return L
+
+
 def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     """Micro-kernel and B packing for one dtype, written with GCC vector extensions (AVX2/FMA under
     -march=native; still correct, just slower, elsewhere)."""
@@ -75,36 +93,11 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
          f"                             int mr, const {ct}* restrict P, {ct}* restrict out) {{"]
     for r in range(mr):
         L.append(f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;")
-        L.append("    " + " ".join(f"{vt} c{r}_{v} = {{0}};" for v in range(nv)))
-    L.append("    for (int64_t k = 0; k < K; k++) {")
-    L.append(f"        const {vt}* b = (const {vt}*)(P + k * {nr});")
-    for v in range(nv):
-        L.append(f"        const {vt} b{v} = b[{v}];")
-    for r in range(mr):
-        L.append(f"        {{ const {ct} av = a{r}[k * sak]; "
-                 + " ".join(f"c{r}_{v} += av * b{v};" for v in range(nv)) + " }")
-    L.append("    }")
-    for r in range(mr):
-        for v in range(nv):
-            L.append(f"    *({vt}*)(out + {r * nr + v * lanes}) = c{r}_{v};")
-    L.append("}")
+    L += _ukr_body(ct, vt, mr, nr, nv, lanes, lambda r: f"a{r}[k * sak]")
     L.append(f"/* out[MR][NR] = Ap @ P: Ap one packed A micro-panel [K][{mr}], P one B panel slice [K][NR]. */")
     L.append(f"static __attribute__((noinline)) void nf_ukrp_{sfx}(int64_t K, const {ct}* restrict Ap, "
              f"const {ct}* restrict P, {ct}* restrict out) {{")
-    for r in range(mr):
-        L.append("    " + " ".join(f"{vt} c{r}_{v} = {{0}};" for v in range(nv)))
-    L.append("    for (int64_t k = 0; k < K; k++) {")
-    L.append(f"        const {vt}* b = (const {vt}*)(P + k * {nr});")
-    for v in range(nv):
-        L.append(f"        const {vt} b{v} = b[{v}];")
-    for r in range(mr):
-        L.append(f"        {{ const {ct} av = Ap[k * {mr} + {r}]; "
-                 + " ".join(f"c{r}_{v} += av * b{v};" for v in range(nv)) + " }")
-    L.append("    }")
-    for r in range(mr):
-        for v in range(nv):
-            L.append(f"    *({vt}*)(out + {r * nr + v * lanes}) = c{r}_{v};")
-    L.append("}")
+    L += _ukr_body(ct, vt, mr, nr, nv, lanes, lambda r: f"Ap[k * {mr} + {r}]")
     L.append(f"/* Ap[p][k][r] = A[p*{mr} + r, k] for the rows < m (0 beyond): {mr}-row micro-panels of an A block. */")
     L.append(f"static __attribute__((noinline)) void nf_packa_{sfx}(int64_t m, int64_t K, const {ct}* A, "
              f"int64_t sam, int64_t sak, {ct}* restrict Ap) {{")
