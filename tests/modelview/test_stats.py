@@ -58,13 +58,19 @@ def test_bootstrap_ci_contains_the_sample_median():
 
 
 def test_compare_detects_a_real_shift_and_its_size():
+    """A 10 % slowdown in lognormal timings: found every time (p tiny, CI above 1), its size estimated within six
+    standard errors of the median ratio (~0.5 % here) every time, and the 95 % CI covering the true 1.10 about as
+    often as it should. Coverage is a frequency, so it is checked over 200 trials (binomial sd ~1.5 %), not once."""
     rng = np.random.default_rng()
-    a = np.exp(rng.normal(0, 0.05, size=300))
-    b = 1.10 * np.exp(rng.normal(0, 0.05, size=300))
-    c = compare_samples(a, b)
-    assert c.p < 1e-6
-    assert c.ratio_ci[0] < 1.10 < c.ratio_ci[1] or abs(c.ratio - 1.10) < 0.01
-    assert c.ratio_ci[0] > 1.0
+    trials, covered = 200, 0
+    for _ in range(trials):
+        a = np.exp(rng.normal(0, 0.05, size=300))
+        b = 1.10 * np.exp(rng.normal(0, 0.05, size=300))
+        c = compare_samples(a, b, n_boot=400, seed=int(rng.integers(1 << 30)))
+        assert c.p < 1e-6 and c.ratio_ci[0] > 1.0
+        assert abs(np.log(c.ratio / 1.10)) < 0.03, c
+        covered += c.ratio_ci[0] < 1.10 < c.ratio_ci[1]
+    assert 0.85 <= covered / trials <= 1.0, covered
 
 
 def test_compare_is_rarely_significant_without_a_difference():

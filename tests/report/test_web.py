@@ -49,7 +49,7 @@ def test_pages(view_small: str) -> None:
     assert "cdn" not in html and f'<script defer src="{plotly_url()}">' in html  # versioned, cached for a year
     for path in (plotly_url(), "/static/plotly.min.js"):
         status, js = get(view_small + path)
-        assert status == 200 and len(js) > 3_000_000 and js.startswith("//# allFunctionsCalledOnLoad"), path
+        assert status == 200 and len(js) > 1_000_000 and js.startswith("//# allFunctionsCalledOnLoad"), path
     status, html = get(view_small + "/runs/nope")
     assert status == 404 and 'id="error-detail"' in html and "no run" in html
     assert get(view_small + "/no/such/page")[0] == 404

@@ -19,6 +19,7 @@ from .data import CellRow, Database, RunInfo
 from .figures import max_throughput, scaling, speedup
 from .figures_perf import compile_vs_steady, flatten, gpu, gpu_metrics_of, latency, latency_cells, roofline
 from .plotdict import plot_json
+from .plotlyjs import plotly_js_text
 
 MAX_PROBLEM_ROWS = 500  # failed/skipped cells listed in a report; the rest are counted
 
@@ -122,14 +123,12 @@ def when(ts: float | None) -> str:
 
 def render_html(report: Report) -> str:
     """The report as one HTML document with plotly.js inline."""
-    from plotly.offline import get_plotlyjs
-
     from .templating import environment
 
     tpl = environment().get_template("report.html.j2")
     return tpl.render(
         report=report,
-        plotlyjs=get_plotlyjs(),
+        plotlyjs=plotly_js_text(),
         figures=[(f, figure_json(f)) for f in report.figures],
         when=when,
         fmt_si=fmt_si,

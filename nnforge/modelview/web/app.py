@@ -24,12 +24,13 @@ from ..report.build import when
 from ..report.common import fmt_s, fmt_si
 from ..report.data import CellRow, RunInfo
 from ..report.figures_perf import flatten, gpu_metrics_of
+from ..report.plotlyjs import plotly_js_path
 from ..report.templating import environment
 from . import queries
 from .compare import compare
 from .pages import cell_figures, compare_figure
 from .state import ViewState
-from .static import GZipPages, add_static_routes, plotly_js_path, plotly_url
+from .static import GZipPages, add_static_routes, plotly_url
 from .warm import start_warm_up
 
 WEB_TEMPLATES = Path(__file__).with_name("templates")

@@ -1,11 +1,12 @@
-"""The web view's scripts: plotly.js (from the installed plotly package, never a CDN) and the shared plots.js.
+"""The web view's scripts: plotly.js (a local bundle, never a CDN; see ..report.plotlyjs) and the shared plots.js.
 
-Why this much care for two files: plotly.js is 4.8 MB, the biggest part of a first visit. It is served at a versioned
-URL (``/static/plotly-<version>.min.js``) with a one-year ``immutable`` cache header, so a returning browser never even
-revalidates it, and gzipped (about 1.4 MB) for remote browsers that accept it, which matters once ``--host`` puts a
-network between browser and server. It is compressed once per process, on the first remote request, not per request as
-a gzip middleware would (level 9 on 4.8 MB costs ~0.5 s of CPU per request); a browser on the same machine gets it
-plain, since over loopback compressing and inflating 4.8 MB costs more time than sending it.
+Why this much care for two files: plotly.js (1.5 MB cartesian bundle, 4.8 MB full) is the biggest part of a first
+visit. It is served at a URL naming bundle and version (``/static/plotly-cartesian-4.1.1.min.js``) with a one-year
+``immutable`` cache header, so a returning browser never even revalidates it, and gzipped (a third of its size) for
+remote browsers that accept it, which matters once ``--host`` puts a network between browser and server. It is
+compressed once per process, on the first remote request, not per request as a gzip middleware would (level 9 on the
+full bundle costs ~0.5 s of CPU per request); a browser on the same machine gets it plain, since over loopback
+compressing and inflating megabytes costs more time than sending it.
 
 What a first visit really waits for is V8 compiling plotly.js: its start-up runs a few thousand functions, each
 compiled lazily on the main thread when first called (~1 s on a 2-vCPU machine). The bundle is served with V8's
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import threading
-from functools import lru_cache
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -26,33 +26,17 @@ from fastapi.responses import FileResponse, Response
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import Receive, Scope, Send
 
+from ..report.plotlyjs import bundle_version, plotly_js_path
 from ..report.templating import TEMPLATES as REPORT_TEMPLATES
 
 YEAR = "public, max-age=31536000, immutable"
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def plotly_js_path() -> Path:
-    import plotly
-
-    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-
-
-@lru_cache(maxsize=1)
-def plotly_version() -> str:
-    """plotly.js's version, read from the bundle's banner ("plotly.js v4.1.1"); plotly.py's version if unreadable."""
-    with open(plotly_js_path(), encoding="utf-8", errors="replace") as f:
-        head = f.read(300)
-    for word in head.split():
-        if word.startswith("v") and word[1:2].isdigit():
-            return word[1:]
-    import plotly
-
-    return f"py{plotly.__version__}"
-
-
 def plotly_url() -> str:
-    return f"/static/plotly-{plotly_version()}.min.js"
+    """A URL naming the bundle and its version, so a year-long ``immutable`` cache never serves a stale one."""
+    path = plotly_js_path()
+    return f"/static/{path.name.removesuffix('.min.js')}-{bundle_version(path)}.min.js"
 
 
 COMPILE_HINT = b"//# allFunctionsCalledOnLoad\n"
