@@ -20,6 +20,7 @@ from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from .rewrite import substitute
+from .rows import MIN_SPLIT_BATCH, RowSplit, row_split
 
 
 def _term(body: Graph, k: int, nc: int, nx: int) -> tuple[str, Node, int] | None:
@@ -61,9 +62,26 @@ def _hoist_reductions(n: Node, min_bytes: float, read_transposed: set[int]) -> t
     if body.effects or nx == 0:
         return None
     found = {k: t for k in range(nc) if (t := _term(body, k, nc, nx)) is not None}
-    gemms = {k for k, t in found.items() if t[0] == "matmul" and _bytes(body.inputs[k]) >= min_bytes}
-    if not gemms:
+    outer = {k for k, t in found.items() if t[0] == "matmul"}
+    big = {k for k in outer if _bytes(body.inputs[k]) >= min_bytes}
+    if big:
+        return _hoisted(n, found, big, read_transposed)
+    if not outer or max(_bytes(body.inputs[k]) for k in outer) < min_bytes / 2:
         return None
+    # Mid-sized accumulators go too when taking them all out leaves a body whose batch rows are independent: the
+    # CPU backend then runs the loop with the rows split among threads, no barrier per step (``passes.rows``).
+    # Measured on Zen 3 (2026-11-22, training step, T = 100-200, N = 64): 10 % faster at H = 128 (dW 262 KB),
+    # 6-7 % slower at H = 96 (147 KB), where the per-step dW stays in L1/L2 and the loop's barriers are cheap.
+    r = _hoisted(n, found, outer, read_transposed)
+    split = row_split(r[0])
+    return r if isinstance(split, RowSplit) and int(split.batch) >= MIN_SPLIT_BATCH else None
+
+
+def _hoisted(n: Node, found: dict[int, tuple[str, Node, int]], gemms: set[int],
+             read_transposed: set[int]) -> tuple[Node, dict[int, Node]]:
+    a = n.attrs
+    nc = a["n_carry"]
+    body: Graph = a["body"]
     stacked_d = {id(found[k][1]) for k in gemms}
     found = {k: t for k, t in found.items() if id(t[1]) in stacked_d}  # d_t stacked anyway: all its sums go
     T = n.srcs[nc].shape[0]
@@ -106,10 +124,11 @@ L2_HALF = 512 * 1024
 def hoist_reductions(graph: Graph, min_bytes: float = L2_HALF) -> Graph:
     """Replace accumulating carries of top-level scans by one GEMM / sum after the loop (see module doc).
 
-    Only outer-product carries of at least ``min_bytes`` are hoisted (then every other carry summing the same
+    Outer-product carries of at least ``min_bytes`` are hoisted (then every other carry summing the same
     ``d_t``, which is stacked anyway): a smaller one stays hot in L2 while it accumulates, whereas stacking
-    ``d_t`` for all steps costs T * N * Q of memory traffic. Measured on Zen 3 (1 MiB L2, 2026-11-22): 4 %
-    slower at H = 96 (dW 147 KB), break-even at H = 384 and 512 (dW 2.4 / 4 MB)."""
+    ``d_t`` for all steps costs T * N * Q of memory traffic. Measured on Zen 3 (1 MiB L2, 2026-11-22), with the
+    loop's kernels work-shared: 4 % slower at H = 96 (dW 147 KB), break-even at H = 384 and 512 (dW 2.4 / 4 MB).
+    From half that size they are hoisted too when that makes the loop row-separable (see ``_hoist_reductions``)."""
     mapping: dict[int, Node] = {}
     new_scan: dict[int, tuple[Node, dict[int, Node], list[int]]] = {}
     us = users(graph.order)

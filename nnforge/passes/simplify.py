@@ -7,6 +7,8 @@ recognizes ``1/(1+exp(-x))`` and ``(exp(2x)-1)/(exp(2x)+1)``-style spellings, wh
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 
 from ..ir.build import make
@@ -71,9 +73,67 @@ def _identity(n: Node) -> Node | None:
     return None
 
 
+def _zero_pad_axis(n: Node) -> int | None:
+    """The one axis a zero-filled pad pads, else None."""
+    if n.op != Op.PAD or n.attrs["value"] != 0:
+        return None
+    axes = [k for k, (lo, hi) in enumerate(n.attrs["pads"]) if int(lo) or int(hi)]
+    return axes[0] if len(axes) == 1 else None
+
+
+def _pads_to_concat(n: Node) -> Node | None:
+    """``pad(a) + pad(b)``, both zero-filled along one axis where their values do not overlap, is
+    ``pad(concat(a, 0, b))`` (zeros in a concat count as padding, so sums of several such terms merge too).
+
+    Autodiff writes the gradient of a tensor read through slices (an LSTM's four gates) as a sum of padded slice
+    gradients: every element then evaluates every term behind a select. As a concat each element is computed once
+    (the C backend stores a concat part by part). Exact: at each index one term is the value, the others add 0
+    (only a -0.0 value comes out as +0.0 through the sum)."""
+    if n.op != Op.ADD or not n.dtype.is_float:
+        return None
+    a, b = n.srcs
+    axis = _zero_pad_axis(a)
+    if axis is None or _zero_pad_axis(b) != axis:
+        return None
+    segments = sorted(_segments(a, axis) + _segments(b, axis), key=lambda seg: int(seg[0]))
+    if not segments:
+        return None
+    for (s0, l0, _), (s1, _, _) in pairwise(segments):
+        if int(s0) + int(l0) > int(s1):
+            return None  # values overlap: a real sum there
+    first = segments[0][0]
+    cursor, parts = first, []
+    for start, length, part in segments:
+        if int(start) > int(cursor):
+            shape = tuple(start - cursor if k == axis else d for k, d in enumerate(n.shape))
+            parts.append(make(Op.CONST, (), {"value": 0.0, "shape": shape, "dtype": n.dtype}, loc=n.loc))
+        parts.append(part)
+        cursor = start + length
+    cat = parts[0] if len(parts) == 1 else make(Op.CONCAT, tuple(parts), {"axis": axis}, loc=n.loc)
+    hi = n.shape[axis] - cursor
+    if not int(first) and not int(hi):
+        return cat
+    pads = tuple((first, hi) if k == axis else (0, 0) for k in range(n.ndim))
+    return make(Op.PAD, (cat,), {"pads": pads, "value": 0}, loc=n.loc)
+
+
+def _segments(pad: Node, axis: int) -> list[tuple[int, int, Node]]:
+    """(start, length, node) of the values a zero pad places along ``axis`` (zero parts of a concat left out)."""
+    start = pad.attrs["pads"][axis][0]
+    src = pad.srcs[0]
+    parts = list(src.srcs) if src.op == Op.CONCAT and src.attrs["axis"] == axis else [src]
+    out = []
+    for part in parts:
+        length = part.shape[axis]
+        if not _is(part, 0):
+            out.append((start, length, part))
+        start = start + length
+    return out
+
+
 def simplify(graph: Graph) -> Graph:
     """Fold constants and apply exact identities until nothing changes (bodies included)."""
-    return map_nodes(graph, lambda n: _fold(n) or _identity(n))
+    return map_nodes(graph, lambda n: _fold(n) or _identity(n) or _pads_to_concat(n))
 
 
 def _sigmoid_of(n: Node) -> Node | None:

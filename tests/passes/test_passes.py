@@ -79,3 +79,41 @@ def test_reference_identical_after_pipeline():
     b = ReferenceProgram(run_pipeline(g, PIPELINE), rng)(args)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
+
+
+def test_sums_of_disjoint_zero_pads_become_a_concat():
+    """The gradient of a tensor read through its four gate slices is a sum of four padded slices: simplify
+    turns it into one concat (same values, bit for bit here), and leaves overlapping pads a sum."""
+    from nnforge.codegen.reference import ReferenceProgram
+
+    def gate_grads(z):
+        i, f, g, o = z.chunk(4, axis=-1)
+        return (nf.sigmoid(i) * nf.tanh(g) + f * 2.0 - o).sum()
+
+    rng = np.random.default_rng()
+    z = rng.standard_normal((5, 16)).astype(np.float32)
+    g = traced(nf.grad(gate_grads), z)
+    assert "pad(" in repr(g)
+    s = run_pipeline(g, PIPELINE)
+    ops = body_lines(repr(s))
+    assert sum(o.startswith("concat(") for o in ops) == 1 and not any(o.startswith("pad(") for o in ops)
+    prog = np.random.default_rng(0)
+    np.testing.assert_array_equal(ReferenceProgram(g, prog)([z])[0], ReferenceProgram(s, prog)([z])[0])
+
+    def overlapping(x):
+        return nf.pad(x[:, :10], ((0, 0), (0, 6))) + nf.pad(x[:, 4:], ((0, 0), (4, 0)))
+
+    ops = body_lines(repr(simplify(traced(overlapping, z))))
+    assert any(o.startswith("add(") for o in ops) and not any(o.startswith("concat(") for o in ops)
+
+    def gap(x):  # two pads leaving columns 6..9 empty: a concat with zeros in the gap, then padded
+        return nf.pad(x[:, :6], ((0, 0), (0, 10))) + nf.pad(x[:, 10:14], ((0, 0), (10, 2)))
+
+    s = simplify(traced(gap, z))
+    ops = body_lines(repr(s))
+    assert any(o.startswith("concat(") for o in ops) and not any(o.startswith("add(") for o in ops)
+    want = np.zeros_like(z)
+    want[:, :6], want[:, 10:14] = z[:, :6], z[:, 10:14]
+    np.testing.assert_array_equal(ReferenceProgram(s, prog)([z])[0], want)
+    got = nf.compile(gap, backend="cpu")(z) if "cpu" in nf.available_backends() else want
+    np.testing.assert_array_equal(got, want)

@@ -101,3 +101,20 @@ def test_lstm_gradients_cpu_match_reference(T, N, I, H):
     got = nf.compile(nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5)), backend="cpu")(*args)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("H,hoisted", [(128, True), (96, False)])
+def test_mid_sized_carries_leave_a_loop_they_keep_from_splitting_by_rows(H, hoisted):
+    """dW_hh of 256-512 KB (f32, H = 128: 262 KB) leaves the backward scan when that makes the scan's batch rows
+    independent (N >= 12), so the CPU backend runs it with the rows split among threads; smaller (H = 96:
+    147 KB) stays in the loop."""
+    from nnforge.passes.rows import RowSplit, row_split
+
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        return (lstm(x, h0, c0, w_ih, w_hh, b)[0] ** 2).sum()
+
+    args = lstm_args(T=3, N=16, I=H, H=H)
+    g = run_pipeline(run_pipeline(traced(nf.grad(loss, argnums=(3, 4, 5)), *args)), CPU_PIPELINE)
+    (bwd,) = [n for n in _scans(g) if n.attrs["reverse"]]
+    assert (bwd.attrs["n_carry"] == 2) == hoisted
+    assert isinstance(row_split(bwd), RowSplit) == hoisted

@@ -30,11 +30,16 @@ def ctype(dt: DType) -> str:
 
 
 class Sizes:
-    """Renders sizes as C: dynamic symbols as ``S[k]``, all else as literals."""
+    """Renders sizes as C: dynamic symbols as ``S[k]``, ``local`` symbols as the C variables they name (a thread's
+    row count in a row-split scan), all else as literals."""
 
-    def __init__(self, dynamic: Sequence[str]):
+    def __init__(self, dynamic: Sequence[str], local: Mapping[str, str] | None = None):
         self.dynamic = list(dynamic)
         self.slot = {name: k for k, name in enumerate(self.dynamic)}
+        self.local = dict(local or {})
+
+    def with_local(self, name: str, cvar: str) -> Sizes:
+        return Sizes(self.dynamic, {**self.local, name: cvar})
 
     def __call__(self, d: int) -> str:
         if isinstance(d, Dim):
@@ -48,7 +53,7 @@ class Sizes:
 
     def _dynamic(self, e: tuple) -> bool:
         if e[0] == "sym":
-            return e[1] in self.slot
+            return e[1] in self.slot or e[1] in self.local
         if e[0] == "const":
             return False
         return self._dynamic(e[1]) or self._dynamic(e[2])
@@ -57,6 +62,8 @@ class Sizes:
         if e[0] == "const":
             return str(e[1])
         if e[0] == "sym":
+            if e[1] in self.local:
+                return self.local[e[1]]
             return f"S[{self.slot[e[1]]}]" if e[1] in self.slot else str(e[2])
         a, b = self._r(e[1]), self._r(e[2])
         if e[0] == "floordiv":

@@ -53,6 +53,8 @@ class GemmConfig:
     kc: int = 256
     packed_a_min_m: int = 1024  # rows (a run-time size counts as large) from which pack_a applies
     packed_a_min_k: int = 512  # K from which the packed-A, K-sliced loops are always used
+    # Row-separable scans run with the batch rows split among threads, no barrier per step (``passes.rows``).
+    row_split: bool = True
 
     def nr(self, dt: DType) -> int:
         return self.nr32 if dt == DType.float32 else self.nr64
@@ -159,15 +161,16 @@ def check_dtype(p: Node) -> None:
 
 
 def pack_panels(low: Lowering, dt: DType, K: str, src: tuple[str, str, str], columns: Sequence[tuple[str, str]],
-                dst: str, ind: str) -> list[str]:
-    """Work-shared loop packing panels: panel q holds ``columns[q % len]`` shifted by ``(q // len) * NR``;
-    ``columns`` are (first column, width) pairs of C expressions, all of one width."""
+                dst: str, ind: str, shared: bool = False) -> list[str]:
+    """Loop packing panels: panel q holds ``columns[q % len]`` shifted by ``(q // len) * NR``; ``columns`` are
+    (first column, width) pairs of C expressions, all of one width. Work-shared among the threads unless the code
+    around it runs on one thread's rows (``low.serial``); ``shared`` forces sharing (packing before a loop)."""
     nr = low.gemm.nr(dt)
     sfx = _sfx(dt)
     b, sbk, sbn = src
     q = low.fresh("q")
     per = len(columns)
-    lines = [f"{ind}#pragma omp for schedule(static)"]
+    lines = [f"{ind}#pragma omp for schedule(static)"] if shared else low.omp_for(ind)
     nq = low.fresh("nq")
     lines.insert(0, f"{ind}const int64_t {nq} = {per} * (({columns[0][1]} + {nr - 1}) / {nr});")
     lines.append(f"{ind}for (int64_t {q} = 0; {q} < {nq}; {q}++) {{")
@@ -218,7 +221,7 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
         return lines + body, store
     ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
     ngp = max(1, cfg.nc // nr)
-    lines.append(f"{cur}#pragma omp for collapse(2) schedule(static)")
+    lines += low.omp_for(cur, collapse=2)
     lines.append(f"{cur}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {cfg.mc})")
     lines.append(f"{cur}for (int64_t {jg} = 0; {jg} < {npan}; {jg} += {ngp}) {{")
     c2 = cur + "    "
@@ -357,7 +360,7 @@ def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], pack
     ub, i0 = low.fresh("ub"), low.fresh("i0")
     A = low.fresh("A")
     L = [f"{ind}const {ct}* {A} = {pa} + ({oa});",
-         f"{ind}#pragma omp for schedule(static)",
+         *low.omp_for(ind),
          f"{ind}for (int64_t {ub} = 0; {ub} < ({width} + {nr - 1}) / {nr}; {ub}++) {{"]
     c1 = ind + "    "
     L.append(f"{c1}const int64_t u0_ = {ub} * {nr};")

@@ -11,18 +11,23 @@ All buffers are allocated once before the parallel region (loop bodies reuse the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ...dtypes import DType
+from ...ir.dims import Dim
 from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
+from ...passes.rows import ROWS, NotSeparable, RowSplit, row_split
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .parts import UNIT_MARK, part_functions, split_parts
 from .views import index_map, strided
+
+log = logging.getLogger("nnforge.codegen.c")
 
 
 @dataclass
@@ -172,6 +177,19 @@ class Lowering:
         self.scopes: list[LoopScope] = []
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
         self.names: set[str] = set()  # every name ``fresh`` made (the part deduplication renames them)
+        self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
+
+    @property
+    def serial(self) -> bool:
+        """Code being lowered runs on one thread's rows, not work-shared."""
+        return self.rows is not None
+
+    def omp_for(self, ind: str, collapse: int = 0, nowait: bool = False) -> list[str]:
+        """The work-sharing pragma for the loop that follows (none inside a row-split body)."""
+        if self.serial:
+            return []
+        c = f" collapse({collapse})" if collapse > 1 else ""
+        return [f"{ind}#pragma omp for{c} schedule(static){' nowait' if nowait else ''}"]
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -180,7 +198,14 @@ class Lowering:
         return name
 
     def alloc(self, dt: DType, shape: Sequence[int]) -> str:
+        """A workspace buffer. In a row-split body a buffer with the batch axis is allocated for the whole batch
+        and each thread gets its rows of it (the pointer expression is offset to its first row)."""
         name = self.fresh("b")
+        rows = self.rows
+        if rows is not None and shape and _is_rows(shape[0]):
+            full = self.sizes.prod([rows.batch, *shape[1:]])
+            self.allocs.append((name, ctype(dt), f"({full}) * (int64_t)sizeof({ctype(dt)})"))
+            return f"({name} + {rows.r0} * ({self.sizes.prod(shape[1:])}))"
         self.allocs.append((name, ctype(dt), f"({self.sizes.prod(shape)}) * (int64_t)sizeof({ctype(dt)})"))
         return name
 
@@ -276,6 +301,8 @@ class Lowering:
                     self.kernel_reduce(p, n, ctx, out, code, ind, listing)
             elif n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
                 raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
+            elif n.op == Op.CONCAT:
+                self.kernel_concat(n, ctx, out, code, ind, listing)
             else:
                 self.kernel_pointwise(n, ctx, out, code, ind, listing)
             if graph is self.graph:
@@ -289,17 +316,16 @@ class Lowering:
         return self.data_ptr(n)
 
     # ---- kernels ------------------------------------------------------------------------------------------
-    def _loops(self, shape: Sequence[str], code: list[str], ind: str, prefix: str) -> tuple[list[str], str]:
+    def _loops(self, shape: Sequence[str], code: list[str], ind: str, prefix: str,
+               nowait: bool = False) -> tuple[list[str], str]:
         """Open a loop nest over ``shape`` with the outer loop(s) shared among threads."""
         idx = [self.fresh(prefix) for _ in shape]
         if not shape:
-            code.append(f"{ind}#pragma omp single")
+            if not self.serial:
+                code.append(f"{ind}#pragma omp single")
             code.append(f"{ind}{{")
             return idx, ind + "    "
-        if len(shape) >= 3:
-            code.append(f"{ind}#pragma omp for collapse({len(shape) - 1}) schedule(static)")
-        else:
-            code.append(f"{ind}#pragma omp for schedule(static)")
+        code += self.omp_for(ind, len(shape) - 1 if len(shape) >= 3 else 0, nowait)
         for i, d in zip(idx, shape):
             code.append(f"{ind}for (int64_t {i} = 0; {i} < {d}; {i}++)")
         code.append(f"{ind}{{")
@@ -321,6 +347,38 @@ class Lowering:
         code.append(f"{ind}}}")
         listing.append(KernelInfo(kind if sc.fused or kind == "copy" else "copy", out,
                                   fmt_type(n.shape, n.dtype), sc.fused, [f"{store} = {_last(sc)}"], sc.loads))
+
+    def kernel_concat(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
+                      listing: list[KernelInfo]) -> None:
+        """A concat computed part by part: each source's values stored at its offset along the axis by a loop nest
+        of its own (``nowait`` but the last: the parts write disjoint ranges). Evaluated as one pointwise kernel,
+        every index would pick its source through a chain of selects, which keeps the loop scalar (the gradient
+        of an LSTM's four gates, concatenated, was the hottest loop of its backward step)."""
+        self.stats["kernels"] += 1
+        sz = self.sizes
+        axis = n.attrs["axis"]
+        oshape = [sz(d) for d in n.shape]
+        parts = [src for src in n.srcs if int(src.shape[axis]) != 0]
+        offset = "0"
+        fused: list[str] = []
+        loads: list[str] = []
+        stores: list[str] = []
+        for k, src in enumerate(parts):
+            idx, inner = self._loops([sz(d) for d in src.shape], code, ind, "i", nowait=k < len(parts) - 1)
+            sc = Scalar(self, ctx)
+            v = sc.val(src, idx)
+            code.extend(inner + st for st in sc.stmts)
+            at = idx[axis] if offset == "0" else f"({idx[axis]} + {offset})"
+            store = f"{out}[{flat([*idx[:axis], at, *idx[axis + 1:]], oshape)}]"
+            code.append(f"{inner}{store} = {v};")
+            code.append(f"{ind}}}")
+            fused += sc.fused
+            loads += sc.loads
+            stores.append(f"{store} = {v}")
+            d = sz(src.shape[axis])
+            offset = d if offset == "0" else f"{offset} + {d}"
+        listing.append(KernelInfo("elementwise", out, fmt_type(n.shape, n.dtype), ["concat", *fused], stores, loads,
+                                  note=f"{len(parts)} parts along axis {axis}, one loop each"))
 
     def kernel_reduce(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
                       listing: list[KernelInfo]) -> None:
@@ -349,7 +407,11 @@ class Lowering:
         acc = self.fresh("acc")
         code.append(f"{inner}{acc_t} {acc} = {init};")
         rin = inner
-        for r, a in zip(ridx, axes):
+        for k, (r, a) in enumerate(zip(ridx, axes)):
+            if k == len(axes) - 1 and p.op == Op.SUM and p.dtype.is_float:
+                # vector lanes of partial sums (the order of a float sum is not fixed anyway; f32 sums in f64):
+                # a layer norm's row sums were the scalar bottleneck of its step
+                code.append(f"{rin}#pragma omp simd reduction(+:{acc})")
             code.append(f"{rin}for (int64_t {r} = 0; {r} < {sz(src.shape[a])}; {r}++)")
         code.append(f"{rin}{{")
         sc = Scalar(self, ctx)
@@ -400,7 +462,7 @@ class Lowering:
         acc_t = "double" if p.dtype == DType.float32 else ctype(p.dtype)
         ob, r, j, acc = self.fresh("ob"), self.fresh("r"), self.fresh("j"), self.fresh("acc")
         buf = ctx.buffer(src)
-        code += [f"{ind}#pragma omp for schedule(static)",
+        code += [*self.omp_for(ind),
                  f"{ind}for (int64_t {ob} = 0; {ob} < {nout}; {ob} += 256) {{",
                  f"{ind}    const int64_t n_ = {nout} - {ob} < 256 ? {nout} - {ob} : 256;",
                  f"{ind}    {acc_t} {acc}[256];",
@@ -459,7 +521,7 @@ class Lowering:
         if scope is None:
             return name, False
         scope.pre.extend(pack_panels(self, p.dtype, K, (f"({ptr} + ({off}))", st[-2], st[-1]), columns, name,
-                                     scope.ind))
+                                     scope.ind, shared=True))
         scope.packed[key] = name
         return name, True
 
@@ -534,12 +596,16 @@ class Lowering:
     # ---- loops --------------------------------------------------------------------------------------------
     def lower_loop(self, n: Node, ctx: GraphCtx, code: list[str], ind: str, listing: list[KernelInfo],
                    dest: dict[int, str]) -> None:
+        """A scan or loop as ``for (t ...)`` around its body's kernels; a row-separable scan (see
+        ``passes.rows``) runs with its batch rows split among the threads, each running every step on its own rows
+        with no barrier until the loop ends, others with each kernel work-shared (a barrier per kernel)."""
         sz = self.sizes
         a = n.attrs
-        body: Graph = a["body"]
+        is_scan = n.op == Op.SCAN
+        split = self.row_split(n) if is_scan else None
+        body: Graph = split.body if split else a["body"]
         if body.effects:
             raise Unsupported("loop bodies with side effects run on the reference backend")
-        is_scan = n.op == Op.SCAN
         nc = a["n_carry"] if is_scan else a["n_state"]
         nx = a["n_xs"] if is_scan else 0
         self.stats["scans"] += 1
@@ -560,15 +626,23 @@ class Lowering:
         info = KernelInfo("scan" if is_scan else "loop", ", ".join(results[:nc] + results[nc:]), "", [],
                           note="")
         listing.append(info)
-        cur, nxt = [], []
+        rows = RowScope(self.fresh("r0"), self.fresh("nrow"), split.batch) if split else None
+        carry_bufs = []
         for k in range(nc):
             shape, dt = n.types[k]
             c_a, c_b = self.alloc(dt, shape), self.alloc(dt, shape)
+            carry_bufs.append((c_a, c_b))
+            self._copy(srcs[k], ctx, c_a, code, ind, info.children)
+        if rows is not None:
+            code += rows.declare(self.gemm.mr, sz, ind)
+        cur, nxt = [], []
+        for k, (c_a, c_b) in enumerate(carry_bufs):
+            shape, dt = n.types[k]
+            off = f" + {rows.r0} * ({sz.prod(shape[1:])})" if rows else ""
             cur.append(self.fresh("cur"))
             nxt.append(self.fresh("nxt"))
-            self._copy(srcs[k], ctx, c_a, code, ind, info.children)
-            code.append(f"{ind}{ctype(dt)}* {cur[-1]} = {c_a};")
-            code.append(f"{ind}{ctype(dt)}* {nxt[-1]} = {c_b};")
+            code.append(f"{ind}{ctype(dt)}* {cur[-1]} = {c_a}{off};")
+            code.append(f"{ind}{ctype(dt)}* {nxt[-1]} = {c_b}{off};")
         if is_scan:
             length = sz(srcs[nc].shape[0]) if nx else sz(a["length"])
         else:
@@ -577,9 +651,17 @@ class Lowering:
         rev = is_scan and a["reverse"]
         at = len(code)
         info.note = f"{'reverse ' if rev else ''}for {tt} in 0..{length}"
+        if rows is not None:
+            info.note += f", batch rows split among threads ({rows.nrow} rows each, no barrier per step)"
         code.append(f"{ind}for (int64_t {t} = 0; {t} < {length}; {t}++) {{")
         inner = ind + "    "
         code.append(f"{inner}const int64_t {tt} = {f'{length} - 1 - {t}' if rev else t};")
+
+        def step(buf: str, shape: Sequence[int]) -> str:
+            """This step's slice of a stacked [T, batch, ...] buffer (this thread's rows of it)."""
+            off = f" + {rows.r0} * ({sz.prod(shape[2:])})" if rows else ""
+            return f"({buf} + {tt} * ({sz.prod(shape[1:])}){off})"
+
         ins = []
         if not is_scan and a["with_index"]:
             li = self.fresh("li")
@@ -588,18 +670,25 @@ class Lowering:
         ins += cur
         for k in range(nx):
             x = srcs[nc + k]
-            ins.append(f"({ctx.buffer(x)} + {tt} * ({sz.prod(x.shape[1:])}))")
-        ins += [ctx.buffer(s) for s in srcs[nc + nx:]]
+            ins.append(step(ctx.buffer(x), x.shape))
+            if rows is not None:
+                code += self._prefetch_next_step(ctx.buffer(x), x, rows, t, length, rev, inner)
+        for k, s in enumerate(srcs[nc + nx:], start=nc + nx):
+            own_rows = rows is not None and k in split.per_row
+            ins.append(f"({ctx.buffer(s)} + {rows.r0} * ({sz.prod(s.shape[1:])}))" if own_rows else ctx.buffer(s))
         outs = list(nxt)
         for j in range(len(n.types) - nc):
-            shape, _ = n.types[nc + j]
-            outs.append(f"({results[nc + j]} + {tt} * ({sz.prod(shape[1:])}))")
+            outs.append(step(results[nc + j], n.types[nc + j][0]))
         scope = LoopScope({ctx.buffer(s) for s in srcs[nc + nx:]}, [], ind)
         self.scopes.append(scope)
+        outer_rows, outer_sizes = self.rows, self.sizes
+        if rows is not None:
+            self.rows, self.sizes = rows, sz.with_local(ROWS, rows.nrow)
         try:
             self.lower_graph(body, ins, outs, code, inner, info.children)
         finally:
             self.scopes.pop()
+            self.rows, self.sizes = outer_rows, outer_sizes
         code[at:at] = scope.pre
         for c, x in zip(cur, nxt):
             tmp = self.fresh("sw")
@@ -607,7 +696,54 @@ class Lowering:
         code.append(f"{ind}}}")
         for k in range(nc):
             shape, dt = n.types[k]
-            self._copy_ptr(cur[k], results[k], dt, shape, code, ind)
+            if rows is None:
+                self._copy_ptr(cur[k], results[k], dt, shape, code, ind)
+            else:  # each thread its own rows, then one barrier: the scan's results are complete after it
+                i, rest = self.fresh("i"), sz.prod(shape[1:])
+                code.append(f"{ind}for (int64_t {i} = 0; {i} < {rows.nrow} * ({rest}); {i}++) "
+                            f"{results[k]}[{rows.r0} * ({rest}) + {i}] = {cur[k]}[{i}];")
+        if rows is not None:
+            code.append(f"{ind}#pragma omp barrier")
+
+    def _prefetch_next_step(self, buf: str, x: Node, rows: RowScope, t: str, length: str, rev: bool,
+                            ind: str) -> list[str]:
+        """Touch this thread's rows of the next step's slice of a scanned input while this step computes: the
+        slice (e.g. the hoisted input projection, [T, batch, 4H], far bigger than any cache) is read in column
+        tiles with a row stride the hardware prefetcher does not follow, so without this every step starts with
+        cache misses (measured: the premul loads took ~1/4 of an LSTM step's cell-update time at H = 96)."""
+        sz = self.sizes
+        nxt = f"{length} - 2 - {t}" if rev else f"{t} + 1"
+        rest = sz.prod(x.shape[2:])
+        o = self.fresh("pf")
+        base = f"(const char*)({buf} + ({nxt}) * ({sz.prod(x.shape[1:])}) + {rows.r0} * ({rest}))"
+        return [f"{ind}if ({t} + 1 < {length})",
+                f"{ind}    for (int64_t {o} = 0; {o} < {rows.nrow} * ({rest}) * (int64_t)sizeof({ctype(x.dtype)}); "
+                f"{o} += 64) __builtin_prefetch({base} + {o});"]
+
+    def row_split(self, n: Node) -> RowSplit | None:
+        """``n``'s row-local body when splitting its batch rows among threads is possible and worth it: the body
+        is row-separable, every kernel in it has the batch axis (work without it would be repeated by every
+        thread), and the batch gives each of two threads at least one micro-kernel row block."""
+        if not self.gemm.row_split or self.rows is not None or self.scopes:
+            return None
+        split = row_split(n)
+        why = None
+        if isinstance(split, NotSeparable):
+            why = str(split)
+        elif not self.sizes.is_static(split.batch) or int(split.batch) < 2 * self.gemm.mr:
+            why = f"batch {split.batch} is too small to split among threads"
+        else:
+            g = group(split.body)
+            for m in split.body.order:
+                if m.op in (Op.INPUT, Op.DATA, Op.PROJ) or id(m) in g.alias or not g.is_stored(m):
+                    continue
+                if not (m.shape and _is_rows(m.shape[0])):
+                    why = f"{m.op.name.lower()} at {m.loc} in the body has no batch axis (it would run per thread)"
+                    break
+        if why is not None:
+            log.debug("scan at %s not split by rows: %s", n.loc, why)
+            return None
+        return split
 
     def _copy(self, src: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
               listing: list[KernelInfo]) -> None:
@@ -616,8 +752,31 @@ class Lowering:
     def _copy_ptr(self, src: str, dst: str, dt: DType, shape: Sequence[int], code: list[str], ind: str) -> None:
         n = self.sizes.prod(shape)
         i = self.fresh("i")
-        code.append(f"{ind}#pragma omp for schedule(static)")
+        code += self.omp_for(ind)
         code.append(f"{ind}for (int64_t {i} = 0; {i} < {n}; {i}++) {dst}[{i}] = {src}[{i}];")
+
+
+@dataclass(frozen=True)
+class RowScope:
+    """One thread's rows of a row-split scan: C variables for its first row and row count, and the full batch."""
+
+    r0: str
+    nrow: str
+    batch: int
+
+    def declare(self, mr: int, sz: Sizes, ind: str) -> list[str]:
+        """Rows split in whole MR-row blocks (the micro-kernel's height), as evenly as they go."""
+        n = sz(self.batch)
+        return [f"{ind}const int64_t nblk_{self.r0} = ({n} + {mr - 1}) / {mr};",
+                f"{ind}const int64_t b0_{self.r0} = nblk_{self.r0} * nf_thread() / nf_team(), "
+                f"b1_{self.r0} = nblk_{self.r0} * (nf_thread() + 1) / nf_team();",
+                f"{ind}const int64_t {self.r0} = b0_{self.r0} * {mr} < {n} ? b0_{self.r0} * {mr} : {n};",
+                f"{ind}const int64_t {self.nrow} = (b1_{self.r0} * {mr} < {n} ? b1_{self.r0} * {mr} : {n}) - "
+                f"{self.r0};"]
+
+
+def _is_rows(d: int) -> bool:
+    return isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] == ROWS
 
 
 def _last(sc: Scalar) -> str:
