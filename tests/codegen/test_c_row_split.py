@@ -104,14 +104,14 @@ def test_lstm_rows(N: int, dt) -> None:
 @pytest.mark.parametrize("N", [12, 29])
 def test_layer_norm_lstm_reverse_and_wide_outputs(N: int) -> None:
     args = _lstm_args(6, N, 5, 8)
-    assert "batch rows split" in _split_notes(ln_lstm, args)[0]
+    assert "batch rows split" in _split_notes(ln_lstm, args)[0] and "rows at a time" in _split_notes(ln_lstm, args)[0]
     _check(ln_lstm, args)
 
 
 @pytest.mark.parametrize("N", [12, 31])
 def test_gru_with_per_row_mask_and_passed_through_carry(N: int) -> None:
     args = _gru_args(4, N, 6, 10)
-    assert "batch rows split" in _split_notes(gru_masked, args)[0]
+    assert "rows at a time" in _split_notes(gru_masked, args)[0]
     _check(gru_masked, args)
 
 

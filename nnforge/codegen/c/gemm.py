@@ -55,6 +55,7 @@ class GemmConfig:
     packed_a_min_k: int = 512  # K from which the packed-A, K-sliced loops are always used
     # Row-separable scans run with the batch rows split among threads, no barrier per step (``passes.rows``).
     row_split: bool = True
+    row_block_max_weight_bytes: int = 512 * 1024  # a row-split body runs per row block while its weights fit L2/2
 
     def nr(self, dt: DType) -> int:
         return self.nr32 if dt == DType.float32 else self.nr64

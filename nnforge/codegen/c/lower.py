@@ -12,6 +12,7 @@ All buffers are allocated once before the parallel region (loop bodies reuse the
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -626,7 +627,12 @@ class Lowering:
         info = KernelInfo("scan" if is_scan else "loop", ", ".join(results[:nc] + results[nc:]), "", [],
                           note="")
         listing.append(info)
-        rows = RowScope(self.fresh("r0"), self.fresh("nrow"), split.batch) if split else None
+        rows = None
+        if split:
+            r0, nrow = self.fresh("r0"), self.fresh("nrow")
+            blk = self.row_block(split)
+            row, count = (self.fresh("row"), self.fresh("nb")) if blk else (r0, nrow)
+            rows = RowScope(r0, nrow, split.batch, row, count, blk)
         carry_bufs = []
         for k in range(nc):
             shape, dt = n.types[k]
@@ -653,13 +659,15 @@ class Lowering:
         info.note = f"{'reverse ' if rev else ''}for {tt} in 0..{length}"
         if rows is not None:
             info.note += f", batch rows split among threads ({rows.nrow} rows each, no barrier per step)"
+            if rows.block:
+                info.note += f", the body run {rows.block} rows at a time"
         code.append(f"{ind}for (int64_t {t} = 0; {t} < {length}; {t}++) {{")
         inner = ind + "    "
         code.append(f"{inner}const int64_t {tt} = {f'{length} - 1 - {t}' if rev else t};")
 
         def step(buf: str, shape: Sequence[int]) -> str:
             """This step's slice of a stacked [T, batch, ...] buffer (this thread's rows of it)."""
-            off = f" + {rows.r0} * ({sz.prod(shape[2:])})" if rows else ""
+            off = f" + {rows.row} * ({sz.prod(shape[2:])})" if rows else ""
             return f"({buf} + {tt} * ({sz.prod(shape[1:])}){off})"
 
         ins = []
@@ -667,7 +675,13 @@ class Lowering:
             li = self.fresh("li")
             code.append(f"{inner}int64_t {li} = {tt};")
             ins.append(f"(&{li})")
-        ins += cur
+        def block(ptr: str, shape: Sequence[int]) -> str:
+            """A carry buffer (already at this thread's rows) at the current row block."""
+            if rows is None or not rows.block:
+                return ptr
+            return f"({ptr} + ({rows.row} - {rows.r0}) * ({sz.prod(shape[1:])}))"
+
+        ins += [block(c, n.types[k][0]) for k, c in enumerate(cur)]
         for k in range(nx):
             x = srcs[nc + k]
             ins.append(step(ctx.buffer(x), x.shape))
@@ -675,20 +689,30 @@ class Lowering:
                 code += self._prefetch_next_step(ctx.buffer(x), x, rows, t, length, rev, inner)
         for k, s in enumerate(srcs[nc + nx:], start=nc + nx):
             own_rows = rows is not None and k in split.per_row
-            ins.append(f"({ctx.buffer(s)} + {rows.r0} * ({sz.prod(s.shape[1:])}))" if own_rows else ctx.buffer(s))
-        outs = list(nxt)
+            ins.append(f"({ctx.buffer(s)} + {rows.row} * ({sz.prod(s.shape[1:])}))" if own_rows else ctx.buffer(s))
+        outs = [block(c, n.types[k][0]) for k, c in enumerate(nxt)]
         for j in range(len(n.types) - nc):
             outs.append(step(results[nc + j], n.types[nc + j][0]))
+        body_ind = inner
+        if rows is not None and rows.block:
+            rb = self.fresh("rb")
+            code += [f"{inner}for (int64_t {rb} = 0; {rb} < {rows.nrow}; {rb} += {rows.block}) {{",
+                     f"{inner}    const int64_t {rows.row} = {rows.r0} + {rb};",
+                     f"{inner}    const int64_t {rows.count} = {rows.nrow} - {rb} < {rows.block} ? "
+                     f"{rows.nrow} - {rb} : {rows.block};"]
+            body_ind = inner + "    "
         scope = LoopScope({ctx.buffer(s) for s in srcs[nc + nx:]}, [], ind)
         self.scopes.append(scope)
         outer_rows, outer_sizes = self.rows, self.sizes
         if rows is not None:
-            self.rows, self.sizes = rows, sz.with_local(ROWS, rows.nrow)
+            self.rows, self.sizes = rows, sz.with_local(ROWS, rows.count)
         try:
-            self.lower_graph(body, ins, outs, code, inner, info.children)
+            self.lower_graph(body, ins, outs, code, body_ind, info.children)
         finally:
             self.scopes.pop()
             self.rows, self.sizes = outer_rows, outer_sizes
+        if body_ind != inner:
+            code.append(f"{inner}}}")
         code[at:at] = scope.pre
         for c, x in zip(cur, nxt):
             tmp = self.fresh("sw")
@@ -719,6 +743,19 @@ class Lowering:
         return [f"{ind}if ({t} + 1 < {length})",
                 f"{ind}    for (int64_t {o} = 0; {o} < {rows.nrow} * ({rest}) * (int64_t)sizeof({ctype(x.dtype)}); "
                 f"{o} += 64) __builtin_prefetch({base} + {o});"]
+
+    def row_block(self, split: RowSplit) -> int:
+        """Rows per pass through a row-split body (0: all of a thread's rows at once). A body of several kernels
+        (a layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) is run one micro-kernel row
+        block at a time, so what one kernel writes the next reads from L1; the weights are then read once per
+        block, so only when they fit in half of L2 (a single fused kernel gains nothing from blocks)."""
+        g = group(split.body)
+        kernels = [m for m in split.body.order if m.op not in (Op.INPUT, Op.DATA, Op.PROJ) and id(m) not in g.alias
+                   and g.is_stored(m)]
+        per_row = {id(split.body.inputs[k]) for k in split.per_row}
+        weights = sum(math.prod(int(d) for d in i.shape) * i.dtype.itemsize for i in split.body.inputs
+                      if id(i) not in per_row and not (i.shape and _is_rows(i.shape[0])))
+        return self.gemm.mr if len(kernels) > 1 and weights <= self.gemm.row_block_max_weight_bytes else 0
 
     def row_split(self, n: Node) -> RowSplit | None:
         """``n``'s row-local body when splitting its batch rows among threads is possible and worth it: the body
@@ -758,11 +795,15 @@ class Lowering:
 
 @dataclass(frozen=True)
 class RowScope:
-    """One thread's rows of a row-split scan: C variables for its first row and row count, and the full batch."""
+    """One thread's rows of a row-split scan: C variables for its first row and row count, the full batch, and
+    the rows the body is run on now (``row``, ``count``: the thread's rows, or one block of ``block`` of them)."""
 
     r0: str
     nrow: str
     batch: int
+    row: str
+    count: str
+    block: int = 0
 
     def declare(self, mr: int, sz: Sizes, ind: str) -> list[str]:
         """Rows split in whole MR-row blocks (the micro-kernel's height), as evenly as they go."""
