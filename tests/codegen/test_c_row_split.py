@@ -169,3 +169,14 @@ def test_other_thread_counts(threads: int) -> None:
     assert res.returncode == 0, res.stderr
     errs = json.loads(res.stdout.strip().splitlines()[-1])
     assert all(e < 3e-5 for e in errs.values()), errs
+
+
+def test_wide_weights_stay_work_shared(caplog: pytest.LogCaptureFixture) -> None:
+    """W_hh of H = 384 (2.3 MB in f32) does not fit half of L2: each thread would stream all of it every step."""
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="nnforge.codegen.c"):
+        notes = _split_notes(lstm, _lstm_args(2, 16, 4, 384))
+    assert "batch rows split" not in notes[0]
+    assert any("exceed 512 KB" in r.getMessage() for r in caplog.records)
+    assert "batch rows split" in _split_notes(lstm, _lstm_args(2, 16, 4, 128))[0]  # W_hh 256 KB

@@ -53,9 +53,10 @@ class GemmConfig:
     kc: int = 256
     packed_a_min_m: int = 1024  # rows (a run-time size counts as large) from which pack_a applies
     packed_a_min_k: int = 512  # K from which the packed-A, K-sliced loops are always used
-    # Row-separable scans run with the batch rows split among threads, no barrier per step (``passes.rows``).
+    # Row-separable scans run with the batch rows split among threads, no barrier per step (``passes.rows``),
+    # while the weights every thread then reads each step fit in half of L2.
     row_split: bool = True
-    row_block_max_weight_bytes: int = 512 * 1024  # a row-split body runs per row block while its weights fit L2/2
+    row_split_max_weight_bytes: int = 512 * 1024
 
     def nr(self, dt: DType) -> int:
         return self.nr32 if dt == DType.float32 else self.nr64

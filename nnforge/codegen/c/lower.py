@@ -747,20 +747,18 @@ class Lowering:
     def row_block(self, split: RowSplit) -> int:
         """Rows per pass through a row-split body (0: all of a thread's rows at once). A body of several kernels
         (a layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) is run one micro-kernel row
-        block at a time, so what one kernel writes the next reads from L1; the weights are then read once per
-        block, so only when they fit in half of L2 (a single fused kernel gains nothing from blocks)."""
+        block at a time, so what one kernel writes the next reads from L1 (a single fused kernel gains nothing)."""
         g = group(split.body)
         kernels = [m for m in split.body.order if m.op not in (Op.INPUT, Op.DATA, Op.PROJ) and id(m) not in g.alias
                    and g.is_stored(m)]
-        per_row = {id(split.body.inputs[k]) for k in split.per_row}
-        weights = sum(math.prod(int(d) for d in i.shape) * i.dtype.itemsize for i in split.body.inputs
-                      if id(i) not in per_row and not (i.shape and _is_rows(i.shape[0])))
-        return self.gemm.mr if len(kernels) > 1 and weights <= self.gemm.row_block_max_weight_bytes else 0
+        return self.gemm.mr if len(kernels) > 1 else 0
 
     def row_split(self, n: Node) -> RowSplit | None:
         """``n``'s row-local body when splitting its batch rows among threads is possible and worth it: the body
         is row-separable, every kernel in it has the batch axis (work without it would be repeated by every
-        thread), and the batch gives each of two threads at least one micro-kernel row block."""
+        thread), the batch gives each of two threads at least one micro-kernel row block, and the weights fit in
+        half of L2 (measured, bench/row_split_cpu.py: 8-23 % faster at H = 96, 1-5 % slower at H = 384 / 512,
+        where each thread re-reading all of W_hh from L3 every step costs what the barriers saved)."""
         if not self.gemm.row_split or self.rows is not None or self.scopes:
             return None
         split = row_split(n)
@@ -769,6 +767,10 @@ class Lowering:
             why = str(split)
         elif not self.sizes.is_static(split.batch) or int(split.batch) < 2 * self.gemm.mr:
             why = f"batch {split.batch} is too small to split among threads"
+        elif _weight_bytes(split) > self.gemm.row_split_max_weight_bytes:
+            why = (f"its weights ({_weight_bytes(split) // 1024} KB) exceed "
+                   f"{self.gemm.row_split_max_weight_bytes // 1024} KB: every thread would stream all of them from "
+                   "L3 each step, where work-shared steps read half each")
         else:
             g = group(split.body)
             for m in split.body.order:
@@ -814,6 +816,13 @@ class RowScope:
                 f"{ind}const int64_t {self.r0} = b0_{self.r0} * {mr} < {n} ? b0_{self.r0} * {mr} : {n};",
                 f"{ind}const int64_t {self.nrow} = (b1_{self.r0} * {mr} < {n} ? b1_{self.r0} * {mr} : {n}) - "
                 f"{self.r0};"]
+
+
+def _weight_bytes(split: RowSplit) -> int:
+    """Bytes of the loop-invariant inputs a row-split body reads whole (its weights), which every thread reads."""
+    per_row = {id(split.body.inputs[k]) for k in split.per_row}
+    return sum(math.prod(int(d) for d in i.shape) * i.dtype.itemsize for i in split.body.inputs
+               if id(i) not in per_row and not (i.shape and _is_rows(i.shape[0])))
 
 
 def _is_rows(d: int) -> bool:
