@@ -57,6 +57,7 @@ class GemmConfig:
     # while the weights every thread then reads each step fit in half of L2.
     row_split: bool = True
     row_split_max_weight_bytes: int = 512 * 1024
+    share_buffers: bool = True  # workspace buffers with disjoint lifetimes share memory (``memplan``)
 
     def nr(self, dt: DType) -> int:
         return self.nr32 if dt == DType.float32 else self.nr64

@@ -25,6 +25,7 @@ from ...passes.fuse import Grouping, SlicedGroup, group
 from ...passes.rows import ROWS, NotSeparable, RowSplit, row_split
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
+from .memplan import Slot, plan
 from .parts import UNIT_MARK, part_functions, split_parts
 from .views import index_map, strided
 
@@ -179,6 +180,7 @@ class Lowering:
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
         self.names: set[str] = set()  # every name ``fresh`` made (the part deduplication renames them)
         self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
+        self.workspace_slots: list[str] = []  # byte sizes of the workspace's slots (``memplan``), set by source()
 
     @property
     def serial(self) -> bool:
@@ -204,11 +206,15 @@ class Lowering:
         name = self.fresh("b")
         rows = self.rows
         if rows is not None and shape and _is_rows(shape[0]):
-            full = self.sizes.prod([rows.batch, *shape[1:]])
-            self.allocs.append((name, ctype(dt), f"({full}) * (int64_t)sizeof({ctype(dt)})"))
+            self.allocs.append((name, ctype(dt), self._bytes(dt, [rows.batch, *shape[1:]])))
             return f"({name} + {rows.r0} * ({self.sizes.prod(shape[1:])}))"
-        self.allocs.append((name, ctype(dt), f"({self.sizes.prod(shape)}) * (int64_t)sizeof({ctype(dt)})"))
+        self.allocs.append((name, ctype(dt), self._bytes(dt, shape)))
         return name
+
+    def _bytes(self, dt: DType, shape: Sequence[int]) -> str:
+        """A buffer's size in bytes as C: a number when static (so the memory planner can compare sizes)."""
+        count = self.sizes.prod(shape)
+        return str(int(count) * dt.itemsize) if count.isdigit() else f"({count}) * (int64_t)sizeof({ctype(dt)})"
 
     # ---- top level ----------------------------------------------------------------------------------------
     def source(self) -> str:
@@ -229,14 +235,21 @@ class Lowering:
         # how many bytes at these sizes): no malloc, free or first-touch page faults per call.
         n_ws = n_in + len(self.data) + len(g.outputs)
         calls, fns, protos = part_functions(parts, [(name, ct) for name, ct, _ in self.allocs], self.names)
+        if self.gemm.share_buffers:
+            slots, where = plan(parts, self.allocs)
+        else:
+            slots, where = [Slot([size]) for _, _, size in self.allocs], list(range(len(self.allocs)))
+        self.workspace_slots = [slot.size() for slot in slots]
         lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
                  UNIT_MARK, *protos, "int64_t nf_workspace(const int64_t* S) {", "    (void)S;", "    int64_t n = 0;"]
-        lines += [f"    n += NF_R64({size});" for _, _, size in self.allocs]
+        lines += [f"    n += NF_R64({size});" for size in self.workspace_slots]
         lines += ["    return n;", "}"]
         lines += ["void nf_main(void** args, const int64_t* S) {",
                   f"    char* ws_ = (char*)args[{n_ws}];", "    int64_t wo_ = 0;"]
-        for name, ct, size in self.allocs:
-            lines.append(f"    {ct}* {name} = ({ct}*)(ws_ + wo_); wo_ += NF_R64({size});")
+        for k, size in enumerate(self.workspace_slots):
+            lines.append(f"    char* slot{k}_ = ws_ + wo_; wo_ += NF_R64({size});")
+        for (name, ct, _), k in zip(self.allocs, where):
+            lines.append(f"    {ct}* {name} = ({ct}*)slot{k}_;")
         lines.append("    #pragma omp parallel")
         lines.append("    {")
         lines.extend(f"        {c}" for c in calls)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -36,6 +36,12 @@ class CProgram:
         self._ws_bytes.argtypes = [ctypes.c_void_p]
         self._ws = np.empty(0, np.uint8)  # scratch reused across calls: its pages stay mapped
         self._ws_lock = threading.Lock()  # a concurrent call (nf_main runs without the GIL) gets its own
+
+    def workspace_bytes(self, env: Mapping[str, int] | None = None) -> int:
+        """Scratch bytes one call needs at the run-time sizes ``env`` (symbol -> size; missing ones are 0)."""
+        env = env or {}
+        sizes = np.array([int(env.get(name, 0)) for name in self.sizes.dynamic] or [0], dtype=np.int64)
+        return int(self._ws_bytes(sizes.ctypes.data))
 
     def _env(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
         env: dict[str, int] = {}
