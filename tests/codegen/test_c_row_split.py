@@ -12,37 +12,23 @@ import textwrap
 
 import numpy as np
 import pytest
+from test_gemm import _ln
+from test_scan import lstm
 
 import nnforge as nf
 
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
 
-def _ln(v):
-    mu = v.mean(-1, keepdims=True)
-    d = v - mu
-    return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
-
-
-def lstm(x, h0, c0, w_ih, w_hh, b):
-    def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
-        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-        h = nf.sigmoid(o) * nf.tanh(c)
-        return (h, c), h
-
-    (h, c), ys = nf.scan(cell, (h0, c0), x)
-    return ys, h, c
-
-
 def ln_lstm(x, h0, c0, w_ih, w_hh, b):
+    """test_gemm's layer-norm LSTM, run in reverse, with a step output wider than the carries."""
+
     def cell(carry, x_t):
         h, c = carry
         i, f, g, o = (_ln(x_t @ w_ih.T) + _ln(h @ w_hh.T) + b).chunk(4, axis=-1)
         c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
         h = nf.sigmoid(o) * nf.tanh(_ln(c))
-        return (h, c), nf.concat([h, c], axis=-1)  # a step output wider than the carries
+        return (h, c), nf.concat([h, c], axis=-1)
 
     (h, c), ys = nf.scan(cell, (h0, c0), x, reverse=True)
     return ys, h, c

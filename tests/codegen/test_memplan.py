@@ -40,17 +40,12 @@ def test_run_time_sizes_take_the_maximum() -> None:
 
 @needs_cpu
 def test_training_step_workspace_shrinks_and_results_match() -> None:
+    from test_scan import lstm
+
     from nnforge.codegen.c import CpuBackend, GemmConfig
 
-    def lstm_loss(x, h0, c0, w_ih, w_hh, b):
-        def cell(carry, x_t):
-            h, c = carry
-            i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
-            c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-            h = nf.sigmoid(o) * nf.tanh(c)
-            return (h, c), h
-
-        (h, c), ys = nf.scan(cell, (h0, c0), x)
+    def lstm_loss(*args):
+        ys, h, c = lstm(*args)
         return (ys * ys).mean() + (h * c).sum()
 
     rng = np.random.default_rng()
