@@ -28,8 +28,8 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
 
 CPU_PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("sigmoid_forms", sigmoid_forms),
-    ("hoist", hoist),
-    ("hoist_reductions", hoist_reductions),
+    ("hoist_reductions", hoist_reductions),  # first: a scan rid of its weight-gradient sums may split by rows,
+    ("hoist", hoist),  # which decides how much of the carry-free work hoist lifts out
     ("simplify", simplify),
     ("cse", cse),
     ("dce", dce),

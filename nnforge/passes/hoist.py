@@ -8,6 +8,9 @@ Work in a scan body that does not depend on the carry leaves the loop:
   loop and passed in as new xs: ``x_t @ W`` of every step becomes one ``[T*N, I] @ [I, G]`` GEMM, and a bias
   added to it rides along as that GEMM's epilogue.
 
+In a scan that the CPU backend will split by batch rows (``rows.worth_splitting``) only the GEMM part of a
+carry-free value is hoisted: the elementwise work on top of it stays in the loop (see ``_cut``).
+
 Sums are first re-associated so carry-free terms are added together (``x@Wi + h@Wh + b`` becomes
 ``(x@Wi + b) + h@Wh``); that changes float rounding, so this pass belongs to the CPU pipeline.
 """
@@ -18,6 +21,7 @@ from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
 from .rewrite import map_nodes, substitute
+from .rows import RowSplit, worth_splitting
 
 _VARIANT_LEAVES = (Op.RAND, Op.FEEDER)
 
@@ -144,20 +148,48 @@ def _worth(n: Node, body: Graph, kind: str) -> bool:
     return any(m.op in ELEMENTWISE or m.op in MOVEMENT or m.op in (Op.MATMUL, *REDUCE) for m in cone)
 
 
+def _linear(n: Node, cls: dict[int, str]) -> bool:
+    """A matmul, or a sum of matmuls and loop invariants (a bias): what a hoisted GEMM computes with its epilogue."""
+    if n.op == Op.MATMUL:
+        return True
+    if n.op == Op.ADD:
+        return any(_linear(s, cls) for s in n.srcs) and all(_linear(s, cls) or cls[id(s)] == "inv" for s in n.srcs)
+    return False
+
+
+def _cut(m: Node, cls: dict[int, str], body: Graph) -> list[Node]:
+    """The GEMM parts of a carry-free step value ``m``: what to compute for all steps before the loop. The
+    elementwise and movement work on top of them (the sigmoid / tanh of recomputed gates in a backward scan, a
+    layer norm) stays in the loop: hoisted it would only write and re-read a [T, N, H] array per op, for the same
+    arithmetic, where in the loop it fuses into the step's kernels."""
+    if _linear(m, cls) or m.op not in ELEMENTWISE | MOVEMENT | REDUCE:
+        return [m]
+    out: list[Node] = []
+    for s in m.srcs:
+        if cls[id(s)] == "step" and _worth(s, body, "step"):
+            out += [c for c in _cut(s, cls, body) if all(c is not o for o in out)]
+    return out or [m]
+
+
 def _hoist_scan(n: Node) -> Node | None:
     a = n.attrs
     nc, nx = a["n_carry"], a["n_xs"]
+    # Only a loop split by rows runs the step's extra elementwise kernels without barriers: elsewhere each would
+    # cost one per step, so there the whole carry-free value is hoisted.
+    cut = isinstance(worth_splitting(n), RowSplit)
     body = _reassociate(a["body"], nc, nx)
     cls = _classes(body, nc, nx)
     us = users(body.order)
     outs = {id(o) for o in body.outputs}
-    roots = []
+    roots: list[Node] = []
     for m in body.order:
         kind = cls[id(m)]
         if kind == "carry" or m.op in (Op.INPUT, Op.CONST):
             continue
         if (id(m) in outs or any(cls[id(u)] == "carry" for u in us.get(id(m), []))) and _worth(m, body, kind):
-            roots.append(m)
+            for r in _cut(m, cls, body) if kind == "step" and cut else [m]:
+                if all(r is not o for o in roots):
+                    roots.append(r)
     if not roots:
         return None if body is a["body"] else make(Op.SCAN, n.srcs, {**a, "body": body}, n.types, loc=n.loc)
     lifter = _Lifter(body, n.srcs, nc, nx)

@@ -20,7 +20,7 @@ from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from .rewrite import substitute
-from .rows import MIN_SPLIT_BATCH, RowSplit, row_split
+from .rows import RowSplit, worth_splitting
 
 
 def _term(body: Graph, k: int, nc: int, nx: int) -> tuple[str, Node, int] | None:
@@ -73,8 +73,7 @@ def _hoist_reductions(n: Node, min_bytes: float, read_transposed: set[int]) -> t
     # Measured on Zen 3 (2026-11-22, training step, T = 100-200, N = 64): 10 % faster at H = 128 (dW 262 KB),
     # 6-7 % slower at H = 96 (147 KB), where the per-step dW stays in L1/L2 and the loop's barriers are cheap.
     r = _hoisted(n, found, outer, read_transposed)
-    split = row_split(r[0])
-    return r if isinstance(split, RowSplit) and int(split.batch) >= MIN_SPLIT_BATCH else None
+    return r if isinstance(worth_splitting(r[0]), RowSplit) else None
 
 
 def _hoisted(n: Node, found: dict[int, tuple[str, Node, int]], gemms: set[int],

@@ -23,6 +23,7 @@ numbers) makes the body not row-separable; the reason is returned for ``NNFORGE_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..ir.build import make, rebuild
@@ -35,6 +36,11 @@ ROWS = "nf_rows"
 
 MIN_SPLIT_BATCH = 12
 """The smallest batch split among threads: two of the C backend's 6-row micro-kernel blocks (``GemmConfig.mr``)."""
+
+MAX_SPLIT_WEIGHT_BYTES = 512 * 1024
+"""The most weight bytes a split body may read: each thread reads all of them every step, so they should stay in
+half of a 1 MiB L2 (measured, bench/row_split_cpu.py: 8-23 % faster at H = 96, 1-5 % slower at H = 384 / 512,
+where re-reading W_hh from L3 each step costs what the saved barriers gave)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,40 @@ def row_split(scan: Node) -> RowSplit | NotSeparable:
         return _split(scan)
     except NotSeparable as why:
         return why
+
+
+def worth_splitting(scan: Node) -> RowSplit | NotSeparable:
+    """``row_split`` and the policy on top of it: a batch of at least ``MIN_SPLIT_BATCH`` rows and per-step weights
+    within ``MAX_SPLIT_WEIGHT_BYTES`` (the passes that prepare a split and the C backend decide alike)."""
+    split = row_split(scan)
+    if isinstance(split, NotSeparable):
+        return split
+    if int(split.batch) < MIN_SPLIT_BATCH:
+        return NotSeparable(f"batch {split.batch} is too small to split among threads")
+    w = step_weight_bytes(scan)
+    if w > MAX_SPLIT_WEIGHT_BYTES:
+        return NotSeparable(f"its weights ({w // 1024} KB) exceed {MAX_SPLIT_WEIGHT_BYTES // 1024} KB: every thread "
+                            "would stream all of them from L3 each step, where work-shared steps read half each")
+    return split
+
+
+def step_weight_bytes(scan: Node) -> int:
+    """Bytes of the matrices the loop must read every step: right operands of matmuls whose left operand depends
+    on a carry (``h @ W_hh``). A matmul of step inputs only (``x_t @ W_ih``) does not count: hoisting takes it
+    out of the loop, so the answer is the same before and after that pass."""
+    body: Graph = scan.attrs["body"]
+    nc = scan.attrs["n_carry"]
+    dep = {id(c) for c in body.inputs[:nc]}
+    seen: dict[int, int] = {}
+    for n in body.order:
+        if any(id(s) in dep for s in n.srcs):
+            dep.add(id(n))
+            if n.op == Op.MATMUL and id(n.srcs[0]) in dep and id(n.srcs[1]) not in dep:
+                w = n.srcs[1]
+                while w.op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SLICE) and w.op != Op.INPUT:
+                    w = w.srcs[0]
+                seen[id(w)] = math.prod(int(d) for d in w.shape) * w.dtype.itemsize
+    return sum(seen.values())
 
 
 def _split(scan: Node) -> RowSplit:

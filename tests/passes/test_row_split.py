@@ -10,7 +10,7 @@ import nnforge as nf
 from nnforge.ir.dims import Dim
 from nnforge.ir.ops import Op
 from nnforge.passes import CPU_PIPELINE, run_pipeline
-from nnforge.passes.rows import ROWS, NotSeparable, RowSplit, row_split
+from nnforge.passes.rows import ROWS, NotSeparable, RowSplit, row_split, step_weight_bytes, worth_splitting
 
 
 def _scan_of(fn, *args, cpu: bool = True):
@@ -129,3 +129,29 @@ def test_invariant_with_batch_axis_is_given_per_row() -> None:
     sq = rng.standard_normal((8, 8)).astype(np.float32)
     split = row_split(_scan_of(whole, sq, x.repeat(2, axis=2), sq, cpu=False))
     assert isinstance(split, NotSeparable) and "read both per row and whole" in str(split)
+
+
+def test_step_weights_count_only_what_the_loop_reads_each_step() -> None:
+    """h @ W_hh counts, x_t @ W_ih does not (hoisting takes it out): same answer before and after the CPU passes."""
+    args = _args(N=16, I=5, H=6)
+    for cpu in (False, True):
+        assert step_weight_bytes(_scan_of(lstm, *args, cpu=cpu)) == 4 * 6 * 6 * 4
+
+
+@pytest.mark.parametrize("N,split", [(16, True), (3, False)])
+def test_hoist_leaves_elementwise_work_in_a_loop_split_by_rows(N: int, split: bool) -> None:
+    """A backward LSTM scan split by rows keeps the sigmoid / tanh of its recomputed gates in the loop (fused into
+    its per-row-block kernels) and hoists only the GEMM; one that is not split (a batch of 3) gets them hoisted as
+    [T, N, H] arrays, since in the loop each would cost a barrier per step."""
+
+    def loss(*a):
+        _, ys = lstm(*a)
+        return (ys * ys).sum()
+
+    args = _args(T=3, N=N, I=8, H=128)  # dW_hh 256 KB: its sum leaves the loop through the row-split rule
+    g = run_pipeline(nf.compile(nf.grad(loss, argnums=(3, 4, 5))).trace(*args), CPU_PIPELINE)
+    top = {n.op for n in g.order}
+    (bwd,) = [n for n in g.order if n.op == Op.SCAN and n.attrs["reverse"]]
+    assert isinstance(worth_splitting(bwd), RowSplit) == split
+    assert (Op.SIGMOID in top or Op.TANH in top) == (not split)
+    assert Op.MATMUL in top  # the gates' GEMM is hoisted either way

@@ -53,10 +53,9 @@ class GemmConfig:
     kc: int = 256
     packed_a_min_m: int = 1024  # rows (a run-time size counts as large) from which pack_a applies
     packed_a_min_k: int = 512  # K from which the packed-A, K-sliced loops are always used
-    # Row-separable scans run with the batch rows split among threads, no barrier per step (``passes.rows``),
-    # while the weights every thread then reads each step fit in half of L2.
+    # Row-separable scans run with the batch rows split among threads, no barrier per step, where
+    # ``passes.rows.worth_splitting`` says it pays.
     row_split: bool = True
-    row_split_max_weight_bytes: int = 512 * 1024
     share_buffers: bool = True  # workspace buffers with disjoint lifetimes share memory (``memplan``)
 
     def nr(self, dt: DType) -> int:

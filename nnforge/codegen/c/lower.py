@@ -12,7 +12,6 @@ All buffers are allocated once before the parallel region (loop bodies reuse the
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
-from ...passes.rows import ROWS, NotSeparable, RowSplit, row_split
+from ...passes.rows import ROWS, NotSeparable, RowSplit, worth_splitting
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import Slot, plan
@@ -769,21 +768,15 @@ class Lowering:
     def row_split(self, n: Node) -> RowSplit | None:
         """``n``'s row-local body when splitting its batch rows among threads is possible and worth it: the body
         is row-separable, every kernel in it has the batch axis (work without it would be repeated by every
-        thread), the batch gives each of two threads at least one micro-kernel row block, and the weights fit in
-        half of L2 (measured, bench/row_split_cpu.py: 8-23 % faster at H = 96, 1-5 % slower at H = 384 / 512,
-        where each thread re-reading all of W_hh from L3 every step costs what the barriers saved)."""
+        thread), and ``passes.rows.worth_splitting`` (batch and weight size) agrees."""
         if not self.gemm.row_split or self.rows is not None or self.scopes:
             return None
-        split = row_split(n)
+        split = worth_splitting(n)
         why = None
         if isinstance(split, NotSeparable):
             why = str(split)
         elif not self.sizes.is_static(split.batch) or int(split.batch) < 2 * self.gemm.mr:
             why = f"batch {split.batch} is too small to split among threads"
-        elif _weight_bytes(split) > self.gemm.row_split_max_weight_bytes:
-            why = (f"its weights ({_weight_bytes(split) // 1024} KB) exceed "
-                   f"{self.gemm.row_split_max_weight_bytes // 1024} KB: every thread would stream all of them from "
-                   "L3 each step, where work-shared steps read half each")
         else:
             g = group(split.body)
             for m in split.body.order:
@@ -829,13 +822,6 @@ class RowScope:
                 f"{ind}const int64_t {self.r0} = b0_{self.r0} * {mr} < {n} ? b0_{self.r0} * {mr} : {n};",
                 f"{ind}const int64_t {self.nrow} = (b1_{self.r0} * {mr} < {n} ? b1_{self.r0} * {mr} : {n}) - "
                 f"{self.r0};"]
-
-
-def _weight_bytes(split: RowSplit) -> int:
-    """Bytes of the loop-invariant inputs a row-split body reads whole (its weights), which every thread reads."""
-    per_row = {id(split.body.inputs[k]) for k in split.per_row}
-    return sum(math.prod(int(d) for d in i.shape) * i.dtype.itemsize for i in split.body.inputs
-               if id(i) not in per_row and not (i.shape and _is_rows(i.shape[0])))
 
 
 def _is_rows(d: int) -> bool:
