@@ -232,6 +232,10 @@ class Harness:
         params = prepared.parameters if prepared.parameters is not None else list(ctx.module.parameters())
         params = [p for p in params if p.requires_grad]
         cots = [c.to(setup["device"], setup["dtype"]) for c in setup["cotangents"]]
+        if prepared.train is not None:
+            own = prepared.train(cots)
+            own.params = params  # type: ignore[attr-defined]
+            return own
 
         def train_step(*inputs: Any) -> Any:
             for p in params:

@@ -100,3 +100,26 @@ def test_cuda_cells_without_a_gpu_are_skipped_with_the_reason(db: str, fast: dic
     with open_store(db) as s:
         df = s.cells(res.run_id)
     assert set(df["status"]) == {"skipped"} and set(df["error"]) == {"no CUDA device on this machine"}
+
+
+@pytest.mark.parametrize("layout", ["TNC", "NTC"])
+def test_nnforge_training_step_matches_eager_gradients(db: str, fast: dict, layout: str):
+    """Training mode on nnforge: one compiled program (forward + backprop through time) gives the outputs and the
+    weights' gradients; they reach the module's parameters (b_ih and b_hh from the one bias nnforge sees), and the
+    harness checks them against float64 eager autograd like any backend's. Both layouts: the cotangent is mapped
+    back through the variant's output transpose."""
+    import nnforge as nf
+
+    backends = ["eager", "nnforge.reference"] + (["nnforge.cpu"] if "cpu" in nf.available_backends() else [])
+    res = sweep(variants=["lstm_manual", "lstm_combined", "lstm_stacked", "torch_lstm", "torch_gru", "min_gru"],
+                backends=backends, batch=[3], seq_len=[4], mode=["training"], layout=[layout],
+                params={"input_size": 3, "hidden": 5}, db=db, progress=False, table=False, **fast)
+    with open_store(db) as s:
+        df = s.cells(res.run_id)
+    for _, r in df.iterrows():
+        if r.variant == "min_gru" and r.backend.startswith("nnforge"):
+            assert r.status == "skipped" and "no nnforge implementation" in r.error
+        else:
+            assert r.status == "ok", (r.variant, r.backend, r.error)
+            assert r.max_abs_err < 1e-3
+    assert {b for b in df.backend if b.startswith("nnforge")} == set(backends) - {"eager"}

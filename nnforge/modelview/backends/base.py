@@ -43,6 +43,9 @@ class Prepared:
     parameters: list[torch.Tensor] | None = None
     artifact: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    # For a backend whose outputs carry no autograd graph (nnforge): builds the training step from the output
+    # cotangents; the step sets the parameters' ``.grad`` and returns the outputs.
+    train: Callable[[list[torch.Tensor]], Callable[..., Any]] | None = None
 
 
 class Backend:

@@ -138,7 +138,6 @@ class _Nnforge(Backend):
 
     target: str = "reference"
     lazy = True  # nf.compile traces on the first call with a new signature
-    training = False
 
     def applies(self, ctx: Context) -> str | None:
         try:
@@ -155,8 +154,11 @@ class _Nnforge(Backend):
                 return f"nnforge.available_backends() failed: {e}"
             if self.target not in names:
                 return f"nnforge backend {self.target!r} is not available here (available: {', '.join(names) or '-'})"
-        if ctx.variant.nnforge_impl(ctx.request) is None:
+        impl = ctx.variant.nnforge_impl(ctx.request)
+        if impl is None:
             return f"variant {ctx.cell.variant} has no nnforge implementation for these parameters"
+        if ctx.cell.mode == "training" and impl.weights is None:
+            return f"variant {ctx.cell.variant}'s nnforge implementation names no weights to differentiate"
         return None
 
     def prepare(self, ctx: Context) -> Prepared:
@@ -180,7 +182,45 @@ class _Nnforge(Backend):
                 artifact = buf.getvalue() or (shown if isinstance(shown, str) else None)
             except Exception as e:
                 artifact = f"(nf.show failed: {type(e).__name__}: {e})"
-        return Prepared(fn=run, artifact=clip_artifact(artifact), info={"nnforge_backend": self.target})
+        train = self._training(impl, ctx, args) if ctx.cell.mode == "training" else None
+        return Prepared(fn=run, artifact=clip_artifact(artifact), info={"nnforge_backend": self.target}, train=train)
+
+    def _training(self, impl: Any, ctx: Context, args: Any) -> Any:
+        """The training step factory: one compiled nnforge program computes the outputs and the weights' gradients
+        for given output cotangents (forward and backward through time); torch carries those gradients on to the
+        module's parameters (``impl.weights`` is differentiable), so ``.grad`` ends up where eager puts it."""
+        import nnforge as nf
+
+        nums = tuple(impl.weight_argnums)
+
+        def loss(*a: Any) -> Any:
+            out = impl.fn(*a[:-1])
+            return (out * a[-1]).sum(), out
+
+        step_fn = nf.compile(nf.value_and_grad(loss, argnums=nums, has_aux=True), backend=self.target)
+
+        def make(cots: list[torch.Tensor]) -> Any:
+            shape = nf.compile(impl.fn).trace(*args(*ctx.inputs)).outputs[0].shape
+            y = torch.zeros(tuple(int(d) for d in shape), dtype=ctx.dtype, device=ctx.device, requires_grad=True)
+            outs = impl.output(y)
+            outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+            (cot,) = torch.autograd.grad(outs, y, cots)  # the cotangent in fn's layout
+            params = [p for p in ctx.module.parameters() if p.requires_grad]
+
+            def step(*inputs: torch.Tensor) -> Any:
+                for p in params:
+                    p.grad = None
+                a = list(args(*inputs))
+                w = impl.weights(ctx.module)
+                for k, t in zip(nums, w):
+                    a[k] = t.detach()
+                (_, out), grads = step_fn(*a, cot)
+                torch.autograd.backward(list(w), [torch.as_tensor(g) for g in grads])
+                return impl.output(out)
+
+            return step
+
+        return make
 
 
 @backend

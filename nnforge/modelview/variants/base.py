@@ -66,11 +66,15 @@ class NnforgeImpl:
     """How to run a variant on nnforge. ``fn`` uses nnforge ops (compiled by ``nf.compile``). ``bind(module)`` is called
     once (outside the timed region) with the cast module and returns ``args(*inputs) -> fn's arguments``, which runs
     inside every timed call (so a layout change it makes is paid for). ``output`` maps ``fn``'s result to the module's
-    output structure."""
+    output structure (with torch ops, so cotangents map back through it). For a training step, ``weights(module)``
+    gives the arguments at ``weight_argnums`` as differentiable functions of the module's parameters (``b_ih + b_hh``):
+    nnforge differentiates ``fn`` w.r.t. them and torch carries the result on to the parameters."""
 
     fn: Callable[..., Any]
     bind: Callable[[torch.nn.Module], Callable[..., tuple[Any, ...]]]
     output: Callable[[Any], Any]
+    weights: Callable[[torch.nn.Module], tuple[torch.Tensor, ...]] | None = None
+    weight_argnums: tuple[int, ...] = ()
 
 
 class Variant:

@@ -106,7 +106,11 @@ class GRUTorch(Variant):
             y = ys if isinstance(ys, torch.Tensor) else torch.as_tensor(ys)
             return y.transpose(0, 1) if req.batch_first else y
 
-        return NnforgeImpl(fn=fn, bind=bind, output=output)
+        def weights(module: nn.Module) -> tuple[torch.Tensor, ...]:
+            g = module.gru  # type: ignore[attr-defined]
+            return g.weight_ih_l0, g.weight_hh_l0, g.bias_ih_l0, g.bias_hh_l0
+
+        return NnforgeImpl(fn=fn, bind=bind, output=output, weights=weights, weight_argnums=(2, 3, 4, 5))
 
 
 @variant

@@ -210,7 +210,8 @@ def nnforge_lstm_impl(req: Request) -> NnforgeImpl:
         y = ys if isinstance(ys, torch.Tensor) else torch.as_tensor(ys)
         return y.transpose(0, 1) if req.batch_first else y
 
-    return NnforgeImpl(fn=fn, bind=bind, output=output)
+    return NnforgeImpl(fn=fn, bind=bind, output=output, weights=lambda m: tuple(m.lstm_weights()),  # type: ignore[operator]
+                       weight_argnums=(3, 4, 5))
 
 
 class _LSTMVariant(Variant):
