@@ -64,18 +64,20 @@ def stack_args(T=5, N=7, H=5, seed=0):
 
 
 @needs_cpu
-def test_stack_scans_share_one_function_and_match_reference():
+@pytest.mark.parametrize("N", [7, 16])  # 16: the scans are split by batch rows, and still shared
+def test_stack_scans_share_one_function_and_match_reference(N):
     from nnforge.codegen.c import lower, schedule
 
-    args = stack_args()
+    args = stack_args(N=N)
     low = lower(schedule(nf.compile(stack).trace(*args)))
+    assert ("nf_team()" in low.text) == (N >= 12)
     main = low.text[low.text.index("void nf_main"):]
     calls = re.findall(r"(nf_part\d+)\(", main)
     defined = re.findall(r"void (nf_part\d+)\(.*\) \{$", low.text, re.M)
     assert len(set(calls)) == len(defined) < len(calls)
     scan_fns = [f for f in defined if "for (int64_t" in low.text.split(f"void {f}(")[1].split("\n}")[0]
                 and "S[0]; " in low.text.split(f"void {f}(")[1].split("\n}")[0]]
-    assert scan_fns, "each scan is a function with its own time loop"
+    assert len(scan_fns) == 1 and calls.count(scan_fns[0]) == 3, "the three scans share one function"
     assert "#pragma omp parallel" not in low.text.split("void nf_main")[0]  # orphaned constructs only
     want = nf.compile(stack, backend="reference")(*args)
     got = nf.compile(stack, backend="cpu")(*args)

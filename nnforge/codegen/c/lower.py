@@ -16,16 +16,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ...dtypes import DType
-from ...ir.dims import Dim
 from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
-from ...passes.rows import ROWS, NotSeparable, RowSplit, worth_splitting
+from ...passes.rows import ROWS
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import Slot, plan
 from .parts import UNIT_MARK, part_functions, split_parts
+from .rowsched import RowScope, choose_row_split, is_rows
 from .views import index_map, strided
 
 log = logging.getLogger("nnforge.codegen.c")
@@ -204,7 +204,7 @@ class Lowering:
         and each thread gets its rows of it (the pointer expression is offset to its first row)."""
         name = self.fresh("b")
         rows = self.rows
-        if rows is not None and shape and _is_rows(shape[0]):
+        if rows is not None and shape and is_rows(shape[0]):
             self.allocs.append((name, ctype(dt), self._bytes(dt, [rows.batch, *shape[1:]])))
             return f"({name} + {rows.r0} * ({self.sizes.prod(shape[1:])}))"
         self.allocs.append((name, ctype(dt), self._bytes(dt, shape)))
@@ -615,7 +615,7 @@ class Lowering:
         sz = self.sizes
         a = n.attrs
         is_scan = n.op == Op.SCAN
-        split = self.row_split(n) if is_scan else None
+        split = choose_row_split(self, n) if is_scan else None
         body: Graph = split.body if split else a["body"]
         if body.effects:
             raise Unsupported("loop bodies with side effects run on the reference backend")
@@ -639,12 +639,7 @@ class Lowering:
         info = KernelInfo("scan" if is_scan else "loop", ", ".join(results[:nc] + results[nc:]), "", [],
                           note="")
         listing.append(info)
-        rows = None
-        if split:
-            r0, nrow = self.fresh("r0"), self.fresh("nrow")
-            blk = self.row_block(split)
-            row, count = (self.fresh("row"), self.fresh("nb")) if blk else (r0, nrow)
-            rows = RowScope(r0, nrow, split.batch, row, count, blk)
+        rows = RowScope.new(self, split) if split else None
         carry_bufs = []
         for k in range(nc):
             shape, dt = n.types[k]
@@ -656,11 +651,10 @@ class Lowering:
         cur, nxt = [], []
         for k, (c_a, c_b) in enumerate(carry_bufs):
             shape, dt = n.types[k]
-            off = f" + {rows.r0} * ({sz.prod(shape[1:])})" if rows else ""
             cur.append(self.fresh("cur"))
             nxt.append(self.fresh("nxt"))
-            code.append(f"{ind}{ctype(dt)}* {cur[-1]} = {c_a}{off};")
-            code.append(f"{ind}{ctype(dt)}* {nxt[-1]} = {c_b}{off};")
+            code.append(f"{ind}{ctype(dt)}* {cur[-1]} = {rows.thread_rows(c_a, shape, sz) if rows else c_a};")
+            code.append(f"{ind}{ctype(dt)}* {nxt[-1]} = {rows.thread_rows(c_b, shape, sz) if rows else c_b};")
         if is_scan:
             length = sz(srcs[nc].shape[0]) if nx else sz(a["length"])
         else:
@@ -670,48 +664,40 @@ class Lowering:
         at = len(code)
         info.note = f"{'reverse ' if rev else ''}for {tt} in 0..{length}"
         if rows is not None:
-            info.note += f", batch rows split among threads ({rows.nrow} rows each, no barrier per step)"
-            if rows.block:
-                info.note += f", the body run {rows.block} rows at a time"
+            info.note += rows.note()
         code.append(f"{ind}for (int64_t {t} = 0; {t} < {length}; {t}++) {{")
         inner = ind + "    "
         code.append(f"{inner}const int64_t {tt} = {f'{length} - 1 - {t}' if rev else t};")
 
         def step(buf: str, shape: Sequence[int]) -> str:
-            """This step's slice of a stacked [T, batch, ...] buffer (this thread's rows of it)."""
-            off = f" + {rows.row} * ({sz.prod(shape[2:])})" if rows else ""
-            return f"({buf} + {tt} * ({sz.prod(shape[1:])}){off})"
+            """This step's slice of a stacked [T, batch, ...] buffer (the current rows of it)."""
+            at = f"({buf} + {tt} * ({sz.prod(shape[1:])}))"
+            return rows.current_rows(at, shape[1:], sz) if rows else at
 
         ins = []
         if not is_scan and a["with_index"]:
             li = self.fresh("li")
             code.append(f"{inner}int64_t {li} = {tt};")
             ins.append(f"(&{li})")
-        def block(ptr: str, shape: Sequence[int]) -> str:
-            """A carry buffer (already at this thread's rows) at the current row block."""
-            if rows is None or not rows.block:
-                return ptr
-            return f"({ptr} + ({rows.row} - {rows.r0}) * ({sz.prod(shape[1:])}))"
+        def carry(ptr: str, k: int) -> str:
+            """A carry buffer (already at this thread's rows) at the rows the body runs on now."""
+            return rows.block_of_thread_rows(ptr, n.types[k][0], sz) if rows else ptr
 
-        ins += [block(c, n.types[k][0]) for k, c in enumerate(cur)]
+        ins += [carry(c, k) for k, c in enumerate(cur)]
         for k in range(nx):
             x = srcs[nc + k]
             ins.append(step(ctx.buffer(x), x.shape))
             if rows is not None:
-                code += self._prefetch_next_step(ctx.buffer(x), x, rows, t, length, rev, inner)
+                code += rows.prefetch_next_step(ctx.buffer(x), x, t, length, rev, sz, inner)
         for k, s in enumerate(srcs[nc + nx:], start=nc + nx):
             own_rows = rows is not None and k in split.per_row
-            ins.append(f"({ctx.buffer(s)} + {rows.row} * ({sz.prod(s.shape[1:])}))" if own_rows else ctx.buffer(s))
-        outs = [block(c, n.types[k][0]) for k, c in enumerate(nxt)]
+            ins.append(rows.current_rows(ctx.buffer(s), s.shape, sz) if own_rows else ctx.buffer(s))
+        outs = [carry(c, k) for k, c in enumerate(nxt)]
         for j in range(len(n.types) - nc):
             outs.append(step(results[nc + j], n.types[nc + j][0]))
         body_ind = inner
         if rows is not None and rows.block:
-            rb = self.fresh("rb")
-            code += [f"{inner}for (int64_t {rb} = 0; {rb} < {rows.nrow}; {rb} += {rows.block}) {{",
-                     f"{inner}    const int64_t {rows.row} = {rows.r0} + {rb};",
-                     f"{inner}    const int64_t {rows.count} = {rows.nrow} - {rb} < {rows.block} ? "
-                     f"{rows.nrow} - {rb} : {rows.block};"]
+            code += rows.open_block_loop(self.fresh("rb"), inner)
             body_ind = inner + "    "
         scope = LoopScope({ctx.buffer(s) for s in srcs[nc + nx:]}, [], ind)
         self.scopes.append(scope)
@@ -734,61 +720,10 @@ class Lowering:
             shape, dt = n.types[k]
             if rows is None:
                 self._copy_ptr(cur[k], results[k], dt, shape, code, ind)
-            else:  # each thread its own rows, then one barrier: the scan's results are complete after it
-                i, rest = self.fresh("i"), sz.prod(shape[1:])
-                code.append(f"{ind}for (int64_t {i} = 0; {i} < {rows.nrow} * ({rest}); {i}++) "
-                            f"{results[k]}[{rows.r0} * ({rest}) + {i}] = {cur[k]}[{i}];")
+            else:
+                code += rows.copy_out(cur[k], results[k], shape, self.fresh("i"), sz, ind)
         if rows is not None:
-            code.append(f"{ind}#pragma omp barrier")
-
-    def _prefetch_next_step(self, buf: str, x: Node, rows: RowScope, t: str, length: str, rev: bool,
-                            ind: str) -> list[str]:
-        """Touch this thread's rows of the next step's slice of a scanned input while this step computes: the
-        slice (e.g. the hoisted input projection, [T, batch, 4H], far bigger than any cache) is read in column
-        tiles with a row stride the hardware prefetcher does not follow, so without this every step starts with
-        cache misses (measured: the premul loads took ~1/4 of an LSTM step's cell-update time at H = 96)."""
-        sz = self.sizes
-        nxt = f"{length} - 2 - {t}" if rev else f"{t} + 1"
-        rest = sz.prod(x.shape[2:])
-        o = self.fresh("pf")
-        base = f"(const char*)({buf} + ({nxt}) * ({sz.prod(x.shape[1:])}) + {rows.r0} * ({rest}))"
-        return [f"{ind}if ({t} + 1 < {length})",
-                f"{ind}    for (int64_t {o} = 0; {o} < {rows.nrow} * ({rest}) * (int64_t)sizeof({ctype(x.dtype)}); "
-                f"{o} += 64) __builtin_prefetch({base} + {o});"]
-
-    def row_block(self, split: RowSplit) -> int:
-        """Rows per pass through a row-split body (0: all of a thread's rows at once). A body of several kernels
-        (a layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) is run one micro-kernel row
-        block at a time, so what one kernel writes the next reads from L1 (a single fused kernel gains nothing)."""
-        g = group(split.body)
-        kernels = [m for m in split.body.order if m.op not in (Op.INPUT, Op.DATA, Op.PROJ) and id(m) not in g.alias
-                   and g.is_stored(m)]
-        return self.gemm.mr if len(kernels) > 1 else 0
-
-    def row_split(self, n: Node) -> RowSplit | None:
-        """``n``'s row-local body when splitting its batch rows among threads is possible and worth it: the body
-        is row-separable, every kernel in it has the batch axis (work without it would be repeated by every
-        thread), and ``passes.rows.worth_splitting`` (batch and weight size) agrees."""
-        if not self.gemm.row_split or self.rows is not None or self.scopes:
-            return None
-        split = worth_splitting(n)
-        why = None
-        if isinstance(split, NotSeparable):
-            why = str(split)
-        elif not self.sizes.is_static(split.batch) or int(split.batch) < 2 * self.gemm.mr:
-            why = f"batch {split.batch} is too small to split among threads"
-        else:
-            g = group(split.body)
-            for m in split.body.order:
-                if m.op in (Op.INPUT, Op.DATA, Op.PROJ) or id(m) in g.alias or not g.is_stored(m):
-                    continue
-                if not (m.shape and _is_rows(m.shape[0])):
-                    why = f"{m.op.name.lower()} at {m.loc} in the body has no batch axis (it would run per thread)"
-                    break
-        if why is not None:
-            log.debug("scan at %s not split by rows: %s", n.loc, why)
-            return None
-        return split
+            code.append(f"{ind}#pragma omp barrier")  # the scan's results are complete after it
 
     def _copy(self, src: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
               listing: list[KernelInfo]) -> None:
@@ -799,33 +734,6 @@ class Lowering:
         i = self.fresh("i")
         code += self.omp_for(ind)
         code.append(f"{ind}for (int64_t {i} = 0; {i} < {n}; {i}++) {dst}[{i}] = {src}[{i}];")
-
-
-@dataclass(frozen=True)
-class RowScope:
-    """One thread's rows of a row-split scan: C variables for its first row and row count, the full batch, and
-    the rows the body is run on now (``row``, ``count``: the thread's rows, or one block of ``block`` of them)."""
-
-    r0: str
-    nrow: str
-    batch: int
-    row: str
-    count: str
-    block: int = 0
-
-    def declare(self, mr: int, sz: Sizes, ind: str) -> list[str]:
-        """Rows split in whole MR-row blocks (the micro-kernel's height), as evenly as they go."""
-        n = sz(self.batch)
-        return [f"{ind}const int64_t nblk_{self.r0} = ({n} + {mr - 1}) / {mr};",
-                f"{ind}const int64_t b0_{self.r0} = nblk_{self.r0} * nf_thread() / nf_team(), "
-                f"b1_{self.r0} = nblk_{self.r0} * (nf_thread() + 1) / nf_team();",
-                f"{ind}const int64_t {self.r0} = b0_{self.r0} * {mr} < {n} ? b0_{self.r0} * {mr} : {n};",
-                f"{ind}const int64_t {self.nrow} = (b1_{self.r0} * {mr} < {n} ? b1_{self.r0} * {mr} : {n}) - "
-                f"{self.r0};"]
-
-
-def _is_rows(d: int) -> bool:
-    return isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] == ROWS
 
 
 def _last(sc: Scalar) -> str:

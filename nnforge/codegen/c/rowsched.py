@@ -1,0 +1,148 @@
+"""The C side of row-split scans (``passes.rows`` decides what may be split): which scans are split, and the code
+around a split loop — each thread's rows, the row blocks the body runs on, pointer offsets, the prefetch of the
+next step's input, and the copy-out at the end.
+
+Inside the loop each thread runs the row-local body (its batch axis is the symbol ``ROWS``, rendered as the
+thread's current row count) on its own rows, with no barrier until the loop ends; scratch buffers are allocated
+for the whole batch and each thread uses its rows of them (``Lowering.alloc``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ...ir.dims import Dim
+from ...ir.node import Node
+from ...ir.ops import Op
+from ...passes.fuse import group
+from ...passes.rows import ROWS, NotSeparable, RowSplit, worth_splitting
+from .cexpr import Sizes, ctype
+
+if TYPE_CHECKING:
+    from .lower import Lowering
+
+log = logging.getLogger("nnforge.codegen.c")
+
+
+def is_rows(d: int) -> bool:
+    """Whether a size is a row-split body's batch axis."""
+    return isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] == ROWS
+
+
+def choose_row_split(low: Lowering, n: Node) -> RowSplit | None:
+    """``n``'s row-local body when splitting its batch rows among threads is possible and worth it: the body is
+    row-separable and ``passes.rows.worth_splitting`` (batch and weight size) agrees, the batch gives each of two
+    threads at least one micro-kernel row block, and every kernel in the body has the batch axis (work without it
+    would be repeated by every thread). Not inside another loop. The reason for a refusal is logged
+    (``NNFORGE_DEBUG=2``)."""
+    if not low.gemm.row_split or low.rows is not None or low.scopes:
+        return None
+    split = worth_splitting(n)
+    why = None
+    if isinstance(split, NotSeparable):
+        why = str(split)
+    elif not low.sizes.is_static(split.batch) or int(split.batch) < 2 * low.gemm.mr:
+        why = f"batch {split.batch} is too small to split among threads"
+    else:
+        g = group(split.body)
+        for m in split.body.order:
+            if m.op in (Op.INPUT, Op.DATA, Op.PROJ) or id(m) in g.alias or not g.is_stored(m):
+                continue
+            if not (m.shape and is_rows(m.shape[0])):
+                why = f"{m.op.name.lower()} at {m.loc} in the body has no batch axis (it would run per thread)"
+                break
+    if why is not None:
+        log.debug("scan at %s not split by rows: %s", n.loc, why)
+        return None
+    return split
+
+
+def row_block(low: Lowering, split: RowSplit) -> int:
+    """Rows per pass through a row-split body (0: all of a thread's rows at once). A body of several kernels (a
+    layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) is run one micro-kernel row block at a
+    time, so what one kernel writes the next reads from L1 (a single fused kernel gains nothing from blocks)."""
+    g = group(split.body)
+    kernels = [m for m in split.body.order if m.op not in (Op.INPUT, Op.DATA, Op.PROJ) and id(m) not in g.alias
+               and g.is_stored(m)]
+    return low.gemm.mr if len(kernels) > 1 else 0
+
+
+@dataclass(frozen=True)
+class RowScope:
+    """One thread's rows of a row-split scan: C variables for its first row and row count, the full batch, and
+    the rows the body is run on now (``row``, ``count``: the thread's rows, or one block of ``block`` of them)."""
+
+    r0: str
+    nrow: str
+    batch: int
+    row: str
+    count: str
+    block: int
+    temps: tuple[str, str, str, str]  # C names of the split's helper variables
+
+    @staticmethod
+    def new(low: Lowering, split: RowSplit) -> RowScope:
+        """Every C name from ``low.fresh``, so the part deduplication can tell identical layers' loops apart only
+        by their buffers."""
+        r0, nrow = low.fresh("r0"), low.fresh("nrow")
+        blk = row_block(low, split)
+        row, count = (low.fresh("row"), low.fresh("nb")) if blk else (r0, nrow)
+        temps = (low.fresh("nblk"), low.fresh("b0"), low.fresh("b1"), low.fresh("pf"))
+        return RowScope(r0, nrow, split.batch, row, count, blk, temps)
+
+    def note(self) -> str:
+        """What the kernel listing says about the loop."""
+        text = f", batch rows split among threads ({self.nrow} rows each, no barrier per step)"
+        return text + (f", the body run {self.block} rows at a time" if self.block else "")
+
+    def declare(self, mr: int, sz: Sizes, ind: str) -> list[str]:
+        """Rows split in whole MR-row blocks (the micro-kernel's height), as evenly as they go."""
+        n = sz(self.batch)
+        nblk, b0, b1, _ = self.temps
+        return [f"{ind}const int64_t {nblk} = ({n} + {mr - 1}) / {mr};",
+                f"{ind}const int64_t {b0} = {nblk} * nf_thread() / nf_team(), "
+                f"{b1} = {nblk} * (nf_thread() + 1) / nf_team();",
+                f"{ind}const int64_t {self.r0} = {b0} * {mr} < {n} ? {b0} * {mr} : {n};",
+                f"{ind}const int64_t {self.nrow} = ({b1} * {mr} < {n} ? {b1} * {mr} : {n}) - {self.r0};"]
+
+    def thread_rows(self, ptr: str, shape: Sequence[int], sz: Sizes) -> str:
+        """A [batch, ...] buffer at this thread's first row."""
+        return f"{ptr} + {self.r0} * ({sz.prod(shape[1:])})"
+
+    def current_rows(self, ptr: str, shape: Sequence[int], sz: Sizes) -> str:
+        """A [batch, ...] buffer at the first row the body runs on now."""
+        return f"({ptr} + {self.row} * ({sz.prod(shape[1:])}))"
+
+    def block_of_thread_rows(self, ptr: str, shape: Sequence[int], sz: Sizes) -> str:
+        """A buffer already at this thread's rows (a carry), moved to the current row block."""
+        return f"({ptr} + ({self.row} - {self.r0}) * ({sz.prod(shape[1:])}))" if self.block else ptr
+
+    def open_block_loop(self, rb: str, ind: str) -> list[str]:
+        """``for`` over this thread's row blocks, defining the current rows (closed by the caller)."""
+        return [f"{ind}for (int64_t {rb} = 0; {rb} < {self.nrow}; {rb} += {self.block}) {{",
+                f"{ind}    const int64_t {self.row} = {self.r0} + {rb};",
+                f"{ind}    const int64_t {self.count} = {self.nrow} - {rb} < {self.block} ? "
+                f"{self.nrow} - {rb} : {self.block};"]
+
+    def prefetch_next_step(self, buf: str, x: Node, t: str, length: str, rev: bool, sz: Sizes,
+                           ind: str) -> list[str]:
+        """Touch this thread's rows of the next step's slice of a scanned input while this step computes: the
+        slice (e.g. the hoisted input projection, [T, batch, 4H], far bigger than any cache) is read in column
+        tiles with a row stride the hardware prefetcher does not follow, so without this every step starts with
+        cache misses (measured: the premul loads took ~1/4 of an LSTM step's cell-update time at H = 96)."""
+        nxt = f"{length} - 2 - {t}" if rev else f"{t} + 1"
+        rest = sz.prod(x.shape[2:])
+        o = self.temps[3]
+        base = f"(const char*)({buf} + ({nxt}) * ({sz.prod(x.shape[1:])}) + {self.r0} * ({rest}))"
+        return [f"{ind}if ({t} + 1 < {length})",
+                f"{ind}    for (int64_t {o} = 0; {o} < {self.nrow} * ({rest}) * (int64_t)sizeof({ctype(x.dtype)}); "
+                f"{o} += 64) __builtin_prefetch({base} + {o});"]
+
+    def copy_out(self, cur: str, result: str, shape: Sequence[int], i: str, sz: Sizes, ind: str) -> list[str]:
+        """A carry's final value (at this thread's rows) into the scan's result: each thread its own rows."""
+        rest = sz.prod(shape[1:])
+        return [f"{ind}for (int64_t {i} = 0; {i} < {self.nrow} * ({rest}); {i}++) "
+                f"{result}[{self.r0} * ({rest}) + {i}] = {cur}[{i}];"]
