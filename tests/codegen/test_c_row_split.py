@@ -166,3 +166,26 @@ def test_wide_weights_stay_work_shared(caplog: pytest.LogCaptureFixture) -> None
     assert "batch rows split" not in notes[0]
     assert any("exceed 512 KB" in r.getMessage() for r in caplog.records)
     assert "batch rows split" in _split_notes(lstm, _lstm_args(2, 16, 4, 128))[0]  # W_hh 256 KB
+
+
+@pytest.mark.parametrize("fn,T", [(lstm, 150), (ln_lstm, 70)])
+def test_input_projection_computed_chunk_by_chunk(fn, T: int) -> None:
+    """A long sequence: the hoisted input projection of a row-split scan is computed 64 steps at a time inside the
+    loop (N = 16, 4H = 32 floats per row: 2 KB a step) — several chunks and a partial last one, forward and (the
+    layer-norm LSTM) in reverse."""
+    args = _lstm_args(T, 16, 5, 8)
+    note = _split_notes(fn, args)[0]
+    assert "input projection computed 64 steps at a time" in note, note
+    _check(fn, args)
+
+
+def test_training_keeps_the_whole_projection() -> None:
+    """In a training step the backward pass reads the forward's projection too: it stays one GEMM before the loop."""
+
+    def loss(*args):
+        return (lstm(*args)[0] ** 2).sum()
+
+    args = _lstm_args(70, 16, 5, 8)
+    g = nf.grad(loss, argnums=(3, 4, 5))
+    assert not any("steps at a time" in note for note in _split_notes(g, args))
+    _check(g, args)

@@ -20,8 +20,9 @@ from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
-from ...passes.rows import ROWS
+from ...passes.rows import ROWS, RowSplit
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
+from .chunks import Deferred, chunk_steps, emit_chunk, find_deferred
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import Slot, plan
 from .parts import UNIT_MARK, part_functions, split_parts
@@ -179,7 +180,15 @@ class Lowering:
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
         self.names: set[str] = set()  # every name ``fresh`` made (the part deduplication renames them)
         self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
+        self.splits: dict[int, RowSplit | None] = {}  # id(scan) -> its row split (``choose_row_split``), cached
+        self.deferred: dict[int, Deferred] = {}  # input projections computed chunk by chunk in their scan
         self.workspace_slots: list[str] = []  # byte sizes of the workspace's slots (``memplan``), set by source()
+
+    def split_of(self, n: Node) -> RowSplit | None:
+        """The row split chosen for scan ``n`` (decided once)."""
+        if id(n) not in self.splits:
+            self.splits[id(n)] = choose_row_split(self, n)
+        return self.splits[id(n)]
 
     @property
     def serial(self) -> bool:
@@ -267,6 +276,8 @@ class Lowering:
         ctx = GraphCtx(graph, g)
         for n, p in zip(graph.inputs, ins):
             ctx.ptr[id(n)] = p
+        if graph is self.graph:
+            self.deferred = find_deferred(self, graph, g)
         sliced = {id(sg.root): sg for sg in g.sliced}
         member_of = {id(m) for sg in sliced.values() for m in sg.members}
         dest: dict[int, str] = {}
@@ -292,6 +303,9 @@ class Lowering:
                 ctx.ptr[id(n)] = ctx.ptr[id(n.srcs[0])]
                 continue
             if not g.is_stored(n):
+                continue
+            if id(n) in self.deferred:
+                ctx.ptr[id(n)] = "0"  # computed chunk by chunk inside its scan (``chunks``)
                 continue
             out = dest.get(id(n)) or (None if n.op in (Op.SCAN, Op.LOOP) else self.alloc(n.dtype, n.shape))
             if n.op not in (Op.SCAN, Op.LOOP):
@@ -615,7 +629,7 @@ class Lowering:
         sz = self.sizes
         a = n.attrs
         is_scan = n.op == Op.SCAN
-        split = choose_row_split(self, n) if is_scan else None
+        split = self.split_of(n) if is_scan else None
         body: Graph = split.body if split else a["body"]
         if body.effects:
             raise Unsupported("loop bodies with side effects run on the reference backend")
@@ -684,8 +698,13 @@ class Lowering:
             return rows.block_of_thread_rows(ptr, n.types[k][0], sz) if rows else ptr
 
         ins += [carry(c, k) for k, c in enumerate(cur)]
+        before: list[str] = []  # declarations that go before the time loop
         for k in range(nx):
             x = srcs[nc + k]
+            d = next((d for d in self.deferred.values() if d.scan is n and d.k == k), None)
+            if d is not None:
+                ins.append(self._chunked_input(d, ctx, rows, t, tt, length, rev, code, before, inner, info))
+                continue
             ins.append(step(ctx.buffer(x), x.shape))
             if rows is not None:
                 code += rows.prefetch_next_step(ctx.buffer(x), x, t, length, rev, sz, inner)
@@ -711,7 +730,7 @@ class Lowering:
             self.rows, self.sizes = outer_rows, outer_sizes
         if body_ind != inner:
             code.append(f"{inner}}}")
-        code[at:at] = scope.pre
+        code[at:at] = [ind + line for line in before] + scope.pre
         for c, x in zip(cur, nxt):
             tmp = self.fresh("sw")
             code.append(f"{inner}{{ void* {tmp} = {c}; {c} = {x}; {x} = {tmp}; }}")
@@ -724,6 +743,21 @@ class Lowering:
                 code += rows.copy_out(cur[k], results[k], shape, self.fresh("i"), sz, ind)
         if rows is not None:
             code.append(f"{ind}#pragma omp barrier")  # the scan's results are complete after it
+
+    def _chunked_input(self, d: Deferred, ctx: GraphCtx, rows: RowScope, t: str, tt: str, length: str, rev: bool,
+                       code: list[str], before: list[str], inner: str, info: KernelInfo) -> str:
+        """A scanned input whose projection is computed every few steps into a chunk buffer (``chunks``): the
+        per-chunk GEMM goes into the time loop here; returns this step's slice of the chunk (the current rows)."""
+        sz = self.sizes
+        steps = chunk_steps(d)
+        view = d.view
+        chunk = self.alloc(view.dtype, [steps * int(view.shape[1]), *view.shape[2:]])
+        lo, count = self.fresh("lo"), self.fresh("cn")
+        before.append(f"int64_t {lo} = 0, {count} = 0;")
+        code += emit_chunk(self, d, ctx, chunk, t, length, rev, steps, lo, count, inner)
+        info.note += f", input projection computed {steps} steps at a time"
+        at = f"({chunk} + ({tt} - {lo}) * ({sz.prod(view.shape[1:])}))"
+        return rows.current_rows(at, view.shape[1:], sz)
 
     def _copy(self, src: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
               listing: list[KernelInfo]) -> None:
