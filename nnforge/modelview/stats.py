@@ -120,13 +120,40 @@ def compare_samples(
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values: comparing many cells at once must not turn noise into 'significant'."""
-    p = np.asarray(pvalues, dtype=float)
-    m = len(p)
-    order = np.argsort(p)
-    adjusted = np.empty(m)
+    """Holm-Bonferroni adjusted p-values: comparing many cells at once must not turn noise into 'significant'.
+    A NaN (a pair that could not be tested) stays NaN and does not count as a test."""
+    idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
+    out = [float("nan")] * len(pvalues)
+    m = len(idx)
     running = 0.0
-    for rank, idx in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[idx]))
-        adjusted[idx] = running
-    return adjusted.tolist()
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p of the Mann-Whitney U test, normal approximation with tie and continuity corrections (scipy's
+    "asymptotic" method) in plain numpy: microseconds per pair where a scipy call costs ~100 µs, which the web
+    view's comparison of two 10,000-cell runs cannot afford. NaN with fewer than two samples on a side."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n1, n2 = len(x), len(y)
+    if n1 < 2 or n2 < 2:
+        return float("nan")
+    allv = np.concatenate([x, y])
+    order = np.argsort(allv, kind="mergesort")
+    sorted_v = allv[order]
+    # average ranks of ties: rank = mean of the 1-based positions of each run of equal values
+    _, start, counts = np.unique(sorted_v, return_index=True, return_counts=True)
+    avg = start + (counts + 1) / 2.0
+    ranks = np.empty(n1 + n2)
+    ranks[order] = np.repeat(avg, counts)
+    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    tie = (counts**3 - counts).sum() / (n * (n - 1))
+    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie))
+    if sigma == 0:
+        return 1.0
+    mu = n1 * n2 / 2.0
+    z = (abs(u1 - mu) - 0.5) / sigma
+    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0))))

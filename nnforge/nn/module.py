@@ -263,37 +263,6 @@ class Module:
         return head + "\n  " + "\n  ".join(lines) + "\n)"
 
 
-class Sequential(Module):
-    """Modules applied in order; children are named "0", "1", ... (or by the keys of an OrderedDict)."""
-
-    def __init__(self, *modules: Module | Mapping[str, Module]):
-        super().__init__()
-        if len(modules) == 1 and isinstance(modules[0], Mapping):
-            for name, m in modules[0].items():
-                self.add_module(name, m)
-        else:
-            for i, m in enumerate(modules):
-                self.add_module(str(i), m)
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
-
-    def append(self, module: Module) -> Sequential:
-        self.add_module(str(len(self._modules)), module)
-        return self
-
-    def forward(self, x: Any) -> Any:
-        for m in self._modules.values():
-            x = m(x)
-        return x
-
-
 class ModuleList(Module):
     """A list of modules registered as children "0", "1", ... (for stacks built in a Python loop)."""
 
@@ -314,3 +283,20 @@ class ModuleList(Module):
 
     def __getitem__(self, i: int) -> Module:
         return list(self._modules.values())[i]
+
+
+class Sequential(ModuleList):
+    """Modules applied in order; children are named "0", "1", ... (or by the keys of an OrderedDict)."""
+
+    def __init__(self, *modules: Module | Mapping[str, Module]):
+        if len(modules) == 1 and isinstance(modules[0], Mapping):
+            super().__init__()
+            for name, m in modules[0].items():
+                self.add_module(name, m)
+        else:
+            super().__init__(modules)
+
+    def forward(self, x: Any) -> Any:
+        for m in self._modules.values():
+            x = m(x)
+        return x

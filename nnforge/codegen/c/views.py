@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from ...ir.node import Node
 from ...ir.ops import Op
-from .cexpr import Sizes
+from .cexpr import Sizes, flat
 
 
 def contiguous_strides(shape: Sequence[str]) -> list[str]:
@@ -74,7 +74,7 @@ def index_map(n: Node, idx: Sequence[str], sz: Sizes) -> list[str]:
         if m is not None:
             return ["0" if j is None else idx[j] for j in m]
         oshape = [sz(d) for d in n.shape]
-        lin = _flat(idx, oshape)
+        lin = flat(idx, oshape)
         ishape = [sz(d) for d in src.shape]
         strides = contiguous_strides(ishape)
         out = []
@@ -83,15 +83,6 @@ def index_map(n: Node, idx: Sequence[str], sz: Sizes) -> list[str]:
             out.append(q if k == 0 else f"({q}) % ({d})")
         return out
     raise ValueError(f"no index map for {n.op}")
-
-
-def _flat(idx: Sequence[str], shape: Sequence[str]) -> str:
-    if not idx:
-        return "0"
-    out = idx[0]
-    for i, d in zip(idx[1:], shape[1:]):
-        out = i if out == "0" else f"({out}) * {d} + {i}"
-    return out
 
 
 Strided = tuple[str, str, list[str]]  # (pointer expr, offset expr, stride per axis)

@@ -2,20 +2,19 @@
 
 Same rule as ``nnforge compare`` (modelview/compare.py): a change counts when the adjusted p is below ``alpha`` and the
 ratio's confidence interval excludes changes smaller than ``min_effect``. Two differences, both for speed at 10,000
-cells: the U test uses its normal approximation with tie correction (vectorised numpy, microseconds per pair; it is
-scipy's "asymptotic" method), and the ratio's interval is the conservative one from the stored per-cell median CIs
-(B_low/A_high .. B_high/A_low) instead of a bootstrap, so the view can only be stricter than the CLI, never looser.
+cells: the U test uses its normal approximation with tie correction (``stats.mann_whitney_p``: numpy,
+microseconds per pair; scipy's "asymptotic" method), and the ratio's interval is the conservative one from the
+stored per-cell median CIs (B_low/A_high .. B_high/A_low) instead of a bootstrap, so the view can only be stricter
+than the CLI, never looser.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from ..report.data import CellRow
+from ..stats import holm, mann_whitney_p
 
 ALPHA = 0.01
 MIN_EFFECT = 0.01
@@ -36,43 +35,6 @@ class Pair:
     @property
     def mark(self) -> str:
         return {"faster": "▲ faster", "slower": "▼ slower", "same": "≈", "n/a": "–"}[self.verdict]
-
-
-def mann_whitney_p(a: Any, b: Any) -> float:
-    """Two-sided p of the Mann-Whitney U test, normal approximation with tie and continuity corrections."""
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    n1, n2 = len(x), len(y)
-    if n1 < 2 or n2 < 2:
-        return float("nan")
-    allv = np.concatenate([x, y])
-    order = np.argsort(allv, kind="mergesort")
-    sorted_v = allv[order]
-    # average ranks of ties: rank = mean of the 1-based positions of each run of equal values
-    _, start, counts = np.unique(sorted_v, return_index=True, return_counts=True)
-    avg = start + (counts + 1) / 2.0
-    ranks = np.empty(n1 + n2)
-    ranks[order] = np.repeat(avg, counts)
-    u1 = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
-    n = n1 + n2
-    tie = (counts**3 - counts).sum() / (n * (n - 1))
-    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie))
-    if sigma == 0:
-        return 1.0
-    mu = n1 * n2 / 2.0
-    z = (abs(u1 - mu) - 0.5) / sigma
-    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0))))
-
-
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (NaN stays NaN and does not count as a test)."""
-    idx = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
-    out = [float("nan")] * len(pvalues)
-    m = len(idx)
-    running = 0.0
-    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
-        out[i] = running
-    return out
 
 
 def _ratio_ci(a: CellRow, b: CellRow, ratio: float) -> tuple[float, float]:
