@@ -238,26 +238,36 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     lines.append(f"{c3}const int nr_ = {N} - {jp} * {nr} < {nr} ? (int)({N} - {jp} * {nr}) : {nr};")
     lines.append(f"{c3}nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
                  f"{packed} + ({jp}) * ({K}) * {nr}, {acc});")
-    r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
-    lines.append(f"{c3}for (int {r} = 0; {r} < mr_; {r}++) {{")
-    lines.append(f"{c3}    const int64_t {i} = {i0} + {r};")
-    lines.append(f"{c3}    for (int {c} = 0; {c} < nr_; {c}++) {{")
-    lines.append(f"{c3}        const int64_t {j} = {jp} * {nr} + {c};")
-    idx = [*bidx, i, j]
-    value = f"{acc}[{r} * {nr} + {c}]"
-    if epilogue is not None:
-        stmts, value = epilogue(idx, value)
-        lines.extend(f"{c3}        {s}" for s in stmts)
-    store = f"{out}[{flat(idx, [sz(d) for d in p.shape])}]"
-    lines.append(f"{c3}        {store} = {value};")
-    lines.append(f"{c3}    }}")
-    lines.append(f"{c3}}}")
+    stored: list[str] = []
+
+    def element(i: str, j: str, value: str) -> list[str]:
+        idx = [*bidx, i, j]
+        stmts, value = epilogue(idx, value) if epilogue is not None else ([], value)
+        store = f"{out}[{flat(idx, [sz(d) for d in p.shape])}]"
+        stored.append(f"{store} = {value}")
+        return [*stmts, f"{store} = {value};"]
+
+    lines += _for_tile(low, c3, nr, acc, "mr_", "nr_", lambda r: f"{i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
+                       element)
     lines.append(f"{c2}}}")
     lines.append(f"{cur}}}")
     for _ in batch:
         cur = cur[:-4]
         lines.append(f"{cur}}}")
-    return lines, f"{store} = {value}"
+    return lines, stored[0]
+
+
+def _for_tile(low: Lowering, ind: str, nr: int, acc: str, rows: str, cols: str, row_of: Callable[[str], str],
+              col_of: Callable[[str], str], body: Callable[[str, str, str], list[str]]) -> list[str]:
+    """Loops over the ``rows`` x ``cols`` elements of a micro-kernel tile ``acc`` (NR wide): ``body(i, j, value)``
+    gives the statements for the element at matrix row ``i = row_of(r)``, column ``j = col_of(c)``."""
+    r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
+    lines = [f"{ind}for (int {r} = 0; {r} < {rows}; {r}++) {{",
+             f"{ind}    const int64_t {i} = {row_of(r)};",
+             f"{ind}    for (int {c} = 0; {c} < {cols}; {c}++) {{",
+             f"{ind}        const int64_t {j} = {col_of(c)};"]
+    lines += [f"{ind}        {s}" for s in body(i, j, f"{acc}[{r} * {nr} + {c}]")]
+    return [*lines, f"{ind}    }}", f"{ind}}}"]
 
 
 def _large(d: object, at_least: int) -> bool:
@@ -303,7 +313,7 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
     L.append(f"{ind}{ct}* {mine} = {ap} + (int64_t)nf_thread() * {mca} * ((({K}) + {nk} - 1) / {nk});")
     jg = low.fresh("jg")
     ngp = max(1, cfg.nc // nr)
-    L.append(f"{ind}#pragma omp for collapse(2) schedule(static)")
+    L += low.omp_for(ind, collapse=2)
     L.append(f"{ind}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {mca})")
     L.append(f"{ind}for (int64_t {jg} = 0; {jg} < {npan}; {jg} += {ngp}) {{")
     c1 = ind + "    "
@@ -324,22 +334,21 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
     L.append(f"{c3}const int nr_ = {N} - {jp} * {nr} < {nr} ? (int)({N} - {jp} * {nr}) : {nr};")
     L.append(f"{c3}nf_ukrp_{sfx}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), "
              f"{packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {acc});")
-    r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
-    L.append(f"{c3}for (int {r} = 0; {r} < mr_; {r}++) {{")
-    L.append(f"{c3}    const int64_t {i} = {ic} + {i0} + {r};")
-    L.append(f"{c3}    for (int {c} = 0; {c} < nr_; {c}++) {{")
-    L.append(f"{c3}        const int64_t {j} = {jp} * {nr} + {c};")
-    store = f"{out}[{flat([i, j], [M, N])}]"
-    value = f"{acc}[{r} * {nr} + {c}]"
-    L.append(f"{c3}        if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}")
-    value = f"(({pc} ? {store} : 0) + {value})"
-    if epilogue is not None:
-        stmts, value = epilogue([i, j], value)
-        L.extend(f"{c3}        {s}" for s in stmts)
-    L.append(f"{c3}        {store} = {value};")
-    L += [f"{c3}    }}", f"{c3}}}"]
+    stored: list[str] = []
+
+    def element(i: str, j: str, value: str) -> list[str]:
+        """Partial sums over K slices accumulate in ``out``; the epilogue runs on the last slice."""
+        store = f"{out}[{flat([i, j], [M, N])}]"
+        lines = [f"if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}"]
+        total = f"(({pc} ? {store} : 0) + {value})"
+        stmts, total = epilogue([i, j], total) if epilogue is not None else ([], total)
+        stored.append(f"{store} = {total}")
+        return [*lines, *stmts, f"{store} = {total};"]
+
+    L += _for_tile(low, c3, nr, acc, "mr_", "nr_", lambda r: f"{ic} + {i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
+                   element)
     L += [f"{c2}}}", f"{c1}}}", f"{ind}}}"]
-    return L, f"{store} = {value}"
+    return L, stored[0]
 
 
 Body = Callable[[str, str], list[str]]
@@ -375,27 +384,14 @@ def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], pack
     for g, off in enumerate(offsets):
         L.append(f"{c2}nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
                  f"{packed} + ({ub} * {G} + {g}) * ({K}) * {nr}, {acc});")
-        r, c = low.fresh("r"), low.fresh("c")
-        i, j = low.fresh("i"), low.fresh("j")
-        L.append(f"{c2}for (int {r} = 0; {r} < mr_; {r}++) {{")
-        L.append(f"{c2}    const int64_t {i} = {i0} + {r};")
-        L.append(f"{c2}    for (int {c} = 0; {c} < nu_; {c}++) {{")
-        L.append(f"{c2}        const int64_t {j} = {off} + u0_ + {c};")
-        value = f"{acc}[{r} * {nr} + {c}]"
-        if epilogue is not None:
-            stmts, value = epilogue([i, j], value)
-            L.extend(f"{c2}        {s}" for s in stmts)
-        L.append(f"{c2}        {out}[{flat([i, j], [M, N])}] = {value};")
-        L.append(f"{c2}    }}")
-        L.append(f"{c2}}}")
-    r, c, i, u = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("u")
-    L.append(f"{c2}for (int {r} = 0; {r} < mr_; {r}++) {{")
-    L.append(f"{c2}    const int64_t {i} = {i0} + {r};")
-    L.append(f"{c2}    for (int {c} = 0; {c} < nu_; {c}++) {{")
-    L.append(f"{c2}        const int64_t {u} = u0_ + {c};")
-    L.extend(f"{c2}        {s}" for s in body(i, u))
-    L.append(f"{c2}    }}")
-    L.append(f"{c2}}}")
+        def element(i: str, j: str, value: str) -> list[str]:
+            stmts, value = epilogue([i, j], value) if epilogue is not None else ([], value)
+            return [*stmts, f"{out}[{flat([i, j], [M, N])}] = {value};"]
+
+        L += _for_tile(low, c2, nr, acc, "mr_", "nu_", lambda r: f"{i0} + {r}",
+                       lambda c, off=off: f"{off} + u0_ + {c}", element)
+    L += _for_tile(low, c2, nr, acc, "mr_", "nu_", lambda r: f"{i0} + {r}", lambda c: f"u0_ + {c}",
+                   lambda i, u, _value: body(i, u))
     L.append(f"{c1}}}")
     L.append(f"{ind}}}")
     return L
