@@ -75,14 +75,15 @@ def chunk_steps(d: Deferred) -> int:
 
 
 def emit_chunk(low: Lowering, d: Deferred, ctx: GraphCtx, chunk: str, t: str, length: str, rev: bool,
-               steps: int, lo: str, count: str, ind: str) -> list[str]:
+               steps: int, lo: str, count: str, ind: str, before: list[str]) -> list[str]:
     """Every ``steps`` time steps: the projection of the next chunk (steps ``lo .. lo + count`` of the sequence,
-    in the scan's direction) into ``chunk``, work-shared among the threads between two barriers."""
-    from .gemm import emit_gemm
+    in the scan's direction) into ``chunk``, work-shared among the threads between two barriers. The weights are
+    packed once, by code added to ``before`` (what runs before the time loop)."""
+    from .gemm import emit_gemm, pack_panels
 
     sz = low.sizes
     batch = sz(d.view.shape[1])
-    views = low._views(d.p, ctx)
+    views = low.operand_views(d.p, ctx)
     (pa, oa, sa), vb = views
     a_view = (pa, f"({oa}) + {lo} * ({batch}) * ({sa[-2]})", sa)
     length_dim = d.view.shape[0]
@@ -91,17 +92,20 @@ def emit_chunk(low: Lowering, d: Deferred, ctx: GraphCtx, chunk: str, t: str, le
              f"{ind}    {lo} = {f'{length} - {t} - {count}' if rev else t};",
              f"{ind}    #pragma omp barrier"]
     ep_info: list = []
-    epilogue = low._epilogue(d.p, d.root if d.root is not d.p else None, ctx, chunk, ep_info)
+    epilogue = low.gemm_epilogue(d.p, d.root if d.root is not d.p else None, ctx, chunk, ep_info)
 
     def global_rows(idx: list[str], acc: str) -> tuple[list[str], str]:
         """The epilogue reads its other operands (a bias) at the row of the whole sequence."""
         return epilogue([f"({idx[0]} + {lo} * ({batch}))", *idx[1:]], acc)
 
-    buf, hoisted = low.packed_b(d.p, vb, [("0", sz(d.p.shape[-1]))], lines, ind + "    ")
+    columns = [("0", sz(d.p.shape[-1]))]
+    buf, _ = low.packed_b(d.p, vb, columns, lines, ind)
+    before += pack_panels(low, d.p.dtype, sz(d.p.srcs[0].shape[-1]), (f"({vb[0]} + ({vb[1]}))", vb[2][-2], vb[2][-1]),
+                          columns, buf, "", shared=True)
     outer = low.sizes
     low.sizes = _with_steps(outer, length_dim, count)
     try:
-        text, _ = emit_gemm(low, d.p, [a_view, vb], chunk, buf if hoisted else None, buf,
+        text, _ = emit_gemm(low, d.p, [a_view, vb], chunk, buf, buf,
                             global_rows if epilogue else None, ind + "    ",
                             d.root is d.p or d.root.dtype == d.p.dtype)
     finally:

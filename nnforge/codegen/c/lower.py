@@ -504,7 +504,7 @@ class Lowering:
                                   [f"{buf}[r * {nout} + o]"], note=f"leading axes {tuple(range(k))}, outputs "
                                                                    "innermost"))
 
-    def _views(self, p: Node, ctx: GraphCtx) -> list[tuple[str, str, list[str]]]:
+    def operand_views(self, p: Node, ctx: GraphCtx) -> list[tuple[str, str, list[str]]]:
         views = []
         for s in p.srcs:
             v = strided(s, ctx.buffer, self.sizes)
@@ -513,7 +513,7 @@ class Lowering:
             views.append(v)
         return views
 
-    def _epilogue(self, p: Node, root: Node | None, ctx: GraphCtx, out: str,
+    def gemm_epilogue(self, p: Node, root: Node | None, ctx: GraphCtx, out: str,
                   ep_info: list[Scalar]) -> Callable[[list[str], str], tuple[list[str], str]] | None:
         """The elementwise root computed on the accumulator ``acc`` at index ``idx`` (None: store the sum)."""
         if root is None or root is p:
@@ -557,9 +557,9 @@ class Lowering:
         self.stats["kernels"] += 1
         self.stats["gemm"] += 1
         check_dtype(p)
-        views = self._views(p, ctx)
+        views = self.operand_views(p, ctx)
         ep_info: list[Scalar] = []
-        epilogue = self._epilogue(p, root, ctx, out, ep_info)
+        epilogue = self.gemm_epilogue(p, root, ctx, out, ep_info)
         buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind)
         text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind,
                                 root is None or root.dtype == p.dtype)
@@ -585,14 +585,14 @@ class Lowering:
         self.stats["gemm"] += 1
         self.stats["sliced"] += 1
         sz = self.sizes
-        views = self._views(p, ctx)
+        views = self.operand_views(p, ctx)
         columns = [(str(o), str(sg.width)) for o in sg.offsets]
         buf, hoisted = self.packed_b(p, views[1], columns, code, ind)
         if not hoisted:
             code.extend(pack_panels(self, p.dtype, sz(p.srcs[0].shape[-1]), (f"({views[1][0]} + ({views[1][1]}))",
                                     views[1][2][-2], views[1][2][-1]), columns, buf, ind))
         ep_info: list[Scalar] = []
-        epilogue = self._epilogue(p, root if root is not p else None, ctx, out, ep_info)
+        epilogue = self.gemm_epilogue(p, root if root is not p else None, ctx, out, ep_info)
         outs = []
         for m in sg.members:
             outs.append(dest.get(id(m)) or self.alloc(m.dtype, m.shape))
@@ -754,7 +754,7 @@ class Lowering:
         chunk = self.alloc(view.dtype, [steps * int(view.shape[1]), *view.shape[2:]])
         lo, count = self.fresh("lo"), self.fresh("cn")
         before.append(f"int64_t {lo} = 0, {count} = 0;")
-        code += emit_chunk(self, d, ctx, chunk, t, length, rev, steps, lo, count, inner)
+        code += emit_chunk(self, d, ctx, chunk, t, length, rev, steps, lo, count, inner, before)
         info.note += f", input projection computed {steps} steps at a time"
         at = f"({chunk} + ({tt} - {lo}) * ({sz.prod(view.shape[1:])}))"
         return rows.current_rows(at, view.shape[1:], sz)
