@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lstm_cpu import lstm as nf_lstm  # the LSTM of bench/lstm_cpu.py, written as a user would
 
 import nnforge as nf
 
@@ -34,18 +35,6 @@ GOALS = {(64, 96, 96): 1.5, (64, 384, 384): 1.2, (64, 512, 512): 1.0}
 
 
 # ---- nnforge models -----------------------------------------------------------------------------------------
-def nf_lstm(x, h0, c0, w_ih, w_hh, b):
-    def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
-        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-        h = nf.sigmoid(o) * nf.tanh(c)
-        return (h, c), h
-
-    (h, c), ys = nf.scan(cell, (h0, c0), x)
-    return ys, h, c
-
-
 def _nf_ln(v, eps=1e-5):
     mu = v.mean(-1, keepdims=True)
     d = v - mu

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_scan import lstm
 
 import nnforge as nf
 
@@ -32,18 +33,6 @@ def test_gemm_transposed_a_batched_and_k_zero():
     np.testing.assert_allclose(got, a.transpose(0, 2, 1) @ b, rtol=1e-5, atol=1e-5)
     z = np.zeros((4, 0), np.float32), np.zeros((0, 3), np.float32)
     np.testing.assert_array_equal(nf.compile(lambda x, y: x @ y, backend="cpu")(*z), np.zeros((4, 3)))
-
-
-def lstm(x, h0, c0, w_ih, w_hh, b):
-    def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
-        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-        h = nf.sigmoid(o) * nf.tanh(c)
-        return (h, c), h
-
-    (h, c), ys = nf.scan(cell, (h0, c0), x)
-    return ys, h, c
 
 
 def gru(x, h0, w_ih, w_hh, b_ih, b_hh):
