@@ -685,25 +685,26 @@ class Lowering:
 
         def step(buf: str, shape: Sequence[int]) -> str:
             """This step's slice of a stacked [T, batch, ...] buffer (the current rows of it)."""
-            at = f"({buf} + {tt} * ({sz.prod(shape[1:])}))"
-            return rows.current_rows(at, shape[1:], sz) if rows else at
+            base = f"({buf} + {tt} * ({sz.prod(shape[1:])}))"
+            return rows.current_rows(base, shape[1:], sz) if rows else base
 
         ins = []
         if not is_scan and a["with_index"]:
             li = self.fresh("li")
             code.append(f"{inner}int64_t {li} = {tt};")
             ins.append(f"(&{li})")
+
         def carry(ptr: str, k: int) -> str:
             """A carry buffer (already at this thread's rows) at the rows the body runs on now."""
             return rows.block_of_thread_rows(ptr, n.types[k][0], sz) if rows else ptr
 
         ins += [carry(c, k) for k, c in enumerate(cur)]
-        before: list[str] = []  # declarations that go before the time loop
+        before: list[str] = []  # code that goes before the time loop (chunk bookkeeping, weight packing)
+        chunked = {d.k: d for d in self.deferred.values() if d.scan is n}
         for k in range(nx):
             x = srcs[nc + k]
-            d = next((d for d in self.deferred.values() if d.scan is n and d.k == k), None)
-            if d is not None:
-                ins.append(self._chunked_input(d, ctx, rows, t, tt, length, rev, code, before, inner, info))
+            if k in chunked:
+                ins.append(self._chunked_input(chunked[k], ctx, rows, t, tt, length, rev, code, before, inner, info))
                 continue
             ins.append(step(ctx.buffer(x), x.shape))
             if rows is not None:

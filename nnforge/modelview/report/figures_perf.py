@@ -122,21 +122,26 @@ def roofline(cells: Sequence[CellRow], env: Mapping[str, Any]) -> FigureSpec:
         note = "machine peaks not measured for this run: points only"
     if n_all > len(pts):
         note += f"; {len(pts)} of {n_all} cells drawn (each backend's best and an even sample)"
+    _scatter_by_backend(fig, pts, colors, n_all, lambda c: c.intensity, lambda c: c.achieved_flops,
+                        ": %{y:.3s}FLOP/s at %{x:.3g} FLOP/B", opacity=0.8)
+    return FigureSpec("roofline", title, fig, note)
+
+
+def _scatter_by_backend(fig: dict, pts: Sequence[CellRow], colors: dict[str, str], n_all: int,
+                        x: Callable[[CellRow], Any], y: Callable[[CellRow], Any], hover: str,
+                        opacity: float | None = None) -> None:
+    """One marker trace per backend (its colour), points labelled by cell; smaller markers once subsampled."""
+    marker: dict[str, Any] = {"size": 8 if n_all <= MAX_SCATTER_POINTS else 5}
+    if opacity is not None:
+        marker["opacity"] = opacity
     for be, color in colors.items():
         sel = [c for c in pts if c.backend == be]
-        if not sel:
-            continue
-        fig["data"].append(dict(
-            type="scatter",
-            x=[c.intensity for c in sel],
-            y=[c.achieved_flops for c in sel],
-            mode="markers",
-            name=be,
-            marker={"color": color, "size": 8 if n_all <= MAX_SCATTER_POINTS else 5, "opacity": 0.8},
-            **point_labels(sel),
-            hovertemplate="%{hovertext}<br>" + be + ": %{y:.3s}FLOP/s at %{x:.3g} FLOP/B<extra></extra>",
-        ))
-    return FigureSpec("roofline", title, fig, note)
+        if sel:
+            fig["data"].append(dict(
+                type="scatter", x=[x(c) for c in sel], y=[y(c) for c in sel], mode="markers", name=be,
+                marker={"color": color, **marker}, **point_labels(sel),
+                hovertemplate="%{hovertext}<br>" + be + hover + "<extra></extra>",
+            ))
 
 
 def compile_vs_steady(cells: Sequence[CellRow]) -> FigureSpec:
@@ -155,20 +160,9 @@ def compile_vs_steady(cells: Sequence[CellRow]) -> FigureSpec:
         yaxis={"type": "log", "title": {"text": "compile time (s; first call where no compile)"},
                "exponentformat": "SI"},
     ))
-    for be, color in colors.items():
-        sel = [c for c in pts if c.backend == be]
-        if not sel:
-            continue
-        fig["data"].append(dict(
-            type="scatter",
-            x=[c.median_s for c in sel],
-            y=[c.compile_s if c.compile_s is not None else c.first_call_s for c in sel],
-            mode="markers",
-            name=be,
-            marker={"color": color, "size": 8 if n_all <= MAX_SCATTER_POINTS else 5},
-            **point_labels(sel),
-            hovertemplate="%{hovertext}<br>" + be + ": compile %{y:.3s}s, steady %{x:.3s}s/call<extra></extra>",
-        ))
+    _scatter_by_backend(fig, pts, colors, n_all, lambda c: c.median_s,
+                        lambda c: c.compile_s if c.compile_s is not None else c.first_call_s,
+                        ": compile %{y:.3s}s, steady %{x:.3s}s/call")
     note = "each point is a cell; higher and left: compile dominates short jobs"
     if n_all > len(pts):
         note += f"; {len(pts)} of {n_all} cells drawn (each backend's slowest compiles and an even sample)"
