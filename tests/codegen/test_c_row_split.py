@@ -168,15 +168,17 @@ def test_wide_weights_stay_work_shared(caplog: pytest.LogCaptureFixture) -> None
     assert "batch rows split" in _split_notes(lstm, _lstm_args(2, 16, 4, 128))[0]  # W_hh 256 KB
 
 
-@pytest.mark.parametrize("fn,T", [(lstm, 150), (ln_lstm, 70)])
-def test_input_projection_computed_chunk_by_chunk(fn, T: int) -> None:
+@pytest.mark.parametrize("fn,T,dt", [(lstm, 150, np.float32), (ln_lstm, 70, np.float64)])
+def test_input_projection_computed_chunk_by_chunk(fn, T: int, dt) -> None:
     """A long sequence: the hoisted input projection of a row-split scan is computed 64 steps at a time inside the
-    loop (N = 16, 4H = 32 floats per row: 2 KB a step) — several chunks and a partial last one, forward and (the
-    layer-norm LSTM) in reverse."""
-    args = _lstm_args(T, 16, 5, 8)
+    loop (N = 16, 4H = 32 values per row) — several chunks and a partial last one, forward and (the layer-norm
+    LSTM) in reverse. The layer-norm LSTM runs in float64: over 70 steps its normalisations amplify float32
+    rounding past any fixed float32 tolerance now and then (a rare 4e-5 difference was seen), which says nothing
+    about the chunking; in float64 the two backends must agree to 1e-11."""
+    args = _lstm_args(T, 16, 5, 8, dt)
     note = _split_notes(fn, args)[0]
     assert "input projection computed 64 steps at a time" in note, note
-    _check(fn, args)
+    _check(fn, args, dt)
 
 
 def test_training_keeps_the_whole_projection() -> None:
