@@ -60,3 +60,21 @@ def test_tune_gemm_searches_axes_and_caches(tmp_path, monkeypatch):
     assert load_gemm_config() == best
     data = json.loads((tmp_path / "tune" / "gemm.json").read_text())
     assert len(data["timings_s"]) >= 3
+
+
+@needs_cpu
+def test_large_k_packs_a_only_when_a_is_read_down_its_columns():
+    """xᵀ @ dy (a weight gradient, K = T * N) is packed and K-sliced; x @ w with the same large K is not (its
+    unit-stride rows stream well unpacked), and both stay exact."""
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((600, 24)).astype(np.float32), rng.standard_normal((600, 40)).astype(np.float32)
+    cfg = GemmConfig(packed_a_min_k=512, kc=256)
+    trace = nf.compile(lambda a, b: a.T @ b, backend="reference").trace(x, w)
+    assert "nf_ukrp_f32(k1_" in lower(schedule(trace), cfg).text
+    (got,) = _run(lambda a, b: a.T @ b, cfg, x, w)
+    np.testing.assert_allclose(got, x.T.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    a, b = rng.standard_normal((24, 600)).astype(np.float32), rng.standard_normal((600, 40)).astype(np.float32)
+    trace = nf.compile(lambda a, b: a @ b, backend="reference").trace(a, b)
+    assert "nf_ukrp_f32(k1_" not in lower(schedule(trace), cfg).text
+    (got,) = _run(lambda a, b: a @ b, cfg, a, b)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

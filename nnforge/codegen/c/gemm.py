@@ -52,7 +52,11 @@ class GemmConfig:
     mca: int = 144
     kc: int = 256
     packed_a_min_m: int = 1024  # rows (a run-time size counts as large) from which pack_a applies
-    packed_a_min_k: int = 512  # K from which the packed-A, K-sliced loops are always used
+    # K from which an A read down its columns (k-stride != 1: the xᵀ of a weight gradient, K = T * N) is packed
+    # and K-sliced. An A with unit k-stride never is: its row streams prefetch well at any K, and on Zen 3
+    # (2 threads, 2026-11-22) the unpacked loops measured 172-189 GFLOP/s at K = 512-4096 and 136 at K = 16384,
+    # the packed ones 123-145 and 106; for xᵀ packing wins from K ~ 1000 (120 against 64-88 GFLOP/s).
+    packed_a_min_k: int = 512
     # Row-separable scans run with the batch rows split among threads, no barrier per step, where
     # ``passes.rows.worth_splitting`` says it pays.
     row_split: bool = True
@@ -218,7 +222,7 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     if packed is None:
         lines += pack_panels(low, p.dtype, K, (f"({pb} + ({boff}))", sb[-2], sb[-1]), [("0", N)], scratch, cur)
         packed = scratch
-    if not batch and packed_a_wanted(low, p):
+    if not batch and packed_a_wanted(low, p, sak):
         body, store = _packed_a_loops(low, p, A, sam, sak, npan, packed, out, epilogue, cur, out_holds_sums)
         return lines + body, store
     ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
@@ -277,15 +281,16 @@ def _large(d: object, at_least: int) -> bool:
         return True  # a run-time size (T * N): large in the cases that matter
 
 
-def packed_a_wanted(low: Lowering, p: Node) -> bool:
-    """Use the packed-A, K-sliced loops for a GEMM outside any loop when K is large (a weight gradient hoisted
-    out of a backward scan: K = T * N, where whole-K B panels of 400 KB and more fall out of L1 and L2 on every
-    row block), or, when ``GemmConfig.pack_a`` asks for it, when M is large (a hoisted input projection)."""
+def packed_a_wanted(low: Lowering, p: Node, sak: str) -> bool:
+    """Use the packed-A, K-sliced loops for a GEMM outside any loop when A is read down its columns (k-stride
+    ``sak`` not 1) and K is large (a weight gradient hoisted out of a backward scan: A = xᵀ, K = T * N; unpacked,
+    each k of the six row streams touches a new cache line), or, when ``GemmConfig.pack_a`` asks for it, when
+    M is large (a hoisted input projection)."""
     if low.scopes:
         return False
     cfg = low.gemm
-    return _large(p.srcs[0].shape[-1], cfg.packed_a_min_k) or (cfg.pack_a and _large(p.shape[-2],
-                                                                                      cfg.packed_a_min_m))
+    return ((sak.strip() != "1" and _large(p.srcs[0].shape[-1], cfg.packed_a_min_k))
+            or (cfg.pack_a and _large(p.shape[-2], cfg.packed_a_min_m)))
 
 
 def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: str, packed: str, out: str,
