@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 Leaf = Any
@@ -12,42 +12,44 @@ TreeDef = Any  # ("leaf",) | ("none",) | ("tuple"|"list", children) | ("dict", k
 def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[Leaf], TreeDef]:
     """Leaves in a deterministic order (dicts by sorted key) and the structure to rebuild the tree."""
     leaves: list[Leaf] = []
+    return leaves, _walk(tree, is_leaf, leaves)
 
-    def go(t: Any) -> TreeDef:
-        if is_leaf is not None and is_leaf(t):
-            leaves.append(t)
-            return ("leaf",)
-        if t is None:
-            return ("none",)
-        if isinstance(t, tuple) and not hasattr(t, "_fields"):
-            return ("tuple", tuple(go(c) for c in t))
-        if isinstance(t, list):
-            return ("list", tuple(go(c) for c in t))
-        if isinstance(t, dict):
-            keys = tuple(sorted(t))
-            return ("dict", keys, tuple(go(t[k]) for k in keys))
+
+def _walk(t: Any, is_leaf: Callable[[Any], bool] | None, leaves: list[Leaf]) -> TreeDef:
+    """Module-level (see ``_build``): a nested recursive closure would keep ``leaves`` alive in a cycle."""
+    if is_leaf is not None and is_leaf(t):
         leaves.append(t)
         return ("leaf",)
-
-    return leaves, go(tree)
+    if t is None:
+        return ("none",)
+    if isinstance(t, tuple) and not hasattr(t, "_fields"):
+        return ("tuple", tuple(_walk(c, is_leaf, leaves) for c in t))
+    if isinstance(t, list):
+        return ("list", tuple(_walk(c, is_leaf, leaves) for c in t))
+    if isinstance(t, dict):
+        keys = tuple(sorted(t))
+        return ("dict", keys, tuple(_walk(t[k], is_leaf, leaves) for k in keys))
+    leaves.append(t)
+    return ("leaf",)
 
 
 def unflatten(treedef: TreeDef, leaves: list[Leaf]) -> Any:
-    it = iter(leaves)
+    return _build(treedef, iter(leaves))
 
-    def go(d: TreeDef) -> Any:
-        kind = d[0]
-        if kind == "leaf":
-            return next(it)
-        if kind == "none":
-            return None
-        if kind == "tuple":
-            return tuple(go(c) for c in d[1])
-        if kind == "list":
-            return [go(c) for c in d[1]]
-        return {k: go(c) for k, c in zip(d[1], d[2])}
 
-    return go(treedef)
+def _build(d: TreeDef, it: Iterator[Leaf]) -> Any:
+    """A module-level function, not a nested recursive closure: that closure would be a reference cycle holding
+    the leaves (a compiled call's outputs) until the cyclic garbage collector runs."""
+    kind = d[0]
+    if kind == "leaf":
+        return next(it)
+    if kind == "none":
+        return None
+    if kind == "tuple":
+        return tuple(_build(c, it) for c in d[1])
+    if kind == "list":
+        return [_build(c, it) for c in d[1]]
+    return {k: _build(c, it) for k, c in zip(d[1], d[2])}
 
 
 def describe(treedef: TreeDef) -> str:

@@ -13,6 +13,7 @@ from ...errors import NNForgeError
 from ...ir.dims import Dim, substitute
 from ...ir.node import Graph
 from .cexpr import Sizes
+from .recycle import OutputPool
 
 
 class CProgram:
@@ -36,6 +37,7 @@ class CProgram:
         self._ws_bytes.argtypes = [ctypes.c_void_p]
         self._ws = np.empty(0, np.uint8)  # scratch reused across calls: its pages stay mapped
         self._ws_lock = threading.Lock()  # a concurrent call (nf_main runs without the GIL) gets its own
+        self.outputs = OutputPool(keep=2 * len(graph.outputs))  # results the caller dropped are reused
 
     def workspace_bytes(self, env: Mapping[str, int] | None = None) -> int:
         """Scratch bytes one call needs at the run-time sizes ``env`` (symbol -> size; missing ones are 0)."""
@@ -64,7 +66,7 @@ class CProgram:
             want = tuple(int(d) for d in substitute(tuple(n.shape), env))
             if tuple(a.shape) != want:
                 raise NNForgeError(f"input {n.attrs.get('name')!r} has shape {list(a.shape)}, expected {list(want)}")
-        outs = [np.empty(tuple(int(d) for d in substitute(tuple(o.shape), env)), dtype=o.dtype.np)
+        outs = [self.outputs.empty(tuple(int(d) for d in substitute(tuple(o.shape), env)), o.dtype.np)
                 for o in g.outputs]
         sizes = np.array([env[name] for name in self.sizes.dynamic] or [0], dtype=np.int64)
         need = int(self._ws_bytes(sizes.ctypes.data)) + 64
