@@ -12,7 +12,7 @@ import nnforge as nf
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
 SIZES = [(1, 1, 1), (1, 7, 1), (5, 1, 3), (7, 17, 13), (6, 16, 16), (13, 33, 31), (64, 1, 50), (97, 130, 200),
-         (200, 96, 40)]
+         (200, 96, 40), (9, 21, 19), (14, 12, 9), (16, 40, 24)]  # every remainder of the 6-row kernel
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])

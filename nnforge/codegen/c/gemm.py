@@ -95,10 +95,19 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     lanes = 8 if dt == DType.float32 else 4
     vt = f"nf_v{lanes}{sfx}"
     nv = nr // lanes
-    L = [f"typedef {ct} {vt} __attribute__((vector_size(32), aligned(32)));",
-         "/* out[MR][NR] = A[mr rows, K] @ P (one packed panel [K][NR]); rows >= mr repeat row mr-1. */",
-         f"static __attribute__((noinline)) void nf_ukr_{sfx}(int64_t K, const {ct}* A, int64_t sam, int64_t sak,",
-         f"                             int mr, const {ct}* restrict P, {ct}* restrict out) {{"]
+    L = [f"typedef {ct} {vt} __attribute__((vector_size(32), aligned(32)));"]
+    # Row-remainder kernels: a row block of the batch split among threads is often short (32 rows per thread
+    # = 5 x 6 + 2): computing its 2 rows with the 6-row kernel would cost a third of a block for nothing.
+    small = [m for m in (2, 4) if m < mr]
+    for m in small:
+        L.append(f"static __attribute__((noinline)) void nf_ukr{m}_{sfx}(int64_t K, const {ct}* A, int64_t sam, "
+                 f"int64_t sak, int mr, const {ct}* restrict P, {ct}* restrict out) {{")
+        L += [f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;" for r in range(m)]
+        L += _ukr_body(ct, vt, m, nr, nv, lanes, lambda r: f"a{r}[k * sak]")
+    L += ["/* out[MR][NR] = A[mr rows, K] @ P (one packed panel [K][NR]); rows >= mr are not meaningful. */",
+          f"static __attribute__((noinline)) void nf_ukr_{sfx}(int64_t K, const {ct}* A, int64_t sam, int64_t sak,",
+          f"                             int mr, const {ct}* restrict P, {ct}* restrict out) {{"]
+    L += [f"    if (mr <= {m}) {{ nf_ukr{m}_{sfx}(K, A, sam, sak, mr, P, out); return; }}" for m in small]
     for r in range(mr):
         L.append(f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;")
     L += _ukr_body(ct, vt, mr, nr, nv, lanes, lambda r: f"a{r}[k * sak]")

@@ -99,14 +99,16 @@ class RowScope:
         return text + (f", the body run {self.block} rows at a time" if self.block else "")
 
     def declare(self, mr: int, sz: Sizes, ind: str) -> list[str]:
-        """Rows split in whole MR-row blocks (the micro-kernel's height), as evenly as they go."""
+        """Rows split as evenly as they go in pairs (64 rows: 32 and 32, each 5 micro-kernel blocks of 6 and one of 2
+        run by the 2-row kernel), not in whole MR-row blocks (30 and 34: the second thread's 6 blocks set the pace
+        of every step)."""
         n = sz(self.batch)
         nblk, b0, b1, _ = self.temps
-        return [f"{ind}const int64_t {nblk} = ({n} + {mr - 1}) / {mr};",
+        return [f"{ind}const int64_t {nblk} = ({n} + 1) / 2;",
                 f"{ind}const int64_t {b0} = {nblk} * nf_thread() / nf_team(), "
                 f"{b1} = {nblk} * (nf_thread() + 1) / nf_team();",
-                f"{ind}const int64_t {self.r0} = {b0} * {mr} < {n} ? {b0} * {mr} : {n};",
-                f"{ind}const int64_t {self.nrow} = ({b1} * {mr} < {n} ? {b1} * {mr} : {n}) - {self.r0};"]
+                f"{ind}const int64_t {self.r0} = {b0} * 2 < {n} ? {b0} * 2 : {n};",
+                f"{ind}const int64_t {self.nrow} = ({b1} * 2 < {n} ? {b1} * 2 : {n}) - {self.r0};"]
 
     def thread_rows(self, ptr: str, shape: Sequence[int], sz: Sizes) -> str:
         """A [batch, ...] buffer at this thread's first row."""
