@@ -14,7 +14,7 @@ import numpy as np
 from ..ir.build import make
 from ..ir.node import Graph, Node
 from ..ir.ops import BINARY, COMPARE, ELEMENTWISE, UNARY, Op
-from .rewrite import map_nodes
+from .rewrite import map_nodes, substitute
 
 
 def _const_value(n: Node) -> float | None:
@@ -131,9 +131,27 @@ def _segments(pad: Node, axis: int) -> list[tuple[int, int, Node]]:
     return out
 
 
+def _const_into_body(n: Node) -> Node | None:
+    """A constant a scan reads as a loop invariant (``1.0 - z`` traced outside the cell) becomes a constant of
+    its body again: inside the loop it is a literal of the kernel that reads it, not a buffer read every step."""
+    if n.op != Op.SCAN:
+        return None
+    a = n.attrs
+    first = a["n_carry"] + a["n_xs"]
+    body: Graph = a["body"]
+    consts = [k for k in range(first, len(n.srcs)) if n.srcs[k].op == Op.CONST]
+    if not consts:
+        return None
+    mapping = {id(body.inputs[k]): make(Op.CONST, (), dict(n.srcs[k].attrs), loc=n.srcs[k].loc) for k in consts}
+    inner = substitute(Graph(body.inputs, body.outputs, body.effects), mapping)
+    keep = [k for k in range(len(n.srcs)) if k not in consts]
+    new_body = Graph([inner.inputs[k] for k in keep], inner.outputs, inner.effects)
+    return make(Op.SCAN, tuple(n.srcs[k] for k in keep), {**a, "body": new_body}, n.types, loc=n.loc)
+
+
 def simplify(graph: Graph) -> Graph:
     """Fold constants and apply exact identities until nothing changes (bodies included)."""
-    return map_nodes(graph, lambda n: _fold(n) or _identity(n) or _pads_to_concat(n))
+    return map_nodes(graph, lambda n: _fold(n) or _identity(n) or _pads_to_concat(n) or _const_into_body(n))
 
 
 def _sigmoid_of(n: Node) -> Node | None:

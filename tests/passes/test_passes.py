@@ -117,3 +117,33 @@ def test_sums_of_disjoint_zero_pads_become_a_concat():
     np.testing.assert_array_equal(ReferenceProgram(s, prog)([z])[0], want)
     got = nf.compile(gap, backend="cpu")(z) if "cpu" in nf.available_backends() else want
     np.testing.assert_array_equal(got, want)
+
+
+def test_constants_read_by_a_scan_become_constants_of_its_body():
+    """``1.0 - z`` in a GRU cell traces the 1.0 outside the body; simplify moves it back in (a literal of the
+    kernel, not a [N, H] buffer read every step) and drops the scan input; results are unchanged."""
+    from nnforge.codegen.reference import ReferenceProgram
+
+    def gru_like(x, h0, w):
+        def cell(h, x_t):
+            z = nf.sigmoid(x_t + h @ w)
+            return (1.0 - z) * h + z * nf.tanh(x_t), h
+
+        return nf.scan(cell, h0, x)
+
+    rng = np.random.default_rng()
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(5, 3, 4), (3, 4), (4, 4)]]
+    g = traced(gru_like, *args)
+    scan = next(n for n in g.order if n.op.name == "SCAN")
+    assert any(m.op.name == "CONST" for m in g.order)  # broadcast outside the body (expand of reshape of it)
+    s = simplify(g)
+    scan2 = next(n for n in s.order if n.op.name == "SCAN")
+    assert not any(m.op.name == "CONST" for m in s.order)
+    assert len(scan2.srcs) == len(scan.srcs) - 1
+    assert any(m.op.name == "CONST" and m.attrs["value"] == 1.0 for m in scan2.attrs["body"].order)
+    prog = np.random.default_rng(0)
+    for a, b in zip(ReferenceProgram(g, prog)(args), ReferenceProgram(s, prog)(args)):
+        np.testing.assert_array_equal(a, b)
+    if "cpu" in nf.available_backends():
+        for a, b in zip(nf.compile(gru_like, backend="cpu")(*args), ReferenceProgram(g, prog)(args)):
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6)
