@@ -1,10 +1,11 @@
 """Output buffers a compiled program hands out, recycled once the caller has let go of them.
 
 Why: a call's outputs are large (an LSTM layer's ``ys`` at T = 2000, N = 64, H = 96 is 49 MB) and fresh memory
-costs the kernel a page fault and a page clear per page on first touch, every call. On a 2-core VM with
-transparent huge pages in ``madvise`` mode (numpy asks for huge pages on large arrays) that was 25-40 % of an
-H = 96 LSTM call whenever the kernel had to compact memory to find them, and 20 % with 4 KB pages
-(docs/benchmarks.md). In the common loop ``for chunk in reads: y = f(chunk); use(y)`` each result is dropped
+costs the kernel a page fault and a page clear per page on first touch, every call. On the 2-core Zen 3 VM
+(2026-11-22) an LSTM layer at 2000,64,96,96 took 187-200 ms per call with fresh output memory (4 KB pages, or
+huge pages when the kernel had to compact memory to find them: numpy asks for huge pages on large arrays and
+transparent huge pages are in ``madvise`` mode there) and 140 ms with recycled memory (docs/benchmarks.md).
+In the common loop ``for chunk in reads: y = f(chunk); use(y)`` each result is dropped
 before the next call, so its memory can be handed out again, already mapped and warm.
 
 A buffer is reused only when nothing outside the pool refers to it: every array made from it (the returned
