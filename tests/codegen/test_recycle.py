@@ -105,3 +105,16 @@ def test_concurrent_calls_get_their_own_outputs():
     for t in threads:
         t.join()
     assert not errors
+
+
+@needs_cpu
+def test_torch_results_keep_their_memory_while_held():
+    """Torch in, torch out: a returned tensor shares the recycled buffer and holds it."""
+    fn = nf.compile(lstm, backend="cpu")
+    first = [torch.from_numpy(a) for a in lstm_args(T=8, N=4, I=5, H=6, seed=10)]
+    held = fn(*first)
+    copies = [t.clone() for t in held]
+    for seed in range(11, 15):
+        fn(*[torch.from_numpy(a) for a in lstm_args(T=8, N=4, I=5, H=6, seed=seed)])
+    for c, h in zip(copies, held):
+        assert torch.equal(c, h)
