@@ -13,6 +13,7 @@ from .hoist import hoist
 from .reductions import hoist_reductions
 from .scans import merge_augmented_scans
 from .simplify import sigmoid_forms, simplify
+from .views import views_into_scans
 
 log = logging.getLogger("nnforge.passes")
 
@@ -30,6 +31,7 @@ CPU_PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("sigmoid_forms", sigmoid_forms),
     ("hoist_reductions", hoist_reductions),  # first: a scan rid of its weight-gradient sums may split by rows,
     ("hoist", hoist),  # which decides how much of the carry-free work hoist lifts out
+    ("views_into_scans", views_into_scans),  # after hoist, which would lift the views back out
     ("simplify", simplify),
     ("cse", cse),
     ("dce", dce),

@@ -147,3 +147,39 @@ def test_constants_read_by_a_scan_become_constants_of_its_body():
     if "cpu" in nf.available_backends():
         for a, b in zip(nf.compile(gru_like, backend="cpu")(*args), ReferenceProgram(g, prog)(args)):
             np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6)
+
+
+def test_transposed_weights_enter_scans_as_views():
+    """``h @ w_hh.T``: after the CPU pipeline the scan reads ``w_hh`` itself and the permute is the matmul's
+    operand inside the body (no transposed copy per call); an invariant also read elementwise is left alone."""
+    from nnforge.passes import CPU_PIPELINE, views_into_scans
+
+    args = lstm_args(T=5, N=3, I=4, H=6)
+    g = run_pipeline(run_pipeline(traced(lstm, *args)), CPU_PIPELINE)
+    scan = next(n for n in g.order if n.op.name == "SCAN")
+    w_hh = g.inputs[4]
+    assert any(s is w_hh for s in scan.srcs) and not any(s.op.name == "PERMUTE" for s in scan.srcs)
+    body = scan.attrs["body"]
+    mm = [n for n in body.order if n.op.name == "MATMUL"]
+    assert len(mm) == 1 and mm[0].srcs[1].op.name == "PERMUTE" and mm[0].srcs[1].srcs[0].op.name == "INPUT"
+
+    def masked(x, h0, w, m):
+        def cell(h, x_t):
+            return nf.tanh(x_t + h @ w.T) * m.T, h  # m.T is read element by element
+
+        return nf.scan(cell, h0, x)
+
+    rng = np.random.default_rng()
+    a = [rng.standard_normal(s).astype(np.float32) for s in [(4, 3, 5), (3, 5), (5, 5), (5, 3)]]
+    t = traced(masked, *a)
+    before = next(n for n in t.order if n.op.name == "SCAN")
+    assert sum(s.op.name == "PERMUTE" for s in before.srcs) == 2
+    after = next(n for n in views_into_scans(t).order if n.op.name == "SCAN")
+    kept = [s for s in after.srcs if s.op.name == "PERMUTE"]
+    assert len(kept) == 1 and kept[0].srcs[0] is t.inputs[3] and any(s is t.inputs[2] for s in after.srcs)
+    if "cpu" in nf.available_backends():
+        want = nf.compile(lstm, backend="reference")(*args)
+        for got, w in zip(nf.compile(lstm, backend="cpu")(*args), want):
+            np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)
+        for got, w in zip(nf.compile(masked, backend="cpu")(*a), nf.compile(masked, backend="reference")(*a)):
+            np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)
