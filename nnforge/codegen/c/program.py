@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ...errors import NNForgeError
-from ...ir.dims import Dim, substitute
+from ...ir.dims import Dim, free_symbols, substitute
 from ...ir.node import Graph
 from .cexpr import Sizes
 from .recycle import OutputPool
@@ -38,6 +38,16 @@ class CProgram:
         self._ws = np.empty(0, np.uint8)  # scratch reused across calls: its pages stay mapped
         self._ws_lock = threading.Lock()  # a concurrent call (nf_main runs without the GIL) gets its own
         self.outputs = OutputPool(keep=2 * len(graph.outputs))  # results the caller dropped are reused
+        # Per-call Python work kept small (it is the whole cost of a short call, and its allocations drive the
+        # cyclic GC): shapes are planned once, data pointers read once.
+        known = set(sizes.slot) | set(sizes.dynamic)  # the names every call's size environment has
+        self._in_plans = [_plan(n.shape, known) for n in graph.inputs]
+        self._out_plans = [(_plan(o.shape, known), o.dtype.np) for o in graph.outputs]
+        self._in_dtypes = [n.dtype.np for n in graph.inputs]
+        self._sym_slots = [[(axis, d.expr[1]) for axis, d in enumerate(n.shape)
+                            if isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] in sizes.slot]
+                           for n in graph.inputs]
+        self._data_ptrs = [d.ctypes.data for d in self.data]
 
     def workspace_bytes(self, env: Mapping[str, int] | None = None) -> int:
         """Scratch bytes one call needs at the run-time sizes ``env`` (symbol -> size; missing ones are 0)."""
@@ -47,11 +57,11 @@ class CProgram:
 
     def _env(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
         env: dict[str, int] = {}
-        for n, a in zip(self.graph.inputs, arrays):
-            for d, actual in zip(n.shape, a.shape):
-                if (isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] in self.sizes.slot
-                        and env.setdefault(d.expr[1], int(actual)) != int(actual)):
-                    raise NNForgeError(f"inputs disagree on size {d.expr[1]}: {env[d.expr[1]]} vs {actual}")
+        for slots, a in zip(self._sym_slots, arrays):
+            for axis, name in slots:
+                actual = a.shape[axis]
+                if env.setdefault(name, actual) != actual:
+                    raise NNForgeError(f"inputs disagree on size {name}: {env[name]} vs {actual}")
         for name in self.sizes.dynamic:
             env.setdefault(name, 0)
         return env
@@ -60,14 +70,13 @@ class CProgram:
         g = self.graph
         if len(inputs) != len(g.inputs):
             raise NNForgeError(f"program takes {len(g.inputs)} inputs, got {len(inputs)}")
-        arrays = [np.ascontiguousarray(a, dtype=n.dtype.np) for n, a in zip(g.inputs, inputs)]
+        arrays = [np.ascontiguousarray(a, dtype=dt) for dt, a in zip(self._in_dtypes, inputs)]
         env = self._env(arrays)
-        for n, a in zip(g.inputs, arrays):
-            want = tuple(int(d) for d in substitute(tuple(n.shape), env))
-            if tuple(a.shape) != want:
+        for n, plan, a in zip(g.inputs, self._in_plans, arrays):
+            want = _shape(plan, env)
+            if a.shape != want:
                 raise NNForgeError(f"input {n.attrs.get('name')!r} has shape {list(a.shape)}, expected {list(want)}")
-        outs = [self.outputs.empty(tuple(int(d) for d in substitute(tuple(o.shape), env)), o.dtype.np)
-                for o in g.outputs]
+        outs = [self.outputs.empty(_shape(plan, env), dt) for plan, dt in self._out_plans]
         sizes = np.array([env[name] for name in self.sizes.dynamic] or [0], dtype=np.int64)
         need = int(self._ws_bytes(sizes.ctypes.data)) + 64
         owned = self._ws_lock.acquire(blocking=False)
@@ -77,9 +86,29 @@ class CProgram:
             ws = self._ws if owned else np.empty(need, np.uint8)
             base = ws.ctypes.data + (-ws.ctypes.data) % 64
             ptrs = (ctypes.c_void_p * (len(arrays) + len(self.data) + len(outs) + 1))(
-                *[a.ctypes.data for a in (*arrays, *self.data, *outs)], base)
+                *[a.ctypes.data for a in arrays], *self._data_ptrs, *[o.ctypes.data for o in outs], base)
             self._fn(ptrs, sizes.ctypes.data)
         finally:
             if owned:
                 self._ws_lock.release()
         return outs
+
+
+def _plan(shape: Sequence[object], known: set[str]) -> tuple:
+    """A shape as ints (sizes fixed for this program) and the names of sizes given per call; a ``Dim`` that is an
+    expression of those (T * N) stays itself and is evaluated per call."""
+    plan: list[object] = []
+    for d in shape:
+        names = free_symbols(d) & known
+        if not names:
+            plan.append(int(substitute(d, {})))
+        elif d.expr[0] == "sym":
+            plan.append(d.expr[1])
+        else:
+            plan.append(d)
+    return tuple(plan)
+
+
+def _shape(plan: tuple, env: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(x if type(x) is int else env[x] if type(x) is str else int(substitute((x,), env)[0])
+                 for x in plan)

@@ -18,6 +18,7 @@ most ``keep`` buffers (the newest): results a caller keeps are never recycled, a
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections import deque
@@ -39,7 +40,7 @@ class OutputPool:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialized array of ``shape`` and ``dtype`` (recycled memory when a free buffer fits)."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes == 0:
             return np.empty(shape, dtype)
         with self._lock:
