@@ -131,6 +131,11 @@ def sym(name: str, value: int) -> Dim:
     return Dim(value, ("sym", name, value))
 
 
+def symbol_name(d: object) -> str | None:
+    """The name of a size that is one bare symbol (a loop length T, a row count), None for anything else."""
+    return d.expr[1] if isinstance(d, Dim) and d.expr[0] == "sym" else None
+
+
 def substitute(x: object, env: Mapping[str, int]) -> object:
     """Re-evaluate every Dim inside ``x`` (an int, tuple, list or dict of them) under ``env``."""
     if isinstance(x, Dim):

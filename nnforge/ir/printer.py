@@ -10,15 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from .dims import Dim
+from .dims import Dim, symbol_name
 from .node import Graph, Node
 from .ops import Op
 
 
 def render(d: int, names: dict[str, str] | None = None) -> str:
     """A size as printed: a loop-length symbol by its name (T, T1, ...), anything else by its value."""
-    if names and isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] in names:
-        return names[d.expr[1]]
+    if names and symbol_name(d) in names:
+        return names[symbol_name(d)]
     return str(int(d))
 
 

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir.build import make, rebuild
-from ..ir.dims import Dim, sym
+from ..ir.dims import Dim, sym, symbol_name
 from ..ir.node import Graph, Node
 from ..ir.ops import ELEMENTWISE, REDUCE, Op
 
@@ -204,14 +204,15 @@ def _localize(body: Graph, localize: set[int], rows: Dim) -> Graph:
                 attrs = {**n.attrs, "stops": (rows, *n.attrs["stops"][1:])}
             srcs = tuple(new[id(s)] for s in n.srcs)
             new[id(n)] = n if srcs == n.srcs and attrs is n.attrs else rebuild(n, srcs, attrs)
-        if id(n) in localize and not _is_rows(new[id(n)].shape[0]):
+        if id(n) in localize and not is_rows(new[id(n)].shape[0]):
             raise NotSeparable(f"{_name(n)} lost the batch axis when rewritten")
     return Graph([new[id(i)] for i in body.inputs], [new[id(o)] for o in body.outputs],
                  [new[id(e)] for e in body.effects])
 
 
-def _is_rows(d: int) -> bool:
-    return isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] == ROWS
+def is_rows(d: int) -> bool:
+    """Whether a size is a row-split body's batch axis."""
+    return symbol_name(d) == ROWS
 
 
 def _name(n: Node) -> str:

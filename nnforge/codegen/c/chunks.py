@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...ir.dims import symbol_name
 from ...ir.node import Graph, Node, users
 from ...ir.ops import Op
 from ...passes.fuse import Grouping
@@ -117,7 +118,7 @@ def emit_chunk(low: Lowering, d: Deferred, ctx: GraphCtx, chunk: str, t: str, le
 
 def _with_steps(sz: Sizes, length_dim: int, count: str) -> Sizes:
     """Sizes in which the scan's length symbol is this chunk's step count (so the GEMM has count * N rows)."""
-    expr = getattr(length_dim, "expr", None)
-    if expr is None or expr[0] != "sym":
+    name = symbol_name(length_dim)
+    if name is None:
         raise ValueError("a chunked projection needs a symbolic sequence length")
-    return sz.with_local(expr[1], count)
+    return sz.with_local(name, count)

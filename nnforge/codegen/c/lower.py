@@ -20,13 +20,13 @@ from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
-from ...passes.rows import ROWS, RowSplit
+from ...passes.rows import ROWS, RowSplit, is_rows
 from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
 from .chunks import Deferred, chunk_steps, emit_chunk, find_deferred
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import Slot, plan
 from .parts import UNIT_MARK, part_functions, split_parts
-from .rowsched import RowScope, choose_row_split, is_rows
+from .rowsched import RowScope, choose_row_split
 from .views import index_map, strided
 
 log = logging.getLogger("nnforge.codegen.c")
@@ -661,7 +661,7 @@ class Lowering:
             carry_bufs.append((c_a, c_b))
             self._copy(srcs[k], ctx, c_a, code, ind, info.children)
         if rows is not None:
-            code += rows.declare(self.gemm.mr, sz, ind)
+            code += rows.declare(sz, ind)
         cur, nxt = [], []
         for k, (c_a, c_b) in enumerate(carry_bufs):
             shape, dt = n.types[k]

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ...errors import NNForgeError
-from ...ir.dims import Dim, free_symbols, substitute
+from ...ir.dims import free_symbols, substitute, symbol_name
 from ...ir.node import Graph
 from .cexpr import Sizes
 from .recycle import OutputPool
@@ -44,9 +44,8 @@ class CProgram:
         self._in_plans = [_plan(n.shape, known) for n in graph.inputs]
         self._out_plans = [(_plan(o.shape, known), o.dtype.np) for o in graph.outputs]
         self._in_dtypes = [n.dtype.np for n in graph.inputs]
-        self._sym_slots = [[(axis, d.expr[1]) for axis, d in enumerate(n.shape)
-                            if isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] in sizes.slot]
-                           for n in graph.inputs]
+        self._sym_slots = [[(axis, x) for axis, x in enumerate(plan) if type(x) is str and x in sizes.slot]
+                           for plan in self._in_plans]  # the axes that set a run-time size
         self._data_ptrs = [d.ctypes.data for d in self.data]
 
     def workspace_bytes(self, env: Mapping[str, int] | None = None) -> int:
@@ -97,16 +96,7 @@ class CProgram:
 def _plan(shape: Sequence[object], known: set[str]) -> tuple:
     """A shape as ints (sizes fixed for this program) and the names of sizes given per call; a ``Dim`` that is an
     expression of those (T * N) stays itself and is evaluated per call."""
-    plan: list[object] = []
-    for d in shape:
-        names = free_symbols(d) & known
-        if not names:
-            plan.append(int(substitute(d, {})))
-        elif d.expr[0] == "sym":
-            plan.append(d.expr[1])
-        else:
-            plan.append(d)
-    return tuple(plan)
+    return tuple(int(substitute(d, {})) if not free_symbols(d) & known else symbol_name(d) or d for d in shape)
 
 
 def _shape(plan: tuple, env: Mapping[str, int]) -> tuple[int, ...]:

@@ -14,22 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ...ir.dims import Dim
 from ...ir.node import Node
 from ...ir.ops import Op
 from ...passes.fuse import group
-from ...passes.rows import ROWS, NotSeparable, RowSplit, worth_splitting
+from ...passes.rows import NotSeparable, RowSplit, is_rows, worth_splitting
 from .cexpr import Sizes, ctype
 
 if TYPE_CHECKING:
     from .lower import Lowering
 
 log = logging.getLogger("nnforge.codegen.c")
-
-
-def is_rows(d: int) -> bool:
-    """Whether a size is a row-split body's batch axis."""
-    return isinstance(d, Dim) and d.expr[0] == "sym" and d.expr[1] == ROWS
 
 
 def choose_row_split(low: Lowering, n: Node) -> RowSplit | None:
@@ -90,7 +84,7 @@ class RowScope:
         r0, nrow = low.fresh("r0"), low.fresh("nrow")
         blk = row_block(low, split)
         row, count = (low.fresh("row"), low.fresh("nb")) if blk else (r0, nrow)
-        temps = (low.fresh("nblk"), low.fresh("b0"), low.fresh("b1"), low.fresh("pf"))
+        temps = (low.fresh("npair"), low.fresh("b0"), low.fresh("b1"), low.fresh("pf"))
         return RowScope(r0, nrow, split.batch, row, count, blk, temps)
 
     def note(self) -> str:
@@ -98,15 +92,15 @@ class RowScope:
         text = f", batch rows split among threads ({self.nrow} rows each, no barrier per step)"
         return text + (f", the body run {self.block} rows at a time" if self.block else "")
 
-    def declare(self, mr: int, sz: Sizes, ind: str) -> list[str]:
+    def declare(self, sz: Sizes, ind: str) -> list[str]:
         """Rows split as evenly as they go in pairs (64 rows: 32 and 32, each 5 micro-kernel blocks of 6 and one of 2
         run by the 2-row kernel), not in whole MR-row blocks (30 and 34: the second thread's 6 blocks set the pace
         of every step)."""
         n = sz(self.batch)
-        nblk, b0, b1, _ = self.temps
-        return [f"{ind}const int64_t {nblk} = ({n} + 1) / 2;",
-                f"{ind}const int64_t {b0} = {nblk} * nf_thread() / nf_team(), "
-                f"{b1} = {nblk} * (nf_thread() + 1) / nf_team();",
+        npair, b0, b1, _ = self.temps
+        return [f"{ind}const int64_t {npair} = ({n} + 1) / 2;",
+                f"{ind}const int64_t {b0} = {npair} * nf_thread() / nf_team(), "
+                f"{b1} = {npair} * (nf_thread() + 1) / nf_team();",
                 f"{ind}const int64_t {self.r0} = {b0} * 2 < {n} ? {b0} * 2 : {n};",
                 f"{ind}const int64_t {self.nrow} = ({b1} * 2 < {n} ? {b1} * 2 : {n}) - {self.r0};"]
 
