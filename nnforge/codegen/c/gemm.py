@@ -99,18 +99,19 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     # Row-remainder kernels: a row block of the batch split among threads is often short (32 rows per thread
     # = 5 x 6 + 2): computing its 2 rows with the 6-row kernel would cost a third of a block for nothing.
     small = [m for m in (2, 4) if m < mr]
+
+    def strided(name: str, rows: int, dispatch: list[str]) -> list[str]:
+        """A kernel reading ``rows`` rows of A in place (a row past ``mr`` repeats row mr - 1)."""
+        head = [f"static __attribute__((noinline)) void {name}(int64_t K, const {ct}* A, int64_t sam, int64_t sak,",
+                f"                             int mr, const {ct}* restrict P, {ct}* restrict out) {{"]
+        ptrs = [f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;" for r in range(rows)]
+        return head + dispatch + ptrs + _ukr_body(ct, vt, rows, nr, nv, lanes, lambda r: f"a{r}[k * sak]")
+
     for m in small:
-        L.append(f"static __attribute__((noinline)) void nf_ukr{m}_{sfx}(int64_t K, const {ct}* A, int64_t sam, "
-                 f"int64_t sak, int mr, const {ct}* restrict P, {ct}* restrict out) {{")
-        L += [f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;" for r in range(m)]
-        L += _ukr_body(ct, vt, m, nr, nv, lanes, lambda r: f"a{r}[k * sak]")
-    L += ["/* out[MR][NR] = A[mr rows, K] @ P (one packed panel [K][NR]); rows >= mr are not meaningful. */",
-          f"static __attribute__((noinline)) void nf_ukr_{sfx}(int64_t K, const {ct}* A, int64_t sam, int64_t sak,",
-          f"                             int mr, const {ct}* restrict P, {ct}* restrict out) {{"]
-    L += [f"    if (mr <= {m}) {{ nf_ukr{m}_{sfx}(K, A, sam, sak, mr, P, out); return; }}" for m in small]
-    for r in range(mr):
-        L.append(f"    const {ct}* a{r} = A + ({r} < mr ? {r} : mr - 1) * sam;")
-    L += _ukr_body(ct, vt, mr, nr, nv, lanes, lambda r: f"a{r}[k * sak]")
+        L += strided(f"nf_ukr{m}_{sfx}", m, [])
+    L.append("/* out[MR][NR] = A[mr rows, K] @ P (one packed panel [K][NR]); rows >= mr are not meaningful. */")
+    L += strided(f"nf_ukr_{sfx}", mr, [f"    if (mr <= {m}) {{ nf_ukr{m}_{sfx}(K, A, sam, sak, mr, P, out); return; }}"
+                                       for m in small])
     L.append(f"/* out[MR][NR] = Ap @ P: Ap one packed A micro-panel [K][{mr}], P one B panel slice [K][NR]. */")
     L.append(f"static __attribute__((noinline)) void nf_ukrp_{sfx}(int64_t K, const {ct}* restrict Ap, "
              f"const {ct}* restrict P, {ct}* restrict out) {{")
@@ -254,11 +255,9 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     stored: list[str] = []
 
     def element(i: str, j: str, value: str) -> list[str]:
-        idx = [*bidx, i, j]
-        stmts, value = epilogue(idx, value) if epilogue is not None else ([], value)
-        store = f"{out}[{flat(idx, [sz(d) for d in p.shape])}]"
-        stored.append(f"{store} = {value}")
-        return [*stmts, f"{store} = {value};"]
+        lines, store = _epilogue_store(epilogue, out, [*bidx, i, j], [sz(d) for d in p.shape], value)
+        stored.append(store)
+        return lines
 
     lines += _for_tile(low, c3, nr, acc, "mr_", "nr_", lambda r: f"{i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
                        element)
@@ -268,6 +267,14 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
         cur = cur[:-4]
         lines.append(f"{cur}}}")
     return lines, stored[0]
+
+
+def _epilogue_store(epilogue: Epilogue | None, out: str, idx: list[str], dims: Sequence[object],
+                    value: str) -> tuple[list[str], str]:
+    """The statements storing ``epilogue(value)`` at ``out[idx]``, and the assignment itself (for listings)."""
+    stmts, value = epilogue(idx, value) if epilogue is not None else ([], value)
+    store = f"{out}[{flat(idx, dims)}] = {value}"
+    return [*stmts, f"{store};"], store
 
 
 def _for_tile(low: Lowering, ind: str, nr: int, acc: str, rows: str, cols: str, row_of: Callable[[str], str],
@@ -354,10 +361,9 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
         """Partial sums over K slices accumulate in ``out``; the epilogue runs on the last slice."""
         store = f"{out}[{flat([i, j], [M, N])}]"
         lines = [f"if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}"]
-        total = f"(({pc} ? {store} : 0) + {value})"
-        stmts, total = epilogue([i, j], total) if epilogue is not None else ([], total)
-        stored.append(f"{store} = {total}")
-        return [*lines, *stmts, f"{store} = {total};"]
+        last, assign = _epilogue_store(epilogue, out, [i, j], [M, N], f"(({pc} ? {store} : 0) + {value})")
+        stored.append(assign)
+        return [*lines, *last]
 
     L += _for_tile(low, c3, nr, acc, "mr_", "nr_", lambda r: f"{ic} + {i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
                    element)
@@ -369,7 +375,7 @@ Body = Callable[[str, str], list[str]]
 
 
 def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], packed: str, offsets: Sequence[str],
-                width: str, epilogue: Callable[[list[str], str], tuple[list[str], str]] | None, out: str,
+                width: str, epilogue: Epilogue | None, out: str,
                 body: Body, ind: str) -> list[str]:
     """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
     columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), stored through
@@ -395,13 +401,12 @@ def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], pack
     acc = low.fresh("tile")
     L.append(f"{c2}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));")
     L.append(f"{c2}const int mr_ = {M} - {i0} < {mr} ? (int)({M} - {i0}) : {mr};")
+    def element(i: str, j: str, value: str) -> list[str]:
+        return _epilogue_store(epilogue, out, [i, j], [M, N], value)[0]
+
     for g, off in enumerate(offsets):
         L.append(f"{c2}nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
                  f"{packed} + ({ub} * {G} + {g}) * ({K}) * {nr}, {acc});")
-        def element(i: str, j: str, value: str) -> list[str]:
-            stmts, value = epilogue([i, j], value) if epilogue is not None else ([], value)
-            return [*stmts, f"{out}[{flat([i, j], [M, N])}] = {value};"]
-
         L += _for_tile(low, c2, nr, acc, "mr_", "nu_", lambda r: f"{i0} + {r}",
                        lambda c, off=off: f"{off} + u0_ + {c}", element)
     L += _for_tile(low, c2, nr, acc, "mr_", "nu_", lambda r: f"{i0} + {r}", lambda c: f"u0_ + {c}",
