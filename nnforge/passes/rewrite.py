@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..ir.build import rebuild
+from ..ir.build import make, rebuild
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 
@@ -61,3 +61,16 @@ def map_nodes(graph: Graph, rule: Callable[[Node], Node | None], max_rounds: int
         graph = Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
                       [new[id(e)] for e in graph.effects])
     return graph
+
+
+def rewire_scan(n: Node, changes: Mapping[int, tuple[Node | None, Node | None, Node]]) -> Node:
+    """Scan ``n`` with some loop-invariant inputs changed: position k -> (its new outer source, or None to drop
+    it; the body's new input there, or None; the node the body reads in place of its old input k — a constant,
+    or a view of the new input)."""
+    body: Graph = n.attrs["body"]
+    inner = substitute(Graph(body.inputs, body.outputs, body.effects),
+                       {id(body.inputs[k]): read for k, (_, _, read) in changes.items()})
+    keep = [k for k in range(len(n.srcs)) if changes.get(k, (n.srcs[k],))[0] is not None]
+    srcs = tuple(changes[k][0] if k in changes else n.srcs[k] for k in keep)
+    inputs = [changes[k][1] if k in changes else body.inputs[k] for k in keep]
+    return make(Op.SCAN, srcs, {**n.attrs, "body": Graph(inputs, inner.outputs, inner.effects)}, n.types, loc=n.loc)

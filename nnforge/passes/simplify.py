@@ -14,7 +14,7 @@ import numpy as np
 from ..ir.build import make
 from ..ir.node import Graph, Node
 from ..ir.ops import BINARY, COMPARE, ELEMENTWISE, UNARY, Op
-from .rewrite import map_nodes, substitute
+from .rewrite import map_nodes, rewire_scan
 
 
 def _const_value(n: Node) -> float | None:
@@ -136,17 +136,10 @@ def _const_into_body(n: Node) -> Node | None:
     its body again: inside the loop it is a literal of the kernel that reads it, not a buffer read every step."""
     if n.op != Op.SCAN:
         return None
-    a = n.attrs
-    first = a["n_carry"] + a["n_xs"]
-    body: Graph = a["body"]
-    consts = [k for k in range(first, len(n.srcs)) if n.srcs[k].op == Op.CONST]
-    if not consts:
-        return None
-    mapping = {id(body.inputs[k]): make(Op.CONST, (), dict(n.srcs[k].attrs), loc=n.srcs[k].loc) for k in consts}
-    inner = substitute(Graph(body.inputs, body.outputs, body.effects), mapping)
-    keep = [k for k in range(len(n.srcs)) if k not in consts]
-    new_body = Graph([inner.inputs[k] for k in keep], inner.outputs, inner.effects)
-    return make(Op.SCAN, tuple(n.srcs[k] for k in keep), {**a, "body": new_body}, n.types, loc=n.loc)
+    first = n.attrs["n_carry"] + n.attrs["n_xs"]
+    changes = {k: (None, None, make(Op.CONST, (), dict(s.attrs), loc=s.loc))
+               for k, s in enumerate(n.srcs) if k >= first and s.op == Op.CONST}
+    return rewire_scan(n, changes) if changes else None
 
 
 def simplify(graph: Graph) -> Graph:

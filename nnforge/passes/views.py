@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
-from .rewrite import map_nodes, substitute
+from .rewrite import map_nodes, rewire_scan
 
 
 def _only_right_operand(p: Node, us: dict[int, list[Node]]) -> bool:
@@ -27,26 +27,18 @@ def _only_right_operand(p: Node, us: dict[int, list[Node]]) -> bool:
 def _sink(n: Node) -> Node | None:
     if n.op != Op.SCAN:
         return None
-    a = n.attrs
-    body: Graph = a["body"]
-    first = a["n_carry"] + a["n_xs"]
+    body: Graph = n.attrs["body"]
     us = users(body.order)
-    moved = [k for k in range(first, len(n.srcs))
-             if n.srcs[k].op == Op.PERMUTE and _only_right_operand(body.inputs[k], us)
-             and id(body.inputs[k]) not in {id(o) for o in body.outputs}]
-    if not moved:
-        return None
-    srcs, inputs, mapping = list(n.srcs), list(body.inputs), {}
-    for k in moved:
+    outs = {id(o) for o in body.outputs}
+    changes = {}
+    for k in range(n.attrs["n_carry"] + n.attrs["n_xs"], len(n.srcs)):
         view, old = n.srcs[k], body.inputs[k]
+        if view.op != Op.PERMUTE or not _only_right_operand(old, us) or id(old) in outs:
+            continue
         base = view.srcs[0]
         new_in = make(Op.INPUT, (), {**old.attrs, "shape": tuple(base.shape), "dtype": base.dtype}, loc=old.loc)
-        mapping[id(old)] = make(Op.PERMUTE, (new_in,), dict(view.attrs), loc=view.loc)
-        srcs[k], inputs[k] = base, new_in
-    inner = substitute(Graph(body.inputs, body.outputs, body.effects), mapping)
-    new_body = Graph(inputs, inner.outputs, inner.effects)
-    return make(Op.SCAN, tuple(srcs), {**a, "body": new_body}, n.types, loc=n.loc)
-
+        changes[k] = (base, new_in, make(Op.PERMUTE, (new_in,), dict(view.attrs), loc=view.loc))
+    return rewire_scan(n, changes) if changes else None
 
 def views_into_scans(graph: Graph) -> Graph:
     """Every scan (nested ones included) reads a transposed weight through a view of the weight itself."""
