@@ -12,7 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from test_gemm import _ln
+from test_gemm import ln_lstm_step
 from test_scan import lstm
 
 import nnforge as nf
@@ -24,10 +24,7 @@ def ln_lstm(x, h0, c0, w_ih, w_hh, b):
     """test_gemm's layer-norm LSTM, run in reverse, with a step output wider than the carries."""
 
     def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (_ln(x_t @ w_ih.T) + _ln(h @ w_hh.T) + b).chunk(4, axis=-1)
-        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-        h = nf.sigmoid(o) * nf.tanh(_ln(c))
+        h, c = ln_lstm_step(*carry, x_t, w_ih, w_hh, b)
         return (h, c), nf.concat([h, c], axis=-1)
 
     (h, c), ys = nf.scan(cell, (h0, c0), x, reverse=True)

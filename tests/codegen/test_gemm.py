@@ -54,12 +54,16 @@ def _ln(v, eps=1e-5):
     return d / nf.sqrt((d * d).mean(-1, keepdims=True) + eps)
 
 
+def ln_lstm_step(h, c, x_t, w_ih, w_hh, b):
+    """One step of the layer-norm LSTM: the new (h, c)."""
+    i, f, g, o = (_ln(x_t @ w_ih.T) + _ln(h @ w_hh.T) + b).chunk(4, axis=-1)
+    c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+    return nf.sigmoid(o) * nf.tanh(_ln(c)), c
+
+
 def ln_lstm(x, h0, c0, w_ih, w_hh, b):
     def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (_ln(x_t @ w_ih.T) + _ln(h @ w_hh.T) + b).chunk(4, axis=-1)
-        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-        h = nf.sigmoid(o) * nf.tanh(_ln(c))
+        h, c = ln_lstm_step(*carry, x_t, w_ih, w_hh, b)
         return (h, c), h
 
     (h, c), ys = nf.scan(cell, (h0, c0), x)
