@@ -98,14 +98,23 @@ def environment(threads: int) -> dict[str, Any]:
     }
     env["torch"] = env["libraries"].get("torch")
     if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
         env["gpu_model"] = torch.cuda.get_device_name(0)
         env["gpu_count"] = torch.cuda.device_count()
+        env["gpu_memory_bytes"] = props.total_memory
+        env["gpu_sm_count"] = props.multi_processor_count
+        env["gpu_capability"] = f"{props.major}.{props.minor}"
         env["cudnn"] = torch.backends.cudnn.version()
+        env["torch_config"]["cuda_matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        env["torch_config"]["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
         with contextlib.suppress(Exception):
             import pynvml
 
             pynvml.nvmlInit()
             env["gpu_driver"] = _s(pynvml.nvmlSystemGetDriverVersion())
+            h = nvml_handle(pynvml, 0, cuda_uuid(0))
+            env["gpu_power_limit_w"] = pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
+            env["gpu_sm_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)
     return env
 
 
@@ -280,21 +289,62 @@ class PerfCounters:
 # -- GPU: NVML sampler and kernel profile ----------------------------------------------------------------------------
 
 
+def cuda_uuid(device_index: int) -> str | None:
+    """The UUID CUDA reports for its device ``device_index`` (as ``torch.cuda.get_device_properties`` prints it)."""
+    try:
+        import torch
+
+        return str(torch.cuda.get_device_properties(device_index).uuid)
+    except Exception:
+        return None
+
+
+def nvml_handle(nv: Any, device_index: int, uuid: str | None) -> Any:
+    """NVML's handle of the GPU that CUDA calls ``device_index``, matched by UUID.
+
+    NVML numbers all GPUs of the machine in PCI order, CUDA only the visible ones (``CUDA_VISIBLE_DEVICES``), by
+    default fastest first: the same index can name different GPUs, and the sampler would then report another GPU's
+    clocks and power. NVML spells UUIDs "GPU-<uuid>"; the index is the fallback when no UUID matches."""
+    if uuid:
+        for candidate in (uuid,) if uuid.startswith("GPU-") else (f"GPU-{uuid}", uuid):
+            with contextlib.suppress(Exception):
+                return nv.nvmlDeviceGetHandleByUUID(candidate)
+    return nv.nvmlDeviceGetHandleByIndex(device_index)
+
+
+NVML_WINDOW_S = 0.5  # seconds each backend runs alone under the NVML sampler, after its timing
+
+
+def nvml_field_number(value: Any) -> float:
+    """The number in an NVML field value (``c_nvmlFieldValue_t``), read through the member its ``valueType`` names."""
+    member = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")[int(value.valueType)]
+    return float(getattr(value.value, member))
+
+
 class NvmlSampler:
-    """Samples SM clock, power, temperature and throttle reasons every ``period_s`` on a thread, attributing each
-    sample (and the energy counter's increase) to the label set by :meth:`label` — the backend being timed."""
+    """Samples SM clock, board power, temperature and throttle reasons every ``period_s`` on a thread, attributing each
+    sample (and the energy counter's increase) to the label set by :meth:`label`.
+
+    The telemetry of a backend is taken in a :meth:`window` in which it runs alone, not during the interleaved timing
+    rounds: a round gives a backend a few milliseconds, and NVML cannot tell such slices apart — the board power that
+    ``nvmlDeviceGetPowerUsage`` reports is a one-second average on recent GPUs (on an H100 every backend of a setting
+    read the same ~125 W, whatever its load), and the energy counter's steps landed in whichever slice was open (one
+    backend's energy per call implied 1.1 kW on a 700 W board). Power is read as the instantaneous field
+    (``NVML_FI_DEV_POWER_INSTANT``) where the driver has it."""
 
     def __init__(self, device_index: int = 0, period_s: float = 0.01) -> None:
         import pynvml
 
         self._nv = pynvml
         pynvml.nvmlInit()
-        self._h = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        self._h = nvml_handle(pynvml, device_index, cuda_uuid(device_index))
         self._period = period_s
         self._label: str | None = None
         self._lock = threading.Lock()
         self._data: dict[str, dict[str, Any]] = {}
         self._stop = threading.Event()
+        self._power_field: int | None = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", None)
+        self.power_source = "instantaneous" if self._power_field is not None else "nvmlDeviceGetPowerUsage"
         self._energy_mark = self._energy()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -304,9 +354,22 @@ class NvmlSampler:
         except Exception:
             return None
 
+    def _power_w(self) -> float:
+        """Board power in W: the instantaneous field if the driver answers it, else the (averaged) power usage."""
+        if self._power_field is not None:
+            try:
+                (v,) = self._nv.nvmlDeviceGetFieldValues(self._h, [self._power_field])
+                if int(v.nvmlReturn) == 0:
+                    return nvml_field_number(v) / 1000.0  # mW
+            except Exception:
+                pass
+            self._power_field = None  # not supported here: fall back for good
+            self.power_source = "nvmlDeviceGetPowerUsage"
+        return self._nv.nvmlDeviceGetPowerUsage(self._h) / 1000.0
+
     def _bucket(self, label: str) -> dict[str, Any]:
         return self._data.setdefault(
-            label, {"sm_clock_mhz": [], "power_w": [], "temp_c": [], "throttle": 0, "energy_mj": 0.0}
+            label, {"sm_clock_mhz": [], "power_w": [], "temp_c": [], "throttle": 0, "energy_mj": 0.0, "window_s": 0.0}
         )
 
     def label(self, name: str | None) -> None:
@@ -316,6 +379,26 @@ class NvmlSampler:
                 self._bucket(self._label)["energy_mj"] += e - self._energy_mark
             self._energy_mark = e
             self._label = name
+
+    def window(self, name: str, call: Callable[[], Any], sync: Callable[[], None], min_s: float = NVML_WINDOW_S
+               ) -> int:
+        """Run ``call`` alone for at least ``min_s`` (and once at least) under the label ``name``; returns the number
+        of calls. The device is synchronised before the label opens and before it closes, so the window holds exactly
+        this backend's work, launch gaps included: they are part of what a call costs."""
+        sync()
+        self.label(name)
+        t0 = time.perf_counter()
+        calls = 0
+        try:
+            while calls == 0 or time.perf_counter() - t0 < min_s:
+                call()
+                calls += 1
+            sync()
+        finally:
+            elapsed = time.perf_counter() - t0
+            self.label(None)
+        self._bucket(name)["window_s"] += elapsed
+        return calls
 
     def _run(self) -> None:
         nv = self._nv
@@ -327,7 +410,7 @@ class NvmlSampler:
                     b = self._bucket(self._label)
                     with contextlib.suppress(Exception):
                         b["sm_clock_mhz"].append(nv.nvmlDeviceGetClockInfo(self._h, nv.NVML_CLOCK_SM))
-                        b["power_w"].append(nv.nvmlDeviceGetPowerUsage(self._h) / 1000.0)
+                        b["power_w"].append(self._power_w())
                         b["temp_c"].append(nv.nvmlDeviceGetTemperature(self._h, nv.NVML_TEMPERATURE_GPU))
                         b["throttle"] |= int(reasons(self._h))
             time.sleep(self._period)
@@ -341,20 +424,33 @@ class NvmlSampler:
         self._stop.set()
         self._thread.join(timeout=1)
 
-    def summary(self, label: str, calls: int) -> dict[str, Any]:
+    def summary(self, label: str, calls: int, seconds_per_call: float | None = None) -> dict[str, Any]:
+        """The telemetry of window ``label`` (``calls`` calls). ``energy_per_call_j`` is the window's mean board power
+        times ``seconds_per_call`` — the timed median — when it is given. Calls inside the window ran up to 2.2× slower
+        than in the timing on an H100 where the host sets the pace (eager ``lstm_manual``: 9.4 ms against a 5.3 ms
+        median; the window runs beside the sampling thread, whose NVML queries took ~6 ms each there), so the window's
+        energy over its own calls (``nvml_window_energy_per_call_j``, from the energy counter, which advanced in
+        ~100 ms steps there) overstates what a call costs; ``nvml_window_call_s`` shows the window's pace."""
         b = self._data.get(label)
         if not b or not b["sm_clock_mhz"]:
             return {"nvml": "no samples"}
         import numpy as np
 
+        power = float(np.mean(b["power_w"])) if b["power_w"] else None
+        window_energy = (b["energy_mj"] / 1000.0 / calls) if calls and b["energy_mj"] else None
         return {
             "sm_clock_mhz_mean": float(np.mean(b["sm_clock_mhz"])),
             "sm_clock_mhz_min": float(np.min(b["sm_clock_mhz"])),
-            "power_w_mean": float(np.mean(b["power_w"])),
-            "temp_c_max": float(np.max(b["temp_c"])),
+            "power_w_mean": power,
+            "temp_c_max": float(np.max(b["temp_c"])) if b["temp_c"] else None,
             "throttle_reasons": throttle_names(b["throttle"]),
-            "energy_per_call_j": (b["energy_mj"] / 1000.0 / calls) if calls and b["energy_mj"] else None,
+            "energy_per_call_j": power * seconds_per_call if power and seconds_per_call else window_energy,
+            "nvml_window_energy_per_call_j": window_energy,
             "nvml_samples": len(b["sm_clock_mhz"]),
+            "nvml_window_s": b["window_s"],
+            "nvml_window_calls": calls,
+            "nvml_window_call_s": b["window_s"] / calls if calls else None,
+            "nvml_power": self.power_source,
         }
 
 
@@ -375,8 +471,26 @@ def throttle_names(mask: int) -> list[str]:
     return [n for bit, n in _THROTTLE_BITS.items() if mask & bit]
 
 
+def device_activity_kind(name: str, is_user_annotation: bool) -> str | None:
+    """What a device-side profiler event is: "kernel", "memcpy" or "memset", or None for a range that is no GPU work.
+
+    torch.profiler lists, as CUDA events, the kernels and the copies and fills the driver does without a kernel
+    ("Memcpy HtoD ...", "Memset (Device)"; a CUDA-graph backend's input copy is one per call). Kineto can also place
+    ``record_function`` ranges on the GPU timeline (``is_user_annotation``): counted as kernels, such a range would
+    inflate the launch count and its span would double-count the kernel time of everything under it."""
+    if is_user_annotation:
+        return None
+    low = name.lower()
+    if low.startswith("memcpy"):
+        return "memcpy"
+    if low.startswith("memset"):
+        return "memset"
+    return "kernel"
+
+
 def gpu_kernel_profile(call: Callable[[], Any], calls: int = 5) -> dict[str, Any]:
-    """Kernel launches and summed kernel time per call, from torch.profiler's CUDA activity."""
+    """Kernel launches and summed kernel time per call, from torch.profiler's CUDA activity; driver copies and fills
+    are counted apart (``memcpy_per_call``, ``memset_per_call``) and user annotations not at all."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -385,10 +499,20 @@ def gpu_kernel_profile(call: Callable[[], Any], calls: int = 5) -> dict[str, Any
         for _ in range(calls):
             call()
         torch.cuda.synchronize()
-    kernels = 0
+    counts = {"kernel": 0, "memcpy": 0, "memset": 0}
     kernel_us = 0.0
     for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            kernels += 1
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kind = device_activity_kind(evt.name, bool(getattr(evt, "is_user_annotation", False)))
+        if kind is None:
+            continue
+        counts[kind] += 1
+        if kind == "kernel":
             kernel_us += evt.time_range.elapsed_us()  # a device-side event's own duration
-    return {"kernels_per_call": kernels / calls, "kernel_time_per_call_s": kernel_us / 1e6 / calls}
+    return {
+        "kernels_per_call": counts["kernel"] / calls,
+        "kernel_time_per_call_s": kernel_us / 1e6 / calls,
+        "memcpy_per_call": counts["memcpy"] / calls,
+        "memset_per_call": counts["memset"] / calls,
+    }

@@ -13,6 +13,7 @@ per-backend counters → one row each.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -24,8 +25,9 @@ from typing import Any
 
 def _limit_memory(memory_mb: int, device: str) -> None:
     """RLIMIT_AS makes a runaway allocation fail inside the worker (a clean 'oom' row) instead of swapping the
-    machine. CUDA maps huge virtual ranges, so on GPU runs only the parent's resident-set watchdog applies."""
-    if memory_mb <= 0 or device != "cpu":
+    machine. CUDA maps huge virtual ranges, so on GPU runs — and with a CUDA build of torch, for CPU cells too —
+    only the parent's resident-set watchdog applies."""
+    if memory_mb <= 0 or device != "cpu" or _cuda_build():
         return
     try:
         import resource
@@ -34,6 +36,17 @@ def _limit_memory(memory_mb: int, device: str) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (ImportError, ValueError, OSError):
         pass
+
+
+def _cuda_build() -> bool:
+    """Whether the torch this worker imports is a CUDA build. Such a build maps gigabytes of CUDA libraries at import
+    and reserves more address space when CUDA initialises (which torch.compile may do for a CPU cell too): on an H100
+    machine the CPU workers of the isolation tests, limited to 2 GiB of address space, failed before running a cell."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.cuda is not None
 
 
 def _die_with_parent() -> None:
@@ -108,6 +121,45 @@ def check_close(got: list[Any], ref: list[Any], atol: float, rtol: float) -> tup
                 f"atol + rtol·|ref| = {float(bound.flatten()[idx]):.3g} (atol={atol:g}, rtol={rtol:g})"
             )
     return worst <= 1.0, max_err, msg
+
+
+def cuda_peak_bytes(max_allocated: int, allocated_before: int) -> int:
+    """A backend's CUDA peak: the allocator's high-water mark since the reset, less what was allocated before the
+    backend's module copy and inputs were made (the setting's earlier backends, still alive in this worker). Without
+    the subtraction every backend's figure would include those of the backends prepared before it."""
+    return max(0, int(max_allocated) - int(allocated_before))
+
+
+def float32_is_float32() -> None:
+    """Make float32 cells compute in float32 on GPUs. cuDNN's default lets RNNs and convolutions round their float32
+    operands to TF32 (a 10-bit mantissa) while cuBLAS matmuls stay in float32, so ``torch.nn.LSTM`` and a hand-written
+    LSTM of the same float32 cell were measured at different precisions — and the TF32 one failed the float64 check in
+    training on an H100 (weight-gradient error 7e-3, every backend alike). TF32 is not a ModelView dtype."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def _warm_gpu_libraries(module64: Any, inputs64: tuple[Any, ...], cot: list[Any], device: Any, dtype: Any,
+                        training: bool) -> None:
+    """One eager call (and backward) of a throw-away copy before any backend: cuBLAS allocates its workspace per
+    stream on first use (32 MiB on Hopper GPUs) and keeps it, so without this the first backend of a setting — eager —
+    had that workspace in its peak memory and the others did not. Best effort: a module that fails here fails again,
+    with its own row, in the backends that run it."""
+    import copy
+
+    import torch
+
+    with contextlib.suppress(Exception):
+        warm = copy.deepcopy(module64).to(device, dtype).train(training)
+        xs = tuple(x.to(device, dtype) if x.is_floating_point() else x.to(device) for x in inputs64)
+        if training:
+            torch.autograd.backward(_flatten(warm(*xs)), [c.to(device, dtype) for c in cot])
+        else:
+            with torch.no_grad():
+                warm(*xs)
+        torch.cuda.synchronize()
 
 
 class Harness:
@@ -199,6 +251,10 @@ class Harness:
                 ref_out = [t.detach() for t in _flatten(module64(*inputs64[0]))]
             cot, ref_grads = [], []
         device = torch.device(first.device)
+        dtype = getattr(torch, first.dtype)
+        if device.type == "cuda":
+            float32_is_float32()
+            _warm_gpu_libraries(module64, inputs64[0], cot, device, dtype, training)
         return {
             "variant": variant,
             "request": req,
@@ -207,7 +263,7 @@ class Harness:
             "ref": ref_out + ref_grads,
             "cotangents": cot,
             "device": device,
-            "dtype": getattr(torch, first.dtype),
+            "dtype": dtype,
             "threads": threads,
             "training": training,
         }
@@ -264,6 +320,14 @@ class Harness:
 
         started = time.time()
         self.events.emit("phase", phase="prepare", backend=cell.backend)
+        cuda = setup["device"].type == "cuda"
+        cuda_before = 0
+        if cuda:
+            # Earlier backends of this setting keep their modules, inputs, graphs and pools alive in this process:
+            # the backend's own peak is measured from what is allocated before its module copy and inputs exist.
+            self._sync(setup)
+            torch.cuda.reset_peak_memory_stats()
+            cuda_before = torch.cuda.memory_allocated()
         try:
             backend = load_ref(self.job["backend_refs"][cell.backend])()
             module = copy.deepcopy(setup["module64"]).to(setup["device"], setup["dtype"])
@@ -278,11 +342,8 @@ class Harness:
         if reason is not None:
             self.write(cell, "skipped", started, error=reason)
             return None
-        cuda = setup["device"].type == "cuda"
         compile_s = first_s = None
         try:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
             rss_before = reset_peak_rss() and peak_rss()
             t0 = time.perf_counter()
             prepared = backend.prepare(ctx)
@@ -299,7 +360,7 @@ class Harness:
             got = [t.detach().clone() for t in _flatten(out)]
             if setup["training"]:
                 got += [p.grad.detach().clone() if p.grad is not None else None for p in step.params]
-            peak = torch.cuda.max_memory_allocated() if cuda else peak_rss()
+            peak = cuda_peak_bytes(torch.cuda.max_memory_allocated(), cuda_before) if cuda else peak_rss()
         except Exception as e:
             self.write(cell, "oom" if is_oom(e) else "failed", started, error=error_text(e),
                        compile_s=compile_s, first_call_s=first_s)
@@ -309,8 +370,10 @@ class Harness:
             ok, max_err, msg = check_close(got, setup["ref"], atol, rtol)
         else:
             ok, max_err, msg = True, None, ""
-        mem = {"peak_mem_kind": "cuda_max_memory_allocated" if cuda else "process_vmhwm",
+        mem = {"peak_mem_kind": "cuda_max_memory_allocated_over_before" if cuda else "process_vmhwm",
                "rss_before_bytes": rss_before or None}
+        if cuda:
+            mem["cuda_allocated_before_bytes"] = cuda_before
         if not ok:
             self.write(cell, "mismatch", started, error=msg, compile_s=compile_s, first_call_s=first_s,
                        max_abs_err=max_err, peak_mem_bytes=peak, artifact=prepared.artifact,
@@ -359,6 +422,7 @@ class Harness:
             except Exception as e:
                 for st in ready.values():
                     st["mem"]["nvml"] = f"unavailable: {type(e).__name__}: {e}"
+        sync = functools.partial(self._sync, setup)
         interleaved = len(ready) > 1 and cfg.method == "adaptive"
         self.events.emit("phase", phase="timing", backend=None, backends=list(ready))
 
@@ -377,12 +441,11 @@ class Harness:
                     from .timer import Series
 
                     series[b] = Series(error=f"{type(e).__name__}: {e}", done=True)
-        elif sampler is not None:
-            with sampler:
-                series = measure(fns, cfg, clock, flush, heartbeat, sampler.label, random.Random())
         else:
             series = measure(fns, cfg, clock, flush, heartbeat, None, random.Random())
         perf = mt.PerfCounters() if (cfg.perf_counters and not cuda) else None
+        if sampler is not None:
+            sampler.__enter__()  # its thread samples only inside each backend's window (NvmlSampler.window)
         for b, st in ready.items():
             cell, s = st["cell"], series[b]
             if s.error:
@@ -441,7 +504,10 @@ class Harness:
                     except Exception as e:
                         m["kernel_profile"] = f"failed: {type(e).__name__}: {e}"
                 if sampler is not None:
-                    m.update(sampler.summary(b, len(s.samples) * s.inner))
+                    try:
+                        m.update(sampler.summary(b, sampler.window(b, fns[b], sync), med))
+                    except Exception as e:
+                        m["nvml"] = f"failed: {type(e).__name__}: {e}"
             self.write(
                 cell, "ok", st["started"],
                 compile_s=st["compile_s"], first_call_s=st["first_call_s"],
@@ -453,6 +519,8 @@ class Harness:
             )
         if perf is not None:
             perf.close()
+        if sampler is not None:
+            sampler.__exit__(None, None, None)
 
 
 def _secondary(series: Any, primary: str, threads: int) -> dict[str, Any]:
@@ -484,8 +552,10 @@ def run_peaks(job: dict[str, Any]) -> None:
 
     threads = int(job["threads"])
     torch.set_num_threads(threads)
-    env = environment(threads)
     device = job["device"] if job["device"] != "cuda" or torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        float32_is_float32()  # as in the setting workers: the float32 peak is a float32 peak
+    env = environment(threads)
     if job.get("measure_peaks", True):
         try:
             env.update(machine_peaks(device, job["dtypes"]))

@@ -54,6 +54,8 @@ class OnnxRuntime(Backend):
             return "onnxruntime is not installed"
         if ctx.device.type == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
             return "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+        if ctx.device.type == "cuda" and ctx.dtype not in _NP_DTYPES:
+            return f"onnxruntime's I/O binding takes numpy element types, and numpy has no {ctx.dtype}"
         return None
 
     def prepare(self, ctx: Context) -> Prepared:
@@ -103,10 +105,14 @@ class OnnxRuntime(Backend):
         return Prepared(fn=run_cuda, artifact=clip_artifact(artifact), info=info)
 
 
+_NP_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16", torch.int64: "int64",
+              torch.int32: "int32", torch.bool: "bool"}
+
+
 def _np_dtype(t: torch.Tensor) -> Any:
     import numpy as np
 
-    return {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}[t.dtype]
+    return np.dtype(_NP_DTYPES[t.dtype]).type
 
 
 @backend
@@ -137,6 +143,7 @@ class _Nnforge(Backend):
     """nnforge's own compiler. The variant supplies ``nnforge_impl`` (its model written with nnforge ops)."""
 
     target: str = "reference"
+    devices: tuple[str, ...] = ("cpu",)  # where the target's code runs
     lazy = True  # nf.compile traces on the first call with a new signature
 
     def applies(self, ctx: Context) -> str | None:
@@ -146,6 +153,10 @@ class _Nnforge(Backend):
             return f"nnforge cannot be imported: {e}"
         if not hasattr(nf, "compile") or not hasattr(nf, "scan"):
             return "this nnforge has no compile/scan API yet"
+        if ctx.device.type not in self.devices:
+            # The host targets would take the CUDA tensors through host copies and time the CPU: not a GPU result.
+            return (f"nnforge backend {self.target!r} runs on {' and '.join(self.devices)} only, "
+                    f"not on {ctx.device.type}")
         available = getattr(nf, "available_backends", None)
         if available is not None:
             try:
@@ -242,3 +253,4 @@ class NnforgeTriton(_Nnforge):
     name = "nnforge.triton"
     description = "nnforge, generated Triton kernels"
     target = "triton"
+    devices = ("cuda",)

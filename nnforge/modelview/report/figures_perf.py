@@ -232,6 +232,14 @@ def gpu_metrics_of(c: CellRow) -> dict[str, Any]:
     return out
 
 
+def gpu_bar_label(c: CellRow, groups: int) -> str:
+    """A cell's category on the GPU figure's x axes. With more than one dtype / layout / mode / device in the run the
+    group is part of it: without, a float32 and a float16 cell of the same model and shape shared one category and
+    their bars were drawn over each other."""
+    label = f"{c.model_label} {c.shape_label}"
+    return f"{label} · {c.group_label}" if groups > 1 else label
+
+
 def gpu(cells: Sequence[CellRow]) -> FigureSpec:
     """SM clock, power and energy per call per cell; throttled cells drawn red with the reasons in the hover, since
     a throttled measurement is a measurement of the cooling, not of the code."""
@@ -246,6 +254,7 @@ def gpu(cells: Sequence[CellRow]) -> FigureSpec:
     fig = new_plot(base_layout(title, height=440, barmode="group"))
     subplot_grid(fig["layout"], 1, 3, titles=list(GPU_KEYS.values()), horizontal_spacing=0.06)
     colors = backend_colors(c.backend for c, _ in rows)
+    groups = len({c.group_label for c, _ in rows})
     throttled = sum(1 for _, m in rows if m.get("throttle_reasons"))
     for j, key in enumerate(GPU_KEYS, start=1):
         per_be: dict[str, list[tuple[CellRow, dict[str, Any]]]] = defaultdict(list)
@@ -259,7 +268,7 @@ def gpu(cells: Sequence[CellRow]) -> FigureSpec:
                 type="bar",
                 xaxis="x" + ax,
                 yaxis="y" + ax,
-                x=[f"{c.model_label} {c.shape_label}" for c, _ in sel],
+                x=[gpu_bar_label(c, groups) for c, _ in sel],
                 y=[m[key] for _, m in sel],
                 name=be,
                 legendgroup=be,
