@@ -7,6 +7,8 @@ shared object serves every sequence length; every other size is a literal the C 
 from __future__ import annotations
 
 import math
+import random
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -156,6 +158,69 @@ def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mappin
             return f"(uint8_t)({a} != 0)"
         return f"(({ctype(dt)}){a})"
     raise Unsupported(f"no C formula for {op.name.lower()}")
+
+
+LANES = {DType.float32: 8}
+"""Columns a fused GEMM tile computes at once, per dtype, in its vector form (the prelude's ``nf_v8f32``)."""
+VTYPE = {DType.float32: "nf_v8f32"}
+
+_VECTOR = {Op.ADD: "({a} + {b})", Op.SUB: "({a} - {b})", Op.MUL: "({a} * {b})", Op.DIV: "({a} / {b})",
+           Op.NEG: "(-{a})", Op.RECIP: "(1.0f / {a})", Op.SIGMOID: "nf_vsigmoidf({a})", Op.TANH: "nf_vtanhf({a})",
+           Op.MAX: "nf_vmaxf({a}, {b})", Op.MIN: "nf_vminf({a}, {b})", Op.ABS: "nf_vabsf({a})"}
+
+
+def vector_formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str]) -> str:
+    """The vector form of ``formula`` (operands are vectors of ``LANES[dt]``); ``Unsupported`` for an op or dtype
+    without one, and the caller then keeps the scalar loop. Same results as the scalar forms: the arithmetic is
+    the same IEEE operations, sigmoid and tanh the same polynomials (see the prelude)."""
+    if dt not in VTYPE or any(d != dt for d in src_dts) or op not in _VECTOR:
+        raise Unsupported(f"no vector form of {op.name.lower()} in {dt}")
+    return _VECTOR[op].format(a=args[0], b=args[1] if len(args) > 1 else "")
+
+
+_TOKEN = re.compile(r"\s*(?:(S\[\d+\])|([A-Za-z_]\w*)|(\d+)|([-+*()]))")
+
+
+def lane_stride(index: str, lane: str) -> int | None:
+    """How the flat index expression ``index`` moves when the integer variable ``lane`` grows by one: 0 (it does
+    not read ``lane``), 1 (consecutive elements: a vector load), or None (anything else, or an expression this
+    cannot judge: divisions, calls). Judged by evaluating the expression, a polynomial in its variables, at
+    ``lane`` = 0, 1, 2 under two random assignments of the others: exact for sums and products."""
+    names: dict[str, str] = {}
+    out, pos = [], 0
+    while pos < len(index):
+        m = _TOKEN.match(index, pos)
+        if m is None:
+            if index[pos:].strip():
+                return None
+            break
+        sym, name, num, punct = m.groups()
+        if sym or name:
+            if index[m.end():].lstrip().startswith("("):
+                return None  # a call
+            out.append(names.setdefault(sym or name, f"v{len(names)}"))
+        else:
+            out.append(num or punct)
+        pos = m.end()
+    if lane not in names:
+        return 0
+    code = " ".join(out)
+    rng = random.Random(0)
+    steps = set()
+    for _ in range(2):
+        env = {v: rng.randrange(1, 1 << 20) for v in names.values()}
+        at = []
+        for x in (0, 1, 2):
+            env[names[lane]] = x
+            try:
+                at.append(eval(code, {"__builtins__": {}}, env))  # tokens checked above: integers, + - * ( )
+            except (SyntaxError, TypeError):
+                return None
+        if at[2] - at[0] != 2 * (at[1] - at[0]):
+            return None
+        steps.add(at[1] - at[0])
+    step = steps.pop() if len(steps) == 1 else None
+    return step if step in (0, 1) else None
 
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()

@@ -23,16 +23,19 @@ Tile sizes come from ``GemmConfig`` (defaults measured on AVX2; ``nnforge.tune``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...dtypes import DType
 from ...ir.node import Node
-from .cexpr import Unsupported, ctype, flat
+from .cexpr import LANES, Unsupported, ctype, flat, lane_stride
 
 if TYPE_CHECKING:
     from .lower import Lowering
+
+log = logging.getLogger("nnforge.codegen.c")
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     lanes = 8 if dt == DType.float32 else 4
     vt = f"nf_v{lanes}{sfx}"
     nv = nr // lanes
-    L = [f"typedef {ct} {vt} __attribute__((vector_size(32), aligned(32)));"]
+    L: list[str] = []  # the vector type is the prelude's
     # Row-remainder kernels: a row block of the batch split among threads is often short (32 rows per thread
     # = 5 x 6 + 2): computing its 2 rows with the 6-row kernel would cost a third of a block for nothing.
     small = [m for m in (2, 4) if m < mr]
@@ -156,7 +159,12 @@ def gemm_prelude(cfg: GemmConfig) -> str:
     return "\n".join([_kernel_fns(DType.float32, cfg.mr, cfg.nr32), _kernel_fns(DType.float64, cfg.mr, cfg.nr64)])
 
 
-Epilogue = Callable[[list[str], str], tuple[list[str], str]]
+Epilogue = Callable[[list[str], str, int, str], tuple[list[str], str]]
+"""``epilogue(idx, acc, lanes, lane)``: statements and value of the fused elementwise root at ``idx`` given the
+accumulator value ``acc``; with ``lanes`` > 1, of ``lanes`` consecutive values of the index variable ``lane``."""
+TileBody = Callable[[str, str, list[str], int], list[str]]
+"""``body(i, j, values, lanes)``: the statements for tile element (i, j) given each tile's value there; with
+``lanes`` > 1 for ``lanes`` consecutive columns from j (may raise ``Unsupported``)."""
 
 
 @dataclass(frozen=True)
@@ -254,13 +262,13 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
                  f"{packed} + ({jp}) * ({K}) * {nr}, {acc});")
     stored: list[str] = []
 
-    def element(i: str, j: str, value: str) -> list[str]:
-        lines, store = _epilogue_store(epilogue, out, [*bidx, i, j], [sz(d) for d in p.shape], value)
+    def element(i: str, j: str, values: list[str], lanes: int) -> list[str]:
+        lines, store = _epilogue_store(epilogue, out, [*bidx, i, j], [sz(d) for d in p.shape], values[0], lanes)
         stored.append(store)
         return lines
 
-    lines += _for_tile(low, c3, nr, acc, "mr_", "nr_", lambda r: f"{i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
-                       element)
+    lines += _for_tile(low, c3, nr, [acc], "mr_", "nr_", lambda r: f"{i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
+                       element, LANES.get(p.dtype, 1))
     lines.append(f"{c2}}}")
     lines.append(f"{cur}}}")
     for _ in batch:
@@ -270,24 +278,48 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
 
 
 def _epilogue_store(epilogue: Epilogue | None, out: str, idx: list[str], dims: Sequence[object],
-                    value: str) -> tuple[list[str], str]:
-    """The statements storing ``epilogue(value)`` at ``out[idx]``, and the assignment itself (for listings)."""
-    stmts, value = epilogue(idx, value) if epilogue is not None else ([], value)
-    store = f"{out}[{flat(idx, dims)}] = {value}"
-    return [*stmts, f"{store};"], store
+                    value: str, lanes: int = 1) -> tuple[list[str], str]:
+    """The statements storing ``epilogue(value)`` at ``out[idx]``, and the assignment itself (for listings); with
+    ``lanes`` > 1, of that many consecutive columns from ``idx[-1]`` (``Unsupported`` unless they are contiguous)."""
+    stmts, value = epilogue(idx, value, lanes, idx[-1]) if epilogue is not None else ([], value)
+    index = flat(idx, dims)
+    store = f"{out}[{index}] = {value}"
+    if lanes == 1:
+        return [*stmts, f"{store};"], store
+    if lane_stride(index, idx[-1]) != 1:
+        raise Unsupported(f"{out}[{index}] is not contiguous in {idx[-1]}")
+    return [*stmts, f"nf_vst_f32(&{out}[{index}], {value});"], store
 
 
-def _for_tile(low: Lowering, ind: str, nr: int, acc: str, rows: str, cols: str, row_of: Callable[[str], str],
-              col_of: Callable[[str], str], body: Callable[[str, str, str], list[str]]) -> list[str]:
-    """Loops over the ``rows`` x ``cols`` elements of a micro-kernel tile ``acc`` (NR wide): ``body(i, j, value)``
-    gives the statements for the element at matrix row ``i = row_of(r)``, column ``j = col_of(c)``."""
-    r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
-    lines = [f"{ind}for (int {r} = 0; {r} < {rows}; {r}++) {{",
-             f"{ind}    const int64_t {i} = {row_of(r)};",
-             f"{ind}    for (int {c} = 0; {c} < {cols}; {c}++) {{",
-             f"{ind}        const int64_t {j} = {col_of(c)};"]
-    lines += [f"{ind}        {s}" for s in body(i, j, f"{acc}[{r} * {nr} + {c}]")]
-    return [*lines, f"{ind}    }}", f"{ind}}}"]
+def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, cols: str,
+              row_of: Callable[[str], str], col_of: Callable[[str], str], body: TileBody,
+              lanes: int = 1) -> list[str]:
+    """Loops over the ``rows`` x ``cols`` elements of micro-kernel tiles ``accs`` (NR wide, one per GEMM column
+    slice): ``body(i, j, values, lanes)`` gives the statements for the element at matrix row ``i = row_of(r)``,
+    column ``j = col_of(c)``. With ``lanes`` > 1 and a vector form of the body, a full tile (``cols`` == NR)
+    runs ``lanes`` columns at a time and the scalar loop is kept for a partial one."""
+
+    def loops(width: int) -> list[str]:
+        r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
+        at = f"{r} * {nr} + {c}"
+        values = [f"{a}[{at}]" if width == 1 else f"nf_vld_f32(&{a}[{at}])" for a in accs]
+        lines = [f"for (int {r} = 0; {r} < {rows}; {r}++) {{",
+                 f"    const int64_t {i} = {row_of(r)};",
+                 f"    for (int {c} = 0; {c} < {cols if width == 1 else nr}; {c} += {width}) {{",
+                 f"        const int64_t {j} = {col_of(c)};"]
+        lines += [f"        {st}" for st in body(i, j, values, width)]
+        return [*lines, "    }", "}"]
+
+    scalar = [ind + line for line in loops(1)]
+    if lanes == 1 or nr % lanes:
+        return scalar
+    try:
+        vector = loops(lanes)
+    except Unsupported as e:
+        log.debug("tile loop kept scalar: %s", e)
+        return scalar
+    return [f"{ind}if ({cols} == {nr}) {{", *(f"{ind}    {line}" for line in vector), f"{ind}}} else {{",
+            *(f"    {line}" for line in scalar), f"{ind}}}"]
 
 
 def _large(d: object, at_least: int) -> bool:
@@ -357,34 +389,33 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
              f"{packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {acc});")
     stored: list[str] = []
 
-    def element(i: str, j: str, value: str) -> list[str]:
+    def element(i: str, j: str, values: list[str], _lanes: int) -> list[str]:
         """Partial sums over K slices accumulate in ``out``; the epilogue runs on the last slice."""
+        value = values[0]
         store = f"{out}[{flat([i, j], [M, N])}]"
         lines = [f"if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}"]
         last, assign = _epilogue_store(epilogue, out, [i, j], [M, N], f"(({pc} ? {store} : 0) + {value})")
         stored.append(assign)
         return [*lines, *last]
 
-    L += _for_tile(low, c3, nr, acc, "mr_", "nr_", lambda r: f"{ic} + {i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
-                   element)
+    L += _for_tile(low, c3, nr, [acc], "mr_", "nr_", lambda r: f"{ic} + {i0} + {r}",
+                   lambda c: f"{jp} * {nr} + {c}", element)
     L += [f"{c2}}}", f"{c1}}}", f"{ind}}}"]
     return L, stored[0]
 
 
-Body = Callable[[str, str], list[str]]
-
-
 def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], packed: str, offsets: Sequence[str],
-                width: str, epilogue: Epilogue | None, out: str,
-                body: Body, ind: str) -> list[str]:
+                width: str, body: TileBody, ind: str) -> list[str]:
     """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
-    columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), stored through
-    ``epilogue`` into ``out``, then ``body(i, u)`` (the consumer kernels) on the same rows and columns."""
+    columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), each into its
+    own register tile, then ``body(i, u, values, lanes)`` (the epilogue and the consumer kernels) on the same rows
+    and columns, ``values`` the slices' tile values there. The GEMM result itself is never stored: its tiles
+    are consumed while they are in L1."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
     ct, sfx = ctype(p.dtype), _sfx(p.dtype)
     mr, nr = cfg.mr, cfg.nr(p.dtype)
-    M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
+    M, K = sz(p.shape[-2]), sz(p.srcs[0].shape[-1])
     pa, oa, sa = a_view
     sam, sak = sa[-2], sa[-1]
     G = len(offsets)
@@ -398,19 +429,14 @@ def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], pack
     L.append(f"{c1}const int nu_ = {width} - u0_ < {nr} ? (int)({width} - u0_) : {nr};")
     L.append(f"{c1}for (int64_t {i0} = 0; {i0} < {M}; {i0} += {mr}) {{")
     c2 = c1 + "    "
-    acc = low.fresh("tile")
-    L.append(f"{c2}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));")
+    accs = [low.fresh("tile") for _ in offsets]
+    L += [f"{c2}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));" for acc in accs]
     L.append(f"{c2}const int mr_ = {M} - {i0} < {mr} ? (int)({M} - {i0}) : {mr};")
-    def element(i: str, j: str, value: str) -> list[str]:
-        return _epilogue_store(epilogue, out, [i, j], [M, N], value)[0]
-
-    for g, off in enumerate(offsets):
+    for g, acc in enumerate(accs):
         L.append(f"{c2}nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
                  f"{packed} + ({ub} * {G} + {g}) * ({K}) * {nr}, {acc});")
-        L += _for_tile(low, c2, nr, acc, "mr_", "nu_", lambda r: f"{i0} + {r}",
-                       lambda c, off=off: f"{off} + u0_ + {c}", element)
-    L += _for_tile(low, c2, nr, acc, "mr_", "nu_", lambda r: f"{i0} + {r}", lambda c: f"u0_ + {c}",
-                   lambda i, u, _value: body(i, u))
+    L += _for_tile(low, c2, nr, accs, "mr_", "nu_", lambda r: f"{i0} + {r}", lambda c: f"u0_ + {c}", body,
+                   LANES.get(p.dtype, 1))
     L.append(f"{c1}}}")
     L.append(f"{ind}}}")
     return L

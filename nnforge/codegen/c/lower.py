@@ -21,13 +21,13 @@ from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
 from ...passes.rows import ROWS, RowSplit, is_rows
-from .cexpr import PRELUDE, Sizes, Unsupported, ctype, flat, formula, literal
+from .cexpr import LANES, PRELUDE, VTYPE, Sizes, Unsupported, ctype, flat, formula, lane_stride, literal, vector_formula
 from .chunks import Deferred, chunk_steps, emit_chunk, find_deferred
 from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import Slot, plan
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope, choose_row_split
-from .views import index_map, strided
+from .views import _add, index_map, strided
 
 log = logging.getLogger("nnforge.codegen.c")
 
@@ -47,22 +47,54 @@ class KernelInfo:
 
 
 class Scalar:
-    """Scalar statements of one loop body: each inlined node evaluated once per index (SSA temporaries)."""
+    """Statements of one loop body: each inlined node evaluated once per index (SSA temporaries).
+
+    With ``lanes`` > 1 the body computes ``lanes`` consecutive values of the index variable ``lane`` at once
+    (vector temporaries; ``lane`` is the first): a read that moves with ``lane`` must be contiguous (a vector
+    load), one that does not is broadcast. Anything else raises ``Unsupported``, and the caller keeps the
+    scalar form."""
 
     def __init__(self, low: Lowering, ctx: GraphCtx, overrides: dict[int, str] | None = None,
-                 identity: tuple[str, ...] | None = None):
+                 identity: tuple[str, ...] | None = None, lanes: int = 1, lane: str | None = None):
         self.low, self.ctx = low, ctx
         self.stmts: list[str] = []
         self.memo: dict[tuple, str] = {}
         self.overrides = overrides or {}
         self.identity = identity
+        self.lanes, self.lane = lanes, lane
         self.loads: list[str] = []
         self.fused: list[str] = []
 
+    def _vector(self, dt: DType) -> str:
+        if LANES.get(dt) != self.lanes:
+            raise Unsupported(f"no {self.lanes}-lane vector form in {dt}")
+        return VTYPE[dt]
+
     def tmp(self, dt: DType, expr: str) -> str:
         name = self.low.fresh("v")
-        self.stmts.append(f"const {ctype(dt)} {name} = {expr};")
+        self.stmts.append(f"const {self._vector(dt) if self.lanes > 1 else ctype(dt)} {name} = {expr};")
         return name
+
+    def load(self, dt: DType, ptr: str, index: str) -> str:
+        """``ptr[index]`` as a temporary (a vector load or a broadcast with lanes)."""
+        access = f"{ptr}[{index}]"
+        self.loads.append(access)
+        if self.lanes == 1:
+            return self.tmp(dt, access)
+        self._vector(dt)
+        step = lane_stride(index, self.lane or "")
+        if step is None:
+            raise Unsupported(f"{access} is not contiguous in {self.lane}")
+        return self.tmp(dt, f"nf_vld_f32(&{access})" if step == 1 else f"nf_vbc_f32({access})")
+
+    def store(self, dt: DType, ptr: str, index: str, value: str) -> str:
+        """The statement storing ``value`` at ``ptr[index]`` (``lanes`` consecutive elements with lanes)."""
+        if self.lanes == 1:
+            return f"{ptr}[{index}] = {value};"
+        self._vector(dt)
+        if lane_stride(index, self.lane or "") != 1:
+            raise Unsupported(f"{ptr}[{index}] is not contiguous in {self.lane}")
+        return f"nf_vst_f32(&{ptr}[{index}], {value});"
 
     def val(self, n: Node, idx: Sequence[str]) -> str:
         idx = tuple(idx)
@@ -79,18 +111,19 @@ class Scalar:
         ctx, sz = self.ctx, self.low.sizes
         ptr = ctx.buffer(n)
         if ptr is not None:
-            shape = [sz(d) for d in n.shape]
-            access = f"{ptr}[{flat(idx, shape)}]"
-            self.loads.append(access)
-            return self.tmp(n.dtype, access)
+            return self.load(n.dtype, ptr, flat(idx, [sz(d) for d in n.shape]))
         if n.op == Op.CONST:
-            return literal(n.attrs["value"], n.dtype)
+            lit = literal(n.attrs["value"], n.dtype)
+            if self.lanes > 1:
+                self._vector(n.dtype)
+                return f"nf_vbc_f32({lit})"
+            return lit
         if n.op == Op.RESHAPE and ctx.buffer(n.srcs[0]) is not None:
-            access = f"{ctx.buffer(n.srcs[0])}[{flat(idx, [sz(d) for d in n.shape])}]"
-            self.loads.append(access)
-            return self.tmp(n.dtype, access)
+            return self.load(n.dtype, ctx.buffer(n.srcs[0]), flat(idx, [sz(d) for d in n.shape]))
         if n.op in (Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.RESHAPE):
             return self.val(n.srcs[0], index_map(n, idx, sz))
+        if self.lanes > 1 and n.op in (Op.PAD, Op.CONCAT):
+            raise Unsupported(f"no vector form of {n.op.name.lower()}")
         if n.op == Op.PAD:
             return self._pad(n, idx)
         if n.op == Op.CONCAT:
@@ -98,6 +131,8 @@ class Scalar:
         if n.op in ELEMENTWISE:
             self.fused.append(n.op.name.lower())
             args = [self.val(s, idx) for s in n.srcs]
+            if self.lanes > 1:
+                return self.tmp(n.dtype, vector_formula(n.op, n.dtype, [s.dtype for s in n.srcs], args))
             return self.tmp(n.dtype, formula(n.op, n.dtype, n.srcs[0].dtype, args, n.attrs))
         raise Unsupported(f"cannot inline {n.op.name.lower()} (created at {n.loc})")
 
@@ -520,12 +555,15 @@ class Lowering:
             return None
         self.stats["fused_gemm"] += 1
 
-        def epilogue(idx: list[str], acc: str) -> tuple[list[str], str]:
-            sc = Scalar(self, ctx, {id(p): acc}, tuple(idx))
+        def epilogue(idx: list[str], acc: str, lanes: int = 1, lane: str = "") -> tuple[list[str], str]:
+            sc = Scalar(self, ctx, {id(p): acc}, tuple(idx), lanes, lane)
             ctx.ptr.pop(id(root), None)
-            value = sc.val(root, idx)
-            ctx.ptr[id(root)] = out
-            ep_info.append(sc)
+            try:
+                value = sc.val(root, idx)
+            finally:
+                ctx.ptr[id(root)] = out
+            if lanes == 1:
+                ep_info.append(sc)
             return sc.stmts, value
 
         return epilogue
@@ -598,18 +636,25 @@ class Lowering:
             outs.append(dest.get(id(m)) or self.alloc(m.dtype, m.shape))
         body_info: list[Scalar] = []
 
-        def body(i: str, u: str) -> list[str]:
-            sc = Scalar(self, ctx, {}, (i, u))
+        def body(i: str, u: str, values: list[str], lanes: int) -> list[str]:
+            """The slices' values (the epilogue on each tile), then the member kernels reading them."""
+            sc = Scalar(self, ctx, {}, (i, u), lanes, u)
+            for off, value in zip(sg.offsets, values):
+                col = _add(sz(off), u)  # the index the column slice at ``off`` reads (``views.index_map``)
+                if epilogue is not None:
+                    stmts, value = epilogue([i, col], value, lanes, u)
+                    sc.stmts += stmts
+                sc.memo[(id(root), (i, col))] = value
             for m, o in zip(sg.members, outs):
                 v = sc.val(m, (i, u))
                 sc.overrides[id(m)] = v  # later members use the value, not a reload
-                for d in [o, *extra.get(id(m), [])]:
-                    sc.stmts.append(f"{d}[{flat([i, u], [sz(x) for x in m.shape])}] = {v};")
-            body_info.append(sc)
+                index = flat([i, u], [sz(x) for x in m.shape])
+                sc.stmts += [sc.store(m.dtype, d, index, v) for d in [o, *extra.get(id(m), [])]]
+            if lanes == 1:
+                body_info.append(sc)
             return sc.stmts
 
-        code.extend(emit_sliced(self, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), epilogue,
-                                out, body, ind))
+        code.extend(emit_sliced(self, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), body, ind))
         for m, o in zip(sg.members, outs):
             ctx.ptr[id(m)] = o
         fused = ["matmul"] + (ep_info[0].fused if ep_info else []) + body_info[0].fused

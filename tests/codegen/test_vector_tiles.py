@@ -1,0 +1,107 @@
+"""Fused GEMM tiles in vector form (``prelude.h``'s ``nf_v*`` helpers, eight float32 columns at a time): which
+index expressions vectorize (``lane_stride``), the vector sigmoid/tanh against float64 torch over the whole float
+range, the recurrent step computed from its register tiles (the gates never stored), and the scalar fallback for
+a tile body with no vector form."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from test_c_math import _grid
+from test_scan import lstm
+
+import nnforge as nf
+from nnforge.codegen.c.cexpr import lane_stride
+
+pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
+
+
+@pytest.mark.parametrize("index,step", [
+    ("j", 1), ("(i) * 1536 + 384 + j", 1), ("((i) * 3 + S[0]) * 16 + j", 1), ("(i) * 96 + j + 1 - 1", 1),
+    ("(i) * 384 + u0_", 0), ("0", 0), ("S[1] * (i + 2)", 0),
+    ("j * 2", None), ("(i) * j", None), ("(j) / (4)", None), ("nf_mod(j, 3)", None), ("(int64_t)j", None),
+    ("j * j", None), ("(j) % (8)", None), ("j - 2 * j", None),
+])
+def test_lane_stride(index: str, step: int | None) -> None:
+    assert lane_stride(index, "j") == step
+
+
+def _source(fn, *args) -> str:
+    """The generated kernels of ``fn`` (the program without its prelude of helpers)."""
+    from nnforge.codegen.c import lower, schedule
+
+    src = lower(schedule(nf.compile(fn).trace(*args))).source()
+    return src[src.index("#define NF_R64"):]
+
+
+@pytest.mark.parametrize("op", ["tanh", "sigmoid"])
+def test_vector_transcendentals_in_a_gemm_epilogue(op: str) -> None:
+    """``op(a @ w + x)`` with ``a @ w`` exact in float32 (small integers times a power of two), so the epilogue
+    sees exactly the float32 values numpy computes: the vector forms then meet the scalar forms' bounds (relative
+    error < 4e-7 against float64 torch, NaN and infinities as torch has them) on every float magnitude. 37 columns:
+    two full tiles (vector) and one of 5 (scalar)."""
+    rng = np.random.default_rng()
+    x = _grid()
+    n = 37
+    x = np.concatenate([x, rng.standard_normal((-len(x)) % n).astype(np.float32)]).reshape(-1, n)
+    a = (rng.integers(-3, 4, (x.shape[0], 8)) * 2.0**-12).astype(np.float32)
+    w = rng.integers(-3, 4, (8, n)).astype(np.float32)
+
+    def fn(a, w, x):
+        return getattr(nf, op)(a @ w + x)
+
+    assert f"nf_v{op}f" in _source(fn, a, w, x)
+    got = nf.compile(fn, backend="cpu")(a, w, x)
+    z = (a @ w).astype(np.float32) + x
+    want = getattr(torch, op)(torch.from_numpy(z).double()).numpy()
+    normal = np.isfinite(want) & (np.abs(want) > 1e-37)
+    rel = np.abs(got[normal] - want[normal]) / np.abs(want[normal])
+    assert rel.max() < 4e-7, (op, float(rel.max()), float(z[normal][rel.argmax()]))
+    finite = ~normal & ~np.isnan(want)
+    assert np.abs(got[finite] - want[finite]).max() < 1e-37
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+def _lstm_args(H: int, T: int = 6, N: int = 7, I: int = 9):
+    rng = np.random.default_rng()
+    shapes = [(T, N, I), (N, H), (N, H), (4 * H, I), (4 * H, H), (4 * H,)]
+    return [(rng.standard_normal(s) * 0.5).astype(np.float32) for s in shapes]
+
+
+@pytest.mark.parametrize("H", [16, 40])
+def test_lstm_step_runs_on_its_register_tiles(H: int) -> None:
+    """The step kernel's gates come from the micro-kernel's tiles straight into the vector cell update (no
+    store of the [N, 4H] gate matrix); H = 40 adds a partial tile (scalar). Against the reference backend."""
+    args = _lstm_args(H)
+    src = _source(lstm, *args)
+    step = src[src.index("nf_ukr_f32(", src.index(" < S[0]; ")):]  # the time loop's kernels
+    assert "nf_vsigmoidf" in step and "nf_vtanhf" in step
+    assert not re.search(rf"\[\(\w+\) \* {4 * H} \+[^\]]*\] = ", step)  # no [N, 4H] gate matrix is stored
+    want = nf.compile(lstm)(*args)
+    for g, w in zip(nf.compile(lstm, backend="cpu")(*args), want):
+        np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6)
+
+
+def exp_gate_lstm(x, h0, c0, w_ih, w_hh, b):
+    """An LSTM whose forget gate is ``exp(-softplus)``-like (``exp`` has no vector form: the tile stays scalar)."""
+    def cell(carry, x_t):
+        h, c = carry
+        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
+        c = nf.exp(-nf.abs(f)) * c + nf.sigmoid(i) * nf.tanh(g)
+        h = nf.sigmoid(o) * nf.tanh(c)
+        return (h, c), h
+
+    (h, c), ys = nf.scan(cell, (h0, c0), x)
+    return ys, h, c
+
+
+def test_tile_without_a_vector_form_stays_scalar() -> None:
+    args = _lstm_args(32)
+    src = _source(exp_gate_lstm, *args)
+    assert "nf_ukr_f32(" in src and "expf(" in src and "nf_vsigmoidf" not in src
+    want = nf.compile(exp_gate_lstm)(*args)
+    for g, w in zip(nf.compile(exp_gate_lstm, backend="cpu")(*args), want):
+        np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6)
