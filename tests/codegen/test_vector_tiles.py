@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no
     ("j", 1), ("(i) * 1536 + 384 + j", 1), ("((i) * 3 + S[0]) * 16 + j", 1), ("(i) * 96 + j + 1 - 1", 1),
     ("(i) * 384 + u0_", 0), ("0", 0), ("S[1] * (i + 2)", 0),
     ("j * 2", None), ("(i) * j", None), ("(j) / (4)", None), ("nf_mod(j, 3)", None), ("(int64_t)j", None),
-    ("j * j", None), ("(j) % (8)", None), ("j - 2 * j", None),
+    ("j * j", None), ("(j) % (8)", None), ("j - 2 * j", None), ("(i) * 8 + j - j", None),
 ])
 def test_lane_stride(index: str, step: int | None) -> None:
     assert lane_stride(index, "j") == step
@@ -105,3 +105,40 @@ def test_tile_without_a_vector_form_stays_scalar() -> None:
     want = nf.compile(exp_gate_lstm)(*args)
     for g, w in zip(nf.compile(exp_gate_lstm, backend="cpu")(*args), want):
         np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6)
+
+
+def layer_norm_gate(v, g, b):
+    """Row statistics read by an elementwise kernel: the mean and the 1 / sqrt are the same for a whole row."""
+    mu = v.mean(-1, keepdims=True)
+    d = v - mu
+    return nf.tanh(d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b)
+
+
+@pytest.mark.parametrize("width", [8, 45, 96])
+def test_elementwise_kernel_in_vector_form(width: int) -> None:
+    """An elementwise kernel over rows of ``width``: vector columns (whole eights), then a scalar remainder; a
+    row's statistics computed once before its column loop (``sqrtf`` of the row, not a vector square root per
+    column). Against torch in float64."""
+    rng = np.random.default_rng()
+    v, g, b = (rng.standard_normal(s).astype(np.float32) for s in [(13, width), (width,), (width,)])
+    src = _source(layer_norm_gate, v, g, b)
+    assert "nf_vtanhf(" in src and "nf_vsqrtf(" not in src and "sqrtf(" in src
+    got = nf.compile(layer_norm_gate, backend="cpu")(v, g, b)
+    t = [torch.from_numpy(a).double() for a in (v, g, b)]
+    want = torch.tanh(torch.nn.functional.layer_norm(t[0], (width,), eps=1e-5) * t[1] + t[2]).numpy()
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def test_generated_names_never_collide() -> None:
+    """``fresh`` names from prefixes that end in a digit (``b1``) and from ones that do not (``b``) differ at
+    every counter value (``b1`` + 238 was ``b`` + 1238: a C compile error in a long layer-norm LSTM)."""
+    from nnforge.codegen.c import lower, schedule
+
+    low = lower(schedule(nf.compile(lambda a: a + 1.0).trace(np.ones(3, np.float32))))
+    made: dict[str, set[str]] = {}
+    for prefix in ("b", "b1", "r0", "bp"):
+        low.counter = 0
+        made[prefix] = {low.fresh(prefix) for _ in range(3000)}
+    for a in made:
+        for b in made:
+            assert a == b or not made[a] & made[b], (a, b, sorted(made[a] & made[b])[:3])

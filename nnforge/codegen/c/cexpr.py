@@ -166,7 +166,8 @@ VTYPE = {DType.float32: "nf_v8f32"}
 
 _VECTOR = {Op.ADD: "({a} + {b})", Op.SUB: "({a} - {b})", Op.MUL: "({a} * {b})", Op.DIV: "({a} / {b})",
            Op.NEG: "(-{a})", Op.RECIP: "(1.0f / {a})", Op.SIGMOID: "nf_vsigmoidf({a})", Op.TANH: "nf_vtanhf({a})",
-           Op.MAX: "nf_vmaxf({a}, {b})", Op.MIN: "nf_vminf({a}, {b})", Op.ABS: "nf_vabsf({a})"}
+           Op.MAX: "nf_vmaxf({a}, {b})", Op.MIN: "nf_vminf({a}, {b})", Op.ABS: "nf_vabsf({a})",
+           Op.SQRT: "nf_vsqrtf({a})"}
 
 
 def vector_formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str]) -> str:
@@ -183,9 +184,10 @@ _TOKEN = re.compile(r"\s*(?:(S\[\d+\])|([A-Za-z_]\w*)|(\d+)|([-+*()]))")
 
 def lane_stride(index: str, lane: str) -> int | None:
     """How the flat index expression ``index`` moves when the integer variable ``lane`` grows by one: 0 (it does
-    not read ``lane``), 1 (consecutive elements: a vector load), or None (anything else, or an expression this
-    cannot judge: divisions, calls). Judged by evaluating the expression, a polynomial in its variables, at
-    ``lane`` = 0, 1, 2 under two random assignments of the others: exact for sums and products."""
+    not name ``lane``), 1 (consecutive elements: a vector load), or None (anything else, ``lane`` cancelling out
+    included, or an expression this cannot judge: divisions, calls). Judged by evaluating the expression, a
+    polynomial in its variables, at ``lane`` = 0, 1, 2 under two random assignments of the others: exact for sums
+    and products."""
     names: dict[str, str] = {}
     out, pos = [], 0
     while pos < len(index):
@@ -220,7 +222,7 @@ def lane_stride(index: str, lane: str) -> int | None:
             return None
         steps.add(at[1] - at[0])
     step = steps.pop() if len(steps) == 1 else None
-    return step if step in (0, 1) else None
+    return 1 if step == 1 else None  # 0 only when ``lane`` is absent: a hoisted read must not name it
 
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()

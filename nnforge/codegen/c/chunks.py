@@ -95,7 +95,7 @@ def emit_chunk(low: Lowering, d: Deferred, ctx: GraphCtx, chunk: str, t: str, le
     ep_info: list = []
     epilogue = low.gemm_epilogue(d.p, d.root if d.root is not d.p else None, ctx, chunk, ep_info)
 
-    def global_rows(idx: list[str], acc: str, lanes: int, lane: str) -> tuple[list[str], str]:
+    def global_rows(idx: list[str], acc: str, lanes: int, lane: str) -> tuple[list[str], list[str], str]:
         """The epilogue reads its other operands (a bias) at the row of the whole sequence."""
         return epilogue([f"({idx[0]} + {lo} * ({batch}))", *idx[1:]], acc, lanes, lane)
 

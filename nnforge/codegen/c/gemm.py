@@ -159,12 +159,13 @@ def gemm_prelude(cfg: GemmConfig) -> str:
     return "\n".join([_kernel_fns(DType.float32, cfg.mr, cfg.nr32), _kernel_fns(DType.float64, cfg.mr, cfg.nr64)])
 
 
-Epilogue = Callable[[list[str], str, int, str], tuple[list[str], str]]
-"""``epilogue(idx, acc, lanes, lane)``: statements and value of the fused elementwise root at ``idx`` given the
-accumulator value ``acc``; with ``lanes`` > 1, of ``lanes`` consecutive values of the index variable ``lane``."""
-TileBody = Callable[[str, str, list[str], int], list[str]]
-"""``body(i, j, values, lanes)``: the statements for tile element (i, j) given each tile's value there; with
-``lanes`` > 1 for ``lanes`` consecutive columns from j (may raise ``Unsupported``)."""
+Epilogue = Callable[[list[str], str, int, str], tuple[list[str], list[str], str]]
+"""``epilogue(idx, acc, lanes, lane)``: the fused elementwise root at ``idx`` given the accumulator value ``acc``,
+as (statements hoisted out of the lane loop, statements, value); with ``lanes`` > 1, of ``lanes`` consecutive
+values of the index variable ``lane``."""
+TileBody = Callable[[str, str, list[str], int], tuple[list[str], list[str]]]
+"""``body(i, j, values, lanes)``: (statements before the column loop, statements) for tile element (i, j) given
+each tile's value there; with ``lanes`` > 1 for ``lanes`` consecutive columns from j (may raise ``Unsupported``)."""
 
 
 @dataclass(frozen=True)
@@ -262,10 +263,11 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
                  f"{packed} + ({jp}) * ({K}) * {nr}, {acc});")
     stored: list[str] = []
 
-    def element(i: str, j: str, values: list[str], lanes: int) -> list[str]:
-        lines, store = _epilogue_store(epilogue, out, [*bidx, i, j], [sz(d) for d in p.shape], values[0], lanes)
+    def element(i: str, j: str, values: list[str], lanes: int) -> tuple[list[str], list[str]]:
+        pre, lines, store = _epilogue_store(epilogue, out, [*bidx, i, j], [sz(d) for d in p.shape], values[0],
+                                            lanes)
         stored.append(store)
-        return lines
+        return pre, lines
 
     lines += _for_tile(low, c3, nr, [acc], "mr_", "nr_", lambda r: f"{i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
                        element, LANES.get(p.dtype, 1))
@@ -278,17 +280,18 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
 
 
 def _epilogue_store(epilogue: Epilogue | None, out: str, idx: list[str], dims: Sequence[object],
-                    value: str, lanes: int = 1) -> tuple[list[str], str]:
-    """The statements storing ``epilogue(value)`` at ``out[idx]``, and the assignment itself (for listings); with
-    ``lanes`` > 1, of that many consecutive columns from ``idx[-1]`` (``Unsupported`` unless they are contiguous)."""
-    stmts, value = epilogue(idx, value, lanes, idx[-1]) if epilogue is not None else ([], value)
+                    value: str, lanes: int = 1) -> tuple[list[str], list[str], str]:
+    """(statements before the column loop, statements storing ``epilogue(value)`` at ``out[idx]``, the assignment
+    itself for listings); with ``lanes`` > 1, of that many consecutive columns from ``idx[-1]`` (``Unsupported``
+    unless they are contiguous)."""
+    pre, stmts, value = epilogue(idx, value, lanes, idx[-1]) if epilogue is not None else ([], [], value)
     index = flat(idx, dims)
     store = f"{out}[{index}] = {value}"
     if lanes == 1:
-        return [*stmts, f"{store};"], store
+        return pre, [*stmts, f"{store};"], store
     if lane_stride(index, idx[-1]) != 1:
         raise Unsupported(f"{out}[{index}] is not contiguous in {idx[-1]}")
-    return [*stmts, f"nf_vst_f32(&{out}[{index}], {value});"], store
+    return pre, [*stmts, f"nf_vst_f32(&{out}[{index}], {value});"], store
 
 
 def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, cols: str,
@@ -303,11 +306,13 @@ def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, 
         r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
         at = f"{r} * {nr} + {c}"
         values = [f"{a}[{at}]" if width == 1 else f"nf_vld_f32(&{a}[{at}])" for a in accs]
+        pre, stmts = body(i, j, values, width)
         lines = [f"for (int {r} = 0; {r} < {rows}; {r}++) {{",
                  f"    const int64_t {i} = {row_of(r)};",
+                 *(f"    {st}" for st in pre),
                  f"    for (int {c} = 0; {c} < {cols if width == 1 else nr}; {c} += {width}) {{",
                  f"        const int64_t {j} = {col_of(c)};"]
-        lines += [f"        {st}" for st in body(i, j, values, width)]
+        lines += [f"        {st}" for st in stmts]
         return [*lines, "    }", "}"]
 
     scalar = [ind + line for line in loops(1)]
@@ -389,14 +394,14 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
              f"{packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {acc});")
     stored: list[str] = []
 
-    def element(i: str, j: str, values: list[str], _lanes: int) -> list[str]:
+    def element(i: str, j: str, values: list[str], _lanes: int) -> tuple[list[str], list[str]]:
         """Partial sums over K slices accumulate in ``out``; the epilogue runs on the last slice."""
         value = values[0]
         store = f"{out}[{flat([i, j], [M, N])}]"
         lines = [f"if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}"]
-        last, assign = _epilogue_store(epilogue, out, [i, j], [M, N], f"(({pc} ? {store} : 0) + {value})")
+        _, last, assign = _epilogue_store(epilogue, out, [i, j], [M, N], f"(({pc} ? {store} : 0) + {value})")
         stored.append(assign)
-        return [*lines, *last]
+        return [], [*lines, *last]
 
     L += _for_tile(low, c3, nr, [acc], "mr_", "nr_", lambda r: f"{ic} + {i0} + {r}",
                    lambda c: f"{jp} * {nr} + {c}", element)

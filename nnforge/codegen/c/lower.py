@@ -12,7 +12,7 @@ All buffers are allocated once before the parallel region (loop bodies reuse the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...dtypes import DType
@@ -23,7 +23,7 @@ from ...passes.fuse import Grouping, SlicedGroup, group
 from ...passes.rows import ROWS, RowSplit, is_rows
 from .cexpr import LANES, PRELUDE, VTYPE, Sizes, Unsupported, ctype, flat, formula, lane_stride, literal, vector_formula
 from .chunks import Deferred, chunk_steps, emit_chunk, find_deferred
-from .gemm import GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
+from .gemm import Epilogue, GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import Slot, plan
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope, choose_row_split
@@ -51,17 +51,21 @@ class Scalar:
 
     With ``lanes`` > 1 the body computes ``lanes`` consecutive values of the index variable ``lane`` at once
     (vector temporaries; ``lane`` is the first): a read that moves with ``lane`` must be contiguous (a vector
-    load), one that does not is broadcast. Anything else raises ``Unsupported``, and the caller keeps the
-    scalar form."""
+    load). Values that do not depend on ``lane`` (a row's layer-norm statistics, constants) are computed once as
+    scalars in ``pre``, which the caller places before the lane loop, and broadcast there: the C compiler could
+    not hoist them itself past the body's stores (the buffers may alias). Anything else raises ``Unsupported``,
+    and the caller keeps the scalar form."""
 
     def __init__(self, low: Lowering, ctx: GraphCtx, overrides: dict[int, str] | None = None,
                  identity: tuple[str, ...] | None = None, lanes: int = 1, lane: str | None = None):
         self.low, self.ctx = low, ctx
         self.stmts: list[str] = []
+        self.pre: list[str] = []
         self.memo: dict[tuple, str] = {}
         self.overrides = overrides or {}
         self.identity = identity
         self.lanes, self.lane = lanes, lane
+        self.uniform: dict[str, str] = {}  # vector value -> the scalar it broadcasts (lanes > 1)
         self.loads: list[str] = []
         self.fused: list[str] = []
 
@@ -75,8 +79,16 @@ class Scalar:
         self.stmts.append(f"const {self._vector(dt) if self.lanes > 1 else ctype(dt)} {name} = {expr};")
         return name
 
+    def _broadcast(self, dt: DType, scalar_expr: str) -> str:
+        """A lane-invariant value: the scalar and its broadcast, both computed in ``pre``."""
+        vt = self._vector(dt)
+        s, v = self.low.fresh("s"), self.low.fresh("v")
+        self.pre += [f"const {ctype(dt)} {s} = {scalar_expr};", f"const {vt} {v} = nf_vbc_f32({s});"]
+        self.uniform[v] = s
+        return v
+
     def load(self, dt: DType, ptr: str, index: str) -> str:
-        """``ptr[index]`` as a temporary (a vector load or a broadcast with lanes)."""
+        """``ptr[index]`` as a temporary (with lanes: a vector load, or a broadcast hoisted into ``pre``)."""
         access = f"{ptr}[{index}]"
         self.loads.append(access)
         if self.lanes == 1:
@@ -85,7 +97,7 @@ class Scalar:
         step = lane_stride(index, self.lane or "")
         if step is None:
             raise Unsupported(f"{access} is not contiguous in {self.lane}")
-        return self.tmp(dt, f"nf_vld_f32(&{access})" if step == 1 else f"nf_vbc_f32({access})")
+        return self.tmp(dt, f"nf_vld_f32(&{access})") if step == 1 else self._broadcast(dt, access)
 
     def store(self, dt: DType, ptr: str, index: str, value: str) -> str:
         """The statement storing ``value`` at ``ptr[index]`` (``lanes`` consecutive elements with lanes)."""
@@ -116,6 +128,7 @@ class Scalar:
             lit = literal(n.attrs["value"], n.dtype)
             if self.lanes > 1:
                 self._vector(n.dtype)
+                self.uniform[f"nf_vbc_f32({lit})"] = lit
                 return f"nf_vbc_f32({lit})"
             return lit
         if n.op == Op.RESHAPE and ctx.buffer(n.srcs[0]) is not None:
@@ -132,7 +145,11 @@ class Scalar:
             self.fused.append(n.op.name.lower())
             args = [self.val(s, idx) for s in n.srcs]
             if self.lanes > 1:
-                return self.tmp(n.dtype, vector_formula(n.op, n.dtype, [s.dtype for s in n.srcs], args))
+                vec = vector_formula(n.op, n.dtype, [s.dtype for s in n.srcs], args)  # checks it has one
+                if all(a in self.uniform for a in args):  # lane-invariant: once, as a scalar, before the loop
+                    scalars = [self.uniform[a] for a in args]
+                    return self._broadcast(n.dtype, formula(n.op, n.dtype, n.srcs[0].dtype, scalars, n.attrs))
+                return self.tmp(n.dtype, vec)
             return self.tmp(n.dtype, formula(n.op, n.dtype, n.srcs[0].dtype, args, n.attrs))
         raise Unsupported(f"cannot inline {n.op.name.lower()} (created at {n.loc})")
 
@@ -210,7 +227,7 @@ class Lowering:
         self.data: list[Node] = []
         self.data_ids: dict[int, int] = {}
         self.listing: list[KernelInfo] = []
-        self.stats = {"kernels": 0, "gemm": 0, "fused_gemm": 0, "scans": 0, "sliced": 0}
+        self.stats = {"kernels": 0, "gemm": 0, "fused_gemm": 0, "scans": 0, "sliced": 0, "vector": 0}
         self.scopes: list[LoopScope] = []
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
         self.names: set[str] = set()  # every name ``fresh`` made (the part deduplication renames them)
@@ -238,8 +255,10 @@ class Lowering:
         return [f"{ind}#pragma omp for{c} schedule(static){' nowait' if nowait else ''}"]
 
     def fresh(self, prefix: str) -> str:
+        """A new C identifier: ``prefix`` then a counter, with ``_`` between them when the prefix ends in a digit
+        (else ``b1`` + 238 and ``b`` + 1238 would both be ``b1238``)."""
         self.counter += 1
-        name = f"{prefix}{self.counter}"
+        name = f"{prefix}_{self.counter}" if prefix[-1:].isdigit() else f"{prefix}{self.counter}"
         self.names.add(name)
         return name
 
@@ -397,6 +416,8 @@ class Lowering:
                          listing: list[KernelInfo], kind: str = "elementwise") -> None:
         self.stats["kernels"] += 1
         shape = [self.sizes(d) for d in n.shape]
+        if kind != "copy" and self._vector_pointwise(n, ctx, out, shape, code, ind, listing):
+            return
         idx, inner = self._loops(shape, code, ind, "i")
         sc = Scalar(self, ctx)
         ptr = ctx.ptr.pop(id(n), None) if kind != "copy" else None  # compute, not load, the root itself
@@ -409,6 +430,51 @@ class Lowering:
         code.append(f"{ind}}}")
         listing.append(KernelInfo(kind if sc.fused or kind == "copy" else "copy", out,
                                   fmt_type(n.shape, n.dtype), sc.fused, [f"{store} = {_last(sc)}"], sc.loads))
+
+    def _vector_pointwise(self, n: Node, ctx: GraphCtx, out: str, shape: list[str], code: list[str], ind: str,
+                          listing: list[KernelInfo]) -> bool:
+        """``kernel_pointwise`` with its innermost loop in vector form (``lanes`` columns at a time, then a scalar
+        loop for the rest), when the kernel has one (float32, reads contiguous or constant along that axis, ops
+        with vector forms) and at least two axes, the outer ones work-shared as in the scalar form. False, with
+        nothing emitted, otherwise."""
+        lanes = LANES.get(n.dtype, 1)
+        if lanes == 1 or len(shape) < 2 or not self.sizes.is_static(n.shape[-1]) or int(n.shape[-1]) < lanes:
+            return False
+        idx = [self.fresh("i") for _ in shape]
+        width = int(n.shape[-1])
+        inner = ind + "        "
+        bodies, pre = [], []
+        for step in (lanes, 1):
+            sc = Scalar(self, ctx, lanes=step, lane=idx[-1])
+            ptr = ctx.ptr.pop(id(n), None)  # compute, not load, the root itself
+            try:
+                v = sc.val(n, idx)
+                bodies.append([*sc.stmts, sc.store(n.dtype, out, flat(idx, shape), v)])
+                pre += sc.pre
+            except Unsupported as e:
+                log.debug("elementwise kernel at %s kept scalar: %s", n.loc, e)
+                return False
+            finally:
+                if ptr is not None:
+                    ctx.ptr[id(n)] = ptr
+        code += self.omp_for(ind, len(shape) - 1 if len(shape) >= 3 else 0)
+        code += [f"{ind}for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx[:-1], shape[:-1])]
+        code.append(f"{ind}{{")
+        code += [f"{ind}    {st}" for st in pre]
+        code.append(f"{ind}    for (int64_t {idx[-1]} = 0; {idx[-1]} < {width - width % lanes}; "
+                    f"{idx[-1]} += {lanes}) {{")
+        code += [inner + st for st in bodies[0]]
+        code.append(f"{ind}    }}")
+        if width % lanes:
+            code.append(f"{ind}    for (int64_t {idx[-1]} = {width - width % lanes}; {idx[-1]} < {width}; "
+                        f"{idx[-1]}++) {{")
+            code += [inner + st for st in bodies[1]]
+            code.append(f"{ind}    }}")
+        code.append(f"{ind}}}")
+        self.stats["vector"] += 1
+        listing.append(KernelInfo("elementwise" if sc.fused else "copy", out, fmt_type(n.shape, n.dtype), sc.fused,
+                                  [bodies[1][-1].rstrip(";")], sc.loads, note=f"{lanes} columns at a time"))
+        return True
 
     def kernel_concat(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
                       listing: list[KernelInfo]) -> None:
@@ -549,13 +615,14 @@ class Lowering:
         return views
 
     def gemm_epilogue(self, p: Node, root: Node | None, ctx: GraphCtx, out: str,
-                  ep_info: list[Scalar]) -> Callable[[list[str], str], tuple[list[str], str]] | None:
+                  ep_info: list[Scalar]) -> Epilogue | None:
         """The elementwise root computed on the accumulator ``acc`` at index ``idx`` (None: store the sum)."""
         if root is None or root is p:
             return None
         self.stats["fused_gemm"] += 1
 
-        def epilogue(idx: list[str], acc: str, lanes: int = 1, lane: str = "") -> tuple[list[str], str]:
+        def epilogue(idx: list[str], acc: str, lanes: int = 1,
+                     lane: str = "") -> tuple[list[str], list[str], str]:
             sc = Scalar(self, ctx, {id(p): acc}, tuple(idx), lanes, lane)
             ctx.ptr.pop(id(root), None)
             try:
@@ -564,7 +631,7 @@ class Lowering:
                 ctx.ptr[id(root)] = out
             if lanes == 1:
                 ep_info.append(sc)
-            return sc.stmts, value
+            return sc.pre, sc.stmts, value
 
         return epilogue
 
@@ -636,13 +703,14 @@ class Lowering:
             outs.append(dest.get(id(m)) or self.alloc(m.dtype, m.shape))
         body_info: list[Scalar] = []
 
-        def body(i: str, u: str, values: list[str], lanes: int) -> list[str]:
+        def body(i: str, u: str, values: list[str], lanes: int) -> tuple[list[str], list[str]]:
             """The slices' values (the epilogue on each tile), then the member kernels reading them."""
             sc = Scalar(self, ctx, {}, (i, u), lanes, u)
             for off, value in zip(sg.offsets, values):
                 col = _add(sz(off), u)  # the index the column slice at ``off`` reads (``views.index_map``)
                 if epilogue is not None:
-                    stmts, value = epilogue([i, col], value, lanes, u)
+                    pre, stmts, value = epilogue([i, col], value, lanes, u)
+                    sc.pre += pre
                     sc.stmts += stmts
                 sc.memo[(id(root), (i, col))] = value
             for m, o in zip(sg.members, outs):
@@ -652,7 +720,7 @@ class Lowering:
                 sc.stmts += [sc.store(m.dtype, d, index, v) for d in [o, *extra.get(id(m), [])]]
             if lanes == 1:
                 body_info.append(sc)
-            return sc.stmts
+            return sc.pre, sc.stmts
 
         code.extend(emit_sliced(self, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), body, ind))
         for m, o in zip(sg.members, outs):

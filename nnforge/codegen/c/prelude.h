@@ -78,6 +78,11 @@ static inline nf_v8f32 nf_vclampf(nf_v8f32 x, float lo, float hi) {
     return nf_vsel_f32(x < lo, nf_vbc_f32(lo), x);
 }
 #endif
+#if defined(__AVX__)
+static inline nf_v8f32 nf_vsqrtf(nf_v8f32 x) { return __builtin_ia32_sqrtps256(x); }
+#else
+static inline nf_v8f32 nf_vsqrtf(nf_v8f32 x) { for (int k = 0; k < 8; k++) x[k] = sqrtf(x[k]); return x; }
+#endif
 static inline nf_v8f32 nf_vexpf(nf_v8f32 x) {
     x = nf_vclampf(x, -87.0f, 88.0f);
     const nf_v8f32 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* 1.5 * 2^23: round */
