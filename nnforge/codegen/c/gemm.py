@@ -310,6 +310,9 @@ def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, 
         lines = [f"for (int {r} = 0; {r} < {rows}; {r}++) {{",
                  f"    const int64_t {i} = {row_of(r)};",
                  *(f"    {st}" for st in pre),
+                 # Both vectors of a tile row in one loop body: their independent chains (exp, division, tanh)
+                 # then overlap; left rolled, gcc ran a H = 384 LSTM layer 5 % slower (868 vs 824 ms).
+                 *([f"    #pragma GCC unroll {nr // width}"] if width > 1 else []),
                  f"    for (int {c} = 0; {c} < {cols if width == 1 else nr}; {c} += {width}) {{",
                  f"        const int64_t {j} = {col_of(c)};"]
         lines += [f"        {st}" for st in stmts]
