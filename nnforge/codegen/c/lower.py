@@ -461,7 +461,6 @@ class Lowering:
         code += [f"{ind}for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx[:-1], shape[:-1])]
         code.append(f"{ind}{{")
         code += [f"{ind}    {st}" for st in pre]
-        code.append(f"{ind}    #pragma GCC unroll 2")  # two vectors' independent chains overlap (see gemm)
         code.append(f"{ind}    for (int64_t {idx[-1]} = 0; {idx[-1]} < {width - width % lanes}; "
                     f"{idx[-1]} += {lanes}) {{")
         code += [inner + st for st in bodies[0]]
