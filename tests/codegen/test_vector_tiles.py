@@ -85,6 +85,17 @@ def test_lstm_step_runs_on_its_register_tiles(H: int) -> None:
         np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6)
 
 
+def test_step_gemm_result_gets_no_buffer() -> None:
+    """The step's [N, 4H] GEMM result is consumed tile by tile: the workspace holds no buffer of its size."""
+    from nnforge.codegen.c import lower, schedule
+
+    args = _lstm_args(40, N=7)
+    low = lower(schedule(nf.compile(lstm).trace(*args)))
+    low.source()
+    assert str(7 * 160 * 4) not in {size for _, _, size in low.allocs}
+    assert str(7 * 40 * 4) in {size for _, _, size in low.allocs}  # h and c are there
+
+
 def exp_gate_lstm(x, h0, c0, w_ih, w_hh, b):
     """An LSTM whose forget gate is ``exp(-softplus)``-like (``exp`` has no vector form: the tile stays scalar)."""
     def cell(carry, x_t):

@@ -93,7 +93,7 @@ def emit_chunk(low: Lowering, d: Deferred, ctx: GraphCtx, chunk: str, t: str, le
              f"{ind}    {lo} = {f'{length} - {t} - {count}' if rev else t};",
              f"{ind}    #pragma omp barrier"]
     ep_info: list = []
-    epilogue = low.gemm_epilogue(d.p, d.root if d.root is not d.p else None, ctx, chunk, ep_info)
+    epilogue = low.gemm_epilogue(d.p, d.root if d.root is not d.p else None, ctx, ep_info)
 
     def global_rows(idx: list[str], acc: str, lanes: int, lane: str) -> tuple[list[str], list[str], str]:
         """The epilogue reads its other operands (a bias) at the row of the whole sequence."""

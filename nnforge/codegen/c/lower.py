@@ -361,35 +361,39 @@ class Lowering:
             if id(n) in self.deferred:
                 ctx.ptr[id(n)] = "0"  # computed chunk by chunk inside its scan (``chunks``)
                 continue
-            out = dest.get(id(n)) or (None if n.op in (Op.SCAN, Op.LOOP) else self.alloc(n.dtype, n.shape))
-            if n.op not in (Op.SCAN, Op.LOOP):
-                ctx.ptr[id(n)] = out
             if n.op in (Op.SCAN, Op.LOOP):
                 self.lower_loop(n, ctx, code, ind, listing, dest)
-            elif id(n) in sliced:
-                self.kernel_sliced(sliced[id(n)], ctx, out, dest, extra, code, ind, listing)
-            elif n.op == Op.MATMUL:
-                self.kernel_gemm(n, None, ctx, out, code, ind, listing)
-            elif n.op in REDUCE and self.leading_sum(n, ctx):
-                self.kernel_leading_sum(n, ctx, out, code, ind, listing)
-            elif n.op in REDUCE:
-                self.kernel_reduce(n, None, ctx, out, code, ind, listing)
-            elif id(n) in g.prologue:
-                p = next(m for m in graph.order if id(m) == g.prologue[id(n)])
-                if p.op == Op.MATMUL:
-                    self.kernel_gemm(p, n, ctx, out, code, ind, listing)
-                else:
-                    self.kernel_reduce(p, n, ctx, out, code, ind, listing)
-            elif n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
-                raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
-            elif n.op == Op.CONCAT:
-                self.kernel_concat(n, ctx, out, code, ind, listing)
+            elif id(n) in sliced:  # consumed tile by tile, never stored
+                self.kernel_sliced(sliced[id(n)], ctx, dest, extra, code, ind, listing)
             else:
-                self.kernel_pointwise(n, ctx, out, code, ind, listing)
+                ctx.ptr[id(n)] = out = dest.get(id(n)) or self.alloc(n.dtype, n.shape)
+                self.kernel_stored(n, g, ctx, out, code, ind, listing)
             if graph is self.graph:
                 self.marks.append(len(code))
         for o, p in copies:
             self.kernel_pointwise(o, ctx, p, code, ind, listing, kind="copy")
+
+    def kernel_stored(self, n: Node, g: Grouping, ctx: GraphCtx, out: str, code: list[str], ind: str,
+                      listing: list[KernelInfo]) -> None:
+        """The kernel computing stored node ``n`` into ``out``."""
+        if n.op == Op.MATMUL:
+            self.kernel_gemm(n, None, ctx, out, code, ind, listing)
+        elif n.op in REDUCE and self.leading_sum(n, ctx):
+            self.kernel_leading_sum(n, ctx, out, code, ind, listing)
+        elif n.op in REDUCE:
+            self.kernel_reduce(n, None, ctx, out, code, ind, listing)
+        elif id(n) in g.prologue:
+            p = next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
+            if p.op == Op.MATMUL:
+                self.kernel_gemm(p, n, ctx, out, code, ind, listing)
+            else:
+                self.kernel_reduce(p, n, ctx, out, code, ind, listing)
+        elif n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
+            raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
+        elif n.op == Op.CONCAT:
+            self.kernel_concat(n, ctx, out, code, ind, listing)
+        else:
+            self.kernel_pointwise(n, ctx, out, code, ind, listing)
 
     def _late_data(self, n: Node) -> str:
         self.data_ids[id(n)] = len(self.data)
@@ -614,8 +618,7 @@ class Lowering:
             views.append(v)
         return views
 
-    def gemm_epilogue(self, p: Node, root: Node | None, ctx: GraphCtx, out: str,
-                  ep_info: list[Scalar]) -> Epilogue | None:
+    def gemm_epilogue(self, p: Node, root: Node | None, ctx: GraphCtx, ep_info: list[Scalar]) -> Epilogue | None:
         """The elementwise root computed on the accumulator ``acc`` at index ``idx`` (None: store the sum)."""
         if root is None or root is p:
             return None
@@ -624,11 +627,12 @@ class Lowering:
         def epilogue(idx: list[str], acc: str, lanes: int = 1,
                      lane: str = "") -> tuple[list[str], list[str], str]:
             sc = Scalar(self, ctx, {id(p): acc}, tuple(idx), lanes, lane)
-            ctx.ptr.pop(id(root), None)
+            stored = ctx.ptr.pop(id(root), None)  # compute, not load, the root itself
             try:
                 value = sc.val(root, idx)
             finally:
-                ctx.ptr[id(root)] = out
+                if stored is not None:
+                    ctx.ptr[id(root)] = stored
             if lanes == 1:
                 ep_info.append(sc)
             return sc.pre, sc.stmts, value
@@ -664,7 +668,7 @@ class Lowering:
         check_dtype(p)
         views = self.operand_views(p, ctx)
         ep_info: list[Scalar] = []
-        epilogue = self.gemm_epilogue(p, root, ctx, out, ep_info)
+        epilogue = self.gemm_epilogue(p, root, ctx, ep_info)
         buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind)
         text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind,
                                 root is None or root.dtype == p.dtype)
@@ -681,9 +685,10 @@ class Lowering:
                  f"{views[1][0]}[{views[1][1]} + k*{views[1][2][-2]} + j*{views[1][2][-1]}]"]
         return loads + [ld for sc in ep_info[:1] for ld in sc.loads]
 
-    def kernel_sliced(self, sg: SlicedGroup, ctx: GraphCtx, out: str, dest: dict[int, str],
-                      extra: dict[int, list[str]], code: list[str], ind: str, listing: list[KernelInfo]) -> None:
-        """A GEMM and the kernels reading it through column slices as one kernel (see ``emit_sliced``)."""
+    def kernel_sliced(self, sg: SlicedGroup, ctx: GraphCtx, dest: dict[int, str], extra: dict[int, list[str]],
+                      code: list[str], ind: str, listing: list[KernelInfo]) -> None:
+        """A GEMM and the kernels reading it through column slices as one kernel (see ``emit_sliced``); the GEMM
+        result itself gets no buffer."""
         p, root = sg.gemm, sg.root
         check_dtype(p)
         self.stats["kernels"] += 1
@@ -697,7 +702,7 @@ class Lowering:
             code.extend(pack_panels(self, p.dtype, sz(p.srcs[0].shape[-1]), (f"({views[1][0]} + ({views[1][1]}))",
                                     views[1][2][-2], views[1][2][-1]), columns, buf, ind))
         ep_info: list[Scalar] = []
-        epilogue = self.gemm_epilogue(p, root if root is not p else None, ctx, out, ep_info)
+        epilogue = self.gemm_epilogue(p, root if root is not p else None, ctx, ep_info)
         outs = []
         for m in sg.members:
             outs.append(dest.get(id(m)) or self.alloc(m.dtype, m.shape))
