@@ -225,5 +225,15 @@ def lane_stride(index: str, lane: str) -> int | None:
     return 1 if step == 1 else None  # 0 only when ``lane`` is absent: a hoisted read must not name it
 
 
+
+def store(ptr: str, index: str, value: str, lanes: int = 1, lane: str = "") -> str:
+    """The statement storing ``value`` at ``ptr[index]``; with ``lanes`` > 1 a vector of that many consecutive
+    elements from there (``Unsupported`` unless ``index`` moves by one with ``lane``)."""
+    if lanes == 1:
+        return f"{ptr}[{index}] = {value};"
+    if lane_stride(index, lane) != 1:
+        raise Unsupported(f"{ptr}[{index}] is not contiguous in {lane}")
+    return f"nf_vst_f32(&{ptr}[{index}], {value});"
+
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 """Scalar helpers every program includes (kept in a .h file so it reads as C)."""

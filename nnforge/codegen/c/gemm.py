@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from ...dtypes import DType
 from ...ir.node import Node
-from .cexpr import LANES, Unsupported, ctype, flat, lane_stride
+from .cexpr import LANES, Unsupported, ctype, flat, store
 
 if TYPE_CHECKING:
     from .lower import Lowering
@@ -290,12 +290,7 @@ def _epilogue_store(epilogue: Epilogue | None, out: str, idx: list[str], dims: S
     unless they are contiguous)."""
     pre, stmts, value = epilogue(idx, value, lanes, idx[-1]) if epilogue is not None else ([], [], value)
     index = flat(idx, dims)
-    store = f"{out}[{index}] = {value}"
-    if lanes == 1:
-        return pre, [*stmts, f"{store};"], store
-    if lane_stride(index, idx[-1]) != 1:
-        raise Unsupported(f"{out}[{index}] is not contiguous in {idx[-1]}")
-    return pre, [*stmts, f"nf_vst_f32(&{out}[{index}], {value});"], store
+    return pre, [*stmts, store(out, index, value, lanes, idx[-1])], f"{out}[{index}] = {value}"
 
 
 def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, cols: str,

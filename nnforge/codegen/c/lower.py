@@ -21,13 +21,26 @@ from ...ir.ops import ELEMENTWISE, REDUCE, Op
 from ...ir.printer import fmt_type
 from ...passes.fuse import Grouping, SlicedGroup, group
 from ...passes.rows import ROWS, RowSplit, is_rows
-from .cexpr import LANES, PRELUDE, VTYPE, Sizes, Unsupported, ctype, flat, formula, lane_stride, literal, vector_formula
+from .cexpr import (
+    LANES,
+    PRELUDE,
+    VTYPE,
+    Sizes,
+    Unsupported,
+    ctype,
+    flat,
+    formula,
+    lane_stride,
+    literal,
+    store,
+    vector_formula,
+)
 from .chunks import Deferred, chunk_steps, emit_chunk, find_deferred
 from .gemm import Epilogue, GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import Slot, plan
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope, choose_row_split
-from .views import _add, index_map, strided
+from .views import index_map, sliced_index, strided
 
 log = logging.getLogger("nnforge.codegen.c")
 
@@ -57,8 +70,10 @@ class Scalar:
     and the caller keeps the scalar form."""
 
     def __init__(self, low: Lowering, ctx: GraphCtx, overrides: dict[int, str] | None = None,
-                 identity: tuple[str, ...] | None = None, lanes: int = 1, lane: str | None = None):
+                 identity: tuple[str, ...] | None = None, lanes: int = 1, lane: str | None = None,
+                 root: Node | None = None):
         self.low, self.ctx = low, ctx
+        self.root = root  # the kernel's own result: computed, never loaded from its buffer
         self.stmts: list[str] = []
         self.pre: list[str] = []
         self.memo: dict[tuple, str] = {}
@@ -101,12 +116,9 @@ class Scalar:
 
     def store(self, dt: DType, ptr: str, index: str, value: str) -> str:
         """The statement storing ``value`` at ``ptr[index]`` (``lanes`` consecutive elements with lanes)."""
-        if self.lanes == 1:
-            return f"{ptr}[{index}] = {value};"
-        self._vector(dt)
-        if lane_stride(index, self.lane or "") != 1:
-            raise Unsupported(f"{ptr}[{index}] is not contiguous in {self.lane}")
-        return f"nf_vst_f32(&{ptr}[{index}], {value});"
+        if self.lanes > 1:
+            self._vector(dt)
+        return store(ptr, index, value, self.lanes, self.lane or "")
 
     def val(self, n: Node, idx: Sequence[str]) -> str:
         idx = tuple(idx)
@@ -121,7 +133,7 @@ class Scalar:
 
     def _val(self, n: Node, idx: tuple[str, ...]) -> str:
         ctx, sz = self.ctx, self.low.sizes
-        ptr = ctx.buffer(n)
+        ptr = None if n is self.root else ctx.buffer(n)
         if ptr is not None:
             return self.load(n.dtype, ptr, flat(idx, [sz(d) for d in n.shape]))
         if n.op == Op.CONST:
@@ -423,11 +435,8 @@ class Lowering:
         if kind != "copy" and self._vector_pointwise(n, ctx, out, shape, code, ind, listing):
             return
         idx, inner = self._loops(shape, code, ind, "i")
-        sc = Scalar(self, ctx)
-        ptr = ctx.ptr.pop(id(n), None) if kind != "copy" else None  # compute, not load, the root itself
-        v = sc.val(n, idx) if kind != "copy" or ctx.buffer(n) is not None or True else ""
-        if ptr is not None:
-            ctx.ptr[id(n)] = ptr
+        sc = Scalar(self, ctx, root=None if kind == "copy" else n)  # a copy loads its source's buffer
+        v = sc.val(n, idx)
         code.extend(inner + s for s in sc.stmts)
         store = f"{out}[{flat(idx, shape)}]"
         code.append(f"{inner}{store} = {v};")
@@ -447,20 +456,16 @@ class Lowering:
         idx = [self.fresh("i") for _ in shape]
         width = int(n.shape[-1])
         inner = ind + "        "
-        bodies, pre = [], []
-        for step in (lanes, 1):
-            sc = Scalar(self, ctx, lanes=step, lane=idx[-1])
-            ptr = ctx.ptr.pop(id(n), None)  # compute, not load, the root itself
+        vector, scalar = (Scalar(self, ctx, lanes=step, lane=idx[-1], root=n) for step in (lanes, 1))
+        bodies = []
+        for sc in (vector, scalar):
             try:
                 v = sc.val(n, idx)
                 bodies.append([*sc.stmts, sc.store(n.dtype, out, flat(idx, shape), v)])
-                pre += sc.pre
             except Unsupported as e:
                 log.debug("elementwise kernel at %s kept scalar: %s", n.loc, e)
                 return False
-            finally:
-                if ptr is not None:
-                    ctx.ptr[id(n)] = ptr
+        pre = vector.pre  # the scalar form hoists nothing
         code += self.omp_for(ind, len(shape) - 1 if len(shape) >= 3 else 0)
         code += [f"{ind}for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx[:-1], shape[:-1])]
         code.append(f"{ind}{{")
@@ -476,8 +481,9 @@ class Lowering:
             code.append(f"{ind}    }}")
         code.append(f"{ind}}}")
         self.stats["vector"] += 1
-        listing.append(KernelInfo("elementwise" if sc.fused else "copy", out, fmt_type(n.shape, n.dtype), sc.fused,
-                                  [bodies[1][-1].rstrip(";")], sc.loads, note=f"{lanes} columns at a time"))
+        listing.append(KernelInfo("elementwise" if scalar.fused else "copy", out, fmt_type(n.shape, n.dtype),
+                                  scalar.fused, [bodies[1][-1].rstrip(";")], scalar.loads,
+                                  note=f"{lanes} columns at a time"))
         return True
 
     def kernel_concat(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
@@ -558,11 +564,9 @@ class Lowering:
         code.append(f"{rin}    {acc} = {upd};")
         code.append(f"{rin}}}")
         result = f"({ctype(p.dtype)}){acc}"
-        ep = Scalar(self, ctx, {id(p): result}, tuple(idx))
+        ep = Scalar(self, ctx, {id(p): result}, tuple(idx), root=root)
         if root is not None:
-            ctx.ptr.pop(id(root), None)
             value = ep.val(root, idx)
-            ctx.ptr[id(root)] = out
             code.extend(inner + s for s in ep.stmts)
         else:
             value = result
@@ -626,13 +630,8 @@ class Lowering:
 
         def epilogue(idx: list[str], acc: str, lanes: int = 1,
                      lane: str = "") -> tuple[list[str], list[str], str]:
-            sc = Scalar(self, ctx, {id(p): acc}, tuple(idx), lanes, lane)
-            stored = ctx.ptr.pop(id(root), None)  # compute, not load, the root itself
-            try:
-                value = sc.val(root, idx)
-            finally:
-                if stored is not None:
-                    ctx.ptr[id(root)] = stored
+            sc = Scalar(self, ctx, {id(p): acc}, tuple(idx), lanes, lane, root=root)
+            value = sc.val(root, idx)
             if lanes == 1:
                 ep_info.append(sc)
             return sc.pre, sc.stmts, value
@@ -712,7 +711,7 @@ class Lowering:
             """The slices' values (the epilogue on each tile), then the member kernels reading them."""
             sc = Scalar(self, ctx, {}, (i, u), lanes, u)
             for off, value in zip(sg.offsets, values):
-                col = _add(sz(off), u)  # the index the column slice at ``off`` reads (``views.index_map``)
+                col = sliced_index(u, sz(off))  # the index the column slice at ``off`` reads
                 if epilogue is not None:
                     pre, stmts, value = epilogue([i, col], value, lanes, u)
                     sc.pre += pre

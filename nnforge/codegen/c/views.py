@@ -41,6 +41,11 @@ def _add(a: str, b: str) -> str:
     return f"{a} + {b}"
 
 
+def sliced_index(i: str, start: str, step: int = 1) -> str:
+    """The source index that output index ``i`` of a slice (``start``, ``step``) reads."""
+    return _add(start, _mul(i, str(step))) if step != 1 or start != "0" else i
+
+
 def squeeze_map(out_shape: Sequence[int], in_shape: Sequence[int]) -> list[int | None] | None:
     """For a reshape that only adds/drops size-1 axes: for each input axis, the output axis it reads (None for
     a size-1 axis). None when the reshape really regroups elements."""
@@ -67,7 +72,7 @@ def index_map(n: Node, idx: Sequence[str], sz: Sizes) -> list[str]:
     if n.op == Op.SLICE:
         out = []
         for i, a, s in zip(idx, n.attrs["starts"], n.attrs["steps"]):
-            out.append(_add(sz(a), _mul(i, str(s))) if s != 1 or sz(a) != "0" else i)
+            out.append(sliced_index(i, sz(a), s))
         return out
     if n.op == Op.RESHAPE:
         m = squeeze_map(n.shape, src.shape)
