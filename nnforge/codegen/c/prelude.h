@@ -22,15 +22,19 @@ static inline uint8_t nf_idiv_uint8_t(uint8_t a, uint8_t b) { return b == 0 ? 0 
 static inline int64_t nf_ipow(int64_t a, int64_t b) { int64_t r = 1; if (b < 0) return 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
 static inline double nf_sigmoid(double x) { double e = exp(-fabs(x)); return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e); }
 static inline double nf_tanh(double x) { return tanh(x); }
-/* float32 transcendental kernels written so that -O3 vectorizes them (no libm call in the loop); error ~2 ulp. */
+/* float32 transcendental kernels written so that -O3 vectorizes them (no libm call in the loop); error ~2 ulp.
+   The polynomials are macros shared by the scalar forms and the vector forms below (operands of either type):
+   e^x = 2^n e^r with r = x - n ln 2 (ln 2 in two parts), e^r by a degree-7 polynomial; tanh = c P(c^2) / Q(c^2). */
+#define NF_EXP_R(x, n) ((x) - (n) * 0.693359375f + (n) * 2.12194440e-4f)
+#define NF_EXP_POLY(r) ((((((1.9875691500E-4f * (r) + 1.3981999507E-3f) * (r) + 8.3334519073E-3f) * (r) \
+    + 4.1665795894E-2f) * (r) + 1.6666665459E-1f) * (r) + 5.0000001201E-1f) * (r) * (r) + (r) + 1.0f)
+#define NF_TANH_P(s) ((((1.3737804e-08f * (s) + 2.0890167e-05f) * (s) + 0.003512878f) * (s) + 0.13395657f) * (s) + 1.0f)
+#define NF_TANH_Q(s) ((((7.9347086e-07f * (s) + 0.00033137616f) * (s) + 0.025942983f) * (s) + 0.46728981f) * (s) + 1.0f)
 static inline float nf_expf(float x) {
     x = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);
-    float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f; p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f; p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
+    const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = NF_EXP_R(x, n);
+    const float p = NF_EXP_POLY(r);
     int32_t bits = ((int32_t)n + 127) << 23; float s; memcpy(&s, &bits, 4);
     return p * s;
 }
@@ -43,9 +47,7 @@ static inline float nf_sigmoidf(float x) { return 1.0f / (1.0f + nf_expf(-x)); }
 static inline float nf_tanhf(float x) {
     const float c = x > 9.0f ? 9.0f : (x < -9.0f ? -9.0f : x);
     const float s = c * c;
-    const float p = (((1.3737804e-08f * s + 2.0890167e-05f) * s + 0.003512878f) * s + 0.13395657f) * s + 1.0f;
-    const float q = (((7.9347086e-07f * s + 0.00033137616f) * s + 0.025942983f) * s + 0.46728981f) * s + 1.0f;
-    return c * p / q;
+    return c * NF_TANH_P(s) / NF_TANH_Q(s);
 }
 /* Vector forms (GCC/Clang vector extensions: AVX2 under -march=native, narrower vectors elsewhere) of the float32
    ops that fused GEMM tiles compute, eight columns at a time. Written out because the compiler's own
@@ -86,19 +88,13 @@ static inline nf_v8f32 nf_vsqrtf(nf_v8f32 x) { for (int k = 0; k < 8; k++) x[k] 
 static inline nf_v8f32 nf_vexpf(nf_v8f32 x) {
     x = nf_vclampf(x, -87.0f, 88.0f);
     const nf_v8f32 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* 1.5 * 2^23: round */
-    const nf_v8f32 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    nf_v8f32 p = nf_vbc_f32(1.9875691500E-4f);
-    p = p * r + 1.3981999507E-3f; p = p * r + 8.3334519073E-3f; p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f; p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
-    return p * (nf_v8f32)((__builtin_convertvector(n, nf_v8i32) + 127) << 23);
+    const nf_v8f32 r = NF_EXP_R(x, n);
+    return NF_EXP_POLY(r) * (nf_v8f32)((__builtin_convertvector(n, nf_v8i32) + 127) << 23);
 }
 static inline nf_v8f32 nf_vsigmoidf(nf_v8f32 x) { return 1.0f / (1.0f + nf_vexpf(-x)); }
 static inline nf_v8f32 nf_vtanhf(nf_v8f32 x) {
     const nf_v8f32 c = nf_vclampf(x, -9.0f, 9.0f);
     const nf_v8f32 s = c * c;
-    const nf_v8f32 p = (((1.3737804e-08f * s + 2.0890167e-05f) * s + 0.003512878f) * s + 0.13395657f) * s + 1.0f;
-    const nf_v8f32 q = (((7.9347086e-07f * s + 0.00033137616f) * s + 0.025942983f) * s + 0.46728981f) * s + 1.0f;
-    return c * p / q;
+    return c * NF_TANH_P(s) / NF_TANH_Q(s);
 }
 static inline void* nf_alloc(int64_t bytes) { void* p = NULL; if (posix_memalign(&p, 64, (size_t)(bytes > 0 ? bytes : 64))) return NULL; return p; }
