@@ -133,7 +133,6 @@ def measure(
     clock: Any | None = None,
     flush: Callable[[], None] | None = None,
     on_round: Callable[[int, Mapping[str, Series]], None] | None = None,
-    before_sample: Callable[[str], None] | None = None,
     rng: random.Random | None = None,
 ) -> dict[str, Series]:
     """Time every callable of one setting in interleaved rounds (see module doc). A callable that raises is marked with
@@ -166,8 +165,6 @@ def measure(
             rng.shuffle(active)
             for name in active:
                 s = series[name]
-                if before_sample is not None:
-                    before_sample(name)
                 try:
                     for _ in range(cfg.round_samples):
                         if flush is not None:

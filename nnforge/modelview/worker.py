@@ -442,85 +442,84 @@ class Harness:
 
                     series[b] = Series(error=f"{type(e).__name__}: {e}", done=True)
         else:
-            series = measure(fns, cfg, clock, flush, heartbeat, None, random.Random())
+            series = measure(fns, cfg, clock, flush, heartbeat, random.Random())
         perf = mt.PerfCounters() if (cfg.perf_counters and not cuda) else None
-        if sampler is not None:
-            sampler.__enter__()  # its thread samples only inside each backend's window (NvmlSampler.window)
-        for b, st in ready.items():
-            cell, s = st["cell"], series[b]
-            if s.error:
-                self.write(cell, "failed", st["started"], error=s.error, compile_s=st["compile_s"],
-                           first_call_s=st["first_call_s"])
-                continue
-            self.events.emit("phase", phase="metrics", backend=b)
-            med, lo, hi = median_ci(s.samples, cfg.confidence)
-            variant, req = setup["variant"], setup["request"]
-            itemsize = torch.empty((), dtype=setup["dtype"]).element_size()
-            flops = float(variant.flops(req)) * (3.0 if setup["training"] else 1.0)
-            nbytes = float(variant.min_bytes(req, itemsize)) * (2.0 if setup["training"] else 1.0)
-            m: dict[str, Any] = {
-                **st["mem"],
-                **st["prepared"].info,
-                "latency_s": percentiles(s.samples),
-                "samples": len(s.samples),
-                "calls_per_sample": s.inner,
-                "warmup_calls": s.warmup_calls,
-                "warmup_s": s.warmup_s,
-                "warmup_steady": s.steady,
-                "ci_converged": s.converged,
-                "stop_reason": s.stop_reason,
-                "rel_ci": (max(med - lo, hi - med) / med) if med > 0 else None,
-                "interleaved": interleaved,
-                "alone": bool(self.job.get("alone")),
-                "process_repeat": self.job.get("repeat"),
-                "timing_method": cfg.method,
-                "clock": clock.name,
-                **_secondary(s, cfg.clock, setup["threads"]),
-                "threads": setup["threads"],
-                "rotate_inputs": cfg.rotate_inputs,
-                "flush_cache": cfg.flush_cache,
-                "timing_wall_s": time.time() - t_timing,
-                "loadavg_1m": [load_start, _loadavg()],  # a busy machine (load > CPUs) explains a wide CI
-            }
-            peak_f = (self.peaks.get("peak_flops_by_dtype") or {}).get(cell.dtype)
-            peak_b = self.peaks.get("peak_bytes_per_s")
-            ach_f, ach_b = flops / med, nbytes / med
-            m["flops_fraction_of_peak"] = ach_f / peak_f if peak_f and peak_f == peak_f else None
-            m["bytes_fraction_of_peak"] = ach_b / peak_b if peak_b else None
+        with contextlib.ExitStack() as cleanup:
             if perf is not None:
-                if perf.available:
-                    try:
-                        fn = fns[b]
-                        n = max(1, min(1000, int(0.2 / max(med, 1e-9))))
-                        m.update(perf.count(fn, n))
-                    except Exception as e:
-                        m["perf"] = f"failed: {type(e).__name__}: {e}"
-                else:
-                    m["perf"] = f"unavailable: {perf.reason}"
-            if cuda:
-                if cfg.profile_kernels:
-                    try:
-                        m.update(mt.gpu_kernel_profile(fns[b]))
-                    except Exception as e:
-                        m["kernel_profile"] = f"failed: {type(e).__name__}: {e}"
-                if sampler is not None:
-                    try:
-                        m.update(sampler.summary(b, sampler.window(b, fns[b], sync), med))
-                    except Exception as e:
-                        m["nvml"] = f"failed: {type(e).__name__}: {e}"
-            self.write(
-                cell, "ok", st["started"],
-                compile_s=st["compile_s"], first_call_s=st["first_call_s"],
-                median_s=med, ci_low_s=lo, ci_high_s=hi,
-                throughput=variant.items(req) / med, throughput_unit=variant.throughput_unit,
-                flops=flops, bytes=nbytes, achieved_flops=ach_f, achieved_bytes_per_s=ach_b,
-                peak_mem_bytes=st["peak"], max_abs_err=st["max_abs_err"],
-                metrics_json=m, samples_json=s.samples, artifact=st["prepared"].artifact,
-            )
-        if perf is not None:
-            perf.close()
-        if sampler is not None:
-            sampler.__exit__(None, None, None)
+                cleanup.callback(perf.close)
+            if sampler is not None:  # its thread samples only inside each backend's window (NvmlSampler.window)
+                cleanup.enter_context(sampler)
+            for b, st in ready.items():
+                cell, s = st["cell"], series[b]
+                if s.error:
+                    self.write(cell, "failed", st["started"], error=s.error, compile_s=st["compile_s"],
+                               first_call_s=st["first_call_s"])
+                    continue
+                self.events.emit("phase", phase="metrics", backend=b)
+                med, lo, hi = median_ci(s.samples, cfg.confidence)
+                variant, req = setup["variant"], setup["request"]
+                itemsize = torch.empty((), dtype=setup["dtype"]).element_size()
+                flops = float(variant.flops(req)) * (3.0 if setup["training"] else 1.0)
+                nbytes = float(variant.min_bytes(req, itemsize)) * (2.0 if setup["training"] else 1.0)
+                m: dict[str, Any] = {
+                    **st["mem"],
+                    **st["prepared"].info,
+                    "latency_s": percentiles(s.samples),
+                    "samples": len(s.samples),
+                    "calls_per_sample": s.inner,
+                    "warmup_calls": s.warmup_calls,
+                    "warmup_s": s.warmup_s,
+                    "warmup_steady": s.steady,
+                    "ci_converged": s.converged,
+                    "stop_reason": s.stop_reason,
+                    "rel_ci": (max(med - lo, hi - med) / med) if med > 0 else None,
+                    "interleaved": interleaved,
+                    "alone": bool(self.job.get("alone")),
+                    "process_repeat": self.job.get("repeat"),
+                    "timing_method": cfg.method,
+                    "clock": clock.name,
+                    **_secondary(s, cfg.clock, setup["threads"]),
+                    "threads": setup["threads"],
+                    "rotate_inputs": cfg.rotate_inputs,
+                    "flush_cache": cfg.flush_cache,
+                    "timing_wall_s": time.time() - t_timing,
+                    "loadavg_1m": [load_start, _loadavg()],  # a busy machine (load > CPUs) explains a wide CI
+                }
+                peak_f = (self.peaks.get("peak_flops_by_dtype") or {}).get(cell.dtype)
+                peak_b = self.peaks.get("peak_bytes_per_s")
+                ach_f, ach_b = flops / med, nbytes / med
+                m["flops_fraction_of_peak"] = ach_f / peak_f if peak_f and peak_f == peak_f else None
+                m["bytes_fraction_of_peak"] = ach_b / peak_b if peak_b else None
+                if perf is not None:
+                    if perf.available:
+                        try:
+                            fn = fns[b]
+                            n = max(1, min(1000, int(0.2 / max(med, 1e-9))))
+                            m.update(perf.count(fn, n))
+                        except Exception as e:
+                            m["perf"] = f"failed: {type(e).__name__}: {e}"
+                    else:
+                        m["perf"] = f"unavailable: {perf.reason}"
+                if cuda:
+                    if cfg.profile_kernels:
+                        try:
+                            m.update(mt.gpu_kernel_profile(fns[b]))
+                        except Exception as e:
+                            m["kernel_profile"] = f"failed: {type(e).__name__}: {e}"
+                    if sampler is not None:
+                        try:
+                            m.update(sampler.summary(b, sampler.window(b, fns[b], sync), med))
+                        except Exception as e:
+                            m["nvml"] = f"failed: {type(e).__name__}: {e}"
+                self.write(
+                    cell, "ok", st["started"],
+                    compile_s=st["compile_s"], first_call_s=st["first_call_s"],
+                    median_s=med, ci_low_s=lo, ci_high_s=hi,
+                    throughput=variant.items(req) / med, throughput_unit=variant.throughput_unit,
+                    flops=flops, bytes=nbytes, achieved_flops=ach_f, achieved_bytes_per_s=ach_b,
+                    peak_mem_bytes=st["peak"], max_abs_err=st["max_abs_err"],
+                    metrics_json=m, samples_json=s.samples, artifact=st["prepared"].artifact,
+                )
 
 
 def _secondary(series: Any, primary: str, threads: int) -> dict[str, Any]:
