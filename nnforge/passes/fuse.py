@@ -8,7 +8,11 @@ outputs back (producers join their consumer, as in Inductor's vertical fusion):
 * *free* nodes (constants, and movement ops whose sources are buffers or free) are never stored: they become
   index expressions of whichever kernel reads them;
 * an elementwise or movement node joins its users' kernel when all its users sit in one kernel; otherwise it is
-  stored (a refusal, logged at ``NNFORGE_DEBUG=2`` with the reason);
+  stored (a refusal, logged at ``NNFORGE_DEBUG=2`` with the reason), unless it is *cheap*: at most
+  ``RECOMPUTE_OPS`` arithmetic ops over buffers of which at most one is read element by element (the others
+  broadcast along the row: ``v - mean`` of a layer norm). A cheap node is recomputed by each reader kernel: its
+  readers load the one buffer it reads instead of a stored copy, and the kernel that would have stored it is
+  gone (a layer norm's ``d = v - mean``, read by its variance and its output, was a whole pass per row);
 * a matmul or reduction whose single user is an elementwise chain of the same shape, with no movement on the
   way, runs that chain as its epilogue (DPElwFuse / ReduceElwFuse in the seed's words).
 """
@@ -22,6 +26,9 @@ from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
 
 log = logging.getLogger("nnforge.fuse")
+
+RECOMPUTE_OPS = 2
+_CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG})
 
 INHERENT = frozenset({Op.INPUT, Op.DATA, Op.MATMUL, Op.SUM, Op.REDUCE_MAX, Op.PROJ, Op.RAND, Op.FEEDER,
                       Op.SCAN, Op.LOOP, Op.RECEIVER})
@@ -40,6 +47,7 @@ class Grouping:
     prologue: dict[int, int] = field(default_factory=dict)   # root -> matmul/reduce feeding its epilogue
     alias: set[int] = field(default_factory=set)           # reshapes that are another name for their source
     refusals: list[str] = field(default_factory=list)
+    recomputed: set[int] = field(default_factory=set)  # cheap nodes every reader kernel computes itself
     sliced: list[SlicedGroup] = field(default_factory=list)  # GEMMs whose column-slice readers run on its tiles
 
     def is_stored(self, n: Node) -> bool:
@@ -85,10 +93,14 @@ def group(graph: Graph) -> Grouping:
             return id(u)
         return g.kernel_of.get(id(u), id(u))
 
+    cost = _recompute_costs(order, g)
     for n in reversed(order):  # backward: producers join their consumer's kernel
         if id(n) in g.stored:
             continue
         readers = us.get(id(n), [])
+        if readers and any(id(u) in g.recomputed for u in readers) and id(n) not in outputs and id(n) not in g.free:
+            g.recomputed.add(id(n))  # part of a cheap node's cone (counted in its cost)
+            continue
         if n.op == Op.RESHAPE and id(n) not in g.free:
             ks = {kernel(u) for u in readers}
             if id(n) in outputs or len(ks) != 1 or any(u.op in (Op.SCAN, Op.LOOP, Op.MATMUL) for u in readers):
@@ -119,6 +131,9 @@ def group(graph: Graph) -> Grouping:
             if len(ks) == 1:
                 g.kernel_of[id(n)] = ks.pop()
                 continue
+            if id(n) in cost and not _feeds_epilogue(n, us):
+                g.recomputed.add(id(n))
+                continue
             why = f"its {len(readers)} readers sit in {len(ks)} different kernels"
         g.stored.add(id(n))
         if n.op in ELEMENTWISE and readers and id(n) not in outputs:
@@ -129,6 +144,37 @@ def group(graph: Graph) -> Grouping:
     for r in g.refusals:
         log.debug("fusion refused: %s", r)
     return g
+
+
+def _recompute_costs(order: tuple[Node, ...], g: Grouping) -> dict[int, int]:
+    """id -> op count of the nodes cheap enough to recompute in each reader (see the module docstring).
+
+    Leaves are the nodes stored by nature (inputs, matmuls, reductions..., the graph's results), free nodes and
+    constants; a broadcast
+    (``expand``) makes the leaves under it row-invariant, so they do not count as element-wise reads."""
+    cost: dict[int, int] = {}
+    full: dict[int, frozenset[int]] = {}  # leaves read element by element
+    outputs = {id(o) for o in g.graph.outputs}
+    for n in order:
+        reads = frozenset() if n.op == Op.EXPAND else frozenset().union(*(full.get(id(s), ()) for s in n.srcs))
+        if id(n) in g.stored or id(n) in outputs:
+            full[id(n)], cost[id(n)] = frozenset({id(n)}), 0
+            continue
+        if id(n) in g.free or n.op == Op.CONST:  # a view of leaves: reads what they read
+            full[id(n)], cost[id(n)] = reads, 0
+            continue
+        if any(id(s) not in cost for s in n.srcs) or (n.op not in _CHEAP and n.op not in STRIDED):
+            continue
+        ops = sum(cost[id(s)] for s in n.srcs) + (n.op in _CHEAP)
+        if ops <= RECOMPUTE_OPS and len(reads) <= 1:
+            cost[id(n)], full[id(n)] = ops, reads
+    return {k: v for k, v in cost.items() if v > 0}
+
+
+def _feeds_epilogue(n: Node, us: dict[int, list[Node]]) -> bool:
+    """True when ``n`` reads a matmul or reduction it is the only reader of: stored, it is that GEMM's (or
+    reduction's) epilogue, which is better than recomputing it."""
+    return any(s.op in (Op.MATMUL, *REDUCE) and len(us.get(id(s), [])) == 1 for s in n.srcs)
 
 
 def _epilogues(g: Grouping, order: tuple[Node, ...], us: dict[int, list[Node]]) -> None:

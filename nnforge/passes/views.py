@@ -7,8 +7,10 @@ an index expression of the matmul's right operand, and the panels are packed str
 reads any strides), once per call as before.
 
 Only inputs that the body uses solely as a matmul's right operand are moved: those are packed anyway, while a
-view read element by element would change how the row split (``passes.rows``) sees the body. Runs after
-``hoist``, which would lift a view of an invariant back out of the loop.
+view read element by element would change how the row split (``passes.rows``) sees the body. The exception is
+a broadcast of one row (``b`` of ``h @ W + b``, traced as ``expand(reshape(b))`` outside the body), which the row
+split reads like a constant: moved in, kernels read ``b`` itself, where a loop source had to be materialized as
+an ``[N, G]`` array. Runs after ``hoist``, which would lift a view of an invariant back out of the loop.
 """
 
 from __future__ import annotations
@@ -33,13 +35,24 @@ def _sink(n: Node) -> Node | None:
     changes = {}
     for k in range(n.attrs["n_carry"] + n.attrs["n_xs"], len(n.srcs)):
         view, old = n.srcs[k], body.inputs[k]
-        if view.op != Op.PERMUTE or not _only_right_operand(old, us) or id(old) in outs:
+        if id(old) in outs:
             continue
-        base = view.srcs[0]
+        if view.op == Op.PERMUTE and _only_right_operand(old, us):
+            chain = [view]
+        elif view.op == Op.EXPAND and int(view.srcs[0].shape[0]) == 1:
+            chain = [view, view.srcs[0]] if view.srcs[0].op == Op.RESHAPE else [view]
+        else:
+            continue
+        base = chain[-1].srcs[0]
         new_in = make(Op.INPUT, (), {**old.attrs, "shape": tuple(base.shape), "dtype": base.dtype}, loc=old.loc)
-        changes[k] = (base, new_in, make(Op.PERMUTE, (new_in,), dict(view.attrs), loc=view.loc))
+        inner = new_in
+        for v in reversed(chain):
+            inner = make(v.op, (inner,), dict(v.attrs), loc=v.loc)
+        changes[k] = (base, new_in, inner)
     return rewire_scan(n, changes) if changes else None
 
+
 def views_into_scans(graph: Graph) -> Graph:
-    """Every scan (nested ones included) reads a transposed weight through a view of the weight itself."""
+    """Every scan (nested ones included) reads a transposed weight, or a broadcast row, through a view of the
+    array itself."""
     return map_nodes(graph, _sink)

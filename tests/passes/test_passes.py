@@ -183,3 +183,32 @@ def test_transposed_weights_enter_scans_as_views():
             np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)
         for got, w in zip(nf.compile(masked, backend="cpu")(*a), nf.compile(masked, backend="reference")(*a)):
             np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)
+
+
+def test_broadcast_bias_enters_scans_as_a_view():
+    """``... + b`` in a cell traces ``expand(reshape(b))`` outside the body; the scan must then read an ``[N, G]``
+    array, materialized every call. After the CPU pipeline it reads ``b`` itself and the broadcast is inside the
+    body (an index expression); results as the reference backend's."""
+    from nnforge.passes import CPU_PIPELINE
+
+    def cell_with_bias(x, h0, w, b):
+        def cell(h, x_t):
+            h = nf.tanh(h @ w.T + b) + x_t  # b stays in the loop (not hoisted with a premultiplied input)
+            return h, h
+
+        return nf.scan(cell, h0, x)
+
+    rng = np.random.default_rng()
+    a = [rng.standard_normal(s).astype(np.float32) for s in [(4, 3, 6), (3, 6), (6, 6), (6,)]]
+    t = traced(cell_with_bias, *a)
+    before = next(n for n in t.order if n.op.name == "SCAN")
+    assert any(s.op.name == "EXPAND" for s in before.srcs)
+    g = run_pipeline(run_pipeline(t), CPU_PIPELINE)
+    scan = next(n for n in g.order if n.op.name == "SCAN")
+    assert not any(s.op.name == "EXPAND" for s in scan.srcs) and any(s is g.inputs[3] for s in scan.srcs)
+    body = scan.attrs["body"]
+    assert any(n.op.name == "EXPAND" and n.srcs[0].op.name == "RESHAPE" for n in body.order)
+    if "cpu" in nf.available_backends():
+        want = nf.compile(cell_with_bias, backend="reference")(*a)
+        for got, w in zip(nf.compile(cell_with_bias, backend="cpu")(*a), want):
+            np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)

@@ -85,6 +85,16 @@ static inline nf_v8f32 nf_vsqrtf(nf_v8f32 x) { return __builtin_ia32_sqrtps256(x
 #else
 static inline nf_v8f32 nf_vsqrtf(nf_v8f32 x) { for (int k = 0; k < 8; k++) x[k] = sqrtf(x[k]); return x; }
 #endif
+/* Row sums of float32 vectors kept in float64 (as the scalar sums are): eight lanes widened into two
+   accumulators of four (vcvtps2pd), and their total. */
+static inline void nf_vacc_f64(nf_v4f64* lo, nf_v4f64* hi, nf_v8f32 v) {
+    *lo += (nf_v4f64){v[0], v[1], v[2], v[3]};
+    *hi += (nf_v4f64){v[4], v[5], v[6], v[7]};
+}
+static inline double nf_vhsum_f64(nf_v4f64 lo, nf_v4f64 hi) {
+    const nf_v4f64 t = lo + hi;
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
 static inline nf_v8f32 nf_vexpf(nf_v8f32 x) {
     x = nf_vclampf(x, -87.0f, 88.0f);
     const nf_v8f32 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* 1.5 * 2^23: round */
