@@ -11,8 +11,8 @@ For each shape (T, N, I, H), float32, 2 threads:
   recurrent matmul (Cho et al. 2014), vs their TorchScript and torch.compile versions, and vs nn.LSTM's time.
 
 Also the machine's matmul peak (best of torch sgemm and nnforge's own GEMM at 1536^3) and GFLOP/s of each run.
-Usage: ``python bench/cells_cpu.py [--rounds 3] [--t-div 10] [--full-lstm]`` (``--full-lstm``: the LSTM forward
-at the issue's full T, everything else at T / t-div).
+Usage: ``python bench/cells_cpu.py [--rounds 3] [--calls-per-turn 3] [--t-div 10] [--full-lstm]``
+(``--full-lstm``: the LSTM forward at the issue's full T, everything else at T / t-div).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -142,14 +143,29 @@ def timed(fn: Callable, *args) -> float:
     return time.perf_counter() - t0
 
 
-def rounds(cands: dict[str, Callable[[], object]], n: int) -> dict[str, float]:
-    """Median seconds per candidate over ``n`` interleaved rounds (one warm-up call each first)."""
+@dataclass(frozen=True)
+class Schedule:
+    """How candidates are timed: ``n`` interleaved rounds of one turn per candidate, ``per_turn`` calls a turn."""
+
+    n: int
+    per_turn: int = 1
+
+
+def rounds(cands: dict[str, Callable[[], object]], sched: Schedule) -> dict[str, float]:
+    """Median seconds per candidate over ``sched.n`` interleaved rounds (one warm-up call each first).
+
+    With ``sched.per_turn`` > 1 each candidate's turn in a round is ``per_turn`` calls, the first untimed: what ran
+    before it (another library's OpenMP threads still spinning on the two cores, its data in the caches) then
+    slows no candidate's timed calls, each measured as a user calling it repeatedly would see it; the turns still
+    interleave, so the machine's drift reaches every candidate alike."""
     for f in cands.values():
         f()
     ts: dict[str, list[float]] = {k: [] for k in cands}
-    for _ in range(n):
+    for _ in range(sched.n):
         for k, f in cands.items():
-            ts[k].append(timed(f))
+            if sched.per_turn > 1:
+                f()
+            ts[k] += [timed(f) for _ in range(max(sched.per_turn - 1, 1))]
     return {k: statistics.median(v) for k, v in ts.items()}
 
 
@@ -170,7 +186,7 @@ def lstm_flops(T: int, N: int, I: int, H: int) -> float:
 
 
 # ---- one shape ----------------------------------------------------------------------------------------------
-def bench_lstm(T: int, N: int, I: int, H: int, n: int, extras: bool) -> dict[str, float]:
+def bench_lstm(T: int, N: int, I: int, H: int, n: Schedule, extras: bool) -> dict[str, float]:
     torch.manual_seed(0)
     ref = torch.nn.LSTM(I, H)
     x = torch.randn(T, N, I)
@@ -225,7 +241,7 @@ def bench_lstm(T: int, N: int, I: int, H: int, n: int, extras: bool) -> dict[str
     return out
 
 
-def bench_custom(T: int, N: int, I: int, H: int, n: int) -> dict[str, dict[str, float]]:
+def bench_custom(T: int, N: int, I: int, H: int, n: Schedule) -> dict[str, dict[str, float]]:
     torch.manual_seed(1)
     s = 1.0 / H**0.5
     x, h0, c0 = torch.randn(T, N, I), torch.zeros(N, H), torch.zeros(N, H)
@@ -246,7 +262,7 @@ def bench_custom(T: int, N: int, I: int, H: int, n: int) -> dict[str, dict[str, 
     return res
 
 
-def _custom_rounds(nfn, nargs, loop, cell_name, targs, n) -> dict[str, float]:
+def _custom_rounds(nfn, nargs, loop, cell_name, targs, n: Schedule) -> dict[str, float]:
     scripted = torch.jit.script(loop)
     comp, _ = compiled_loop(loop, cell_name)
     with torch.no_grad():
@@ -282,15 +298,19 @@ def main() -> None:
     ap.add_argument("--t-div", type=int, default=10, help="T divided by this for all but --full-lstm runs")
     ap.add_argument("--full-lstm", action="store_true", help="the nnforge vs nn.LSTM forward at full T too")
     ap.add_argument("--shapes", default="0,1,2")
+    ap.add_argument("--calls-per-turn", type=int, default=3,
+                    help="calls per candidate per round, the first untimed (1: one timed call, no settling call)")
     a = ap.parse_args()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load average {os.getloadavg()}")
+    sched = Schedule(a.rounds, a.calls_per_turn)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load average {os.getloadavg()}; "
+          f"{a.rounds} rounds of {a.calls_per_turn} calls per candidate")
     pt, pn = matmul_peak()
     peak = max(pt, pn)
     print(f"matmul peak at 1536^3: torch {pt:.1f}, nnforge {pn:.1f} GFLOP/s (peak used below: {peak:.1f})")
     for k in map(int, a.shapes.split(",")):
         T, N, I, H = SHAPES[k]
         if a.full_lstm:
-            r = bench_lstm(T, N, I, H, a.rounds, extras=False)
+            r = bench_lstm(T, N, I, H, sched, extras=False)
             fl = lstm_flops(T, N, I, H)
             print(f"\n== LSTM {T},{N},{I},{H} (full T) inference: nnforge {r['nnforge'] * 1e3:.1f} ms, "
                   f"nn.LSTM {r['nn.LSTM'] * 1e3:.1f} ms, ratio {r['nn.LSTM'] / r['nnforge']:.2f}x "
@@ -298,7 +318,7 @@ def main() -> None:
                   f"({100 * fl / r['nnforge'] / 1e9 / peak:.0f}% of peak), nn.LSTM {fl / r['nn.LSTM'] / 1e9:.1f}; "
                   f"max err {r['max_err']:.1e}")
         Tq = max(T // a.t_div, 10)
-        r = bench_lstm(Tq, N, I, H, a.rounds, extras=True)
+        r = bench_lstm(Tq, N, I, H, sched, extras=True)
         fl = lstm_flops(Tq, N, I, H)
         base = r["nn.LSTM"]
         print(f"\n== LSTM {Tq},{N},{I},{H} (T/{a.t_div}); load {os.getloadavg()[0]:.1f}; max err {r['max_err']:.1e}; "
@@ -310,7 +330,7 @@ def main() -> None:
         for k2, b2 in (("nnforge train", "nn.LSTM train"), ("nn.LSTM train", "nn.LSTM train")):
             print(f"{k2:>16} {r[k2] * 1e3:9.1f} {r[b2] / r[k2]:20.2f} {3 * fl / r[k2] / 1e9:8.1f} "
                   f"{100 * 3 * fl / r[k2] / 1e9 / peak:7.0f}   (train ratio vs nn.LSTM fwd+bwd; 3x fwd flops)")
-        for name, c in bench_custom(Tq, N, I, H, a.rounds).items():
+        for name, c in bench_custom(Tq, N, I, H, sched).items():
             print(f"  {name}: nnforge {c['nnforge'] * 1e3:.1f} ms; "
                   f"vs TorchScript {c['TorchScript'] / c['nnforge']:.2f}x, "
                   f"vs torch.compile {c['torch.compile'] / c['nnforge']:.2f}x (goal >= 3x); "
