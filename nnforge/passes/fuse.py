@@ -29,6 +29,7 @@ log = logging.getLogger("nnforge.fuse")
 
 RECOMPUTE_OPS = 2
 _CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG})
+_NEEDS_BUFFER = frozenset({Op.SCAN, Op.LOOP, Op.RECEIVER, Op.MATMUL})  # readers of a buffer, not of an expression
 
 INHERENT = frozenset({Op.INPUT, Op.DATA, Op.MATMUL, Op.SUM, Op.REDUCE_MAX, Op.PROJ, Op.RAND, Op.FEEDER,
                       Op.SCAN, Op.LOOP, Op.RECEIVER})
@@ -98,7 +99,8 @@ def group(graph: Graph) -> Grouping:
         if id(n) in g.stored:
             continue
         readers = us.get(id(n), [])
-        if readers and any(id(u) in g.recomputed for u in readers) and id(n) not in outputs and id(n) not in g.free:
+        if (any(id(u) in g.recomputed for u in readers) and id(n) not in outputs and id(n) not in g.free
+                and not any(u.op in _NEEDS_BUFFER or id(u) in g.alias for u in readers)):
             g.recomputed.add(id(n))  # part of a cheap node's cone (counted in its cost)
             continue
         if n.op == Op.RESHAPE and id(n) not in g.free:
@@ -150,8 +152,8 @@ def _recompute_costs(order: tuple[Node, ...], g: Grouping) -> dict[int, int]:
     """id -> op count of the nodes cheap enough to recompute in each reader (see the module docstring).
 
     Leaves are the nodes stored by nature (inputs, matmuls, reductions..., the graph's results), free nodes and
-    constants; a broadcast
-    (``expand``) makes the leaves under it row-invariant, so they do not count as element-wise reads."""
+    constants; a broadcast (``expand``) makes the leaves under it row-invariant, so they do not count as
+    element-wise reads."""
     cost: dict[int, int] = {}
     full: dict[int, frozenset[int]] = {}  # leaves read element by element
     outputs = {id(o) for o in g.graph.outputs}

@@ -124,3 +124,20 @@ def test_values_not_worth_recomputing_are_stored() -> None:
     want = nf.compile(two_readers)(a, b, w)
     for got, ref in zip(nf.compile(two_readers, backend="cpu")(a, b, w), want):
         np.testing.assert_allclose(got, ref, rtol=2e-6, atol=2e-6)
+
+
+def mean_also_a_matmul_operand(v, w):
+    m = v.sum(-1, keepdims=True) / 16.0
+    d = v - m  # recomputed by its two elementwise readers; m is in its cone
+    return (d * d).sum(-1), nf.tanh(d), m @ w  # and m is a GEMM operand: it needs a buffer
+
+
+def test_recomputed_cone_keeps_buffers_that_a_matmul_reads() -> None:
+    rng = _rng()
+    v, w = rng.standard_normal((6, 16)).astype(np.float32), rng.standard_normal((1, 3)).astype(np.float32)
+    graph, g = _grouping(mean_also_a_matmul_operand, v, w)
+    mean = next(n for n in graph.order if n.op.name == "DIV" and n.shape[-1] == 1)
+    assert g.is_stored(mean)
+    want = nf.compile(mean_also_a_matmul_operand)(v, w)
+    for got, ref in zip(nf.compile(mean_also_a_matmul_operand, backend="cpu")(v, w), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
