@@ -29,7 +29,6 @@ log = logging.getLogger("nnforge.fuse")
 
 RECOMPUTE_OPS = 2
 _CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG})
-_NEEDS_BUFFER = frozenset({Op.SCAN, Op.LOOP, Op.RECEIVER, Op.MATMUL})  # readers of a buffer, not of an expression
 
 INHERENT = frozenset({Op.INPUT, Op.DATA, Op.MATMUL, Op.SUM, Op.REDUCE_MAX, Op.PROJ, Op.RAND, Op.FEEDER,
                       Op.SCAN, Op.LOOP, Op.RECEIVER})
@@ -99,10 +98,6 @@ def group(graph: Graph) -> Grouping:
         if id(n) in g.stored:
             continue
         readers = us.get(id(n), [])
-        if (any(id(u) in g.recomputed for u in readers) and id(n) not in outputs and id(n) not in g.free
-                and not any(u.op in _NEEDS_BUFFER or id(u) in g.alias for u in readers)):
-            g.recomputed.add(id(n))  # part of a cheap node's cone (counted in its cost)
-            continue
         if n.op == Op.RESHAPE and id(n) not in g.free:
             ks = {kernel(u) for u in readers}
             if id(n) in outputs or len(ks) != 1 or any(u.op in (Op.SCAN, Op.LOOP, Op.MATMUL) for u in readers):
@@ -128,6 +123,9 @@ def group(graph: Graph) -> Grouping:
             why = "a loop reads it"
         elif needs_view:
             why = "a matmul reads it (GEMM operands are strided buffers)"
+        elif any(id(u) in g.recomputed for u in readers):
+            g.recomputed.add(id(n))  # in a recomputed node's cone (counted in its cost)
+            continue
         else:
             ks = {kernel(u) for u in readers}
             if len(ks) == 1:

@@ -177,12 +177,17 @@ def _classify(n: Node, row_ids: set[int], localize: set[int], batch: int) -> Non
     localize.add(id(n))
 
 
+def one_row_broadcast(n: Node) -> bool:
+    """An ``expand`` from one row: every row of the batch reads the same values."""
+    return n.op == Op.EXPAND and int(n.srcs[0].shape[0]) == 1
+
+
 def _broadcast(s: Node, localize: set[int], batch: int, user: Node) -> None:
     """A FREE operand of a row op, read element by element (same shape): fine when every row sees the same values
     (a constant or an expand from one row), or when it is a loop-invariant input (a bias expanded before the loop,
     a mask): row ``b`` then reads its row ``b``, and each thread is given its rows of it. Either way it is
     rewritten with the thread's row count."""
-    if s.op in (Op.CONST, Op.INPUT) or (s.op == Op.EXPAND and int(s.srcs[0].shape[0]) == 1):
+    if s.op in (Op.CONST, Op.INPUT) or one_row_broadcast(s):
         localize.add(id(s))
         return
     raise NotSeparable(f"{_name(user)} reads {_name(s)}, a loop-invariant with a batch axis computed in the body")

@@ -19,6 +19,7 @@ from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from .rewrite import map_nodes, rewire_scan
+from .rows import one_row_broadcast
 
 
 def _only_right_operand(p: Node, us: dict[int, list[Node]]) -> bool:
@@ -39,7 +40,7 @@ def _sink(n: Node) -> Node | None:
             continue
         if view.op == Op.PERMUTE and _only_right_operand(old, us):
             chain = [view]
-        elif view.op == Op.EXPAND and int(view.srcs[0].shape[0]) == 1:
+        elif one_row_broadcast(view):
             chain = [view, view.srcs[0]] if view.srcs[0].op == Op.RESHAPE else [view]
         else:
             continue

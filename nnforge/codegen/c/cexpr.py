@@ -225,7 +225,6 @@ def lane_stride(index: str, lane: str) -> int | None:
     return 1 if step == 1 else None  # 0 only when ``lane`` is absent: a hoisted read must not name it
 
 
-
 def store(ptr: str, index: str, value: str, lanes: int = 1, lane: str = "") -> str:
     """The statement storing ``value`` at ``ptr[index]``; with ``lanes`` > 1 a vector of that many consecutive
     elements from there (``Unsupported`` unless ``index`` moves by one with ``lane``)."""

@@ -457,14 +457,20 @@ class Lowering:
         listing.append(KernelInfo(kind if sc.fused or kind == "copy" else "copy", out,
                                   fmt_type(n.shape, n.dtype), sc.fused, [f"{store} = {_last(sc)}"], sc.loads))
 
+    def _row_lanes(self, dt: DType, width: object) -> int:
+        """Columns a vector loop over rows of ``width`` handles at once: ``LANES[dt]``, or 1 (keep the scalar loop)
+        for a dtype without a vector form, a run-time width or one narrower than a vector."""
+        lanes = LANES.get(dt, 1)
+        return lanes if self.sizes.is_static(width) and int(width) >= lanes else 1
+
     def _vector_pointwise(self, n: Node, ctx: GraphCtx, out: str, shape: list[str], code: list[str], ind: str,
                           listing: list[KernelInfo]) -> bool:
         """``kernel_pointwise`` with its innermost loop in vector form (``lanes`` columns at a time, then a scalar
         loop for the rest), when the kernel has one (float32, reads contiguous or constant along that axis, ops
         with vector forms) and at least two axes, the outer ones work-shared as in the scalar form. False, with
         nothing emitted, otherwise."""
-        lanes = LANES.get(n.dtype, 1)
-        if lanes == 1 or len(shape) < 2 or not self.sizes.is_static(n.shape[-1]) or int(n.shape[-1]) < lanes:
+        lanes = self._row_lanes(n.dtype, n.shape[-1]) if len(shape) >= 2 else 1
+        if lanes == 1:
             return False
         idx = [self.fresh("i") for _ in shape]
         width = int(n.shape[-1])
@@ -558,28 +564,31 @@ class Lowering:
         acc = self.fresh("acc")
         code.append(f"{inner}{acc_t} {acc} = {init};")
         vector = self._vector_sum(p, ctx, full, acc, inner)
+        start = 0
         if vector is not None:
-            code += vector[0]  # the scalar loop below sums the columns the vector loops left
-        rin = inner
-        for k, (r, a) in enumerate(zip(ridx, axes)):
-            if k == len(axes) - 1 and p.op == Op.SUM and p.dtype.is_float:
-                # vector lanes of partial sums (the order of a float sum is not fixed anyway; f32 sums in f64):
-                # a layer norm's row sums were the scalar bottleneck of its step
-                code.append(f"{rin}#pragma omp simd reduction(+:{acc})")
-            start = vector[1] if vector is not None and k == len(axes) - 1 else 0
-            code.append(f"{rin}for (int64_t {r} = {start}; {r} < {sz(src.shape[a])}; {r}++)")
-        code.append(f"{rin}{{")
-        sc = Scalar(self, ctx)
+            code += vector[0]
+            start = vector[1]  # the scalar loop below sums the columns the vector loops left, if any
+        sc = Scalar(self, ctx)  # the scalar form, also what the listing shows
         v = sc.val(src, full)
-        code.extend(rin + "    " + s for s in sc.stmts)
-        if p.op == Op.SUM:
-            upd = f"{acc} + {v}" if p.dtype != DType.bool else f"{acc} | {v}"
-        elif p.dtype.is_float:
-            upd = f"(({v} > {acc} || {v} != {v}) ? {v} : {acc})"
-        else:
-            upd = f"({v} > {acc} ? {v} : {acc})"
-        code.append(f"{rin}    {acc} = {upd};")
-        code.append(f"{rin}}}")
+        if vector is None or start < int(src.shape[-1]):
+            rin = inner
+            for k, (r, a) in enumerate(zip(ridx, axes)):
+                last = k == len(axes) - 1
+                if last and p.op == Op.SUM and p.dtype.is_float:
+                    # vector lanes of partial sums where ``_vector_sum`` has no form (the order of a float sum
+                    # is not fixed anyway; float32 sums in float64)
+                    code.append(f"{rin}#pragma omp simd reduction(+:{acc})")
+                code.append(f"{rin}for (int64_t {r} = {start if last else 0}; {r} < {sz(src.shape[a])}; {r}++)")
+            code.append(f"{rin}{{")
+            code.extend(rin + "    " + s for s in sc.stmts)
+            if p.op == Op.SUM:
+                upd = f"{acc} + {v}" if p.dtype != DType.bool else f"{acc} | {v}"
+            elif p.dtype.is_float:
+                upd = f"(({v} > {acc} || {v} != {v}) ? {v} : {acc})"
+            else:
+                upd = f"({v} > {acc} ? {v} : {acc})"
+            code.append(f"{rin}    {acc} = {upd};")
+            code.append(f"{rin}}}")
         result = f"({ctype(p.dtype)}){acc}"
         ep = Scalar(self, ctx, {id(p): result}, tuple(idx), root=root)
         if root is not None:
@@ -606,10 +615,8 @@ class Lowering:
         accumulators: latency-bound at 3 cycles per 8 elements; the three row sums of a layer norm were a
         quarter of a layer-norm LSTM step's elementwise time."""
         src = p.srcs[0]
-        lanes = LANES.get(p.dtype, 1)
-        axes = tuple(p.attrs["axes"])
-        if (p.op != Op.SUM or lanes == 1 or src.dtype != p.dtype or axes != (src.ndim - 1,)
-                or not self.sizes.is_static(src.shape[-1]) or int(src.shape[-1]) < lanes):
+        lanes = self._row_lanes(p.dtype, src.shape[-1])
+        if p.op != Op.SUM or lanes == 1 or src.dtype != p.dtype or tuple(p.attrs["axes"]) != (src.ndim - 1,):
             return None
         width = int(src.shape[-1])
         wide, narrow = width - width % (4 * lanes), width - width % lanes
