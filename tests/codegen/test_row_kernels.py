@@ -12,7 +12,6 @@ import torch
 from test_vector_tiles import _source, layer_norm_gate
 
 import nnforge as nf
-from nnforge.compile import trace_function
 from nnforge.passes.fuse import group
 
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
@@ -87,9 +86,7 @@ def test_division_by_a_row_invariant_is_a_multiplication() -> None:
 
 
 def _grouping(fn, *args):
-    cf = nf.compile(fn)
-    leaves, treedef, arrays, _ = cf._split(args, {})
-    graph = trace_function(fn, treedef, leaves, arrays)[0]
+    graph = nf.compile(fn).trace(*args)
     return graph, group(graph)
 
 
