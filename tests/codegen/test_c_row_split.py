@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from test_gemm import ln_lstm as ln_lstm_forward
 from test_gemm import ln_lstm_step
 from test_scan import lstm
 
@@ -188,3 +189,34 @@ def test_training_keeps_the_whole_projection() -> None:
     g = nf.grad(loss, argnums=(3, 4, 5))
     assert not any("steps at a time" in note for note in _split_notes(g, args))
     _check(g, args)
+
+
+def _scan_listing(fn, args):
+    from nnforge.codegen.c import lower, schedule
+
+    low = lower(schedule(nf.compile(fn).trace(*args)))
+    (scan,) = [k for k in low.listing if k.kind == "scan"]
+    return scan
+
+
+@pytest.mark.parametrize("N", [12, 64])
+def test_step_output_that_is_also_a_carry_is_stored_once_per_buffer(N: int) -> None:
+    """The layer-norm LSTM's h is the next carry and this step's row of ys: the elementwise kernel computing it
+    stores it to both (two stores in one loop), instead of a second kernel copying it over (row-split or not).
+    The only copies left are the two initial carries."""
+    args = _lstm_args(5, N, 7, 16)
+    scan = _scan_listing(ln_lstm_forward, args)
+    (h_kernel,) = [k for k in scan.children if len(k.stores) == 2]
+    assert h_kernel.kind == "elementwise" and "tanh" in h_kernel.fused
+    assert [k.kind for k in scan.children].count("copy") == 2
+    _check(ln_lstm_forward, args)
+
+
+def test_value_returned_twice_gets_two_buffers() -> None:
+    """An elementwise value returned twice is stored by its kernel to both outputs, which stay separate arrays."""
+    v = np.random.default_rng().standard_normal((5, 19)).astype(np.float32)
+    a, b = nf.compile(lambda x: (nf.tanh(x) * 2.0,) * 2, backend="cpu")(v)
+    np.testing.assert_allclose(a, np.tanh(v) * 2.0, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(a, b)
+    a[0, 0] += 1.0
+    assert b[0, 0] != a[0, 0]

@@ -361,9 +361,11 @@ class Lowering:
         member_of = {id(m) for sg in sliced.values() for m in sg.members}
         dest: dict[int, str] = {}
         copies: list[tuple[Node, str]] = []
-        extra: dict[int, list[str]] = {}  # more destinations of a sliced-group member, stored by that kernel
+        # More destinations of a value, stored by the kernel computing it (a sliced-group member or an elementwise
+        # kernel): a scan step's h is both the next carry and this step's row of ys, written once each.
+        extra: dict[int, list[str]] = {}
         for o, p in zip(graph.outputs, outs):
-            if id(o) in dest and id(o) in member_of:
+            if id(o) in dest and (id(o) in member_of or self._pointwise(o, g)):
                 extra.setdefault(id(o), []).append(p)
             elif id(o) in dest or id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) \
                     or id(o) in g.alias:
@@ -392,11 +394,21 @@ class Lowering:
                 self.kernel_sliced(sliced[id(n)], ctx, dest, extra, code, ind, listing)
             else:
                 ctx.ptr[id(n)] = out = dest.get(id(n)) or self.alloc(n.dtype, n.shape)
-                self.kernel_stored(n, g, ctx, out, code, ind, listing)
+                if id(n) in extra:
+                    self.kernel_pointwise(n, ctx, out, code, ind, listing, also=extra[id(n)])
+                else:
+                    self.kernel_stored(n, g, ctx, out, code, ind, listing)
             if graph is self.graph:
                 self.marks.append(len(code))
         for o, p in copies:
             self.kernel_pointwise(o, ctx, p, code, ind, listing, kind="copy")
+
+    def _pointwise(self, n: Node, g: Grouping) -> bool:
+        """Whether ``kernel_stored`` computes stored node ``n`` with ``kernel_pointwise`` (one loop nest over its
+        elements, which can store each value to several buffers)."""
+        return g.is_stored(n) and id(n) not in g.alias and id(n) not in g.prologue \
+            and id(n) not in self.deferred and n.op not in REDUCE and n.op not in (
+                Op.INPUT, Op.DATA, Op.PROJ, Op.SCAN, Op.LOOP, Op.MATMUL, Op.CONCAT, Op.RAND, Op.FEEDER, Op.RECEIVER)
 
     def kernel_stored(self, n: Node, g: Grouping, ctx: GraphCtx, out: str, code: list[str], ind: str,
                       listing: list[KernelInfo]) -> None:
@@ -442,20 +454,22 @@ class Lowering:
         return idx, ind + "    "
 
     def kernel_pointwise(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                         listing: list[KernelInfo], kind: str = "elementwise") -> None:
+                         listing: list[KernelInfo], kind: str = "elementwise", also: Sequence[str] = ()) -> None:
+        """``n`` element by element into ``out`` (and into each buffer of ``also``, of the same layout)."""
         self.stats["kernels"] += 1
         shape = [self.sizes(d) for d in n.shape]
-        if kind != "copy" and self._vector_pointwise(n, ctx, out, shape, code, ind, listing):
+        if kind != "copy" and self._vector_pointwise(n, ctx, [out, *also], shape, code, ind, listing):
             return
         idx, inner = self._loops(shape, code, ind, "i")
         sc = Scalar(self, ctx, root=None if kind == "copy" else n)  # a copy loads its source's buffer
         v = sc.val(n, idx)
         code.extend(inner + s for s in sc.stmts)
-        store = f"{out}[{flat(idx, shape)}]"
-        code.append(f"{inner}{store} = {v};")
+        stores = [f"{o}[{flat(idx, shape)}]" for o in [out, *also]]
+        code += [f"{inner}{st} = {v};" for st in stores]
         code.append(f"{ind}}}")
-        listing.append(KernelInfo(kind if sc.fused or kind == "copy" else "copy", out,
-                                  fmt_type(n.shape, n.dtype), sc.fused, [f"{store} = {_last(sc)}"], sc.loads))
+        listing.append(KernelInfo(kind if sc.fused or kind == "copy" else "copy", ", ".join([out, *also]),
+                                  fmt_type(n.shape, n.dtype), sc.fused, [f"{st} = {_last(sc)}" for st in stores],
+                                  sc.loads))
 
     def _row_lanes(self, dt: DType, width: object) -> int:
         """Columns a vector loop over rows of ``width`` handles at once: ``LANES[dt]``, or 1 (keep the scalar loop)
@@ -463,8 +477,8 @@ class Lowering:
         lanes = LANES.get(dt, 1)
         return lanes if self.sizes.is_static(width) and int(width) >= lanes else 1
 
-    def _vector_pointwise(self, n: Node, ctx: GraphCtx, out: str, shape: list[str], code: list[str], ind: str,
-                          listing: list[KernelInfo]) -> bool:
+    def _vector_pointwise(self, n: Node, ctx: GraphCtx, outs: list[str], shape: list[str], code: list[str],
+                          ind: str, listing: list[KernelInfo]) -> bool:
         """``kernel_pointwise`` with its innermost loop in vector form (``lanes`` columns at a time, then a scalar
         loop for the rest), when the kernel has one (float32, reads contiguous or constant along that axis, ops
         with vector forms) and at least two axes, the outer ones work-shared as in the scalar form. False, with
@@ -480,7 +494,7 @@ class Lowering:
         for sc in (vector, scalar):
             try:
                 v = sc.val(n, idx)
-                bodies.append([*sc.stmts, sc.store(n.dtype, out, flat(idx, shape), v)])
+                bodies.append([*sc.stmts, *(sc.store(n.dtype, o, flat(idx, shape), v) for o in outs)])
             except Unsupported as e:
                 log.debug("elementwise kernel at %s kept scalar: %s", n.loc, e)
                 return False
@@ -500,8 +514,9 @@ class Lowering:
             code.append(f"{ind}    }}")
         code.append(f"{ind}}}")
         self.stats["vector"] += 1
-        listing.append(KernelInfo("elementwise" if scalar.fused else "copy", out, fmt_type(n.shape, n.dtype),
-                                  scalar.fused, [bodies[1][-1].rstrip(";")], scalar.loads,
+        listing.append(KernelInfo("elementwise" if scalar.fused else "copy", ", ".join(outs),
+                                  fmt_type(n.shape, n.dtype), scalar.fused,
+                                  [st.rstrip(";") for st in bodies[1][-len(outs):]], scalar.loads,
                                   note=f"{lanes} columns at a time"))
         return True
 

@@ -24,10 +24,13 @@ static inline double nf_sigmoid(double x) { double e = exp(-fabs(x)); return x >
 static inline double nf_tanh(double x) { return tanh(x); }
 /* float32 transcendental kernels written so that -O3 vectorizes them (no libm call in the loop); error ~2 ulp.
    The polynomials are macros shared by the scalar forms and the vector forms below (operands of either type):
-   e^x = 2^n e^r with r = x - n ln 2 (ln 2 in two parts), e^r by a degree-7 polynomial; tanh = c P(c^2) / Q(c^2). */
+   e^x = 2^n e^r with r = x - n ln 2 (ln 2 in two parts), e^r = 1 + r + r^2 P(r), P of degree 5 evaluated in
+   Estrin's form (pairs, then powers of r^2: three dependent multiply-adds where Horner's form has six; a layer-norm
+   LSTM step, whose cell is mostly sigmoids, took 0.7 % less); tanh = c P(c^2) / Q(c^2). */
 #define NF_EXP_R(x, n) ((x) - (n) * 0.693359375f + (n) * 2.12194440e-4f)
-#define NF_EXP_POLY(r) ((((((1.9875691500E-4f * (r) + 1.3981999507E-3f) * (r) + 8.3334519073E-3f) * (r) \
-    + 4.1665795894E-2f) * (r) + 1.6666665459E-1f) * (r) + 5.0000001201E-1f) * (r) * (r) + (r) + 1.0f)
+#define NF_EXP_POLY(r) (((((1.9875691500E-4f * (r) + 1.3981999507E-3f) * ((r) * (r)) \
+    + (8.3334519073E-3f * (r) + 4.1665795894E-2f)) * ((r) * (r)) + (1.6666665459E-1f * (r) + 5.0000001201E-1f)) \
+    * ((r) * (r)) + (r)) + 1.0f)
 #define NF_TANH_P(s) ((((1.3737804e-08f * (s) + 2.0890167e-05f) * (s) + 0.003512878f) * (s) + 0.13395657f) * (s) + 1.0f)
 #define NF_TANH_Q(s) ((((7.9347086e-07f * (s) + 0.00033137616f) * (s) + 0.025942983f) * (s) + 0.46728981f) * (s) + 1.0f)
 static inline float nf_expf(float x) {
