@@ -212,11 +212,52 @@ def test_step_output_that_is_also_a_carry_is_stored_once_per_buffer(N: int) -> N
     _check(ln_lstm_forward, args)
 
 
+def gru_cho(x, h0, w_ih, w_hrz, w_hn, b):
+    """A GRU with the reset gate applied before its second matmul: h is that GEMM's epilogue."""
+
+    def cell(h, x_t):
+        xr, xz, xn = (x_t @ w_ih.T + b).chunk(3, axis=-1)
+        hr, hz = (h @ w_hrz.T).chunk(2, axis=-1)
+        r, z = nf.sigmoid(xr + hr), nf.sigmoid(xz + hz)
+        h = (1.0 - z) * nf.tanh(xn + (r * h) @ w_hn.T) + z * h
+        return h, h
+
+    h, ys = nf.scan(cell, h0, x)
+    return ys, h
+
+
+@pytest.mark.parametrize("N,H", [(12, 16), (13, 20), (4, 20)])
+def test_step_output_computed_by_a_gemm_epilogue_is_stored_by_it(N: int, H: int) -> None:
+    """The GRU's h (next carry and row of ys) is stored to both by the GEMM whose epilogue computes it — row-split
+    or work-shared, full and partial column tiles (H = 20: the scalar tail); the one copy left is the initial h."""
+    rng = np.random.default_rng()
+    shapes = [(5, N, 7), (N, H), (3 * H, 7), (2 * H, H), (H, H), (3 * H,)]
+    args = [(rng.standard_normal(s) * 0.5).astype(np.float32) for s in shapes]
+    scan = _scan_listing(gru_cho, args)
+    (h_kernel,) = [k for k in scan.children if ", " in k.out]
+    assert h_kernel.kind == "DPElwFuse" and "tanh" in h_kernel.fused
+    assert [k.kind for k in scan.children].count("copy") == 1
+    _check(gru_cho, args)
+
+
+def _separate(a: np.ndarray, b: np.ndarray) -> None:
+    np.testing.assert_array_equal(a, b)
+    a.flat[0] += 1.0
+    assert b.flat[0] != a.flat[0]
+
+
 def test_value_returned_twice_gets_two_buffers() -> None:
-    """An elementwise value returned twice is stored by its kernel to both outputs, which stay separate arrays."""
-    v = np.random.default_rng().standard_normal((5, 19)).astype(np.float32)
+    """A value returned twice is stored by its kernel to both outputs, which stay separate arrays: an elementwise
+    kernel, a GEMM, a GEMM's epilogue, and the packed-A GEMM that keeps partial sums over K in its output (the
+    second output gets the final sums, not the first slice's)."""
+    rng = np.random.default_rng()
+    v = rng.standard_normal((5, 19)).astype(np.float32)
     a, b = nf.compile(lambda x: (nf.tanh(x) * 2.0,) * 2, backend="cpu")(v)
     np.testing.assert_allclose(a, np.tanh(v) * 2.0, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(a, b)
-    a[0, 0] += 1.0
-    assert b[0, 0] != a[0, 0]
+    _separate(a, b)
+    x, w = rng.standard_normal((600, 13)), rng.standard_normal((600, 21))
+    for fn, want in [(lambda p, q: (p.T @ q,) * 2, x.T @ w), (lambda p, q: (nf.tanh(p.T @ q),) * 2, np.tanh(x.T @ w)),
+                     (lambda p, q: (p[:9] @ q[:13],) * 2, x[:9] @ w[:13])]:
+        a, b = nf.compile(fn, backend="cpu")(x, w)
+        np.testing.assert_allclose(a, want, rtol=1e-11, atol=1e-11)
+        _separate(a, b)

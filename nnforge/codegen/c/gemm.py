@@ -234,8 +234,9 @@ def pack_panels(low: Lowering, dt: DType, K: str, src: tuple[str, str, str], col
 
 def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]], out: str,
               packed: str | None, scratch: str, epilogue: Epilogue | None, ind: str,
-              out_holds_sums: bool = True) -> tuple[list[str], str]:
-    """C lines computing ``out = epilogue(A @ B)`` for matmul node ``p``; returns (lines, store text).
+              out_holds_sums: bool = True, also: Sequence[str] = ()) -> tuple[list[str], str]:
+    """C lines computing ``out = epilogue(A @ B)`` for matmul node ``p``, also stored to each buffer in ``also``
+    (same layout); returns (lines, store text).
 
     ``packed`` names B already packed (panels of all N columns, before the loop); otherwise B is packed into
     ``scratch`` here (per batch index). ``out_holds_sums``: ``out`` has the matmul's dtype, so partial sums over
@@ -264,7 +265,8 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
         lines += pack_panels(low, p.dtype, K, (f"({pb} + ({boff}))", sb[-2], sb[-1]), [("0", N)], scratch, cur)
         packed = scratch
     if not batch and packed_a_wanted(low, p, sak):
-        body, store = _packed_a_loops(low, p, A, sam, sak, npan, packed, out, epilogue, cur, out_holds_sums)
+        body, store = _packed_a_loops(low, p, A, sam, sak, npan, packed, out, epilogue, cur, out_holds_sums,
+                                      also)
         return lines + body, store
     ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
     ngp = max(1, cfg.nc // nr)
@@ -287,7 +289,7 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
 
     def element(i: str, j: str, values: list[str], lanes: int) -> tuple[list[str], list[str]]:
         pre, lines, store = _epilogue_store(epilogue, out, [*bidx, i, j], [sz(d) for d in p.shape], values[0],
-                                            lanes)
+                                            lanes, also)
         stored.append(store)
         return pre, lines
 
@@ -302,13 +304,17 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
 
 
 def _epilogue_store(epilogue: Epilogue | None, out: str, idx: list[str], dims: Sequence[object],
-                    value: str, lanes: int = 1) -> tuple[list[str], list[str], str]:
-    """(statements before the column loop, statements storing ``epilogue(value)`` at ``out[idx]``, the assignment
-    itself for listings); with ``lanes`` > 1, of that many consecutive columns from ``idx[-1]`` (``Unsupported``
-    unless they are contiguous)."""
+                    value: str, lanes: int = 1, also: Sequence[str] = ()) -> tuple[list[str], list[str], str]:
+    """(statements before the column loop, statements storing ``epilogue(value)`` at ``out[idx]`` and at the same
+    index of each buffer in ``also``, the assignment itself for listings); with ``lanes`` > 1, of that many
+    consecutive columns from ``idx[-1]`` (``Unsupported`` unless they are contiguous). ``also`` gets the value's
+    temporary, or what ``out`` holds once written when the value is an expression (it may read ``out``)."""
     pre, stmts, value = epilogue(idx, value, lanes, idx[-1]) if epilogue is not None else ([], [], value)
     index = flat(idx, dims)
-    return pre, [*stmts, store(out, index, value, lanes, idx[-1])], f"{out}[{index}] = {value}"
+    stmts = [*stmts, store(out, index, value, lanes, idx[-1])]
+    stored = value if value.isidentifier() else f"{out}[{index}]" if lanes == 1 else f"nf_vld_f32(&{out}[{index}])"
+    stmts += [store(o, index, stored, lanes, idx[-1]) for o in also]
+    return pre, stmts, f"{', '.join([out, *also])}[{index}] = {value}"
 
 
 def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, cols: str,
@@ -367,7 +373,8 @@ def packed_a_wanted(low: Lowering, p: Node, sak: str) -> bool:
 
 
 def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: str, packed: str, out: str,
-                    epilogue: Epilogue | None, ind: str, out_holds_sums: bool) -> tuple[list[str], str]:
+                    epilogue: Epilogue | None, ind: str, out_holds_sums: bool,
+                    also: Sequence[str] = ()) -> tuple[list[str], str]:
     """BLIS loops: threads share (MCA-row block, NC-column group) items; per item and KC slice, A is packed
     into this thread's buffer and each of the group's B panel slices (KC x NR, from the panels packed for all
     of K) is applied to all of the block's micro-panels (A is packed once per column group: M * K copies
@@ -419,7 +426,8 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
         value = values[0]
         store = f"{out}[{flat([i, j], [M, N])}]"
         lines = [f"if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}"]
-        _, last, assign = _epilogue_store(epilogue, out, [i, j], [M, N], f"(({pc} ? {store} : 0) + {value})")
+        _, last, assign = _epilogue_store(epilogue, out, [i, j], [M, N], f"(({pc} ? {store} : 0) + {value})",
+                                          also=also)
         stored.append(assign)
         return [], [*lines, *last]
 

@@ -365,7 +365,7 @@ class Lowering:
         # kernel): a scan step's h is both the next carry and this step's row of ys, written once each.
         extra: dict[int, list[str]] = {}
         for o, p in zip(graph.outputs, outs):
-            if id(o) in dest and (id(o) in member_of or self._pointwise(o, g)):
+            if id(o) in dest and (id(o) in member_of or (id(o) not in sliced and self._stores_twice(o, g))):
                 extra.setdefault(id(o), []).append(p)
             elif id(o) in dest or id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) \
                     or id(o) in g.alias:
@@ -394,35 +394,40 @@ class Lowering:
                 self.kernel_sliced(sliced[id(n)], ctx, dest, extra, code, ind, listing)
             else:
                 ctx.ptr[id(n)] = out = dest.get(id(n)) or self.alloc(n.dtype, n.shape)
-                if id(n) in extra:
-                    self.kernel_pointwise(n, ctx, out, code, ind, listing, also=extra[id(n)])
-                else:
-                    self.kernel_stored(n, g, ctx, out, code, ind, listing)
+                self.kernel_stored(n, g, ctx, out, code, ind, listing, extra.get(id(n), ()))
             if graph is self.graph:
                 self.marks.append(len(code))
         for o, p in copies:
             self.kernel_pointwise(o, ctx, p, code, ind, listing, kind="copy")
 
-    def _pointwise(self, n: Node, g: Grouping) -> bool:
-        """Whether ``kernel_stored`` computes stored node ``n`` with ``kernel_pointwise`` (one loop nest over its
-        elements, which can store each value to several buffers)."""
-        return g.is_stored(n) and id(n) not in g.alias and id(n) not in g.prologue \
-            and id(n) not in self.deferred and n.op not in REDUCE and n.op not in (
-                Op.INPUT, Op.DATA, Op.PROJ, Op.SCAN, Op.LOOP, Op.MATMUL, Op.CONCAT, Op.RAND, Op.FEEDER, Op.RECEIVER)
+    def _stores_twice(self, n: Node, g: Grouping) -> bool:
+        """Whether ``kernel_stored`` can store stored node ``n`` to more buffers than its own: an elementwise
+        kernel, a GEMM or a GEMM's epilogue (each value is computed at one place there)."""
+        if not g.is_stored(n) or id(n) in g.alias or id(n) in self.deferred:
+            return False
+        if id(n) in g.prologue:
+            return self._prologue(n, g).op == Op.MATMUL
+        return n.op not in REDUCE and n.op not in (
+            Op.INPUT, Op.DATA, Op.PROJ, Op.SCAN, Op.LOOP, Op.CONCAT, Op.RAND, Op.FEEDER, Op.RECEIVER)
+
+    @staticmethod
+    def _prologue(n: Node, g: Grouping) -> Node:
+        """The GEMM or reduction whose kernel computes ``n`` as its epilogue."""
+        return next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
 
     def kernel_stored(self, n: Node, g: Grouping, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                      listing: list[KernelInfo]) -> None:
-        """The kernel computing stored node ``n`` into ``out``."""
+                      listing: list[KernelInfo], also: Sequence[str] = ()) -> None:
+        """The kernel computing stored node ``n`` into ``out`` (and into each of ``also``: ``_stores_twice``)."""
         if n.op == Op.MATMUL:
-            self.kernel_gemm(n, None, ctx, out, code, ind, listing)
+            self.kernel_gemm(n, None, ctx, out, code, ind, listing, also)
         elif n.op in REDUCE and self.leading_sum(n, ctx):
             self.kernel_leading_sum(n, ctx, out, code, ind, listing)
         elif n.op in REDUCE:
             self.kernel_reduce(n, None, ctx, out, code, ind, listing)
         elif id(n) in g.prologue:
-            p = next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
+            p = self._prologue(n, g)
             if p.op == Op.MATMUL:
-                self.kernel_gemm(p, n, ctx, out, code, ind, listing)
+                self.kernel_gemm(p, n, ctx, out, code, ind, listing, also)
             else:
                 self.kernel_reduce(p, n, ctx, out, code, ind, listing)
         elif n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
@@ -430,7 +435,7 @@ class Lowering:
         elif n.op == Op.CONCAT:
             self.kernel_concat(n, ctx, out, code, ind, listing)
         else:
-            self.kernel_pointwise(n, ctx, out, code, ind, listing)
+            self.kernel_pointwise(n, ctx, out, code, ind, listing, also=also)
 
     def _late_data(self, n: Node) -> str:
         self.data_ids[id(n)] = len(self.data)
@@ -748,7 +753,7 @@ class Lowering:
         return name, True
 
     def kernel_gemm(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                    listing: list[KernelInfo]) -> None:
+                    listing: list[KernelInfo], also: Sequence[str] = ()) -> None:
         self.stats["kernels"] += 1
         self.stats["gemm"] += 1
         check_dtype(p)
@@ -757,11 +762,12 @@ class Lowering:
         epilogue = self.gemm_epilogue(p, root, ctx, ep_info)
         buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind)
         text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind,
-                                root is None or root.dtype == p.dtype)
+                                root is None or root.dtype == p.dtype, also)
         code.extend(text)
         kind = "DPElwFuse" if root is not None else "gemm"
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
-        listing.append(KernelInfo(kind, out, fmt_type((root or p).shape, (root or p).dtype), fused, [store],
+        listing.append(KernelInfo(kind, ", ".join([out, *also]), fmt_type((root or p).shape, (root or p).dtype),
+                                  fused, [store],
                                   self._gemm_loads(views, ep_info),
                                   note="B packed before the loop" if hoisted else "B packed"))
 
