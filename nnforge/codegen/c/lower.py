@@ -361,17 +361,19 @@ class Lowering:
         member_of = {id(m) for sg in sliced.values() for m in sg.members}
         dest: dict[int, str] = {}
         copies: list[tuple[Node, str]] = []
-        # More destinations of a value, stored by the kernel computing it (a sliced-group member or an elementwise
-        # kernel): a scan step's h is both the next carry and this step's row of ys, written once each.
+        # More destinations of a value (a scan step's h: the next carry and this step's row of ys), stored by the
+        # kernel computing it where that kernel can (``kernel_stored``, sliced groups), else copied after it.
         extra: dict[int, list[str]] = {}
+        dups: list[tuple[Node, str]] = []
         for o, p in zip(graph.outputs, outs):
-            if id(o) in dest and (id(o) in member_of or (id(o) not in sliced and self._stores_twice(o, g))):
+            if id(o) in dest:
                 extra.setdefault(id(o), []).append(p)
-            elif id(o) in dest or id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) \
-                    or id(o) in g.alias:
+                dups.append((o, p))
+            elif id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) or id(o) in g.alias:
                 copies.append((o, p))
             else:
                 dest[id(o)] = p
+        stored_extra = set(member_of)
         for n in graph.order:
             if id(n) in ctx.ptr or id(n) in member_of:
                 continue
@@ -394,21 +396,13 @@ class Lowering:
                 self.kernel_sliced(sliced[id(n)], ctx, dest, extra, code, ind, listing)
             else:
                 ctx.ptr[id(n)] = out = dest.get(id(n)) or self.alloc(n.dtype, n.shape)
-                self.kernel_stored(n, g, ctx, out, code, ind, listing, extra.get(id(n), ()))
+                if self.kernel_stored(n, g, ctx, out, code, ind, listing, extra.get(id(n), ())):
+                    stored_extra.add(id(n))
             if graph is self.graph:
                 self.marks.append(len(code))
+        copies += [(o, p) for o, p in dups if id(o) not in stored_extra]
         for o, p in copies:
             self.kernel_pointwise(o, ctx, p, code, ind, listing, kind="copy")
-
-    def _stores_twice(self, n: Node, g: Grouping) -> bool:
-        """Whether ``kernel_stored`` can store stored node ``n`` to more buffers than its own: an elementwise
-        kernel, a GEMM or a GEMM's epilogue (each value is computed at one place there)."""
-        if not g.is_stored(n) or id(n) in g.alias or id(n) in self.deferred:
-            return False
-        if id(n) in g.prologue:
-            return self._prologue(n, g).op == Op.MATMUL
-        return n.op not in REDUCE and n.op not in (
-            Op.INPUT, Op.DATA, Op.PROJ, Op.SCAN, Op.LOOP, Op.CONCAT, Op.RAND, Op.FEEDER, Op.RECEIVER)
 
     @staticmethod
     def _prologue(n: Node, g: Grouping) -> Node:
@@ -416,11 +410,14 @@ class Lowering:
         return next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
 
     def kernel_stored(self, n: Node, g: Grouping, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                      listing: list[KernelInfo], also: Sequence[str] = ()) -> None:
-        """The kernel computing stored node ``n`` into ``out`` (and into each of ``also``: ``_stores_twice``)."""
+                      listing: list[KernelInfo], also: Sequence[str] = ()) -> bool:
+        """The kernel computing stored node ``n`` into ``out``; True when it also stored ``n`` into each buffer
+        of ``also`` (an elementwise kernel, a GEMM and a GEMM's epilogue do: each value is computed at one place
+        there), False when those are left to the caller."""
         if n.op == Op.MATMUL:
             self.kernel_gemm(n, None, ctx, out, code, ind, listing, also)
-        elif n.op in REDUCE and self.leading_sum(n, ctx):
+            return True
+        if n.op in REDUCE and self.leading_sum(n, ctx):
             self.kernel_leading_sum(n, ctx, out, code, ind, listing)
         elif n.op in REDUCE:
             self.kernel_reduce(n, None, ctx, out, code, ind, listing)
@@ -428,14 +425,16 @@ class Lowering:
             p = self._prologue(n, g)
             if p.op == Op.MATMUL:
                 self.kernel_gemm(p, n, ctx, out, code, ind, listing, also)
-            else:
-                self.kernel_reduce(p, n, ctx, out, code, ind, listing)
+                return True
+            self.kernel_reduce(p, n, ctx, out, code, ind, listing)
         elif n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
             raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
         elif n.op == Op.CONCAT:
             self.kernel_concat(n, ctx, out, code, ind, listing)
         else:
             self.kernel_pointwise(n, ctx, out, code, ind, listing, also=also)
+            return True
+        return False
 
     def _late_data(self, n: Node) -> str:
         self.data_ids[id(n)] = len(self.data)
