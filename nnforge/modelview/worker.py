@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -490,27 +491,7 @@ class Harness:
                 ach_f, ach_b = flops / med, nbytes / med
                 m["flops_fraction_of_peak"] = ach_f / peak_f if peak_f and peak_f == peak_f else None
                 m["bytes_fraction_of_peak"] = ach_b / peak_b if peak_b else None
-                if perf is not None:
-                    if perf.available:
-                        try:
-                            fn = fns[b]
-                            n = max(1, min(1000, int(0.2 / max(med, 1e-9))))
-                            m.update(perf.count(fn, n))
-                        except Exception as e:
-                            m["perf"] = f"failed: {type(e).__name__}: {e}"
-                    else:
-                        m["perf"] = f"unavailable: {perf.reason}"
-                if cuda:
-                    if cfg.profile_kernels:
-                        try:
-                            m.update(mt.gpu_kernel_profile(fns[b]))
-                        except Exception as e:
-                            m["kernel_profile"] = f"failed: {type(e).__name__}: {e}"
-                    if sampler is not None:
-                        try:
-                            m.update(sampler.summary(b, sampler.window(b, fns[b], sync), med))
-                        except Exception as e:
-                            m["nvml"] = f"failed: {type(e).__name__}: {e}"
+                m.update(_counters(b, fns[b], med, perf, cuda and cfg.profile_kernels, sampler, sync))
                 self.write(
                     cell, "ok", st["started"],
                     compile_s=st["compile_s"], first_call_s=st["first_call_s"],
@@ -520,6 +501,32 @@ class Harness:
                     peak_mem_bytes=st["peak"], max_abs_err=st["max_abs_err"],
                     metrics_json=m, samples_json=s.samples, artifact=st["prepared"].artifact,
                 )
+
+
+def _counters(name: str, fn: Callable[[], Any], median_s: float, perf: Any, profile_kernels: bool, sampler: Any,
+              sync: Callable[[], None]) -> dict[str, Any]:
+    """A backend's counters, taken after the timing by calling ``fn`` again: CPU perf counters (``perf``, for
+    ~0.2 s of calls), the GPU kernel profile, NVML telemetry in the backend's own window (``sampler``). A counter
+    that fails or is unavailable says so under its key; the timing stands either way."""
+    from . import metrics as mt
+
+    m: dict[str, Any] = {}
+
+    def take(key: str, read: Callable[[], dict[str, Any]]) -> None:
+        try:
+            m.update(read())
+        except Exception as e:
+            m[key] = f"failed: {type(e).__name__}: {e}"
+
+    if perf is not None and not perf.available:
+        m["perf"] = f"unavailable: {perf.reason}"
+    elif perf is not None:
+        take("perf", lambda: perf.count(fn, max(1, min(1000, int(0.2 / max(median_s, 1e-9))))))
+    if profile_kernels:
+        take("kernel_profile", lambda: mt.gpu_kernel_profile(fn))
+    if sampler is not None:
+        take("nvml", lambda: sampler.summary(name, sampler.window(name, fn, sync), median_s))
+    return m
 
 
 def _secondary(series: Any, primary: str, threads: int) -> dict[str, Any]:

@@ -133,6 +133,36 @@ def test_nvml_field_value_is_read_through_its_type() -> None:
 # -- the worker's GPU choices ---------------------------------------------------------------------------------------
 
 
+def test_a_failing_counter_is_recorded_and_the_others_still_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the timing each backend's counters are read by calling it again; one that raises says so under its
+    key (the cell stays ok), the others are still taken, and the NVML window gets the timed median."""
+    calls: list[str] = []
+
+    class Sampler:
+        def window(self, name: str, fn: Any, sync: Any) -> int:
+            fn()
+            sync()
+            return 7
+
+        def summary(self, name: str, calls_in_window: int, median_s: float) -> dict[str, Any]:
+            return {"nvml_window_calls": calls_in_window, "median_seen": median_s, "label": name}
+
+    def fn() -> None:
+        calls.append("call")
+
+    def failing_profile(_fn: Any) -> dict[str, Any]:
+        raise RuntimeError("no CUPTI")
+
+    monkeypatch.setattr(mt, "gpu_kernel_profile", failing_profile)
+    m = worker._counters("eager", fn, 0.004, None, True, Sampler(), lambda: calls.append("sync"))
+    assert m == {"kernel_profile": "failed: RuntimeError: no CUPTI", "nvml_window_calls": 7, "median_seen": 0.004,
+                 "label": "eager"}
+    assert calls == ["call", "sync"]
+    perf = types.SimpleNamespace(available=False, reason="perf_event_paranoid is 3")
+    assert worker._counters("eager", fn, 0.004, perf, False, None, lambda: None) == {
+        "perf": "unavailable: perf_event_paranoid is 3"}
+
+
 def test_cuda_peak_is_the_backends_own() -> None:
     assert worker.cuda_peak_bytes(50 << 20, 20 << 20) == 30 << 20
     assert worker.cuda_peak_bytes(10, 20) == 0

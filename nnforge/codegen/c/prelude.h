@@ -119,7 +119,7 @@ static inline nf_v8f32 nf_vsigmoidf(nf_v8f32 x) {
     x = nf_vclampf(x, -88.0f, 87.0f);
     const nf_v8f32 t = x * -1.44269504088896341f + NF_EXP_MAGIC;
     const nf_v8f32 n = t - NF_EXP_MAGIC;
-    const nf_v8f32 q = x + n * 0.693359375f - n * 2.12194440e-4f;
+    const nf_v8f32 q = NF_EXP_R(x, -n);  /* = -r: x - (-n) ln 2, the negation folded into the multiply-adds */
     return 1.0f / (1.0f + NF_EXP_POLY_S(q, -) * (nf_v8f32)((nf_v8u32)t << 23));
 }
 static inline nf_v8f32 nf_vtanhf(nf_v8f32 x) {
