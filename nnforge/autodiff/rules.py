@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..ir.build import make
 from ..ir.node import Node
 from ..ir.ops import Op
 from ..tensor import Tensor, full, where
@@ -92,6 +93,12 @@ def _pow_vjp(a: Tensor, b: Tensor, y: Tensor, g: Tensor) -> tuple:
     return ga, gb
 
 
+def _indexed(op: Op, g: Tensor, index: Tensor, axis: int, size: object = None) -> Tensor:
+    """GATHER and SCATTER_ADD are each other's transpose: the vjp of one is the other on the same index."""
+    attrs = {"axis": axis} if op == Op.GATHER else {"axis": axis, "size": size}
+    return Tensor(make(op, (g.node, index.node), attrs))
+
+
 def _inv_perm(perm: tuple) -> tuple:
     inv = [0] * len(perm)
     for i, p in enumerate(perm):
@@ -129,6 +136,9 @@ VJP: dict[Op, Rule] = {
     Op.SLICE: lambda n, s, y, g: (_slice_vjp(n, s[0], g),),
     Op.PAD: lambda n, s, y, g: (_pad_vjp(n, g),),
     Op.CONCAT: lambda n, s, y, g: _concat_vjp(n, g),
+    Op.GATHER: lambda n, s, y, g: (_indexed(Op.SCATTER_ADD, g, s[1], n.attrs["axis"], s[0].shape[n.attrs["axis"]]),
+                                   None),
+    Op.SCATTER_ADD: lambda n, s, y, g: (_indexed(Op.GATHER, g, s[1], n.attrs["axis"]), None),
 }
 
 NO_GRAD = frozenset({Op.LT, Op.LE, Op.EQ, Op.NE, Op.INPUT, Op.CONST, Op.DATA, Op.RAND, Op.FEEDER, Op.RECEIVER})

@@ -92,6 +92,32 @@ def _pad(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
     return np.pad(args[0], node.attrs["pads"], constant_values=node.attrs["value"])
 
 
+def _checked_index(node: Node, x_size: int, index: np.ndarray) -> np.ndarray:
+    """The index array, or a clear error naming the first value outside [0, size)."""
+    bad = (index < 0) | (index >= x_size)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise NNForgeError(f"{node.op.name.lower()}: index {int(index[at])} at position {list(at)} is out of range "
+                           f"for size {x_size} along axis {node.attrs['axis']} (created at {node.loc})")
+    return index.astype(np.intp, copy=False)
+
+
+def _gather(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
+    x, index = args
+    axis = node.attrs["axis"]
+    return np.take_along_axis(x, _checked_index(node, x.shape[axis], index), axis=axis)
+
+
+def _scatter_add(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
+    x, index = args
+    axis = node.attrs["axis"]
+    out = np.zeros(tuple(map(int, node.shape)), dtype=_wide(x).dtype)
+    idx = list(np.indices(x.shape, sparse=True))
+    idx[axis] = _checked_index(node, out.shape[axis], index)
+    np.add.at(out, tuple(idx), _wide(x))  # unbuffered: repeated indices all add
+    return out.astype(node.dtype.np, copy=False)
+
+
 def _const(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
     value = node.attrs["value"]
     return np.full(tuple(map(int, node.shape)), int(value) if isinstance(value, int) else value, dtype=node.dtype.np)
@@ -169,7 +195,7 @@ REFERENCE: dict[Op, Callable[[Node, list, Any], Any]] = {
     Op.RESHAPE: lambda n, a, c: a[0].reshape(tuple(map(int, n.shape))),
     Op.PERMUTE: lambda n, a, c: a[0].transpose(n.attrs["perm"]),
     Op.EXPAND: lambda n, a, c: np.broadcast_to(a[0], tuple(map(int, n.shape))),
-    Op.SLICE: _slice, Op.PAD: _pad,
+    Op.SLICE: _slice, Op.PAD: _pad, Op.GATHER: _gather, Op.SCATTER_ADD: _scatter_add,
     Op.CONCAT: lambda n, a, c: np.concatenate(a, axis=n.attrs["axis"]),
     Op.PROJ: lambda n, a, c: a[0][n.attrs["index"]],
     Op.INPUT: _input, Op.CONST: _const, Op.DATA: lambda n, a, c: n.attrs["array"], Op.RAND: _rand,

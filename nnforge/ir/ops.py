@@ -62,6 +62,9 @@ class Op(enum.Enum):
     SLICE = enum.auto()     # attrs starts, stops, steps (steps may be negative: flip)
     PAD = enum.auto()       # attrs pads ((lo, hi) per axis), value
     CONCAT = enum.auto()    # attrs axis
+    # indexing by data: (x, index), index int32/int64 of x's rank; attrs axis (GATHER), axis and size (SCATTER_ADD)
+    GATHER = enum.auto()       # out[i] = x[i with i[axis] replaced by index[i]] (torch.gather, take_along_axis)
+    SCATTER_ADD = enum.auto()  # out = zeros(size along axis); out[i with index[i] on axis] += x[i] (its vjp)
     # structure
     PROJ = enum.auto()      # one result of a multi-result node: attrs index
     SCAN = enum.auto()      # attrs body, n_carry, n_xs, reverse, unroll, length
@@ -217,6 +220,25 @@ def _concat(op: Op, srcs: tuple, attrs: Mapping) -> Type:
     return (*first.shape[:axis], size, *first.shape[axis + 1:]), first.dtype
 
 
+def _indexed(op: Op, srcs: tuple, attrs: Mapping) -> Type:
+    """GATHER reads ``x`` at ``index`` along ``axis``; SCATTER_ADD adds ``x`` into ``size`` slots along ``axis`` at
+    ``index`` (the gather's transpose). Off the axis, the two shapes are equal: the frontend broadcasts."""
+    x, index = srcs
+    name, axis = op.name.lower(), attrs["axis"]
+    if not index.dtype.is_int:
+        raise DTypeError(f"{name}: index must be int32 or int64, got {index.dtype}")
+    if index.ndim != x.ndim or not 0 <= axis < x.ndim:
+        raise ShapeError(f"{name}: index {fmt_shape(index.shape)} must have the rank of {fmt_shape(x.shape)} and "
+                         f"axis {axis} must be one of its axes")
+    if op == Op.SCATTER_ADD:
+        if tuple(map(int, index.shape)) != tuple(map(int, x.shape)):
+            raise ShapeError(f"scatter_add: index {fmt_shape(index.shape)} and values {fmt_shape(x.shape)} differ")
+        return (*x.shape[:axis], attrs["size"], *x.shape[axis + 1:]), x.dtype
+    if any(int(a) != int(b) for d, (a, b) in enumerate(zip(index.shape, x.shape)) if d != axis):
+        raise ShapeError(f"gather: index {fmt_shape(index.shape)} and {fmt_shape(x.shape)} differ off axis {axis}")
+    return tuple(index.shape), x.dtype
+
+
 def _cast(op: Op, srcs: tuple, attrs: Mapping) -> Type:
     return srcs[0].shape, attrs["dtype"]
 
@@ -242,6 +264,6 @@ SHAPE_RULES: dict[Op, Callable[[Op, tuple, Mapping[str, Any]], Type]] = {
     **{o: _binary for o in BINARY | COMPARE},
     Op.WHERE: _where, Op.CAST: _cast, Op.SUM: _reduce, Op.REDUCE_MAX: _reduce, Op.MATMUL: _matmul,
     Op.RESHAPE: _reshape, Op.PERMUTE: _permute, Op.EXPAND: _expand, Op.SLICE: _slice, Op.PAD: _pad,
-    Op.CONCAT: _concat, Op.PROJ: _proj,
+    Op.CONCAT: _concat, Op.PROJ: _proj, Op.GATHER: _indexed, Op.SCATTER_ADD: _indexed,
     **{o: _leaf for o in LEAVES}, Op.SCAN: _multi, Op.LOOP: _multi, Op.RECEIVER: _multi,
 }

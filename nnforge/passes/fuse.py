@@ -31,7 +31,7 @@ RECOMPUTE_OPS = 2
 _CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG})
 
 INHERENT = frozenset({Op.INPUT, Op.DATA, Op.MATMUL, Op.SUM, Op.REDUCE_MAX, Op.PROJ, Op.RAND, Op.FEEDER,
-                      Op.SCAN, Op.LOOP, Op.RECEIVER})
+                      Op.SCAN, Op.LOOP, Op.RECEIVER, Op.SCATTER_ADD})
 STRIDED = frozenset({Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.RESHAPE})
 
 

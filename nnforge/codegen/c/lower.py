@@ -156,6 +156,8 @@ class Scalar:
             return self.val(n.srcs[0], index_map(n, idx, sz))
         if self.lanes > 1 and n.op in (Op.PAD, Op.CONCAT):
             raise Unsupported(f"no vector form of {n.op.name.lower()}")
+        if n.op == Op.GATHER:
+            return self._gather(n, idx)
         if n.op == Op.PAD:
             return self._pad(n, idx)
         if n.op == Op.CONCAT:
@@ -195,6 +197,20 @@ class Scalar:
         if not conds:
             return v
         return self.tmp(n.dtype, f"({' && '.join(conds)}) ? {v} : {literal(n.attrs['value'], n.dtype)}")
+
+    def _gather(self, n: Node, idx: tuple[str, ...]) -> str:
+        """A load of ``x`` at a computed index (the index tensor's value at ``idx``). An out-of-range index reads
+        NaN (0 for integers): there is no error channel in a running program, and NaN shows in any loss."""
+        if self.lanes > 1:
+            raise Unsupported("no vector form of gather (a load at a data-dependent index)")
+        x, index = n.srcs
+        axis = n.attrs["axis"]
+        self.fused.append("gather")
+        j, d = self.val(index, idx), self.low.sizes(x.shape[axis])
+        clamped = self.tmp(DType.int64, f"({j} < 0 ? 0 : ({j} >= {d} ? {d} - 1 : (int64_t){j}))")
+        v = self.val(x, (*idx[:axis], clamped, *idx[axis + 1:]))
+        bad = "NAN" if n.dtype.is_float else "0"
+        return self.tmp(n.dtype, f"({j} >= 0 && {j} < {d}) ? {v} : ({ctype(n.dtype)}){bad}")
 
     def _concat(self, n: Node, idx: tuple[str, ...]) -> str:
         sz = self.low.sizes
@@ -431,6 +447,8 @@ class Lowering:
             raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
         elif n.op == Op.CONCAT:
             self.kernel_concat(n, ctx, out, code, ind, listing)
+        elif n.op == Op.SCATTER_ADD:
+            self.kernel_scatter_add(n, ctx, out, code, ind, listing)
         else:
             self.kernel_pointwise(n, ctx, out, code, ind, listing, also=also)
             return True
@@ -555,6 +573,34 @@ class Lowering:
             offset = d if offset == "0" else f"{offset} + {d}"
         listing.append(KernelInfo("elementwise", out, fmt_type(n.shape, n.dtype), ["concat", *fused], stores, loads,
                                   note=f"{len(parts)} parts along axis {axis}, one loop each"))
+
+    def kernel_scatter_add(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
+                           listing: list[KernelInfo]) -> None:
+        """``out[.., index[.., r, ..], ..] += x[.., r, ..]``: threads share the lines along the axis (each line of
+        ``out`` is written by one thread, so repeated indices need no atomics), zeroed then summed in order of
+        ``r``. An out-of-range index adds nothing (the reference backend raises)."""
+        self.stats["kernels"] += 1
+        sz = self.sizes
+        x, index = n.srcs
+        axis = n.attrs["axis"]
+        oshape = [sz(d) for d in n.shape]
+        idx, inner = self._loops([sz(d) for k, d in enumerate(x.shape) if k != axis], code, ind, "i")
+        z, r = self.fresh("z"), self.fresh("r")
+
+        def at(i: str) -> list[str]:
+            return [*idx[:axis], i, *idx[axis:]]
+
+        code.append(f"{inner}for (int64_t {z} = 0; {z} < {oshape[axis]}; {z}++) {out}[{flat(at(z), oshape)}] = 0;")
+        code.append(f"{inner}for (int64_t {r} = 0; {r} < {sz(x.shape[axis])}; {r}++) {{")
+        sc = Scalar(self, ctx)
+        v, j = sc.val(x, at(r)), sc.val(index, at(r))
+        code.extend(f"{inner}    {st}" for st in sc.stmts)
+        store = f"{out}[{flat(at(f'(int64_t){j}'), oshape)}]"
+        code.append(f"{inner}    if ({j} >= 0 && {j} < {oshape[axis]}) {store} += {v};")
+        code.append(f"{inner}}}")
+        code.append(f"{ind}}}")
+        listing.append(KernelInfo("scatter_add", out, fmt_type(n.shape, n.dtype), ["scatter_add", *sc.fused],
+                                  [f"{store} += {v}"], sc.loads, note=f"axis {axis}, one line per thread"))
 
     def kernel_reduce(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
                       listing: list[KernelInfo]) -> None:
