@@ -23,9 +23,33 @@ app = typer.Typer(
 DbOption = Annotated[Path, typer.Option("--db", help="SQLite store file.")]
 
 
+def _console() -> Console:
+    return Console()
+
+
 def _fail(console: Console, message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """One line naming what was wrong, never hard-wrapped (a pipe makes Rich assume 80 columns) nor read as markup."""
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _require_store(console: Console, db: Path) -> None:
+    """A store that must already exist (compare, history, report): say so plainly instead of creating an empty one."""
+    if not db.exists():
+        _fail(console, f"no store at {db}")
+
+
+def _writable_store(console: Console, db: Path) -> None:
+    """A store a sweep will write: its directory must exist and be writable, checked before anything runs."""
+    import os
+
+    parent = db.parent if str(db.parent) else Path(".")
+    if db.exists() and db.is_dir():
+        _fail(console, f"cannot open store {db}: it is a directory")
+    if not parent.is_dir():
+        _fail(console, f"cannot open store {db}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
+        _fail(console, f"cannot open store {db}: {parent if not db.exists() else db} is not writable")
 
 
 @app.command()
@@ -120,25 +144,71 @@ def sweep(
         console.print(result.run_id)
 
 
+def _percent(console: Console, text: str, option: str) -> float:
+    """'5%', '5 %' or '0.05' as a fraction; a clear error naming the option otherwise."""
+    t = text.strip()
+    try:
+        value = float(t[:-1].strip()) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 10:
+        _fail(console, f"{option} {text!r}: expected a percentage above 0, such as 5% (or the fraction 0.05)")
+    return value
+
+
 @app.command()
 def compare(
     run_a: Annotated[str, typer.Argument(help="Baseline run: id, id prefix or name.")],
     run_b: Annotated[str, typer.Argument(help="Run compared with the baseline.")],
     db: DbOption = Path("modelview.db"),
-    alpha: Annotated[float, typer.Option(help="Significance level after Holm adjustment.")] = 0.01,
-    min_effect: Annotated[float, typer.Option(help="Smallest relative change worth reporting.")] = 0.01,
+    threshold: Annotated[str, typer.Option(help="The question: 'no change' means within ± this (5%).")] = "5%",
+    confidence: Annotated[float, typer.Option(help="Confidence of each cell's interval.")] = 0.99,
+    baseline: Annotated[str, typer.Option(help="Judge each cell's time relative to this backend of its setting.")]
+    = "eager",
+    absolute: Annotated[bool, typer.Option(help="Judge absolute times (drift between runs included).")] = False,
+    noise_floor: Annotated[
+        str | None, typer.Option(help="Between-run noise of relative times (sd) assumed without repeated processes.")
+    ] = None,
+    time_noise_floor: Annotated[
+        str | None, typer.Option(help="The same for absolute times (the machine's drift between runs).")
+    ] = None,
+    fail_on: Annotated[
+        str | None, typer.Option(help="Exit 1 if a cell is significantly slower by at least this, e.g. 5%.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
 ) -> None:
-    """Which cells differ between two runs (Mann-Whitney U, Holm-adjusted; bootstrap CI of the ratio)."""
-    from nnforge.modelview.compare import compare_runs, print_comparison
+    """Which cells changed between two runs: slower, faster, no change within ±threshold, or inconclusive."""
+    import json
 
-    console = Console()
-    if not db.exists():
-        _fail(console, f"no store at {db}")
+    from nnforge.modelview import compare as cmp
+
+    console = _console()
+    thr = _percent(console, threshold, "--threshold")
+    fail = _percent(console, fail_on, "--fail-on") if fail_on is not None else None
+    floors: dict[str, float] = {}
+    if noise_floor is not None:
+        floors["floor_ratio"] = _percent(console, noise_floor, "--noise-floor")
+    if time_noise_floor is not None:
+        floors["floor_time"] = _percent(console, time_noise_floor, "--time-noise-floor")
+    if not 0.5 <= confidence < 1:
+        _fail(console, f"--confidence {confidence}: must be at least 0.5 and below 1")
+    _require_store(console, db)
     try:
-        a_id, b_id, changes, notes = compare_runs(db, run_a, run_b, alpha=alpha, min_effect=min_effect)
+        a_id, b_id, changes, notes = cmp.compare_runs(
+            db, run_a, run_b, baseline=None if absolute else baseline, threshold=thr, confidence=confidence, **floors
+        )
     except KeyError as e:
         _fail(console, str(e.args[0]) if e.args else str(e))
-    print_comparison(a_id, b_id, changes, notes, console)
+    bad = cmp.regressions(changes, fail) if fail is not None else []
+    if as_json:
+        print(json.dumps({"run_a": a_id, "run_b": b_id, "cells": [ch.as_dict() for ch in changes], "notes": notes,
+                          "fail_on": fail, "regressions": [ch.cell_key for ch in bad]}, indent=1))
+    else:
+        cmp.print_comparison(a_id, b_id, changes, notes, console)
+        if fail is not None:
+            console.print(f"{len(bad)} cells significantly slower by {100 * fail:g} % or more.", highlight=False)
+    if bad:
+        raise typer.Exit(1)
 
 
 @app.command()

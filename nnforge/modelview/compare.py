@@ -1,28 +1,53 @@
-"""``nnforge compare RUN_A RUN_B``: which cells changed, significantly, and by how much.
+"""``nnforge compare RUN_A RUN_B``: which cells changed, and whether the runs can tell.
 
-Cells are matched by their stable key. For each pair with timings on both sides: the Mann-Whitney U test on the
-per-call samples, Holm-adjusted across all pairs (many cells compared at once would otherwise turn noise into
-"significant"), and a bootstrap CI of the ratio of medians. A difference counts when the adjusted p is below ``alpha``
-*and* the ratio's CI excludes changes smaller than ``min_effect`` — with thousands of samples a 0.1 % shift is
-"significant" but not interesting.
+Cells are matched by their stable key. The figure judged for a cell is its time **relative to the baseline backend of
+the same setting** (default ``eager``), taken round by round inside each run — the machine's pace cancels there, so
+this figure reproduced to 1–3 % between runs where absolute times drifted by 10–17 %. The baseline's own cells (and
+settings without one, or with ``absolute=True``) are judged on their absolute time. The errors come from independent
+units (rounds, processes; ``stats.estimate``) plus, when a side has no repeated processes to measure it, a stated
+between-run noise floor; the verdict itself is ``stats.judge`` — the same function the web view, ``nnforge ab`` and
+``nnforge history`` use.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .console import setting_label
-from .stats import Comparison, compare_samples, holm
+from .stats import Estimate, Timing, Verdict, estimate, judge, timing_from
 from .store import Store
 
 if TYPE_CHECKING:
     import pandas as pd
+
+DEFAULT_BASELINE = "eager"
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_CONFIDENCE = 0.99
+# Standard deviation of the between-run difference that one process per run cannot reveal; docs/modelview.md,
+# "Comparing runs", gives the measurements behind these defaults.
+DEFAULT_FLOOR_RATIO = 0.02
+DEFAULT_FLOOR_TIME = 0.10
+
+
+@dataclass(frozen=True)
+class TimedCell:
+    """What the comparison needs of one ok cell of a run."""
+
+    cell_key: str
+    setting_key: str
+    backend: str
+    label: str
+    median_s: float
+    timing: Timing
 
 
 @dataclass(frozen=True)
@@ -30,85 +55,133 @@ class CellChange:
     cell_key: str
     label: str
     backend: str
-    comparison: Comparison
-    p_adjusted: float
-    verdict: str  # "faster", "slower", "no significant change"
+    median_a: float
+    median_b: float
+    figure: str  # "time", or "vs <baseline>"
+    estimate_a: Estimate
+    estimate_b: Estimate
+    verdict: Verdict
 
     @property
     def change(self) -> float:
-        """Relative change of time per call, B vs A (negative: B is faster)."""
-        return self.comparison.ratio - 1.0
+        """Relative change of the judged figure, B vs A (negative: B is faster)."""
+        return self.verdict.change
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cell_key": self.cell_key, "label": self.label, "backend": self.backend, "median_a_s": self.median_a,
+                "median_b_s": self.median_b, "figure": self.figure, "units_a": self.estimate_a.units,
+                "units_b": self.estimate_b.units, "processes_a": self.estimate_a.processes,
+                "processes_b": self.estimate_b.processes, **self.verdict.as_dict()}
+
+
+def timed_cells_from_frame(df: pd.DataFrame) -> tuple[list[TimedCell], dict[str, str]]:
+    """The ok cells of a run's DataFrame (``Store.cells``), and the status of every cell by key."""
+    cells, status = [], {}
+    for _, r in df.iterrows():
+        status[r["cell_key"]] = r["status"]
+        if r["status"] != "ok" or not r["samples_json"]:
+            continue
+        samples = json.loads(r["samples_json"])
+        if not samples:
+            continue
+        metrics = json.loads(r["metrics_json"] or "{}")
+        cells.append(TimedCell(r["cell_key"], r["setting_key"], r["backend"], setting_label(r), float(r["median_s"]),
+                               timing_from(samples, metrics)))
+    return cells, status
+
+
+def _figure(cell: TimedCell, by_setting: dict[tuple[str, str], TimedCell], baseline: str | None) -> Estimate:
+    base = by_setting.get((cell.setting_key, baseline)) if baseline else None
+    return estimate(cell.timing, base.timing if base is not None else None)
+
+
+def compare_cells(
+    a: Sequence[TimedCell],
+    b: Sequence[TimedCell],
+    baseline: str | None = DEFAULT_BASELINE,
+    threshold: float = DEFAULT_THRESHOLD,
+    confidence: float = DEFAULT_CONFIDENCE,
+    floor_ratio: float = DEFAULT_FLOOR_RATIO,
+    floor_time: float = DEFAULT_FLOOR_TIME,
+) -> list[CellChange]:
+    """Every cell timed in both runs with its verdict, largest change first. ``baseline=None`` judges absolute times."""
+    a_set = {(c.setting_key, c.backend): c for c in a}
+    b_set = {(c.setting_key, c.backend): c for c in b}
+    b_by_key = {c.cell_key: c for c in b}
+    out = []
+    for ca in a:
+        cb = b_by_key.get(ca.cell_key)
+        if cb is None:
+            continue
+        relative = (baseline is not None and ca.backend != baseline
+                    and (ca.setting_key, baseline) in a_set and (cb.setting_key, baseline) in b_set)
+        base = baseline if relative else None
+        ea, eb = _figure(ca, a_set, base), _figure(cb, b_set, base)
+        v = judge(ea, eb, threshold, confidence, floor_ratio if relative else floor_time)
+        out.append(CellChange(ca.cell_key, ca.label, ca.backend, ca.median_s, cb.median_s,
+                              f"vs {baseline}" if relative else "time", ea, eb, v))
+    out.sort(key=lambda ch: -abs(ch.change) if math.isfinite(ch.change) else 0.0)
+    return out
+
+
+def compare_notes(a_status: dict[str, str], b_status: dict[str, str]) -> list[str]:
+    """Cells on one side only, and status changes: news a table of timings would otherwise hide."""
+    notes = [f"only in A: {k}" for k in a_status if k not in b_status]
+    notes += [f"only in B: {k}" for k in b_status if k not in a_status]
+    notes += [f"status {s} → {b_status[k]}: {k}" for k, s in a_status.items() if k in b_status and s != b_status[k]]
+    return notes
 
 
 def compare_runs(
-    db: str | Path, run_a: str, run_b: str, alpha: float = 0.01, min_effect: float = 0.01, seed: int | None = None
+    db: str | Path, run_a: str, run_b: str, **kw: Any
 ) -> tuple[str, str, list[CellChange], list[str]]:
     """Returns (run_a id, run_b id, changes sorted by |change|, notes on cells that could not be compared)."""
     with Store(db) as store:
         a_id, b_id = store.resolve_run(run_a), store.resolve_run(run_b)
         a, b = store.cells(a_id), store.cells(b_id)
-    return (a_id, b_id, *compare_frames(a, b, alpha, min_effect, seed))
+    ca, sa = timed_cells_from_frame(a)
+    cb, sb = timed_cells_from_frame(b)
+    return a_id, b_id, compare_cells(ca, cb, **kw), compare_notes(sa, sb)
 
 
-def compare_frames(
-    a: pd.DataFrame, b: pd.DataFrame, alpha: float = 0.01, min_effect: float = 0.01, seed: int | None = None
-) -> tuple[list[CellChange], list[str]]:
-    notes: list[str] = []
-    pairs = []
-    b_by_key = {r["cell_key"]: r for _, r in b.iterrows()}
-    for _, ra in a.iterrows():
-        rb = b_by_key.get(ra["cell_key"])
-        if rb is None:
-            notes.append(f"only in A: {ra['cell_key']}")
-            continue
-        if ra["status"] != "ok" or rb["status"] != "ok":
-            if ra["status"] != rb["status"]:
-                notes.append(f"status {ra['status']} → {rb['status']}: {ra['cell_key']}")
-            continue
-        sa, sb = json.loads(ra["samples_json"]), json.loads(rb["samples_json"])
-        if len(sa) < 2 or len(sb) < 2:
-            notes.append(f"too few samples to test: {ra['cell_key']}")
-            continue
-        pairs.append((ra, compare_samples(sa, sb, seed=seed)))
-    a_keys = set(a["cell_key"]) if len(a) else set()
-    notes += [f"only in B: {k}" for k in b_by_key if k not in a_keys]
-    adjusted = holm([c.p for _, c in pairs]) if pairs else []
-    changes = []
-    for (ra, c), p_adj in zip(pairs, adjusted):
-        lo, hi = c.ratio_ci
-        if p_adj < alpha and hi < 1 - min_effect:
-            verdict = "faster"
-        elif p_adj < alpha and lo > 1 + min_effect:
-            verdict = "slower"
-        else:
-            verdict = "no significant change"
-        changes.append(CellChange(ra["cell_key"], setting_label(ra), ra["backend"], c, p_adj, verdict))
-    changes.sort(key=lambda ch: -abs(ch.change))
-    return changes, notes
+def regressions(changes: Iterable[CellChange], fail_on: float) -> list[CellChange]:
+    """Cells significantly slower by at least ``fail_on`` (relative): what ``--fail-on`` gates on."""
+    return [ch for ch in changes if ch.verdict.regression(fail_on)]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}" if math.isfinite(x) else "?"
 
 
 def print_comparison(a_id: str, b_id: str, changes: list[CellChange], notes: list[str],
                      console: Console | None = None) -> None:
     console = console or Console()
-    table = Table(title=f"B = {b_id} vs A = {a_id}\ntime per call; negative change = B faster")
+    table = Table(title=f"B = {escape(b_id)} vs A = {escape(a_id)}\nnegative change = B faster")
     table.add_column("cell", overflow="fold", max_width=40)
-    table.add_column("A → B, ms", justify="right", no_wrap=True)
-    table.add_column("change [95% CI]", justify="right")
-    table.add_column("p Holm", justify="right", no_wrap=True)
+    table.add_column("ms per call A → B", justify="right", no_wrap=True)
+    table.add_column("figure", no_wrap=True)
+    table.add_column("change [CI]", justify="right")
     table.add_column("verdict", no_wrap=True)
-    style = {"faster": "green", "slower": "red"}
+    style = {"faster": "green", "slower": "red", "inconclusive": "yellow"}
     for ch in changes:
-        c = ch.comparison
-        lo, hi = 100 * (c.ratio_ci[0] - 1), 100 * (c.ratio_ci[1] - 1)
+        v = ch.verdict
         table.add_row(
-            f"{ch.label} [bold]{ch.backend}[/]",
-            f"{c.median_a * 1e3:.4g} → {c.median_b * 1e3:.4g}",
-            f"{100 * ch.change:+.2f}% [{lo:+.1f}, {hi:+.1f}]",
-            f"{ch.p_adjusted:.2g}",
-            f"[{style.get(ch.verdict, 'dim')}]{'same' if ch.verdict.startswith('no') else ch.verdict}[/]",
+            f"{escape(ch.label)} [bold]{escape(ch.backend)}[/]",
+            f"{ch.median_a * 1e3:.4g} → {ch.median_b * 1e3:.4g}",
+            escape(ch.figure),
+            f"{_pct(v.change)}% [{_pct(v.ci[0])}, {_pct(v.ci[1])}]",
+            f"[{style.get(v.verdict, 'dim')}]{escape(v.text)}[/]",
         )
     console.print(table)
-    sig = [ch for ch in changes if ch.verdict != "no significant change"]
-    console.print(f"{len(sig)} of {len(changes)} compared cells changed significantly.")
+    if changes:
+        v = changes[0].verdict
+        counts = {k: sum(1 for ch in changes if ch.verdict.verdict == k) for k in ("slower", "faster", "inconclusive")}
+        same = len(changes) - sum(counts.values())
+        console.print(
+            f"{len(changes)} cells: {counts['slower']} slower, {counts['faster']} faster, {same} no change within "
+            f"±{100 * v.threshold:g} %, {counts['inconclusive']} inconclusive ({100 * v.confidence:g} % intervals "
+            "per cell from rounds and processes; a run with one process per setting adds a between-run noise floor).",
+            highlight=False,
+        )
     for n in notes:
-        console.print(f"[dim]{n}[/]", highlight=False)
+        console.print(f"[dim]{escape(n)}[/]", highlight=False)

@@ -156,6 +156,8 @@ def merge_process_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "process_medians": medians,
         "process_spread": (max(medians) - min(medians)) / med if med > 0 else None,
         "merged_row_ids": [r["row_id"] for r in rows],
+        "process_sample_counts": [len(json.loads(r["samples_json"])) for r in rows],
+        "sample_rounds": [x for r in rows for x in (json.loads(r["metrics_json"] or "{}").get("sample_rounds") or [])],
         "samples": len(samples),
         "latency_s": percentiles(samples),
         "rel_ci": max(med - lo, hi - med) / med if med > 0 else None,

@@ -157,3 +157,210 @@ def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
     mu = n1 * n2 / 2.0
     z = (abs(u1 - mu) - 0.5) / sigma
     return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0))))
+
+
+# --- Judging a change: independent units, not per-call samples -------------------------------------------------------
+#
+# Per-call samples of one process are not independent draws: a drifting machine shifts whole stretches of them, and two
+# runs taken minutes apart differ by more than any per-call test allows (two runs of unchanged code were "significantly
+# different" at p < 1e-10). What is independent is coarser: the rounds of one worker (all backends of a setting take
+# turns in each, so a ratio inside a round cancels the machine's pace), and the worker processes. Everything below works
+# on those units, and every consumer — ``nnforge compare``, ``nnforge ab``, ``nnforge history``, the report and the web
+# view — asks ``judge`` for its verdict, so they cannot disagree.
+
+VERDICTS = ("slower", "faster", "no change", "inconclusive")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One cell's per-call samples with where each was taken: ``rounds[i]`` and ``processes[i]`` of sample i."""
+
+    samples: tuple[float, ...]
+    rounds: tuple[int, ...]
+    processes: tuple[int, ...]
+
+
+def timing_from(samples: Sequence[float], metrics: dict | None) -> Timing:
+    """A ``Timing`` from a stored row: ``sample_rounds`` and ``process_sample_counts`` where the worker recorded them,
+    else (older rows) consecutive groups of ``round_samples`` samples (5, the default) from a single process."""
+    m = metrics or {}
+    x = tuple(float(v) for v in samples)
+    counts = m.get("process_sample_counts") or [len(x)]
+    if sum(counts) != len(x):
+        counts = [len(x)]
+    procs = tuple(p for p, c in enumerate(counts) for _ in range(c))
+    rounds_rec = m.get("sample_rounds")
+    if isinstance(rounds_rec, list) and len(rounds_rec) == len(x):
+        rounds = tuple(int(r) for r in rounds_rec)
+    else:
+        per = max(1, int(m.get("round_samples") or 5))
+        rounds = tuple(i // per for c in counts for i in range(c))
+    return Timing(x, rounds, procs)
+
+
+def round_medians(t: Timing) -> dict[tuple[int, int], float]:
+    """(process, round) -> median of that round's samples: one value per independent-ish unit."""
+    groups: dict[tuple[int, int], list[float]] = {}
+    for v, r, p in zip(t.samples, t.rounds, t.processes):
+        groups.setdefault((p, r), []).append(v)
+    return {k: float(np.median(v)) for k, v in groups.items() if v}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure in log space (log seconds, or log of the time relative to a baseline) with its standard error and
+    degrees of freedom; ``units`` rounds from ``processes`` processes went into it."""
+
+    log_value: float
+    se: float
+    df: float
+    units: int
+    processes: int
+    process_values: tuple[float, ...] = ()
+
+    @property
+    def value(self) -> float:
+        return math.exp(self.log_value)
+
+
+def batch_means(values: Sequence[float], max_batches: int = 8) -> tuple[float, float, float]:
+    """(mean, standard error, degrees of freedom) by non-overlapping batch means over consecutive rounds: neighbouring
+    rounds share the machine's state, so their spread understates the error; the spread of batch medians does not
+    (and a preempted round moves its batch's median little). Fewer than two rounds: an infinite error."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < 2:
+        return (float(v.mean()) if len(v) else float("nan")), float("inf"), 0.0
+    b = min(max_batches, len(v))
+    means = np.array([np.median(chunk) for chunk in np.array_split(v, b)])
+    return float(means.mean()), float(means.std(ddof=1) / math.sqrt(b)), float(b - 1)
+
+
+def estimate(cell: Timing, baseline: Timing | None = None) -> Estimate:
+    """The cell's log time per call, or — with ``baseline`` — its log time relative to the baseline backend round by
+    round (only rounds both were timed in; the machine's pace cancels inside a round). Processes are combined by their
+    mean; the error adds the spread between processes where there are at least two."""
+    rc = round_medians(cell)
+    rb = round_medians(baseline) if baseline is not None else None
+    per_proc: dict[int, list[float]] = {}
+    for (p, r), v in sorted(rc.items()):
+        if v <= 0:
+            continue
+        if rb is None:
+            per_proc.setdefault(p, []).append(math.log(v))
+        elif rb.get((p, r), 0) > 0:
+            per_proc.setdefault(p, []).append(math.log(v) - math.log(rb[(p, r)]))
+    if not per_proc:
+        return Estimate(float("nan"), float("inf"), 0.0, 0, 0)
+    fits = [batch_means(v) for v in per_proc.values()]
+    k = len(fits)
+    means = [f[0] for f in fits]
+    var_within = sum(f[1] ** 2 for f in fits) / k**2
+    df = _satterthwaite([(f[1] ** 2 / k**2, f[2]) for f in fits])
+    if k >= 2:  # the processes' own spread, when larger than their rounds suggest
+        var_between = float(np.var(means, ddof=1)) / k
+        if var_between > var_within:
+            var_within, df = var_between, float(k - 1)
+    units = sum(len(v) for v in per_proc.values())
+    return Estimate(float(np.mean(means)), math.sqrt(var_within), df, units, k, tuple(means))
+
+
+def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of variances (each with its own df); inf for known ones."""
+    num = sum(v for v, _ in parts) ** 2
+    den = 0.0
+    for v, d in parts:
+        if d <= 0:
+            if v > 0 and math.isfinite(v):
+                return 0.0
+            continue
+        if math.isfinite(d):
+            den += v * v / d
+    if not math.isfinite(num):
+        return 0.0
+    return float("inf") if den == 0 else num / den
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """B relative to A: ``change`` = time B / time A - 1 (negative: B is faster) with its ``ci`` at ``confidence``,
+    and the ``verdict`` for a question asked at ``threshold`` (e.g. 0.02: "did it change by 2 % or more?")."""
+
+    change: float
+    ci: tuple[float, float]
+    verdict: str
+    threshold: float
+    confidence: float
+    noise_floor: float
+
+    @property
+    def text(self) -> str:
+        if self.verdict == "no change":
+            return f"no change within ±{100 * self.threshold:g} %"
+        return self.verdict
+
+    def regression(self, fail_on: float) -> bool:
+        """A significant slowdown whose estimated size reaches ``fail_on`` (a CI gate: ``--fail-on 5%``)."""
+        return self.verdict == "slower" and self.change >= fail_on
+
+    def as_dict(self) -> dict[str, object]:
+        return {"change": self.change, "ci": list(self.ci), "verdict": self.verdict, "text": self.text,
+                "threshold": self.threshold, "confidence": self.confidence, "noise_floor": self.noise_floor}
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student t quantile (normal for df = inf); scipy is imported here only, never by the timing workers."""
+    if not math.isfinite(df) or df > 1e6:
+        return statistics.NormalDist().inv_cdf(p)
+    if df <= 0:
+        return float("inf")
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
+
+
+def classify(lo: float, hi: float, threshold: float) -> str:
+    """The verdict of an interval of relative change: beyond zero on one side → slower / faster (whatever its size);
+    containing zero and inside ±threshold → no change; containing zero but wider than the question → inconclusive."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "inconclusive"
+    if lo > 0:
+        return "slower"
+    if hi < 0:
+        return "faster"
+    if -threshold <= lo and hi <= threshold:
+        return "no change"
+    return "inconclusive"
+
+
+def judge_difference(log_diff: float, se: float, df: float, threshold: float = 0.02, confidence: float = 0.99,
+                     noise_floor: float = 0.0) -> Verdict:
+    """Verdict on a difference of log figures with standard error ``se``. ``noise_floor`` is the standard deviation
+    (relative) of the figure between runs that the data cannot show (two runs with one process each); it is added to
+    the error as a known term, never subtracted."""
+    var = se * se + noise_floor * noise_floor
+    parts = [(se * se, df), (noise_floor * noise_floor, float("inf"))]
+    dof = _satterthwaite(parts) if se > 0 else float("inf")
+    half = t_quantile(0.5 + confidence / 2, dof) * math.sqrt(var) if math.isfinite(var) else float("inf")
+    if not math.isfinite(log_diff):
+        lo = hi = float("nan")
+    else:
+        lo, hi = math.expm1(log_diff - half), math.expm1(log_diff + half)
+    change = math.expm1(log_diff) if math.isfinite(log_diff) else float("nan")
+    return Verdict(change, (lo, hi), classify(lo, hi, threshold), threshold, confidence, noise_floor)
+
+
+def judge(a: Estimate, b: Estimate, threshold: float = 0.02, confidence: float = 0.99,
+          noise_floor: float = 0.0) -> Verdict:
+    """B's figure against A's, each from its own run (independent): their errors add, plus the between-run
+    ``noise_floor`` unless both sides have repeated processes that measure it."""
+    se = math.sqrt(a.se**2 + b.se**2)
+    df = _satterthwaite([(a.se**2, a.df), (b.se**2, b.df)])
+    floor = noise_floor if min(a.processes, b.processes) < 2 else 0.0
+    return judge_difference(b.log_value - a.log_value, se, df, threshold, confidence, floor)
+
+
+def judge_paired(cell: Timing, reference: Timing, threshold: float = 0.02, confidence: float = 0.99) -> Verdict:
+    """B against A timed in the same rounds of the same workers (``nnforge ab``, history against a reference
+    commit): the per-round ratio is the unit, and the machine's pace cancels inside each round."""
+    e = estimate(cell, reference)
+    return judge_difference(e.log_value, e.se, e.df, threshold, confidence)

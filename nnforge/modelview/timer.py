@@ -94,6 +94,7 @@ class Series:
 
     samples: list[float] = field(default_factory=list)
     secondary: list[float] = field(default_factory=list)  # the clock's other measure (CPU time when timing wall)
+    rounds: list[int] = field(default_factory=list)  # the interleaved round each sample was taken in
     inner: int = 1
     warmup_calls: int = 0
     warmup_s: float = 0.0
@@ -170,6 +171,7 @@ def measure(
                         if flush is not None:
                             flush()
                         s.samples.append(clock.sample(calls[name], s.inner))
+                        s.rounds.append(rounds)
                         if getattr(clock, "secondary", None) is not None:
                             s.secondary.append(clock.secondary)
                 except Exception as e:

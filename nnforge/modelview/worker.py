@@ -467,6 +467,8 @@ class Harness:
                     **st["prepared"].info,
                     "latency_s": percentiles(s.samples),
                     "samples": len(s.samples),
+                    "sample_rounds": s.rounds,  # the units of stats.estimate: ratios are taken inside a round
+                    "round_samples": cfg.round_samples,
                     "calls_per_sample": s.inner,
                     "warmup_calls": s.warmup_calls,
                     "warmup_s": s.warmup_s,

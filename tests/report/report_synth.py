@@ -169,3 +169,40 @@ def make_huge(path: Path, n: int = 10_000, n_samples: int = 50) -> str:
                                                  seed=len(rows), error=None if st == "ok" else "synthetic failure"))
     bulk_insert(path, rows)
     return rid
+
+
+def drifting_rows(run_id: str, seed: int, slower: Mapping[str, float] | None = None, rounds: int = 30,
+                  per_round: int = 3) -> list[dict[str, Any]]:
+    """Rows as a worker writes them on a machine whose pace wanders: interleaved rounds (``sample_rounds``), every
+    backend of a round at the same pace; ``slower`` multiplies a backend's time (a code change)."""
+    rng = random.Random(seed)
+    rows = []
+    for variant in ("lstm_manual", "torch_lstm"):
+        for batch in (4, 16, 64):
+            base = {"eager": 1e-4 * batch, "jit.script": 0.6e-4 * batch, "onnxruntime": 0.8e-4 * batch}
+            times = {b: t * (slower or {}).get(b, 1.0) for b, t in base.items()}
+            pace = rng.gauss(0, 0.04)  # this run's pace in this setting
+            series: dict[str, tuple[list[float], list[int]]] = {b: ([], []) for b in times}
+            for r in range(rounds):
+                pace += rng.gauss(0, 0.01)
+                for b, t in times.items():
+                    for _ in range(per_round):
+                        series[b][0].append(t * math.exp(pace + rng.gauss(0, 0.02)))
+                        series[b][1].append(r)
+            for b, (samples, rnd) in series.items():
+                row = cell_row(run_id, variant, b, batch, 8, sorted(samples)[len(samples) // 2],
+                               metrics={"sample_rounds": rnd, "round_samples": per_round})
+                row["samples_json"] = samples
+                rows.append(row)
+    return rows
+
+
+def make_drifting(path: Path) -> tuple[str, str, str]:
+    """Three runs on a drifting machine: A, B (unchanged code, another time) and C (jit.script 10 % slower)."""
+    new_db(path)
+    ids = []
+    for i, (name, slower) in enumerate((("a", None), ("b", None), ("c", {"jit.script": 1.1}))):
+        rid = add_run(path, "drift", run_id=f"drift-{name}", created=1_790_000_000.0 + i)
+        bulk_insert(path, drifting_rows(rid, seed=i, slower=slower))
+        ids.append(rid)
+    return ids[0], ids[1], ids[2]

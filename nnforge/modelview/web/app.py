@@ -149,7 +149,7 @@ def create_app(db_path: str | Path, warm: bool = False) -> FastAPI:
             return compare(ca, cb, state.db.samples(ra.run_id, keys), state.db.samples(rb.run_id, keys))
 
         pairs, notes = state.cached("compare", (ra.run_id, rb.run_id), make)
-        counts = {v: sum(1 for p in pairs if p.verdict == v) for v in ("faster", "slower", "same", "n/a")}
+        counts = {v: sum(1 for p in pairs if p.verdict == v) for v in ("faster", "slower", "no-change", "inconclusive")}
         shown = [p for p in pairs if not verdict or p.verdict == verdict]
         page_no, per_page = queries.page_args(request.query_params)
         pages = max(1, math.ceil(len(shown) / per_page))

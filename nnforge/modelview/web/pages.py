@@ -15,7 +15,7 @@ from ..report.common import FigureSpec, base_layout
 from ..report.data import CellRow
 from .compare import Pair
 
-VERDICT_COLORS = {"faster": "#2e7d32", "slower": "#c62828", "same": "#9e9e9e", "n/a": "#bdbdbd"}
+VERDICT_COLORS = {"faster": "#2e7d32", "slower": "#c62828", "no-change": "#9e9e9e", "inconclusive": "#f9a825"}
 MAX_COMPARE_POINTS = 2000
 
 
@@ -65,7 +65,8 @@ def compare_figure(pairs: Sequence[Pair]) -> tuple[FigureSpec, str]:
             mode="markers",
             name=verdict,
             marker={"color": color, "size": 7, "opacity": 0.8},
-            hovertext=[f"{p.a.setting_label} · {p.a.backend}<br>p(adj)={p.p_adjusted:.2g}" for p in sel],
+            hovertext=[f"{p.a.setting_label} · {p.a.backend}<br>{p.change.figure}: {p.change.verdict.text}"
+                       for p in sel],
             customdata=[[p.a.cell_key] for p in sel],
             hovertemplate="%{hovertext}<br>B/A = %{y:.3f}<extra></extra>",
         )
