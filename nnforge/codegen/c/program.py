@@ -27,7 +27,7 @@ class CProgram:
         self.lib = lib
         self.key = key
         self.sizes = sizes
-        self.data = [np.ascontiguousarray(d) for d in data]
+        self.data = [np.asarray(d, order="C") for d in data]
         self.listing = listing
         self._fn = lib.nf_main
         self._fn.restype = None
@@ -69,7 +69,9 @@ class CProgram:
         g = self.graph
         if len(inputs) != len(g.inputs):
             raise NNForgeError(f"program takes {len(g.inputs)} inputs, got {len(inputs)}")
-        arrays = [np.ascontiguousarray(a, dtype=dt) for dt, a in zip(self._in_dtypes, inputs)]
+        # np.asarray(order="C"), not np.ascontiguousarray: that one turns a 0-d input (an optimizer's step counter)
+        # into shape [1]
+        arrays = [np.asarray(a, dtype=dt, order="C") for dt, a in zip(self._in_dtypes, inputs)]
         env = self._env(arrays)
         for n, plan, a in zip(g.inputs, self._in_plans, arrays):
             want = _shape(plan, env)
