@@ -52,6 +52,7 @@ class _Entry:
     state: list[tuple[weakref.ref, int]]  # tensors written back from output index
     n_out: int
     programs: dict[tuple, Callable] = field(default_factory=dict)
+    epoch: int = 0                   # the session's grad_epoch after tracing: which tensors were parameters then
 
     def matches(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> bool:
         if treedef != self.treedef or dts != self.dtypes or statics != self.statics:
@@ -145,9 +146,14 @@ class CompiledFunction:
         leaves, treedef, arrays, statics = self._split(args, kwargs)
         dts = tuple(None if a is None else a.dtype.str for a in arrays)
         shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
+        # A tensor frozen or unfrozen since a trace changes what is read at call time and what is baked in, and
+        # whether its gradient is taken: those traces are dropped.
+        epoch = session().grad_epoch
+        self._entries = [e for e in self._entries if e.epoch == epoch]
         entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics)), None)
         if entry is None:
             entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
+            entry.epoch = session().grad_epoch
             self._entries.append(entry)
         return leaves, arrays, shapes, entry
 

@@ -32,7 +32,7 @@ ShapeLike = Sequence[int]
 class Tensor:
     """A lazy n-dimensional array: a handle on an IR node."""
 
-    __slots__ = ("__weakref__", "_grad", "_node", "name", "requires_grad")
+    __slots__ = ("__weakref__", "_grad", "_node", "_requires_grad", "name")
     __array_priority__ = 1000  # numpy defers to our reflected operators
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False, name: str = ""):
@@ -42,11 +42,36 @@ class Tensor:
         object.__setattr__(self, "_node", node)
         self._grad = None
         self.name = name
-        self.requires_grad = requires_grad
+        self._requires_grad = False
         if requires_grad:
-            if not node.dtype.is_float:
-                raise DTypeError(at(f"only float tensors can require gradients, got {node.dtype}"))
-            session().grad_leaves[id(node)] = weakref.ref(self)
+            self._set_requires_grad(True)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        """Freezing (False) takes the tensor off the leaves ``backward`` fills, and compiled functions trace again:
+        they read a tensor that requires grad at call time and bake in one that does not."""
+        if bool(flag) != self._requires_grad:
+            self._set_requires_grad(bool(flag))
+            session().grad_epoch += 1
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """torch's in-place form of setting ``requires_grad``; returns the tensor."""
+        self.requires_grad = requires_grad
+        return self
+
+    def _set_requires_grad(self, flag: bool) -> None:
+        s = session()
+        if flag:
+            if not self._node.dtype.is_float:
+                raise DTypeError(at(f"only float tensors can require gradients, got {self._node.dtype}"))
+            s.grad_leaves[id(self._node)] = weakref.ref(self)
+        else:
+            s.grad_leaves.pop(id(self._node), None)
+        self._requires_grad = flag
 
     # ---- the handle ------------------------------------------------------------------------------------------
     @property

@@ -11,7 +11,6 @@ it as state.
 
 from __future__ import annotations
 
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -22,7 +21,6 @@ from .. import dtypes
 from ..dtypes import as_dtype
 from ..interop.convert import to_numpy
 from ..tensor import Tensor
-from ..trace import session
 
 
 class Parameter(Tensor):
@@ -220,13 +218,9 @@ class Module:
         return self.to(dtypes.float32)
 
     def requires_grad_(self, requires_grad: bool = True) -> Module:
-        """Freeze or unfreeze every parameter (frozen ones get no ``.grad`` and compile bakes them in)."""
-        grad_leaves = session().grad_leaves
+        """Freeze or unfreeze every parameter (frozen ones get no ``.grad`` and compile bakes them in), exactly as
+        setting ``p.requires_grad`` on each does."""
         for p in self.parameters():
-            if requires_grad and not p.requires_grad:
-                grad_leaves[id(p.node)] = weakref.ref(p)
-            elif not requires_grad and p.requires_grad:
-                grad_leaves.pop(id(p.node), None)
             p.requires_grad = requires_grad
         return self
 

@@ -37,9 +37,6 @@ class Optimizer:
                 if not isinstance(p, Tensor):
                     raise TypeError(f"{type(self).__name__}: parameters must be nnforge tensors, got "
                                     f"{type(p).__name__}")
-                if not p.requires_grad:
-                    raise ValueError(f"{type(self).__name__}: a parameter of shape {list(map(int, p.shape))} does "
-                                     "not require grad")
                 if id(p) in seen:
                     raise ValueError(f"{type(self).__name__}: a parameter appears more than once")
                 seen.add(id(p))
@@ -56,7 +53,8 @@ class Optimizer:
                 p.grad = None if set_to_none or p.grad is None else p.grad * 0
 
     def step(self) -> None:
-        """Update every parameter that has a gradient, in place."""
+        """Update every parameter that has a gradient, in place. As in torch, a frozen parameter (one that does
+        not require grad) is accepted and simply skipped: ``backward`` gives it no gradient."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
