@@ -6,6 +6,7 @@ layers are ``nf.scan``s, so a compiled model keeps its time loop as a loop.
 
 from . import functional, init, optim
 from .activation import GELU, Dropout, ReLU, Sigmoid, SiLU, Swish, Tanh
+from .checkpoint import rename_prefixes, stack_rnn_layers
 from .conv import Conv1d
 from .linear import Embedding, Identity, Linear
 from .loss import CrossEntropyLoss, CTCLoss, MSELoss, NLLLoss
@@ -45,4 +46,6 @@ __all__ = [
     "functional",
     "init",
     "optim",
+    "rename_prefixes",
+    "stack_rnn_layers",
 ]
