@@ -144,7 +144,8 @@ class Scalar:
         if ptr is not None:
             return self.load(n.dtype, ptr, flat(idx, [sz(d) for d in n.shape]))
         if n.op == Op.CONST:
-            lit = literal(n.attrs["value"], n.dtype)
+            value = n.attrs["value"]  # a size used as a value (x.shape[0]) may be a run-time trip count
+            lit = literal(value, n.dtype) if sz.is_static(value) else f"(({ctype(n.dtype)})({sz(value)}))"
             if self.lanes > 1:
                 self._vector(n.dtype)
                 self.uniform[f"nf_vbc_f32({lit})"] = lit
