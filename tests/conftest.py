@@ -1,13 +1,48 @@
-"""Shared test set-up: every test runs in its own nnforge session (no pending effects leak between tests)."""
+"""Shared test set-up: every test runs in its own nnforge session (no pending effects leak between tests), compiled
+shared objects go to one temporary cache per test run shared by the xdist workers (each .so is built once per run,
+never read from a developer's ~/.cache), and ``backend`` runs a test on every backend this machine has."""
 
 from __future__ import annotations
 
+import os
+import zlib
+
+import numpy as np
 import pytest
 
+import nnforge as nf
 from nnforge.trace import fresh_session
+
+BACKENDS = [b for b in ("reference", "cpu") if b in nf.available_backends()]
 
 
 @pytest.fixture(autouse=True)
 def _fresh_nnforge_session():
     with fresh_session():
         yield
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """A generator seeded from the test's id: a failure replays with the same numbers."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "nnforge-cache"
+    shared.mkdir(parents=True, exist_ok=True)
+    old = os.environ.get("NNFORGE_CACHE_DIR")
+    os.environ["NNFORGE_CACHE_DIR"] = str(shared)
+    yield shared
+    if old is None:
+        os.environ.pop("NNFORGE_CACHE_DIR", None)
+    else:
+        os.environ["NNFORGE_CACHE_DIR"] = old
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each backend in turn: the same test matrix runs on all of them."""
+    return request.param
