@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import nnforge as nf
-from nnforge.codegen.c.memplan import lifetimes, plan
+from nnforge.codegen.c.memplan import lifetimes, plan, slot_bytes_function
 
 needs_cpu = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
@@ -29,13 +29,24 @@ def test_disjoint_lifetimes_share_a_slot_overlapping_never() -> None:
             if not (l1 < f2 or l2 < f1):
                 assert where[i] != where[j], (allocs[i][0], allocs[j][0])
     assert where[0] == where[1]  # a (parts 0-1) and b (part 2)
-    assert slots[where[0]].size() == "800"  # the larger member
+    assert slots[where[0]].members() == (800, [])  # the larger member
     assert len(slots) == 2 and where[3] == where[0]  # {a, b, d} and {c}: d overlaps only c
 
 
 def test_run_time_sizes_take_the_maximum() -> None:
     slots, where = plan([["a;"], ["b;"]], [("a", "float", "(S[0] * 4)"), ("b", "float", "64")])
-    assert where == [0, 0] and slots[0].size() == "NF_MAX(64, (S[0] * 4))"
+    assert where == [0, 0] and slots[0].members() == (64, ["(S[0] * 4)"])
+    assert "    b[0] = nf_max64(64, z0);" in slot_bytes_function(slots)
+
+
+def test_each_run_time_size_is_computed_once_and_the_text_stays_linear() -> None:
+    """Slot sizes grow by one term per member: a member repeated in a slot or across slots is one local."""
+    sizes = [f"(S[0] * {k % 5 + 1})" for k in range(40)]
+    parts = [[f"a{k};"] for k in range(40)]
+    slots, _ = plan(parts, [(f"a{k}", "float", s) for k, s in enumerate(sizes)])
+    text = "\n".join(slot_bytes_function(slots))
+    assert len(slots) == 1 and text.count("const int64_t z") == 5
+    assert text.count("nf_max64") == 4 and len(text) < 600
 
 
 @needs_cpu

@@ -85,6 +85,32 @@ class Sizes:
         return not (isinstance(d, Dim) and self._dynamic(d.expr))
 
 
+def _is_number(s: str) -> bool:
+    return s.lstrip("-").isdigit()
+
+
+def byte_size(*factors: int | str) -> str:
+    """A product of sizes as C with its static factors multiplied out in Python: a static size is one number (the
+    memory planner compares them; gcc never sees ``(1 * ((5 + 7) / 8) * 5 * 8) * sizeof(double)``), a run-time one
+    carries one constant."""
+    const, rest = 1, []
+    for f in factors:
+        s = str(f).strip()
+        if _is_number(s):
+            const *= int(s)
+        else:
+            rest.append(s if re.fullmatch(r"[\w\[\]]+(\(\))?", s) else f"({s})")
+    if const == 0 or not rest:
+        return str(const)
+    return " * ".join(([str(const)] if const != 1 else []) + rest)
+
+
+def ceil_div(a: int | str, b: int) -> int | str:
+    """``ceil(a / b)`` for a size ``a >= 0``: a number when ``a`` is one, else the C expression."""
+    s = str(a).strip()
+    return -(-int(s) // b) if _is_number(s) else f"(({s}) + {b - 1}) / {b}"
+
+
 def literal(value: object, dt: DType) -> str:
     if dt == DType.bool:
         return "1" if value else "0"

@@ -27,6 +27,8 @@ from .cexpr import (
     VTYPE,
     Sizes,
     Unsupported,
+    byte_size,
+    ceil_div,
     ctype,
     flat,
     formula,
@@ -37,7 +39,7 @@ from .cexpr import (
 )
 from .chunks import Deferred, chunk_steps, emit_chunk, find_deferred
 from .gemm import Epilogue, GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
-from .memplan import Slot, plan
+from .memplan import Slot, plan, slot_bytes_function
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope, choose_row_split
 from .views import index_map, sliced_index, strided
@@ -276,7 +278,7 @@ class Lowering:
         self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
         self.splits: dict[int, RowSplit | None] = {}  # id(scan) -> its row split (``choose_row_split``), cached
         self.deferred: dict[int, Deferred] = {}  # input projections computed chunk by chunk in their scan
-        self.workspace_slots: list[str] = []  # byte sizes of the workspace's slots (``memplan``), set by source()
+        self.workspace_slots: list[Slot] = []  # the workspace's slots (``memplan``), set by source()
 
     def split_of(self, n: Node) -> RowSplit | None:
         """The row split chosen for scan ``n`` (decided once)."""
@@ -317,8 +319,7 @@ class Lowering:
 
     def _bytes(self, dt: DType, shape: Sequence[int]) -> str:
         """A buffer's size in bytes as C: a number when static (so the memory planner can compare sizes)."""
-        count = self.sizes.prod(shape)
-        return str(int(count) * dt.itemsize) if count.isdigit() else f"({count}) * (int64_t)sizeof({ctype(dt)})"
+        return byte_size(self.sizes.prod(shape), dt.itemsize)
 
     # ---- top level ----------------------------------------------------------------------------------------
     def source(self) -> str:
@@ -343,15 +344,18 @@ class Lowering:
             slots, where = plan(parts, self.allocs)
         else:
             slots, where = [Slot([size]) for _, _, size in self.allocs], list(range(len(self.allocs)))
-        self.workspace_slots = [slot.size() for slot in slots]
+        self.workspace_slots = slots
+        nb = max(1, len(slots))
         lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
-                 UNIT_MARK, *protos, "int64_t nf_workspace(const int64_t* S) {", "    (void)S;", "    int64_t n = 0;"]
-        lines += [f"    n += NF_R64({size});" for size in self.workspace_slots]
-        lines += ["    return n;", "}"]
+                 UNIT_MARK, *protos, *slot_bytes_function(slots),
+                 "int64_t nf_workspace(const int64_t* S) {", f"    int64_t b[{nb}] = {{0}}, n = 0;",
+                 "    nf_slot_bytes(S, b);", f"    for (int k = 0; k < {len(slots)}; k++) n += NF_R64(b[k]);",
+                 "    return n;", "}"]
         lines += ["void nf_main(void** args, const int64_t* S) {",
-                  f"    char* ws_ = (char*)args[{n_ws}];", "    int64_t wo_ = 0;"]
-        for k, size in enumerate(self.workspace_slots):
-            lines.append(f"    char* slot{k}_ = ws_ + wo_; wo_ += NF_R64({size});")
+                  f"    char* ws_ = (char*)args[{n_ws}];", "    int64_t wo_ = 0;",
+                  f"    int64_t wb_[{nb}] = {{0}};", "    nf_slot_bytes(S, wb_);"]
+        for k in range(len(slots)):
+            lines.append(f"    char* slot{k}_ = ws_ + wo_; wo_ += NF_R64(wb_[{k}]);")
         for (name, ct, _), k in zip(self.allocs, where):
             lines.append(f"    {ct}* {name} = ({ct}*)slot{k}_;")
         lines.append("    #pragma omp parallel")
@@ -789,8 +793,7 @@ class Lowering:
             return scope.packed[key], True
         name = self.fresh("bp")
         ct = ctype(p.dtype)
-        self.allocs.append((name, ct, f"({len(columns)} * (({columns[0][1]} + {nr - 1}) / {nr}) * ({K}) * {nr}) "
-                                      f"* (int64_t)sizeof({ct})"))
+        self.allocs.append((name, ct, byte_size(len(columns), ceil_div(columns[0][1], nr), K, nr, p.dtype.itemsize)))
         if scope is None:
             return name, False
         scope.pre.extend(pack_panels(self, p.dtype, K, (f"({ptr} + ({off}))", st[-2], st[-1]), columns, name,

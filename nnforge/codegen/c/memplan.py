@@ -5,8 +5,8 @@ buffer is live from the first to the last top-level part (kernel or scan, in pro
 threads leave a part through its closing barrier before the next part starts, so two buffers never live in the
 same part may occupy the same bytes. Buffers are grouped into slots (interval colouring, in order of first use;
 each buffer joins the free slot closest to its size) and a slot is as big as its largest member. Sizes may be
-run-time expressions (a scan's T): the slot size is then the C maximum of its members, so one plan holds for
-every sequence length.
+run-time expressions (a scan's T): the slot size is then the C maximum of its members, computed per call by one
+function (``slot_bytes_function``), so one plan holds for every sequence length.
 
 Why: a training step keeps many [T, N, H] intermediates (gates, their derivatives, stacked per-step values) whose
 lifetimes are short; without reuse the workspace of an LSTM step at T = 2000 is several hundred MB.
@@ -21,20 +21,41 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Slot:
-    """Bytes shared by buffers with disjoint lifetimes: its size expression and the parts it is busy until."""
+    """Bytes shared by buffers with disjoint lifetimes: its members' size expressions and the parts it is busy
+    until."""
 
     sizes: list[str] = field(default_factory=list)
     busy_until: int = -1
 
-    def size(self) -> str:
-        """The slot's size in C: the largest member's (numbers folded, run-time sizes through NF_MAX)."""
+    def members(self) -> tuple[int | None, list[str]]:
+        """(the largest static member or None, the distinct run-time members in order of joining)."""
         numbers = [int(s) for s in self.sizes if s.isdigit()]
-        exprs = [s for s in self.sizes if not s.isdigit()]
-        parts = ([str(max(numbers))] if numbers else []) + exprs
-        out = parts[0]
-        for p in parts[1:]:
-            out = f"NF_MAX({out}, {p})"
-        return out
+        return (max(numbers) if numbers else None), list(dict.fromkeys(s for s in self.sizes if not s.isdigit()))
+
+
+def slot_bytes_function(slots: Sequence[Slot], name: str = "nf_slot_bytes") -> list[str]:
+    """C of ``static void name(const int64_t* S, int64_t* b)`` setting ``b[k]`` to slot k's bytes.
+
+    Every distinct run-time size is computed once, into a local, and a slot takes the largest of its members
+    through ``nf_max64`` (a function: each argument is evaluated once). The text then grows with the number of
+    buffers; a macro maximum nested per member doubled it at every level (gcc ran out of memory on a 24-layer
+    MLP)."""
+    local: dict[str, str] = {}
+    lines = [f"static void {name}(const int64_t* S, int64_t* b) {{", "    (void)S;"]
+    for slot in slots:
+        for expr in slot.members()[1]:
+            if expr not in local:
+                local[expr] = f"z{len(local)}"
+                lines.append(f"    const int64_t {local[expr]} = {expr};")
+    for k, slot in enumerate(slots):
+        static, dynamic = slot.members()
+        terms = ([str(static)] if static is not None else []) + [local[e] for e in dynamic]
+        value = terms[0]
+        for t in terms[1:]:
+            value = f"nf_max64({value}, {t})"
+        lines.append(f"    b[{k}] = {value};")
+    lines.append("}")
+    return lines
 
 
 def lifetimes(parts: Sequence[Sequence[str]], names: Sequence[str]) -> dict[str, tuple[int, int]]:

@@ -13,7 +13,7 @@ static inline int nf_nthreads(void) { return 1; }
 static inline int nf_thread(void) { return 0; }
 static inline int nf_team(void) { return 1; }
 #endif
-#define NF_MAX(a, b) ((a) > (b) ? (a) : (b))
+static inline int64_t nf_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t nf_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return q - ((a % b != 0) && ((a < 0) != (b < 0))); }
 static inline int64_t nf_mod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 static inline int64_t nf_idiv_int64_t(int64_t a, int64_t b) { return b == 0 ? 0 : nf_floordiv(a, b); }
