@@ -86,12 +86,18 @@ def sweep(
     peaks: Annotated[bool, typer.Option(help="Measure machine peak FLOP/s and bandwidth.")] = True,
     export: Annotated[Path | None, typer.Option(help="Also write the run's cells to .csv or .parquet.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
+    clock: Annotated[str | None, typer.Option(help="CPU runs: wall, or cpu (process CPU time; shared machines).")]
+    = None,
+    processes: Annotated[int | None, typer.Option(help="Independent worker processes per setting.")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Validate, print the cells and an estimated time; run nothing.")]
+    = False,
 ) -> None:
     """Run a sweep: variants × backends × batch × length × layout × dtype × mode, each setting in its own process."""
-    from nnforge.modelview import runner
-    from nnforge.modelview.spec import SpecError, parse_param_flags
+    import sqlite3
 
-    console = Console()
+    from nnforge.modelview.spec import SpecError, load_spec, parse_param_flags
+
+    console = _console()
     timing: dict[str, Any] = {
         k: v
         for k, v in {
@@ -100,6 +106,8 @@ def sweep(
             "threads": threads,
             "flush_cache": flush_cache,
             "rotate_inputs": rotate_inputs,
+            "clock": clock,
+            "processes": processes,
         }.items()
         if v is not None
     }
@@ -123,14 +131,27 @@ def sweep(
             "check": None if check else False,
             "measure_peaks": None if peaks else False,
         }
+        # the spec's own values first: a bad one is rejected before torch or any backend is imported
+        loaded = load_spec(spec, {k: v for k, v in overrides.items() if v is not None})
+        from nnforge.modelview import runner
+
+        if dry_run:
+            p = runner.plan(loaded)
+            console.print(f"{p.cells} cells in {p.settings} settings × {p.processes} process(es); at most about "
+                          f"{p.estimated_s / 60:.1f} min (every backend using its whole warm-up and timing budget, "
+                          "compiles not counted)", highlight=False, soft_wrap=True)
+            return
+        _writable_store(console, db)
         result = runner.sweep(
-            spec, db=db, resume=resume, force=force, retry_failed=retry_failed, run_id=run_id,
-            progress=not quiet, table=not quiet, console=console, **overrides,
+            loaded, db=db, resume=resume, force=force, retry_failed=retry_failed, run_id=run_id,
+            progress=not quiet, table=not quiet, console=console,
         )
     except SpecError as e:
         _fail(console, str(e))
     except (FileNotFoundError, KeyError) as e:
-        _fail(console, str(e))
+        _fail(console, str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
+    except sqlite3.Error as e:
+        _fail(console, f"cannot use store {db}: {e}")
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: finished cells are stored; continue with --resume")
         raise typer.Exit(130) from None

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -23,6 +24,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+
+from .reasons import failure_reason
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,7 +80,7 @@ class SweepProgress:
         self._progress.update(self._task, total=total + cells)
 
     def setting(self, label: str) -> None:
-        self._setting = label
+        self._setting = escape(label)  # a label holds "[hidden=16]", which Rich would take for markup
         self._progress.update(self._task, description=self._describe())
 
     def done(self, status: str) -> None:
@@ -99,6 +102,14 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def seconds(x: float) -> str:
+    """A duration in plain units: 2.6 ms, 387 µs, 1.2 s."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x / 1e-9:.3g} ns"
+
+
 def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Sequence[str] = ()) -> Table:
     """Per setting (a section): each backend's throughput, its ratio to eager and CI half-width; the fastest starred.
 
@@ -107,6 +118,7 @@ def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Seq
     table.add_column("setting", overflow="fold", max_width=44)
     table.add_column("backend", no_wrap=True)
     table.add_column("throughput", justify="right", no_wrap=True)
+    table.add_column("time/call", justify="right", no_wrap=True)
     table.add_column("vs eager", justify="right", no_wrap=True)
     table.add_column("±CI", justify="right", no_wrap=True)
     order = {b: i for i, b in enumerate(backend_order)}
@@ -120,12 +132,12 @@ def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Seq
         if not first_section:
             table.add_section()
         first_section = False
-        label = setting_label(group.iloc[0])
+        label = escape(setting_label(group.iloc[0]))
         for i, (_, r) in enumerate(group.iterrows()):
-            name = r["backend"]
+            name = escape(r["backend"])
             setting = label if i == 0 else ""
             if r["status"] != "ok":
-                table.add_row(setting, name, f"[{STATUS_STYLE.get(r['status'], '')}]{r['status']}[/]", "", "")
+                table.add_row(setting, name, f"[{STATUS_STYLE.get(r['status'], '')}]{r['status']}[/]", "", "", "")
                 continue
             thr = f"{_fmt(float(r['throughput']))} {str(r['throughput_unit']).replace('/s', '')}/s"
             ratio = f"{float(r['throughput']) / eager_thr:.2f}×" if eager_thr else "-"
@@ -136,7 +148,7 @@ def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Seq
                 ci = f"{100 * rel:.1f}%" if rel < 1 else ">100%"
             if name == fastest:
                 name, thr, ratio = f"[bold green]★ {name}[/]", f"[bold green]{thr}[/]", f"[bold green]{ratio}[/]"
-            table.add_row(setting, name, thr, ratio, ci)
+            table.add_row(setting, name, thr, seconds(float(r["median_s"])), ratio, ci)
     return table
 
 
@@ -156,9 +168,6 @@ def print_closing_table(
     if len(not_ok):
         console.print("[dim]cells without a time:[/]")
         for _, r in not_ok.iterrows():
-            err = (r["error"] or "").strip().splitlines()
-            first = err[0] if err else ""
-            if r["status"] in ("failed", "crashed") and len(err) > 1:
-                first = err[-1]  # the exception line, not the traceback header
-            console.print(f"  [{STATUS_STYLE.get(r['status'], '')}]{r['status']:8}[/] {r['backend']:24} "
-                          f"{setting_label(r)}: {first[:160]}", highlight=False)
+            reason = failure_reason(r["error"])
+            console.print(f"  [{STATUS_STYLE.get(r['status'], '')}]{r['status']:8}[/] {escape(r['backend']):24} "
+                          f"{escape(setting_label(r))}: {escape(reason[:160])}", highlight=False, soft_wrap=True)

@@ -25,7 +25,7 @@ from .backends import backend_registry
 from .console import SweepProgress, print_closing_table, setting_label
 from .isolation import Outcome, run_worker
 from .metrics import available_cpus
-from .spec import Cell, SweepSpec, expand, merge, settings, spec_from_mapping, spec_from_toml, validate
+from .spec import Cell, SweepSpec, expand, load_spec, settings, validate
 from .store import STATUSES, Store, cell_identity
 from .variants import variant_registry
 
@@ -47,14 +47,28 @@ class SweepResult:
             return s.cells(self.run_id)
 
 
-def load_spec(spec: SweepSpec | Mapping[str, Any] | str | Path | None, overrides: Mapping[str, Any]) -> SweepSpec:
-    if spec is None or isinstance(spec, SweepSpec):
-        base = spec
-    elif isinstance(spec, str | Path):
-        base = spec_from_toml(spec)
-    else:
-        base = spec_from_mapping(spec)
-    return merge(base, overrides) if overrides or base is None else base
+def _extended_run(store: Store, spec: SweepSpec, console: Console | None) -> str | None:
+    """``--resume`` whose spec differs from the latest run of that name: resume it when the new spec only extends
+    its axes (its finished cells stay valid; only new cells are measured), else say why a new run starts."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from .spec import extension_gap
+
+    console = console or Console()
+    prev = store.latest_run(spec.name)
+    if prev is None:
+        console.print(f"note: no run named {escape(spec.name)!r} to resume; starting a new run", highlight=False,
+                      soft_wrap=True)
+        return None
+    gap = extension_gap(store.run(prev)["spec_json"], spec.to_json())  # type: ignore[index]
+    if gap is None:
+        console.print(f"resuming run {prev} with an extended grid: only cells it lacks are measured",
+                      highlight=False, soft_wrap=True)
+        return prev
+    console.print(f"note: not resuming run {prev}: its spec differs ({escape(gap)}); starting a new run",
+                  highlight=False, soft_wrap=True)
+    return None
 
 
 def _setting_seed(run_seed: int, setting_key: str) -> int:
@@ -101,6 +115,8 @@ def sweep(
             rid = run_id or store.latest_run(spec.name, spec_json)
             if run_id and store.run(run_id) is None:
                 raise KeyError(f"no run {run_id!r} in {db}")
+            if rid is None:
+                rid = _extended_run(store, spec, console)
         else:
             rid = None
         threads = spec.timing.threads or available_cpus()
@@ -136,6 +152,33 @@ def sweep(
         return result
     finally:
         store.close()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a sweep would do: its cells, settings and a rough duration (``nnforge sweep --dry-run``)."""
+
+    cells: int
+    settings: int
+    processes: int
+    estimated_s: float
+
+
+SETUP_S = 8.0  # a worker's start, torch import and model build on the 2-core development machine, roughly
+
+
+def plan(spec: SweepSpec | Mapping[str, Any] | str | Path | None = None, **fields: Any) -> Plan:
+    """Validate and expand a spec without running anything. The estimate is an upper figure: every backend uses its
+    whole warm-up and timing budget in every process (compiles not counted)."""
+    spec = load_spec(spec, fields)
+    vreg = variant_registry(spec.plugins)
+    breg = backend_registry(spec.plugins)
+    validate(spec, vreg, breg)
+    cells = expand(spec, vreg)
+    groups = settings(cells)
+    t = spec.timing
+    per_process = sum(SETUP_S + len(g) * (t.warmup_max_s + t.budget_s) for g in groups.values())
+    return Plan(len(cells), len(groups), t.processes, per_process * t.processes)
 
 
 def merge_process_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -332,6 +332,43 @@ def spec_to_mapping(spec: SweepSpec) -> dict[str, Any]:
     return d
 
 
+AXES = ("variants", "backends", "batch", "seq_len", "layout", "dtype", "mode", "device")
+
+
+def extension_gap(old_json: str, new_json: str) -> str | None:
+    """None when the spec ``new_json`` only adds values to the axes of ``old_json`` (so a run of the old spec can be
+    resumed with it: the cells it has stay valid), else the first difference in words, for a plain message."""
+    old, new = json.loads(old_json), json.loads(new_json)
+    for d in (old, new):
+        d.pop("seed", None)
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if k in AXES and isinstance(a, list) and isinstance(b, list):
+            missing = [x for x in a if x not in b]
+            if not missing:
+                continue
+            return f"{k} no longer has {', '.join(map(str, missing))}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = next(s for s in sorted(set(a) | set(b)) if a.get(s) != b.get(s))
+            return f"{k}.{sub} is {b.get(sub)!r}, was {a.get(sub)!r}"
+        return f"{k} is {b!r}, was {a!r}"
+    return None
+
+
+def load_spec(spec: SweepSpec | Mapping[str, Any] | str | Path | None, overrides: Mapping[str, Any]) -> SweepSpec:
+    """A spec from a SweepSpec, a mapping or a TOML path, with ``overrides`` applied and its values checked (names
+    against the registries are checked later, by ``validate``)."""
+    if spec is None or isinstance(spec, SweepSpec):
+        base = spec
+    elif isinstance(spec, str | Path):
+        base = spec_from_toml(spec)
+    else:
+        base = spec_from_mapping(spec)
+    return merge(base, overrides) if overrides or base is None else base
+
+
 def merge(spec: SweepSpec | None, overrides: Mapping[str, Any]) -> SweepSpec:
     """Apply overrides (CLI flags, keyword arguments) on top of a spec; nested tables merge key by key."""
     base = spec_to_mapping(spec) if spec is not None else {}

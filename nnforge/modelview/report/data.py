@@ -17,6 +17,8 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..reasons import failure_reason
+
 # Columns read for tables and plots; samples_json and artifact are large and read only for one cell at a time.
 SUMMARY_COLUMNS = (
     "cell_key", "setting_key", "variant", "backend", "batch", "seq_len", "layout", "dtype", "mode", "device",
@@ -109,6 +111,11 @@ class CellRow:
     setting_key: str
     samples: tuple[float, ...] | None = None
     artifact: str | None = None
+
+    @cached_property
+    def reason(self) -> str:
+        """Why the cell has no time, in one line (``reasons.failure_reason``)."""
+        return failure_reason(self.error)
 
     @cached_property
     def ok(self) -> bool:

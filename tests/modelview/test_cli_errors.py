@@ -1,0 +1,118 @@
+"""What a user sees when something is wrong: one line naming it, exit 2; labels and reasons printed as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from typer.testing import CliRunner
+
+from nnforge.cli import app
+from nnforge.modelview import open_store
+from nnforge.modelview.console import SweepProgress, print_closing_table
+from nnforge.modelview.reasons import failure_reason
+
+RUNNER = CliRunner()
+TB = 'Traceback (most recent call last):\n  File "x.py", line 3, in f\n    g()\n'
+
+
+def _spec(tmp_path: Path, faulty: str, batch: str = "[2]", budget: float = 0.1) -> Path:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        f'name = "ext"\nvariants = ["test_tanh"]\nbackends = ["eager"]\nbatch = {batch}\nseq_len = [3]\n'
+        f'plugins = ["{faulty}"]\nmeasure_peaks = false\n\n[timing]\nbudget_s = {budget}\nwarmup_max_s = 0.05\n'
+        "min_samples = 5\nthreads = 1\ntarget_rel_ci = 0.05\n"
+    )
+    return spec
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_exit_2(tmp_path: Path, faulty: str):
+    spec = _spec(tmp_path, faulty)
+    for db, words in ((tmp_path / "no_such_dir" / "x.db", "does not exist"), (tmp_path, "is a directory")):
+        r = RUNNER.invoke(app, ["sweep", str(spec), "--db", str(db)])
+        assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+        assert f"cannot open store {db}" in r.output and words in r.output
+    r = RUNNER.invoke(app, ["compare", "a", "b", "--db", str(tmp_path / "none.db")])
+    assert r.exit_code == 2 and r.output.strip() == f"error: no store at {tmp_path / 'none.db'}"
+
+
+def test_a_bad_spec_is_rejected_before_torch_is_imported(tmp_path: Path):
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom nnforge.cli import app\n"
+            "r = CliRunner().invoke(app, ['sweep', '-v', 'lstm_manual', '--layout', 'CNT', '--db', sys.argv[1]])\n"
+            "print(r.exit_code, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.db")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split() == ["2", "False"], out.stderr
+
+
+def test_error_lines_are_not_wrapped_in_a_pipe(tmp_path: Path):
+    long = tmp_path / ("a_rather_long_directory_name_" * 4) / "spec.toml"
+    r = RUNNER.invoke(app, ["sweep", str(long), "--db", str(tmp_path / "x.db")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and str(long) in r.output
+
+
+def test_failure_reason_is_the_reason():
+    assert failure_reason(TB + "RuntimeError: boom\n") == "RuntimeError: boom"
+    setup = "setting setup failed: " + TB + "MemoryError: no\n"
+    assert failure_reason(setup) == "setting setup failed: MemoryError: no"
+    crash = "worker killed by SIGSEGV (during timing of eager)\n--- worker output (tail) ---\n" \
+            'Fatal Python error: Segmentation fault\n  File "w.py", line 9 in run'
+    assert failure_reason(crash) == "worker killed by SIGSEGV (during timing of eager)"
+    chained = TB + "KeyError: 'a'\n\nDuring handling of the above exception, another exception occurred:\n\n" + TB + \
+        "ValueError: bad\n    ^^^^\n"
+    assert failure_reason(chained) == "ValueError: bad"
+    assert failure_reason(None) == "no reason recorded"
+
+
+def _row(backend: str, status: str, error: str | None = None) -> dict:
+    ok = status == "ok"
+    return {"setting_key": "s", "cell_key": f"s|{backend}", "backend": backend, "status": status, "error": error,
+            "variant": "lstm_manual", "batch": 4, "seq_len": 8, "layout": "TNC", "dtype": "float32",
+            "mode": "inference", "device": "cpu", "params_json": '{"hidden": 16}', "throughput": 1e5 if ok else None,
+            "throughput_unit": "vectors/s", "median_s": 1e-3 if ok else None, "ci_low_s": 9e-4 if ok else None,
+            "ci_high_s": 1.1e-3 if ok else None, "metrics_json": "{}"}
+
+
+def test_labels_with_brackets_and_failure_reasons_are_printed_as_written():
+    df = pd.DataFrame([_row("eager", "ok"), _row("[bold]x", "failed", TB + "RuntimeError: boom"),
+                       _row("jit.script", "crashed", "worker killed by SIGSEGV (during timing)\n  File a.py")])
+    con = Console(record=True, width=200)
+    print_closing_table(df, con)
+    text = con.export_text()
+    assert text.count("[hidden=16]") == 3 and "[bold]x" in text  # the table's setting label and two reason lines
+    assert "RuntimeError: boom" in text and "worker killed by SIGSEGV (during timing)" in text
+    assert "Traceback" not in text and "File a.py" not in text
+    assert "1 ms" in text and "100k vectors/s" in text  # time per call and throughput in plain units
+    con = Console(record=True, width=200)
+    with SweepProgress(3, console=con) as bar:
+        bar.setting("lstm_manual N=4 [hidden=16]")
+        bar.done("ok")
+    assert "[hidden=16]" in con.export_text()
+
+
+def test_resume_with_an_extended_grid_measures_only_the_new_cells(tmp_path: Path, faulty: str):
+    db = tmp_path / "r.db"
+    base = ["--db", str(db), "--quiet"]
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty)), *base])
+    assert r.exit_code == 0, r.output
+    run = re.findall(r"^\d{8}-\d{6}-\w+$", r.output, re.M)[-1]
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty, batch="[2, 3]")), *base, "--resume"])
+    assert r.exit_code == 0 and "extended grid" in r.output and run in r.output, r.output
+    with open_store(db) as s:
+        rows = s.cells(run, latest_only=False)
+    assert sorted(rows["batch"]) == [2, 3]  # the batch-2 cell was not measured again
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty, batch="[2, 3]", budget=0.2)), *base, "--resume"])
+    assert r.exit_code == 0 and "not resuming run" in r.output and "timing.budget_s is 0.2, was 0.1" in r.output
+
+
+def test_dry_run_clock_and_processes_flags(tmp_path: Path, faulty: str):
+    db = tmp_path / "d.db"
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty, batch="[2, 3, 4]")), "--db", str(db), "--dry-run",
+                            "--clock", "cpu", "--processes", "2"])
+    assert r.exit_code == 0 and "3 cells in 3 settings × 2 process(es)" in r.output and not db.exists()
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty)), "--db", str(db), "--clock", "sundial"])
+    assert r.exit_code == 2 and "timing.clock" in r.output and "sundial" in r.output
