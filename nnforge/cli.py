@@ -232,6 +232,146 @@ def compare(
         raise typer.Exit(1)
 
 
+def _revision_setup(console: Console, spec: Path, repo: Path, db: Path) -> tuple[Any, Path]:
+    """The spec (its own values checked first, before torch is imported) and the repository root."""
+    from nnforge.modelview.revisions import RevisionError, repo_root
+    from nnforge.modelview.spec import SpecError, load_spec
+
+    try:
+        loaded = load_spec(spec, {})
+        root = repo_root(repo)
+    except (SpecError, RevisionError, FileNotFoundError) as e:
+        _fail(console, str(e))
+    _writable_store(console, db)
+    return loaded, root
+
+
+def _checkouts(console: Console, root: Path, revs: list[str], worktrees: Path | None) -> list[Any]:
+    from nnforge.modelview.revisions import RevisionError, checkout, dependency_note
+
+    try:
+        out = [checkout(root, r, worktrees) for r in revs]
+    except RevisionError as e:
+        _fail(console, str(e))
+    here = Path(__file__).resolve().parent.parent
+    for r in out:
+        note = dependency_note(r, here)
+        if note:
+            console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    return out
+
+
+def _run_revisions(console: Console, spec: Any, revs: list[Any], db: Path, name: str, quiet: bool) -> Any:
+    import sqlite3
+
+    from nnforge.modelview.interleave import run_revisions
+    from nnforge.modelview.spec import SpecError
+
+    def on_setting(key: str, k: int, n: int) -> None:
+        if not quiet:
+            console.print(f"[dim]setting {k + 1}/{n}: {escape(key)}[/]", highlight=False, soft_wrap=True)
+
+    env = {"git_commit": revs[-1].commit, "mode": name}
+    try:
+        return run_revisions(spec, revs, db, name, env, on_setting)
+    except (SpecError, FileNotFoundError, KeyError) as e:
+        _fail(console, str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))
+    except sqlite3.Error as e:
+        _fail(console, f"cannot use store {db}: {e}")
+
+
+@app.command()
+def ab(
+    rev_a: Annotated[str, typer.Argument(help="Baseline revision (commit, branch, tag).")],
+    rev_b: Annotated[str, typer.Argument(help="Revision compared with it.")],
+    spec: Annotated[Path, typer.Option(help="TOML spec of the cells to time.")],
+    repo: Annotated[Path, typer.Option(help="The git repository (default: the current directory's).")] = Path("."),
+    db: DbOption = Path("modelview.db"),
+    threshold: Annotated[str, typer.Option(help="'no change' means within ± this.")] = "2%",
+    confidence: Annotated[float, typer.Option(help="Confidence of each cell's interval.")] = 0.99,
+    fail_on: Annotated[str | None, typer.Option(help="Exit 1 if a cell is significantly slower by this, e.g. 5%.")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the verdicts as JSON.")] = False,
+    worktrees: Annotated[Path | None, typer.Option(help="Where worktrees are kept (default ~/.cache/nnforge).")]
+    = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Time two revisions in one interleaved schedule (git worktrees) and say which cells changed."""
+    import json
+
+    console = _console()
+    thr = _percent(console, threshold, "--threshold")
+    fail = _percent(console, fail_on, "--fail-on") if fail_on is not None else None
+    loaded, root = _revision_setup(console, spec, repo, db)
+    revs = _checkouts(console, root, [rev_a, rev_b], worktrees)
+    if revs[0].commit == revs[1].commit and not quiet:
+        console.print(f"note: {escape(rev_a)} and {escape(rev_b)} are the same commit", highlight=False)
+    from nnforge.modelview.ab import ab_cells, print_ab
+
+    run_id, results = _run_revisions(console, loaded, revs, db, f"ab {rev_a} {rev_b}", quiet or as_json)
+    cells = ab_cells(results, thr, confidence)
+    bad = [c for c in cells if fail is not None and c.verdict.regression(fail)]
+    if as_json:
+        print(json.dumps({"run_id": run_id, "a": revs[0].commit, "b": revs[1].commit,
+                          "cells": [c.as_dict() for c in cells], "fail_on": fail,
+                          "regressions": [f"{c.label}|{c.backend}" for c in bad]}, indent=1))
+    else:
+        print_ab(cells, revs[0], revs[1], console)
+        console.print(f"run {run_id} in {db}", highlight=False)
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command()
+def history(
+    commits: Annotated[str, typer.Argument(help="A..B: every commit after A up to B, measured against A.")],
+    spec: Annotated[Path, typer.Option(help="TOML spec of the cells to time.")],
+    repo: Annotated[Path, typer.Option(help="The git repository (default: the current directory's).")] = Path("."),
+    db: DbOption = Path("modelview.db"),
+    threshold: Annotated[str, typer.Option(help="Smallest change that counts as a step.")] = "5%",
+    confidence: Annotated[float, typer.Option(help="Confidence of each interval.")] = 0.99,
+    block: Annotated[int, typer.Option(help="Revisions timed together (reference included).")] = 6,
+    check: Annotated[bool, typer.Option(help="Exit 1 if a step is a slowdown.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the history as JSON.")] = False,
+    worktrees: Annotated[Path | None, typer.Option(help="Where worktrees are kept.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Time every commit of a range against its first, flag the commits that stepped (--check: fail on a slowdown)."""
+    import json
+
+    from nnforge.modelview.revisions import RevisionError, commit_range
+
+    console = _console()
+    thr = _percent(console, threshold, "--threshold")
+    if block < 2:
+        _fail(console, f"--block {block}: must be at least 2 (the reference and one commit)")
+    loaded, root = _revision_setup(console, spec, repo, db)
+    try:
+        listed = commit_range(root, commits)
+    except RevisionError as e:
+        _fail(console, str(e))
+    from nnforge.modelview.ab import blocks_of, history_cells, print_history
+
+    done = []
+    for blk in blocks_of(listed, block):
+        revs = _checkouts(console, root, blk, worktrees)
+        _, results = _run_revisions(console, loaded, revs, db, f"history {commits}", quiet or as_json)
+        done.append((revs, results))
+    cells = history_cells(done, listed, thr, confidence)
+    slow = [(hc, p) for hc in cells for p in hc.steps() if p.step is not None and p.step.change > 0]
+    if as_json:
+        print(json.dumps({"commits": listed, "cells": [hc.as_dict() for hc in cells],
+                          "slowdowns": [{"cell": f"{hc.label}|{hc.backend}", "commit": p.commit} for hc, p in slow]},
+                         indent=1))
+    else:
+        print_history(cells, console)
+        for hc, p in slow:
+            console.print(f"[red]slowdown[/] at {p.commit[:10]} ({escape(p.subject)}): {escape(hc.label)} "
+                          f"{escape(hc.backend)} {100 * p.step.change:+.1f}%", highlight=False, soft_wrap=True)
+    if check and slow:
+        raise typer.Exit(1)
+
+
 @app.command()
 def variants(plugin: Annotated[list[str] | None, typer.Option(help="Also load these plugins.")] = None) -> None:
     """List the variants and their parameters."""

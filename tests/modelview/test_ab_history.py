@@ -1,0 +1,60 @@
+"""``nnforge ab`` and ``nnforge history`` on a throwaway repository: revisions in one interleaved schedule, steps
+named at the commits that made them. The sizes asserted are 30 % changes of CPU work, far beyond timing noise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from revision_repo import make_repo
+from typer.testing import CliRunner
+
+from nnforge.cli import app
+from nnforge.modelview import open_store
+from nnforge.modelview.ab import blocks_of
+
+RUNNER = CliRunner()
+
+
+def test_ab_finds_and_sizes_a_slowdown_and_gates_on_it(tmp_path: Path):
+    repo = tmp_path / "repo"
+    c = make_repo(repo, [20, 26])  # 30 % more layers
+    db = tmp_path / "ab.db"
+    args = ["ab", c[0], c[1], "--spec", str(repo / "bench.toml"), "--repo", str(repo), "--db", str(db),
+            "--worktrees", str(tmp_path / "wt"), "--json"]
+    r = RUNNER.invoke(app, [*args, "--fail-on", "10%"])
+    assert r.exit_code == 1, r.output
+    out = json.loads(r.output)
+    (cell,) = out["cells"]
+    assert cell["verdict"] == "slower" and 0.15 < cell["change"] < 0.45 and out["regressions"]
+    with open_store(db) as s:
+        rows = s.cells(out["run_id"])
+    assert sorted(rows["backend"]) == sorted([f"eager@{c[0][:10]}", f"eager@{c[1][:10]}"])
+    assert (rows["status"] == "ok").all()
+    r = RUNNER.invoke(app, ["ab", c[0], "nope", "--spec", str(repo / "bench.toml"), "--repo", str(repo), "--db",
+                            str(db), "--worktrees", str(tmp_path / "wt")])
+    assert r.exit_code == 2 and "unknown revision 'nope'" in r.output
+
+
+def test_history_flags_both_steps_at_their_commits_and_no_other(tmp_path: Path):
+    repo = tmp_path / "repo"
+    c = make_repo(repo, [20, 26, None, 20])  # slowdown at 1, unrelated 2, fix at 3
+    args = ["history", f"{c[0]}..{c[3]}", "--spec", str(repo / "bench.toml"), "--repo", str(repo), "--db",
+            str(tmp_path / "h.db"), "--worktrees", str(tmp_path / "wt"), "--json", "--threshold", "10%"]
+    r = RUNNER.invoke(app, [*args, "--check"])
+    assert r.exit_code == 1, r.output  # --check: a slowdown step
+    out = json.loads(r.output)
+    assert out["commits"] == c
+    (cell,) = out["cells"]
+    assert cell["steps"] == [c[1], c[3]]
+    assert [s["commit"] for s in out["slowdowns"]] == [c[1]]
+    ratios = [p["ratio_to_reference"] for p in cell["points"]]
+    assert ratios[0] == 1.0 and ratios[1] > 1.15 and ratios[2] > 1.15 and abs(ratios[3] - 1) < 0.08
+
+
+def test_blocks_share_the_reference_and_overlap():
+    commits = [f"c{i}" for i in range(8)]
+    assert blocks_of(commits[:4], 6) == [commits[:4]]
+    blocks = blocks_of(commits, 4)
+    assert all(b[0] == "c0" for b in blocks) and len(blocks) == 3
+    assert blocks == [["c0", "c1", "c2", "c3"], ["c0", "c3", "c4", "c5"], ["c0", "c5", "c6", "c7"]]
