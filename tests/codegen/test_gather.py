@@ -4,8 +4,6 @@ errors bad indices and shapes give."""
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import torch
@@ -15,11 +13,6 @@ import nnforge as nf
 # float64: both sides gather exact values and sum the same few terms; 1e-12 is thousands of ulps of room.
 # float32: the scatter-add sums up to ~8 products per element in float32 on both sides, maybe in another order.
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def _close(a, b, dt):

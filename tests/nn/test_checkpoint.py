@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 import torch
 
 import nnforge as nf
 import nnforge.nn as nn
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 class _TorchReverse(torch.nn.Module):
