@@ -73,8 +73,10 @@ def test_view_compare(page, view_small: str) -> None:
     p.goto(view_small + "/compare?a=run-a&b=run-b")
     page.wait_plots()
     page.screenshot("compare")
-    assert p.locator("tr.pair[data-verdict=slower]").count() == 28
-    assert {t["name"] for t in page.traces("compare")} == {"slower"}
+    rows = p.locator("tr.pair")
+    assert rows.count() == 28  # b is 10 % slower in every backend: ratios to eager unchanged, none called slower
+    verdicts = {rows.nth(i).get_attribute("data-verdict") for i in range(rows.count())}
+    assert "slower" not in verdicts and {t["name"] for t in page.traces("compare")} == verdicts
     assert page.errors == []
 
 
