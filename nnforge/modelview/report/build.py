@@ -18,6 +18,7 @@ from .common import FigureSpec, fmt_si, unit_of
 from .data import CellRow, Database, RunInfo
 from .figures import max_throughput, scaling, speedup
 from .figures_perf import compile_vs_steady, flatten, gpu, gpu_metrics_of, latency, latency_cells, roofline
+from .notices import apply, planned_cells, run_notices
 from .plotdict import plot_json
 from .plotlyjs import plotly_js_text
 
@@ -36,6 +37,7 @@ class Report:
     problems_total: int = 0
     throttled: list[tuple[CellRow, list[str]]] = field(default_factory=list)
     headline: str = ""
+    notices: list[str] = field(default_factory=list)  # unfinished run, busy machine, missed CI targets
 
     def figure(self, fid: str) -> FigureSpec:
         return next(f for f in self.figures if f.id == fid)
@@ -99,11 +101,12 @@ def build_report(db_path: str | Path, run_id: str | None = None) -> Report:
         db_path=str(db_path),
         runs=runs,
         run=run,
-        figures=build_figures(cells, run, samples),
+        figures=apply(build_figures(cells, run, samples), cells, run),
         problems=problems[:MAX_PROBLEM_ROWS],
         problems_total=len(problems),
         throttled=throttled[:MAX_PROBLEM_ROWS],
         headline=headline(cells),
+        notices=run_notices(cells, run, planned_cells(run)),
     )
 
 
