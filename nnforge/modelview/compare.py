@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .console import setting_label
-from .stats import Estimate, Timing, Verdict, estimate, judge, timing_from
+from .stats import Estimate, Timing, Verdict, estimate, judge, pooled_between, timing_from, with_between
 from .store import Store
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def compare_cells(
     a_set = {(c.setting_key, c.backend): c for c in a}
     b_set = {(c.setting_key, c.backend): c for c in b}
     b_by_key = {c.cell_key: c for c in b}
-    out = []
+    raw = []
     for ca in a:
         cb = b_by_key.get(ca.cell_key)
         if cb is None:
@@ -116,7 +116,13 @@ def compare_cells(
         relative = (baseline is not None and ca.backend != baseline
                     and (ca.setting_key, baseline) in a_set and (cb.setting_key, baseline) in b_set)
         base = baseline if relative else None
-        ea, eb = _figure(ca, a_set, base), _figure(cb, b_set, base)
+        raw.append((ca, cb, relative, _figure(ca, a_set, base), _figure(cb, b_set, base)))
+    # the spread between processes, pooled over each run's cells of one kind of figure (stats.pooled_between)
+    pooled = {(side, rel): pooled_between([r[3 + side] for r in raw if r[2] == rel]) for side in (0, 1)
+              for rel in (False, True)}
+    out = []
+    for ca, cb, relative, ea, eb in raw:
+        ea, eb = with_between(ea, *pooled[(0, relative)]), with_between(eb, *pooled[(1, relative)])
         v = judge(ea, eb, threshold, confidence, floor_ratio if relative else floor_time)
         out.append(CellChange(ca.cell_key, ca.label, ca.backend, ca.median_s, cb.median_s,
                               f"vs {baseline}" if relative else "time", ea, eb, v))

@@ -7,6 +7,7 @@ change". The median, not the mean, is what the sweep reports: one preempted call
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -209,7 +210,8 @@ def round_medians(t: Timing) -> dict[tuple[int, int], float]:
 @dataclass(frozen=True)
 class Estimate:
     """A figure in log space (log seconds, or log of the time relative to a baseline) with its standard error and
-    degrees of freedom; ``units`` rounds from ``processes`` processes went into it."""
+    degrees of freedom; ``units`` rounds from ``processes`` processes went into it. ``se_within`` / ``df_within`` are
+    the rounds' part alone, before the spread between processes is added (``with_between``)."""
 
     log_value: float
     se: float
@@ -217,10 +219,20 @@ class Estimate:
     units: int
     processes: int
     process_values: tuple[float, ...] = ()
+    se_within: float = float("inf")
+    df_within: float = 0.0
 
     @property
     def value(self) -> float:
         return math.exp(self.log_value)
+
+    @property
+    def between_var(self) -> float:
+        """This cell's own estimate of the variance between processes (0 when it cannot tell)."""
+        k = len(self.process_values)
+        if k < 2 or not math.isfinite(self.se_within):
+            return 0.0
+        return max(0.0, float(np.var(self.process_values, ddof=1)) - k * self.se_within**2)
 
 
 def batch_means(values: Sequence[float], max_batches: int = 8) -> tuple[float, float, float]:
@@ -255,13 +267,34 @@ def estimate(cell: Timing, baseline: Timing | None = None) -> Estimate:
     k = len(fits)
     means = [f[0] for f in fits]
     var_within = sum(f[1] ** 2 for f in fits) / k**2
-    df = _satterthwaite([(f[1] ** 2 / k**2, f[2]) for f in fits])
-    if k >= 2:  # the processes' own spread, when larger than their rounds suggest
-        var_between = float(np.var(means, ddof=1)) / k
-        if var_between > var_within:
-            var_within, df = var_between, float(k - 1)
+    df_within = _satterthwaite([(f[1] ** 2 / k**2, f[2]) for f in fits])
     units = sum(len(v) for v in per_proc.values())
-    return Estimate(float(np.mean(means)), math.sqrt(var_within), df, units, k, tuple(means))
+    e = Estimate(float(np.mean(means)), math.sqrt(var_within), df_within, units, k, tuple(means),
+                 math.sqrt(var_within), df_within)
+    return with_between(e, 0.0, 0.0)
+
+
+def pooled_between(estimates: Sequence[Estimate]) -> tuple[float, float]:
+    """(variance between processes, its degrees of freedom) pooled over the cells of one run that have several
+    processes: a property of the machine and the run, which one cell's two or three processes estimate poorly
+    (with one degree of freedom a 99 % interval is 64 standard errors wide)."""
+    parts = [(e.between_var, len(e.process_values) - 1) for e in estimates if len(e.process_values) >= 2]
+    df = sum(d for _, d in parts)
+    if df == 0:
+        return 0.0, 0.0
+    return sum(v * d for v, d in parts) / df, float(df)
+
+
+def with_between(e: Estimate, pooled_var: float, pooled_df: float) -> Estimate:
+    """The estimate's error with the spread between processes added: the run's pooled variance, or the cell's own
+    when its processes disagree more than that (then with its own few degrees of freedom)."""
+    k = e.processes
+    if k < 2:
+        return e
+    own = e.between_var
+    var_b, df_b = (pooled_var, pooled_df) if pooled_var >= own and pooled_df > 0 else (own, float(k - 1))
+    parts = [(e.se_within**2, e.df_within), (var_b / k, df_b)]
+    return dataclasses.replace(e, se=math.sqrt(e.se_within**2 + var_b / k), df=_satterthwaite(parts))
 
 
 def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
