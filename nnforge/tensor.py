@@ -9,7 +9,10 @@ and memoizes the result for as long as the node lives.
 from __future__ import annotations
 
 import builtins
+import contextvars
+import functools
 import math
+import re
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -22,11 +25,45 @@ from .errors import DTypeError, ShapeError, TraceError, at
 from .ir.build import make
 from .ir.dims import Dim
 from .ir.node import Node
-from .ir.ops import Op, fmt_shape
+from .ir.ops import FLOAT_ONLY, Op, fmt_shape
 from .trace import session
 
 Scalar = int | float | bool
 ShapeLike = Sequence[int]
+
+# The op the user called while a composed op (softmax, mean, std...) builds the ops it is made of: errors name it,
+# not the internal one (``max``, ``sum``). A context variable, so concurrent traces in other threads do not mix.
+_called: contextvars.ContextVar[str | None] = contextvars.ContextVar("nnforge_called_op", default=None)
+_PREFIX = re.compile(r"^[a-z_]+: ")
+
+
+def _opname(name: str) -> str:
+    """The name an error should give: the outermost op the user called, else ``name``."""
+    return _called.get() or name
+
+
+def composed(name: str):
+    """Mark a frontend function built from other ops: shape and dtype errors raised inside it name ``name``."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if _called.get() is not None:
+                return fn(*args, **kwargs)
+            token = _called.set(name)
+            try:
+                return fn(*args, **kwargs)
+            except (ShapeError, DTypeError) as e:
+                msg = str(e)
+                if _PREFIX.match(msg) and not msg.startswith(f"{name}: "):
+                    raise type(e)(_PREFIX.sub(f"{name}: ", msg, count=1)) from None
+                raise
+            finally:
+                _called.reset(token)
+
+        return wrapper
+
+    return deco
 
 
 class Tensor:
@@ -264,6 +301,7 @@ class Tensor:
     def sqrt(self):
         return _unary(Op.SQRT, self)
 
+    @composed("rsqrt")
     def rsqrt(self):
         return _unary(Op.RECIP, _unary(Op.SQRT, self))
 
@@ -282,8 +320,12 @@ class Tensor:
     def sigmoid(self):
         return _unary(Op.SIGMOID, self)
 
+    def erf(self):
+        return erf(self)
+
+    @composed("relu")
     def relu(self):
-        return where(self > 0, self, 0)
+        return where(self <= 0, 0, self)  # NaN stays NaN, as torch
 
     def abs(self):
         return _unary(Op.ABS, self)
@@ -297,12 +339,15 @@ class Tensor:
     def minimum(self, o):
         return _binary(Op.MIN, self, o)
 
+    @composed("clamp")
     def clamp(self, min: Scalar | None = None, max: Scalar | None = None):
+        """min(max(x, min), max) as torch: the gradient passes on the closed interval [min, max] (a maximum would
+        halve it at the bounds), NaN stays NaN, and min > max gives max everywhere."""
         out = self
         if min is not None:
-            out = out.maximum(min)
+            out = where(out < min, min, out)
         if max is not None:
-            out = out.minimum(max)
+            out = where(out > max, max, out)
         return out
 
     def cast(self, dtype: Any) -> Tensor:
@@ -328,35 +373,56 @@ class Tensor:
     def max(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         return _reduce(Op.REDUCE_MAX, self, axis, keepdims, "max")
 
+    @composed("min")
     def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         return -_reduce(Op.REDUCE_MAX, -self, axis, keepdims, "min")
 
+    @composed("mean")
     def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         x = _as_float(self)
         return x.sum(axis, keepdims) / _count(x, axis)
 
+    @composed("var")
     def var(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, correction: int = 1) -> Tensor:
         """Variance with Bessel's correction by default (as torch.var)."""
         x = _as_float(self)
         d = x - x.mean(axis, keepdims=True)
         return (d * d).sum(axis, keepdims) / builtins.max(_count(x, axis) - correction, 0)
 
+    @composed("std")
     def std(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, correction: int = 1) -> Tensor:
-        return self.var(axis, keepdims, correction).sqrt()
+        """sqrt(var), with torch's gradient 0 where the variance is 0 (a constant slice), not 0 * inf = NaN."""
+        v = self.var(axis, keepdims, correction)
+        zero = v == 0
+        return where(zero, 0.0, where(zero, 1.0, v).sqrt())
 
+    @composed("logsumexp")
     def logsumexp(self, axis: int | Sequence[int] | None = -1, keepdims: bool = False) -> Tensor:
         """log(sum(exp(x))) computed as m + log(sum(exp(x - m))), m the max: no overflow."""
-        m = self.max(axis, keepdims=True)
-        m = where(m.abs() == math.inf, 0.0, m)  # all -inf (or an inf) in a slice: give -inf/inf, not inf - inf
+        if _empty(self, axis):  # an empty sum: log 0 = -inf, as torch
+            m = full(self.sum(axis, keepdims=True).shape, 0.0, _as_float(self).dtype)
+        else:
+            m = self.max(axis, keepdims=True)
+            m = where(m.abs() == math.inf, 0.0, m)  # all -inf (or an inf) in a slice: give -inf/inf, not inf - inf
         out = (self - m).exp().sum(axis, keepdims=True).log() + m
         return out if keepdims else out.squeeze(_axes(axis, self.ndim, "logsumexp"))
 
+    @composed("softmax")
     def softmax(self, axis: int = -1) -> Tensor:
+        if _empty(self, axis):  # no element to normalize: the (empty) result needs no maximum
+            return _as_float(self)
         e = (self - self.max(axis, keepdims=True)).exp()
         return e / e.sum(axis, keepdims=True)
 
+    @composed("log_softmax")
     def log_softmax(self, axis: int = -1) -> Tensor:
-        return self - self.logsumexp(axis, keepdims=True)
+        """(x - m) - log(sum(exp(x - m))), m the slice's maximum, as torch: a slice holding +inf or only -inf is
+        NaN (x - logsumexp(x) would give -inf beside NaN); m carries no gradient (the result does not depend on
+        it)."""
+        if _empty(self, axis):
+            return _as_float(self)
+        shifted = self - self.max(axis, keepdims=True).detach()
+        return shifted - shifted.exp().sum(axis, keepdims=True).log()
 
     # ---- movement --------------------------------------------------------------------------------------------
     def reshape(self, *shape: Any) -> Tensor:
@@ -376,6 +442,7 @@ class Tensor:
 
     view = reshape
 
+    @composed("flatten")
     def flatten(self, start: int = 0, end: int = -1) -> Tensor:
         s, e = _axis(start, self.ndim, "flatten"), _axis(end, self.ndim, "flatten")
         return self.reshape(*self.shape[:s], math.prod(self.shape[s:e + 1]), *self.shape[e + 1:])
@@ -386,9 +453,12 @@ class Tensor:
             return self
         return Tensor(make(Op.PERMUTE, (self.node,), {"perm": perm}))
 
+    @composed("transpose")
     def transpose(self, a: int = -2, b: int = -1) -> Tensor:
         perm = list(range(self.ndim))
         a, b = _axis(a, self.ndim, "transpose"), _axis(b, self.ndim, "transpose")
+        if self.ndim == 0:
+            return self
         perm[a], perm[b] = perm[b], perm[a]
         return self.permute(*perm)
 
@@ -398,22 +468,27 @@ class Tensor:
 
     @property
     def mT(self) -> Tensor:
-        return self.transpose(-2, -1)
+        return self if self.ndim == 0 else self.transpose(-2, -1)  # a 0-d tensor is its own, as in torch
 
     def expand(self, *shape: Any) -> Tensor:
         shape = _shape_arg(shape)
         if len(shape) < self.ndim:
             raise ShapeError(at(f"expand: target {tuple(shape)} has fewer axes than {fmt_shape(self.shape)}"))
         lead = len(shape) - self.ndim
+        if any(int(d) == -1 for d in shape[:lead]):
+            raise ShapeError(at(f"{_opname('expand')}: -1 keeps an existing axis; new leading axes of "
+                                f"{tuple(map(int, shape))} need sizes (tensor {fmt_shape(self.shape)})"))
         x = self.reshape(*([1] * lead), *self.shape) if lead else self
         shape = tuple(x.shape[i] if int(d) == -1 else d for i, d in enumerate(shape))
         if tuple(map(int, shape)) == tuple(map(int, x.shape)):
             return x
         return Tensor(make(Op.EXPAND, (x.node,), {"shape": shape}))
 
+    @composed("broadcast_to")
     def broadcast_to(self, shape: ShapeLike) -> Tensor:
         return self.expand(*shape)
 
+    @composed("squeeze")
     def squeeze(self, axis: int | Sequence[int] | None = None) -> Tensor:
         if axis is None:
             axes = [i for i, d in enumerate(self.shape) if int(d) == 1]
@@ -422,10 +497,12 @@ class Tensor:
             axes = [a for a in axes if int(self.shape[a]) == 1]
         return self.reshape(*[d for i, d in enumerate(self.shape) if i not in axes])
 
+    @composed("unsqueeze")
     def unsqueeze(self, axis: int) -> Tensor:
         a = _axis(axis, self.ndim + 1, "unsqueeze")
         return self.reshape(*self.shape[:a], 1, *self.shape[a:])
 
+    @composed("flip")
     def flip(self, axis: int | Sequence[int] = 0) -> Tensor:
         axes = _axes(axis, self.ndim, "flip")
         idx = tuple(slice(None, None, -1) if i in axes else slice(None) for i in range(self.ndim))
@@ -434,17 +511,26 @@ class Tensor:
     def __getitem__(self, index: Any) -> Tensor:
         return _getitem(self, index)
 
+    @composed("chunk")
     def chunk(self, n: int, axis: int = 0) -> list[Tensor]:
+        if self.ndim == 0:
+            raise ShapeError(at(f"{_opname('chunk')}: needs a tensor with at least one axis, got a 0-d tensor"))
         a = _axis(axis, self.ndim, "chunk")
         size = self.shape[a]
+        if int(size) == 0:  # torch: n empty chunks
+            return [self] * n
         if int(size) % n:
             raise ShapeError(at(f"chunk: axis {a} of size {int(size)} does not split into {n} equal chunks"))
         step = size // n
         return self.split(step, a)
 
     def split(self, sizes: int | Sequence[int], axis: int = 0) -> list[Tensor]:
+        if self.ndim == 0:
+            raise ShapeError(at(f"{_opname('split')}: needs a tensor with at least one axis, got a 0-d tensor"))
         a = _axis(axis, self.ndim, "split")
         total = self.shape[a]
+        if isinstance(sizes, int) and int(total) == 0:  # torch: one empty piece
+            return [self]
         if isinstance(sizes, int):
             bounds, start = [], 0
             while int(start) < int(total):
@@ -586,17 +672,25 @@ def _shape_pairs(pads: Any) -> tuple:
 
 
 def _axis(axis: int, ndim: int, op: str) -> int:
-    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < builtins.max(ndim, 1):
+    """``axis`` in [0, ndim); a 0-d tensor takes -1 and 0 as torch does (as if it had one axis)."""
+    n = builtins.max(ndim, 1)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -n <= axis < n:
         raise ShapeError(at(f"{op}: axis {axis} out of range for a {ndim}-d tensor"))
-    return int(axis) % builtins.max(ndim, 1)
+    return int(axis) % n
 
 
 def _axes(axis: int | Sequence[int] | None, ndim: int, op: str) -> list[int]:
+    """Sorted axes; none for a 0-d tensor (reducing or squeezing it over -1 or 0 gives it back, as in torch)."""
     if axis is None:
         return list(range(ndim))
-    if isinstance(axis, (int, np.integer)):
-        return [_axis(axis, ndim, op)]
-    return sorted({_axis(a, ndim, op) for a in axis})
+    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    out = sorted({_axis(a, ndim, op) for a in axes})
+    return out if ndim else []
+
+
+def _empty(x: Tensor, axis: int | Sequence[int] | None) -> bool:
+    """Whether one of the reduced axes has no element."""
+    return any(int(x.shape[a]) == 0 for a in _axes(axis, x.ndim, "reduce"))
 
 
 def _count(x: Tensor, axis: int | Sequence[int] | None) -> int:
@@ -663,7 +757,7 @@ def _logical(a: Tensor, b: Any, op: Op) -> Tensor:
 def _unary(op: Op, x: Tensor) -> Tensor:
     if not isinstance(x, Tensor):
         x = Tensor(x)
-    if op in (Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID) and not x.dtype.is_float:
+    if op in FLOAT_ONLY and not x.dtype.is_float:
         x = x.cast(dtypes.float32)
     return Tensor(make(op, (x.node,)))
 
@@ -806,6 +900,8 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     tensors = [_operand(t, "concat") for t in tensors]
     if not tensors:
         raise ShapeError(at("concat: needs at least one tensor"))
+    if any(t.ndim == 0 for t in tensors):
+        raise ShapeError(at(f"{_opname('concat')}: a 0-d tensor cannot be concatenated (add an axis first)"))
     a = _axis(axis, tensors[0].ndim, "concat")
     dt = tensors[0].dtype
     for t in tensors[1:]:
@@ -819,6 +915,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
 cat = concat
 
 
+@composed("stack")
 def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     tensors = [_operand(t, "stack") for t in tensors]
     if not tensors:
@@ -878,10 +975,12 @@ def minimum(a: Any, b: Any) -> Tensor:
     return _binary(Op.MIN, a, b)
 
 
+@composed("silu")
 def silu(x: Tensor) -> Tensor:
     return x * x.sigmoid()
 
 
+@composed("gelu")
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """GELU; ``approximate="tanh"`` is the tanh form, the default the exact erf form via a tight erf polynomial."""
     if approximate == "tanh":
@@ -889,11 +988,8 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     return 0.5 * x * (1 + erf(x * (1 / math.sqrt(2))))
 
 
-def erf(x: Tensor) -> Tensor:
-    """erf by Abramowitz-Stegun 7.1.26 refined (max abs error 1.2e-7): exp/recip compositions only."""
-    s = x.sign()
-    a = x.abs()
-    t = 1 / (1 + 0.5 * a)
-    poly = (-a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))))
-    return s * (1 - t * poly.exp())
+def erf(x: Any) -> Tensor:
+    """The error function, one IR op: libm's erf/erff on the C backend, a float64-exact reference, and the
+    vjp 2/sqrt(pi) * exp(-x^2) (a polynomial composition would be float32-accurate and differentiate its own
+    approximation)."""
+    return _unary(Op.ERF, _operand(x, "erf"))

@@ -7,6 +7,7 @@ they are traced into IR like any user code and can themselves be differentiated.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from ..ir.build import make
@@ -87,9 +88,10 @@ def _concat_vjp(n: Node, g: Tensor) -> tuple:
 
 
 def _pow_vjp(a: Tensor, b: Tensor, y: Tensor, g: Tensor) -> tuple:
-    ga = g * b * a ** (b - 1)
-    safe = where(a > 0, a, full(a.shape, 1, a.dtype))
-    gb = g * where(a > 0, y * safe.log(), _zeros(a))
+    """torch's rules: d/da is 0 where the exponent is 0 (b^0 is constant in b, even at 0 where b^-1 is inf);
+    d/db = y log(a) is 0 only at a = 0 with b >= 0, and NaN (a < 0) or -inf (a = 0, b < 0) stay visible."""
+    ga = where(b == 0, _zeros(a), g * b * a ** (b - 1))
+    gb = g * where((a == 0) & (b >= 0), _zeros(a), y * a.log())
     return ga, gb
 
 
@@ -116,6 +118,7 @@ VJP: dict[Op, Rule] = {
     Op.COS: lambda n, s, y, g: (-g * s[0].sin(),),
     Op.TANH: lambda n, s, y, g: (g * (1 - y * y),),
     Op.SIGMOID: lambda n, s, y, g: (g * y * (1 - y),),
+    Op.ERF: lambda n, s, y, g: (g * (2 / math.sqrt(math.pi)) * (-s[0] * s[0]).exp(),),
     Op.ABS: lambda n, s, y, g: (g * s[0].sign(),),
     Op.SIGN: lambda n, s, y, g: (None,),
     Op.ADD: lambda n, s, y, g: (g, g),

@@ -7,6 +7,7 @@ their body graphs step by step; nothing is unrolled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,19 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
         return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """libm's erf (within an ulp in float64; numpy has none, and the interpreter is the ground truth)."""
+    return np.asarray(_ERF(np.asarray(x, np.float64)), np.float64).astype(x.dtype, copy=False)
+
+
+def _sign(x: np.ndarray) -> np.ndarray:
+    """torch's sign: 0 at NaN (numpy's is NaN)."""
+    return np.where(np.isnan(x), 0, np.sign(x)) if x.dtype.kind == "f" else np.sign(x)
+
+
 def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if np.issubdtype(a.dtype, np.integer):
         return np.power(a, np.maximum(b, 0))
@@ -38,7 +52,8 @@ def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 _ELEMENTWISE: dict[Op, Callable[..., np.ndarray]] = {
     Op.NEG: np.negative, Op.EXP: np.exp, Op.LOG: np.log, Op.SQRT: np.sqrt, Op.RECIP: np.reciprocal,
-    Op.SIN: np.sin, Op.COS: np.cos, Op.TANH: np.tanh, Op.SIGMOID: _sigmoid, Op.ABS: np.abs, Op.SIGN: np.sign,
+    Op.SIN: np.sin, Op.COS: np.cos, Op.TANH: np.tanh, Op.SIGMOID: _sigmoid, Op.ERF: _erf, Op.ABS: np.abs,
+    Op.SIGN: _sign,
     Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.POW: _pow, Op.MAX: np.maximum,
     Op.MIN: np.minimum, Op.LT: np.less, Op.LE: np.less_equal, Op.EQ: np.equal, Op.NE: np.not_equal,
     Op.WHERE: np.where,

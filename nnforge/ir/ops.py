@@ -35,6 +35,7 @@ class Op(enum.Enum):
     COS = enum.auto()
     TANH = enum.auto()
     SIGMOID = enum.auto()
+    ERF = enum.auto()
     ABS = enum.auto()
     SIGN = enum.auto()
     ADD = enum.auto()
@@ -72,8 +73,9 @@ class Op(enum.Enum):
     RECEIVER = enum.auto()  # device -> host: calls attrs fn(*values); no result
 
 
-UNARY = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID, Op.ABS, Op.SIGN})
-FLOAT_ONLY = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID})
+UNARY = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID, Op.ERF,
+                   Op.ABS, Op.SIGN})
+FLOAT_ONLY = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID, Op.ERF})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN})
 COMPARE = frozenset({Op.LT, Op.LE, Op.EQ, Op.NE})
 ELEMENTWISE = UNARY | BINARY | COMPARE | {Op.WHERE, Op.CAST}

@@ -229,7 +229,14 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     ends = (pos == last) | (pos == last - 1)
     nll = -where(ends, alpha, _NEG).logsumexp(-1)                           # [N]
     impossible = nll > -_NEG / 10
-    nll = where(impossible, 0.0 if zero_infinity else float("inf"), nll)
+    if zero_infinity:
+        nll = where(impossible, 0.0, nll)
+    else:
+        # +inf, and a NaN gradient for every log-probability of the sample, as torch (a zero would let training
+        # go on silently): inf * (1 + 0 * sum(lp)) is inf with derivative inf * 0 = NaN in each element.
+        finite = where(lp.abs() < float("inf"), lp, 0.0).sum((0, 2))
+        scale = where(impossible, float("inf"), 0.0)
+        nll = where(impossible, scale * (1.0 + 0.0 * finite), nll)
     if reduction == "mean":
         nll = (nll / tg_len.clamp(min=1).cast(nll.dtype)).mean()
     elif reduction == "sum":

@@ -29,6 +29,7 @@ from .utils import (
     np_dtype,
     rand_array,
     seed_of,
+    to_np,
     to_torch,
     torch_dtype,
     torch_getitem,
@@ -274,6 +275,9 @@ def _params():
         for d in c.dtypes:
             if (c.name, d) not in _SKIP_FORWARD:
                 yield pytest.param(c, "forward", d, id=f"{c.name}-forward-{d}")
+        if "float64" in c.dtypes:
+            yield pytest.param(c, "edge", "float64", id=f"{c.name}-edge-float64")
+            yield pytest.param(c, "shapes", "float64", id=f"{c.name}-shapes-float64")
         if c.grad:
             for d in ("float32", "float64"):
                 yield pytest.param(c, "grad", d, id=f"{c.name}-grad-{d}")
@@ -294,8 +298,62 @@ def _torch_fn(case: OpCase) -> Callable:
     return case.torch_fn or case.nf_fn
 
 
+EDGES = {"real": (0.0, -0.0, np.inf, -np.inf, np.nan, 1.0), "positive": (0.0, np.inf, np.nan, 1.0),
+         "away0": (np.inf, -np.inf, np.nan, 1.0), "unit": (0.0, -0.0, 0.5), "smallint": (0.0, -0.0, 2.0),
+         "large": (np.inf, -np.inf, 0.0)}
+"""Edge values per input domain: signed zeros, infinities, NaN, and the same value in every input (exact ties)."""
+
+
+def _with_edges(case: OpCase, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Every float input gets the edge values of its domain at the same positions, so binary ops see ties
+    (x == y), zeros against zeros, inf against inf; the other entries stay random."""
+    out = []
+    for s, a in zip(case.inputs, arrays):
+        a = a.copy()
+        if a.dtype.kind == "f" and s.dtype is None and a.size:
+            edges = EDGES[s.domain]
+            for k in range(min(a.size, len(edges))):
+                a.flat[k] = edges[k]
+        out.append(a)
+    return out
+
+
+def _reshaped(case: OpCase, dtype: str, shape: tuple) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed_of(case.name, dtype, shape))
+    return [rand_array(rng, shape, s.domain, s.dtype or dtype) for s in case.inputs]
+
+
+def _agree_with_torch(case: OpCase, arrays: list[np.ndarray], what: str) -> None:
+    """Same values (NaN where torch has NaN), shapes and dtypes as torch; an error where torch raises one."""
+    try:
+        ref = _flat(_torch_fn(case)(*[to_torch(a) for a in arrays]))
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        with pytest.raises(nf.NNForgeError):
+            _flat(case.nf_fn(*[nf.tensor(a) for a in arrays]))[0].numpy()
+        return
+    out = _flat(case.nf_fn(*[nf.tensor(a) for a in arrays]))
+    assert len(out) == len(ref), what
+    for k, (o, r) in enumerate(zip(out, ref)):
+        assert tuple(o.shape) == tuple(r.shape), f"{what}: shape {tuple(o.shape)} vs {tuple(r.shape)}"
+        assert o.dtype.value == str(r.dtype).removeprefix("torch."), f"{what}: dtype {o.dtype} vs {r.dtype}"
+        a, e = to_np(o), to_np(r)
+        if a.dtype.kind != "f":
+            np.testing.assert_array_equal(a, e, err_msg=what)
+        else:
+            assert np.array_equal(np.isnan(a), np.isnan(e)), f"{what} output {k}: NaN at {a} vs {e}"
+            np.testing.assert_allclose(a, e, rtol=1e-12, atol=1e-300, equal_nan=True, err_msg=f"{what} output {k}")
+
+
 def check_op(case: OpCase, mode: str, dtype: str) -> None:
-    """The one driver of every op test (forward, grad vs torch autograd, finite differences)."""
+    """The one driver of every op test (forward, grad vs torch autograd, finite differences, edge values, 0-d and
+    empty inputs)."""
+    if mode == "edge":
+        _agree_with_torch(case, _with_edges(case, _inputs(case, dtype)), f"{case.name} at edge values")
+        return
+    if mode == "shapes":
+        for shape in [(), (0,), (2, 0)]:  # every input 0-d or empty: torch's result, or an error where it raises
+            _agree_with_torch(case, _reshaped(case, dtype, shape), f"{case.name} on {shape} inputs")
+        return
     arrays = _inputs(case, dtype)
     diff = [i for i, (s, a) in enumerate(zip(case.inputs, arrays)) if a.dtype.kind == "f" and s.dtype is None]
     if mode == "forward":

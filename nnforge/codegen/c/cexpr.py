@@ -135,7 +135,8 @@ def flat(idx: Sequence[str], shape: Sequence[str]) -> str:
     return out
 
 
-_MATH = {Op.EXP: "exp", Op.LOG: "log", Op.SQRT: "sqrt", Op.SIN: "sin", Op.COS: "cos", Op.TANH: "nf_tanh"}
+_MATH = {Op.EXP: "exp", Op.LOG: "log", Op.SQRT: "sqrt", Op.SIN: "sin", Op.COS: "cos", Op.TANH: "nf_tanh",
+         Op.ERF: "erf"}
 
 
 def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mapping) -> str:
@@ -158,7 +159,7 @@ def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mappin
         return f"fabs{f}({a})" if fl else (a if dt == DType.bool else f"({a} < 0 ? -{a} : {a})")
     if op == Op.SIGN:
         if fl:
-            return f"({a} > 0 ? ({ctype(dt)})1 : ({a} < 0 ? ({ctype(dt)})-1 : {a}))"
+            return f"({a} > 0 ? ({ctype(dt)})1 : ({a} < 0 ? ({ctype(dt)})-1 : ({a} == {a} ? {a} : 0)))"  # NaN -> 0
         return f"(({ctype(dt)})(({a} > 0) - ({a} < 0)))"
     if op == Op.ADD:
         return f"({a} + {b})" if dt != DType.bool else f"(uint8_t)({a} | {b})"
