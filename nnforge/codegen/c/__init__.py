@@ -2,7 +2,8 @@
 
 ``CpuBackend`` is an explicit object holding the compiler and the loaded libraries; ``nnforge.codegen`` keeps
 one in its backend table. Graphs the C generator does not cover (side effects, random numbers, half
-precision) run on the reference interpreter instead, logged at INFO.
+precision) run on the reference interpreter instead, with a WARNING giving the reason once per reason: a user who
+asked for compiled code is told it is interpreted.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class CpuBackend:
 
     gemm: GemmConfig = field(default_factory=GemmConfig)
     _toolchain: Toolchain | None = None
+    _warned: set[str] = field(default_factory=set)  # fallback reasons already reported
 
     @functools.cached_property
     def available(self) -> bool:
@@ -71,7 +73,10 @@ class CpuBackend:
             from ...trace import session
             from ..reference import ReferenceProgram
 
-            log.info("cpu backend: %s; running this graph on the reference interpreter", e)
+            if str(e) not in self._warned:
+                self._warned.add(str(e))
+                log.warning("backend 'cpu': %s; this graph runs on the reference interpreter (numpy), not as "
+                            "compiled code", e)
             return ReferenceProgram(graph, session().rng)
         if debug_level() >= 3:
             log.debug("generated C:\n%s", low.text)

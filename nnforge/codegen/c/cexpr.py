@@ -27,7 +27,7 @@ class Unsupported(NNForgeError):
 
 def ctype(dt: DType) -> str:
     if dt not in CTYPE:
-        raise Unsupported(f"the C backend has no {dt} support yet")
+        raise Unsupported(f"the C backend has no {dt.value} support (float16 and bfloat16 are GPU precisions)")
     return CTYPE[dt]
 
 
