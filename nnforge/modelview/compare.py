@@ -32,10 +32,18 @@ if TYPE_CHECKING:
 DEFAULT_BASELINE = "eager"
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_CONFIDENCE = 0.99
-# Standard deviation of the between-run difference that one process per run cannot reveal; docs/modelview.md,
-# "Comparing runs", gives the measurements behind these defaults.
-DEFAULT_FLOOR_RATIO = 0.02
-DEFAULT_FLOOR_TIME = 0.10
+# Standard deviation of the between-run difference that one process per run cannot reveal, by the runs' clock
+# ("cpu": process CPU time; "wall": wall time or CUDA events); docs/modelview.md, "Comparing runs", gives the
+# measurements behind these defaults.
+FLOORS = {"cpu": (0.02, 0.05), "wall": (0.08, 0.20)}
+DEFAULT_FLOOR_RATIO, DEFAULT_FLOOR_TIME = FLOORS["wall"]
+
+
+def floors_for(*specs: dict[str, Any]) -> dict[str, float]:
+    """The noise floors for runs with these specs: the CPU-time ones only when every run timed CPU time."""
+    cpu = all((s.get("timing") or {}).get("clock") == "cpu" for s in specs)
+    ratio, time_ = FLOORS["cpu" if cpu else "wall"]
+    return {"floor_ratio": ratio, "floor_time": time_}
 
 
 @dataclass(frozen=True)
@@ -145,9 +153,10 @@ def compare_runs(
     with Store(db) as store:
         a_id, b_id = store.resolve_run(run_a), store.resolve_run(run_b)
         a, b = store.cells(a_id), store.cells(b_id)
+        specs = [json.loads((store.run(r) or {}).get("spec_json") or "{}") for r in (a_id, b_id)]
     ca, sa = timed_cells_from_frame(a)
     cb, sb = timed_cells_from_frame(b)
-    return a_id, b_id, compare_cells(ca, cb, **kw), compare_notes(sa, sb)
+    return a_id, b_id, compare_cells(ca, cb, **{**floors_for(*specs), **kw}), compare_notes(sa, sb)
 
 
 def regressions(changes: Iterable[CellChange], fail_on: float) -> list[CellChange]:

@@ -198,11 +198,13 @@ def drifting_rows(run_id: str, seed: int, slower: Mapping[str, float] | None = N
 
 
 def make_drifting(path: Path) -> tuple[str, str, str]:
-    """Three runs on a drifting machine: A, B (unchanged code, another time) and C (jit.script 10 % slower)."""
+    """Three runs on a drifting machine, timed in CPU time: A, B (unchanged code, another time) and C (jit.script
+    10 % slower)."""
     new_db(path)
     ids = []
     for i, (name, slower) in enumerate((("a", None), ("b", None), ("c", {"jit.script": 1.1}))):
-        rid = add_run(path, "drift", run_id=f"drift-{name}", created=1_790_000_000.0 + i)
+        rid = add_run(path, "drift", run_id=f"drift-{name}", created=1_790_000_000.0 + i,
+                      spec={"name": "drift", "timing": {"clock": "cpu"}})
         bulk_insert(path, drifting_rows(rid, seed=i, slower=slower))
         ids.append(rid)
     return ids[0], ids[1], ids[2]

@@ -22,16 +22,16 @@ def _json(db: Path, a: str, b: str, *extra: str) -> tuple[int, dict]:
 def test_cli_verdicts_gate_and_json(tmp_path: Path) -> None:
     db = tmp_path / "drift.db"
     a, b, c = synth.make_drifting(db)
-    code, same = _json(db, a, b, "--noise-floor", "1%", "--fail-on", "5%")
+    code, same = _json(db, a, b, "--noise-floor", "1%", "--time-noise-floor", "20%", "--fail-on", "5%")
     assert code == 0 and len(same["cells"]) == 18 and same["regressions"] == []
     judged = [x for x in same["cells"] if x["figure"] == "vs eager"]
     assert len(judged) == 12 and all(x["verdict"] in ("no change", "inconclusive") for x in judged)
-    code, slow = _json(db, a, c, "--noise-floor", "1%", "--fail-on", "5%")
+    code, slow = _json(db, a, c, "--noise-floor", "1%", "--time-noise-floor", "20%", "--fail-on", "5%")
     regressed = {x["cell_key"] for x in slow["cells"] if x["verdict"] == "slower"}
     assert code == 1 and set(slow["regressions"]) == regressed
     assert regressed == {x["cell_key"] for x in slow["cells"] if x["backend"] == "jit.script"}
     assert all(abs(x["change"] - 0.10) < 0.03 for x in slow["cells"] if x["backend"] == "jit.script")
-    code, _ = _json(db, a, c, "--noise-floor", "1%", "--fail-on", "20%")
+    code, _ = _json(db, a, c, "--noise-floor", "1%", "--time-noise-floor", "20%", "--fail-on", "20%")
     assert code == 0  # a 10 % regression does not trip a 20 % gate
     r = RUNNER.invoke(app, ["compare", a, c, "--db", str(db), "--noise-floor", "1%"])
     assert r.exit_code == 0 and "slower" in r.output and "Traceback" not in r.output
@@ -49,10 +49,13 @@ def test_web_view_gives_the_cli_verdicts(tmp_path: Path) -> None:
     _, cli = _json(db, a, c)
     store = Database(db)
     ca, cc = store.cells(a), store.cells(c)
-    pairs, _ = compare(ca, cc, store.samples(a, [x.cell_key for x in ca]), store.samples(c, [x.cell_key for x in cc]))
+    sa, sc = store.samples(a, [x.cell_key for x in ca]), store.samples(c, [x.cell_key for x in cc])
+    pairs, _ = compare(ca, cc, sa, sc, specs=(store.run(a).spec, store.run(c).spec))
     web = {p.a.cell_key: p.change.verdict.verdict for p in pairs}
     assert web == {x["cell_key"]: x["verdict"] for x in cli["cells"]}
     assert "slower" in web.values()
+    wall, _ = compare(ca, cc, sa, sc, specs=({}, {}))  # wall-clock runs: a larger between-run noise floor
+    assert "slower" not in {p.verdict for p in wall} and len(wall) == len(pairs)
     with running(db) as url:
         import urllib.request
 

@@ -146,7 +146,8 @@ def create_app(db_path: str | Path, warm: bool = False) -> FastAPI:
         def make() -> tuple[list[Any], list[str]]:
             ca, cb = state.db.cells(ra.run_id), state.db.cells(rb.run_id)
             keys = [c.cell_key for c in ca if c.ok]
-            return compare(ca, cb, state.db.samples(ra.run_id, keys), state.db.samples(rb.run_id, keys))
+            return compare(ca, cb, state.db.samples(ra.run_id, keys), state.db.samples(rb.run_id, keys),
+                           specs=(ra.spec, rb.spec))
 
         pairs, notes = state.cached("compare", (ra.run_id, rb.run_id), make)
         counts = {v: sum(1 for p in pairs if p.verdict == v) for v in ("faster", "slower", "no-change", "inconclusive")}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compare import CellChange, TimedCell, compare_cells
+from ..compare import CellChange, TimedCell, compare_cells, floors_for
 from ..report.data import CellRow
 from ..stats import holm, mann_whitney_p, timing_from
 
@@ -47,6 +47,7 @@ def compare(
     b_cells: list[CellRow],
     samples_a: dict[str, tuple[float, ...]],
     samples_b: dict[str, tuple[float, ...]],
+    specs: tuple[dict, dict] | None = None,
     **kw: object,
 ) -> tuple[list[Pair], list[str]]:
     """Pairs sorted by the size of the change (largest first), and notes on cells only one run has."""
@@ -54,7 +55,8 @@ def compare(
     rows_b = {c.cell_key: c for c in b_cells}
     ta = [_timed(c, samples_a[c.cell_key]) for c in a_cells if c.ok and c.median_s and samples_a.get(c.cell_key)]
     tb = [_timed(c, samples_b[c.cell_key]) for c in b_cells if c.ok and c.median_s and samples_b.get(c.cell_key)]
-    changes = compare_cells(ta, tb, **kw)  # type: ignore[arg-type]
+    floors = floors_for(*specs) if specs is not None else {}
+    changes = compare_cells(ta, tb, **{**floors, **kw})  # type: ignore[arg-type]
     pairs = [Pair(rows_a[ch.cell_key], rows_b[ch.cell_key], ch) for ch in changes]
     only_a = len(set(rows_a) - set(rows_b))
     only_b = len(set(rows_b) - set(rows_a))
