@@ -46,6 +46,7 @@ def test_max_throughput_marks_the_best_backend(small_db: Path) -> None:
     assert fast.text[i].startswith("★") and fast.marker.line.width[i] > 0
     j = list(eager.y).index("lstm_manual(hidden=32)")
     assert eager.x[j] == pytest.approx(16 * 8 / (1e-3 * 4)) and "★" not in eager.text[j]
+    assert eager.text[j].startswith("32 k vectors/s · 4 ms")  # plain units: not 3.200e+04
     assert fig.layout.xaxis.title.text == "Throughput (vectors/s)"
 
 

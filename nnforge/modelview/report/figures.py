@@ -23,6 +23,8 @@ from .common import (
     FigureSpec,
     backend_colors,
     base_layout,
+    fmt_s,
+    fmt_si,
     spans_decade,
     unit_of,
 )
@@ -84,7 +86,8 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
                 "thickness": 1,
             },
             text=[
-                f"{'★ ' if winner[cat] == be else ''}{c.throughput:.3e} · {c.shape_label}" for cat, c in rows
+                f"{'★ ' if winner[cat] == be else ''}{fmt_si(c.throughput)} {unit} · {fmt_s(c.median_s)} · "
+                f"{c.shape_label}" for cat, c in rows
             ],
             textposition="auto",
             insidetextanchor="start",
