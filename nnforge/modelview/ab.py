@@ -75,12 +75,12 @@ def ab_cells(results: Sequence[SettingResult], threshold: float, confidence: flo
 def print_ab(cells: Sequence[AbCell], rev_a: Revision, rev_b: Revision, console: Console) -> None:
     table = Table(title=f"B = {escape(rev_b.name)} ({rev_b.short}) vs A = {escape(rev_a.name)} ({rev_a.short}), "
                         "interleaved rounds\nnegative change = B faster")
-    table.add_column("cell", overflow="fold", max_width=44)
-    table.add_column("backend", no_wrap=True)
-    table.add_column("ms per call A → B", justify="right", no_wrap=True)
-    table.add_column("change [CI]", justify="right", no_wrap=True)
-    table.add_column("rounds", justify="right")
-    table.add_column("verdict", no_wrap=True)
+    table.add_column("cell", overflow="fold", min_width=16, max_width=44)
+    table.add_column("backend", overflow="fold", min_width=8)
+    table.add_column("ms per call A → B", justify="right")
+    table.add_column("change [CI]", justify="right")
+    table.add_column("rounds", justify="right", min_width=3)
+    table.add_column("verdict", overflow="fold", min_width=12)
     style = {"faster": "green", "slower": "red", "inconclusive": "yellow"}
     for c in cells:
         v = c.verdict

@@ -1,5 +1,5 @@
 """``nnforge ab`` and ``nnforge history`` on a throwaway repository: revisions in one interleaved schedule, steps
-named at the commits that made them. The sizes asserted are 30 % changes of CPU work, far beyond timing noise."""
+named at the commits that made them: 50 % (ab) and 30 % (history) more CPU work, beyond a loaded machine's noise."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ RUNNER = CliRunner()
 
 def test_ab_finds_and_sizes_a_slowdown_and_gates_on_it(tmp_path: Path):
     repo = tmp_path / "repo"
-    c = make_repo(repo, [20, 26])  # 30 % more layers
+    c = make_repo(repo, [20, 30])  # 50 % more layers
     db = tmp_path / "ab.db"
     args = ["ab", c[0], c[1], "--spec", str(repo / "bench.toml"), "--repo", str(repo), "--db", str(db),
             "--worktrees", str(tmp_path / "wt"), "--json"]
@@ -26,7 +26,7 @@ def test_ab_finds_and_sizes_a_slowdown_and_gates_on_it(tmp_path: Path):
     assert r.exit_code == 1, r.output
     out = json.loads(r.output)
     (cell,) = out["cells"]
-    assert cell["verdict"] == "slower" and 0.15 < cell["change"] < 0.45 and out["regressions"]
+    assert cell["verdict"] == "slower" and 0.3 < cell["change"] < 0.7 and out["regressions"]
     with open_store(db) as s:
         rows = s.cells(out["run_id"])
     assert sorted(rows["backend"]) == sorted([f"eager@{c[0][:10]}", f"eager@{c[1][:10]}"])
@@ -38,7 +38,7 @@ def test_ab_finds_and_sizes_a_slowdown_and_gates_on_it(tmp_path: Path):
 
 def test_history_flags_both_steps_at_their_commits_and_no_other(tmp_path: Path):
     repo = tmp_path / "repo"
-    c = make_repo(repo, [20, 26, None, 20])  # slowdown at 1, unrelated 2, fix at 3
+    c = make_repo(repo, [20, 26, None, 20])  # 30 % more layers at 1, unrelated 2, removed at 3
     args = ["history", f"{c[0]}..{c[3]}", "--spec", str(repo / "bench.toml"), "--repo", str(repo), "--db",
             str(tmp_path / "h.db"), "--worktrees", str(tmp_path / "wt"), "--json", "--threshold", "10%"]
     r = RUNNER.invoke(app, [*args, "--check"])
@@ -49,7 +49,7 @@ def test_history_flags_both_steps_at_their_commits_and_no_other(tmp_path: Path):
     assert cell["steps"] == [c[1], c[3]]
     assert [s["commit"] for s in out["slowdowns"]] == [c[1]]
     ratios = [p["ratio_to_reference"] for p in cell["points"]]
-    assert ratios[0] == 1.0 and ratios[1] > 1.15 and ratios[2] > 1.15 and abs(ratios[3] - 1) < 0.08
+    assert ratios[0] == 1.0 and ratios[1] > 1.15 and ratios[2] > 1.15 and abs(ratios[3] - 1) < 0.1
 
 
 def test_blocks_share_the_reference_and_overlap():
