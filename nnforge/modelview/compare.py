@@ -35,7 +35,7 @@ DEFAULT_CONFIDENCE = 0.99
 # Standard deviation of the between-run difference that one process per run cannot reveal, by the runs' clock
 # ("cpu": process CPU time; "wall": wall time or CUDA events); docs/modelview.md, "Comparing runs", gives the
 # measurements behind these defaults.
-FLOORS = {"cpu": (0.02, 0.05), "wall": (0.08, 0.20)}
+FLOORS = {"cpu": (0.03, 0.10), "wall": (0.08, 0.20)}
 DEFAULT_FLOOR_RATIO, DEFAULT_FLOOR_TIME = FLOORS["wall"]
 
 
