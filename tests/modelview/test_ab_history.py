@@ -50,6 +50,17 @@ def test_history_flags_both_steps_at_their_commits_and_no_other(tmp_path: Path):
     assert [s["commit"] for s in out["slowdowns"]] == [c[1]]
     ratios = [p["ratio_to_reference"] for p in cell["points"]]
     assert ratios[0] == 1.0 and ratios[1] > 1.15 and ratios[2] > 1.15 and abs(ratios[3] - 1) < 0.1
+    from nnforge.modelview.report.build import build_report
+    from nnforge.modelview.web.queries import run_figures
+
+    fig = build_report(tmp_path / "h.db").figure("revisions")  # the report's chart marks the same commits
+    (trace,) = fig.plot["data"]
+    assert [bool(t) for t in trace["text"]] == [False, True, False, True]
+    from nnforge.modelview.report.data import Database
+
+    db = Database(tmp_path / "h.db")
+    web = run_figures(db, db.runs()[-1], {})["figures"]
+    assert web[0]["id"] == "revisions"
 
 
 def test_blocks_share_the_reference_and_overlap():

@@ -21,6 +21,7 @@ from .figures_perf import compile_vs_steady, flatten, gpu, gpu_metrics_of, laten
 from .notices import apply, planned_cells, run_notices
 from .plotdict import plot_json
 from .plotlyjs import plotly_js_text
+from .revisions import revisions_figure
 
 MAX_PROBLEM_ROWS = 500  # failed/skipped cells listed in a report; the rest are counted
 
@@ -95,13 +96,16 @@ def build_report(db_path: str | Path, run_id: str | None = None) -> Report:
         return Report(db_path=str(db_path), runs=runs, run=None, headline="This database holds no runs yet.")
     cells = db.cells(run.run_id)
     samples = db.samples(run.run_id, [c.cell_key for c in latency_cells(cells)])
+    revisions = None
+    if run.env.get("revisions"):  # an ab / history run: its chart over the revisions comes first
+        revisions = revisions_figure(cells, run, db.samples(run.run_id, [c.cell_key for c in cells if c.ok]))
     problems = [c for c in cells if c.status != "ok"]
     throttled = [(c, m["throttle_reasons"]) for c in cells if (m := gpu_metrics_of(c)).get("throttle_reasons")]
     return Report(
         db_path=str(db_path),
         runs=runs,
         run=run,
-        figures=apply(build_figures(cells, run, samples), cells, run),
+        figures=([revisions] if revisions else []) + apply(build_figures(cells, run, samples), cells, run),
         problems=problems[:MAX_PROBLEM_ROWS],
         problems_total=len(problems),
         throttled=throttled[:MAX_PROBLEM_ROWS],

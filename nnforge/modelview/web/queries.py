@@ -16,6 +16,7 @@ from starlette.datastructures import QueryParams
 from ..report.build import build_figures, figure_json, headline
 from ..report.data import FILTER_COLUMNS, CellRow, Database, RunInfo
 from ..report.figures_perf import latency_cells
+from ..report.revisions import revisions_figure
 from .state import ViewState
 
 PER_PAGE = 100
@@ -79,6 +80,9 @@ def run_figures(db: Database, run: RunInfo, filters: Mapping[str, list[Any]]) ->
     cells = db.cells(run.run_id, filters)
     samples = db.samples(run.run_id, [c.cell_key for c in latency_cells(cells)])
     figs = build_figures(cells, run, samples)
+    if run.env.get("revisions"):  # ab / history runs: the chart over revisions, from the same statistics as the CLI
+        rev = revisions_figure(cells, run, db.samples(run.run_id, [c.cell_key for c in cells if c.ok]))
+        figs = ([rev] if rev is not None else []) + figs
     return {
         "headline": headline(cells),
         "n_cells": len(cells),
