@@ -18,6 +18,7 @@ import pytest
 import nnforge as nf
 import nnforge.nn as nn
 from nnforge.codegen.c import lower, schedule
+from nnforge.codegen.c.cexpr import PRELUDE
 from nnforge.codegen.c.toolchain import FLAGS, find_compiler
 from nnforge.nn import optim
 
@@ -105,3 +106,29 @@ def test_a_deep_mlp_compiles_and_runs(rng: np.random.Generator) -> None:
     got = nf.compile(fn, backend="cpu")(*args)
     want = nf.compile(fn, backend="reference")(*args)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_sizes_derived_from_run_time_sizes_are_computed_once_per_call(rng: np.random.Generator) -> None:
+    """A strided conv front end's lengths ((T + 2p - k) // s + 1, nested per layer) feeding a scan, so T is a
+    run-time size: they are slots of the size array filled once per call by nf_sizes, not expressions
+    re-printed in every index; results stay right at lengths other than the traced one."""
+    convs = [nn.Conv1d(1, 4, 5, padding=2), nn.Conv1d(4, 8, 5, stride=2, padding=2),
+             nn.Conv1d(8, 8, 19, stride=5, padding=9)]
+    rnn = nn.LSTM(8, 8)
+
+    def f(x):
+        for conv in convs:
+            x = nf.silu(conv(x))
+        return rnn(x.permute(2, 0, 1))[0]
+
+    x = rng.standard_normal((2, 1, 120)).astype(np.float32)
+    source = lower(schedule(nf.compile(f).trace(x))).source()
+    sizes_fn = source[source.index("static void nf_sizes"):]
+    sizes_fn = sizes_fn[:sizes_fn.index("\n}")]
+    assert sizes_fn.count("nf_floordiv(") >= 2  # the two strides
+    assert source.count("nf_floordiv(") == sizes_fn.count("nf_floordiv(") + PRELUDE.count("nf_floordiv(")
+    compiled = nf.compile(f, backend="cpu")
+    for t in (120, 97, 301):
+        xt = rng.standard_normal((2, 1, t)).astype(np.float32)
+        np.testing.assert_allclose(compiled(xt), nf.compile(f)(xt), rtol=1e-5, atol=1e-5)
+    assert compiled.trace_count == 1

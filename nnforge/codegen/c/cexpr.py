@@ -32,16 +32,34 @@ def ctype(dt: DType) -> str:
 
 
 class Sizes:
-    """Renders sizes as C: dynamic symbols as ``S[k]``, ``local`` symbols as the C variables they name (a thread's
-    row count in a row-split scan), all else as literals."""
+    """Renders sizes as C: run-time symbols as ``S[k]``, ``local`` symbols as the C variables they name (a thread's
+    row count in a row-split scan), all else as literals.
 
-    def __init__(self, dynamic: Sequence[str], local: Mapping[str, str] | None = None):
+    A run-time size that is an expression of run-time symbols (a strided conv's output length,
+    ``(T + 2p - k) // s + 1``, and everything derived from it) gets a slot of its own after the symbols, computed
+    once per call by ``nf_sizes`` from the slots of its operands: kernels read ``S[k]``. Printed in every index
+    instead, such expressions nested per layer and per use (143 copies in one file), and gcc spent minutes on
+    them. Affine constants are gathered first (((T + 2) + 2) - 5 is T - 1), so equal sizes share a slot. The
+    registry (``derived``) is shared by every copy made with ``with_local``."""
+
+    def __init__(self, dynamic: Sequence[str], local: Mapping[str, str] | None = None,
+                 derived: dict[tuple, tuple[int, str]] | None = None):
         self.dynamic = list(dynamic)
         self.slot = {name: k for k, name in enumerate(self.dynamic)}
         self.local = dict(local or {})
+        self.derived: dict[tuple, tuple[int, str]] = {} if derived is None else derived  # expr -> (slot, C)
 
     def with_local(self, name: str, cvar: str) -> Sizes:
-        return Sizes(self.dynamic, {**self.local, name: cvar})
+        return Sizes(self.dynamic, {**self.local, name: cvar}, self.derived)
+
+    @property
+    def n_slots(self) -> int:
+        """Entries of the size array the kernels read: the run-time symbols, then the derived sizes."""
+        return len(self.dynamic) + len(self.derived)
+
+    def definitions(self) -> list[str]:
+        """C statements filling ``S[k]`` for the derived sizes, in dependency order (operands first)."""
+        return [f"S[{k}] = {c};" for k, c in self.derived.values()]
 
     def __call__(self, d: int) -> str:
         if isinstance(d, Dim):
@@ -51,7 +69,7 @@ class Sizes:
     def _expr(self, e: tuple, value: int) -> str:
         if not self._dynamic(e):
             return str(value)
-        return self._r(e)
+        return self._r(self._fold(e))
 
     def _dynamic(self, e: tuple) -> bool:
         if e[0] == "sym":
@@ -59,6 +77,27 @@ class Sizes:
         if e[0] == "const":
             return False
         return self._dynamic(e[1]) or self._dynamic(e[2])
+
+    def _local(self, e: tuple) -> bool:
+        if e[0] == "sym":
+            return e[1] in self.local
+        return e[0] != "const" and (self._local(e[1]) or self._local(e[2]))
+
+    def _fold(self, e: tuple) -> tuple:
+        """``e`` with static symbols as constants, constant operations evaluated and the constants of sums and
+        differences gathered into one."""
+        if e[0] == "sym":
+            return e if e[1] in self.slot or e[1] in self.local else ("const", e[2])
+        if e[0] == "const":
+            return e
+        a, b = self._fold(e[1]), self._fold(e[2])
+        if a[0] == b[0] == "const":
+            return ("const", _SIZE_OPS[e[0]](a[1], b[1]))
+        if e[0] in ("add", "sub") and (b[0] == "const" or (e[0] == "add" and a[0] == "const")):
+            x, c = (a, b[1]) if b[0] == "const" else (b, a[1])
+            base, offset = _affine(x)
+            return _offset(base, offset + (c if e[0] == "add" else -c))
+        return (e[0], a, b)
 
     def _r(self, e: tuple) -> str:
         if e[0] == "const":
@@ -69,10 +108,16 @@ class Sizes:
             return f"S[{self.slot[e[1]]}]" if e[1] in self.slot else str(e[2])
         a, b = self._r(e[1]), self._r(e[2])
         if e[0] == "floordiv":
-            return f"nf_floordiv({a}, {b})"
-        if e[0] == "mod":
-            return f"nf_mod({a}, {b})"
-        return f"({a} {dict(add='+', sub='-', mul='*')[e[0]]} {b})"
+            text = f"nf_floordiv({a}, {b})"
+        elif e[0] == "mod":
+            text = f"nf_mod({a}, {b})"
+        else:
+            text = f"({a} {dict(add='+', sub='-', mul='*')[e[0]]} {b})"
+        if self._local(e):
+            return text
+        if e not in self.derived:
+            self.derived[e] = (self.n_slots, text)
+        return f"S[{self.derived[e][0]}]"
 
     def prod(self, shape: Sequence[int]) -> str:
         if not shape:
@@ -83,6 +128,21 @@ class Sizes:
 
     def is_static(self, d: int) -> bool:
         return not (isinstance(d, Dim) and self._dynamic(d.expr))
+
+
+_SIZE_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+             "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
+
+
+def _affine(e: tuple) -> tuple[tuple, int]:
+    """(x, c) with e = x + c for a folded size expression."""
+    if e[0] in ("add", "sub") and e[2][0] == "const":
+        return e[1], e[2][1] if e[0] == "add" else -e[2][1]
+    return e, 0
+
+
+def _offset(x: tuple, c: int) -> tuple:
+    return x if c == 0 else ("add", x, ("const", c)) if c > 0 else ("sub", x, ("const", -c))
 
 
 def _is_number(s: str) -> bool:

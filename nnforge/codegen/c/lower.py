@@ -345,15 +345,21 @@ class Lowering:
         else:
             slots, where = [Slot([size]) for _, _, size in self.allocs], list(range(len(self.allocs)))
         self.workspace_slots = slots
-        nb = max(1, len(slots))
+        slot_fn = slot_bytes_function(slots)  # renders the slots' sizes: may add derived sizes
+        nb, ns = max(1, len(slots)), max(1, self.sizes.n_slots)
+        # The caller passes the run-time symbols; every other size is computed from them once per call.
+        sizes_fn = ["static void nf_sizes(const int64_t* in, int64_t* S) {",
+                    *(f"    S[{k}] = in[{k}];" for k in range(len(self.sizes.dynamic))),
+                    *(f"    {d}" for d in self.sizes.definitions()), "    (void)in; (void)S;", "}"]
         lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
-                 UNIT_MARK, *protos, *slot_bytes_function(slots),
-                 "int64_t nf_workspace(const int64_t* S) {", f"    int64_t b[{nb}] = {{0}}, n = 0;",
-                 "    nf_slot_bytes(S, b);", f"    for (int k = 0; k < {len(slots)}; k++) n += NF_R64(b[k]);",
-                 "    return n;", "}"]
-        lines += ["void nf_main(void** args, const int64_t* S) {",
+                 UNIT_MARK, *protos, *sizes_fn, *slot_fn,
+                 "int64_t nf_workspace(const int64_t* in) {", f"    int64_t S[{ns}] = {{0}}, b[{nb}] = {{0}}, n = 0;",
+                 "    nf_sizes(in, S);", "    nf_slot_bytes(S, b);",
+                 f"    for (int k = 0; k < {len(slots)}; k++) n += NF_R64(b[k]);", "    return n;", "}"]
+        lines += ["void nf_main(void** args, const int64_t* in) {",
                   f"    char* ws_ = (char*)args[{n_ws}];", "    int64_t wo_ = 0;",
-                  f"    int64_t wb_[{nb}] = {{0}};", "    nf_slot_bytes(S, wb_);"]
+                  f"    int64_t S[{ns}] = {{0}}, wb_[{nb}] = {{0}};", "    nf_sizes(in, S);",
+                  "    nf_slot_bytes(S, wb_);"]
         for k in range(len(slots)):
             lines.append(f"    char* slot{k}_ = ws_ + wo_; wo_ += NF_R64(wb_[{k}]);")
         for (name, ct, _), k in zip(self.allocs, where):
