@@ -166,3 +166,18 @@ def test_plot_dicts_read_as_plotly_py_would_draw_them(small_db: Path) -> None:
             assert fig["layout"]["template"]["layout"], spec.id
     heat = json.loads(figure_json(rep.figure("speedup")))["data"][0]
     assert heat["colorscale"][0] == [0.0, "rgb(103,0,31)"]
+
+
+def test_log_axes_that_span_decades_have_no_bare_digit_labels(small_db: Path) -> None:
+    """Plotly labels a log axis's minor ticks "2", "5" by default, which read as values; spanning a decade or more,
+    the decades' own labels suffice. Under a decade the digits are the only labels and stay."""
+    from nnforge.modelview.report.common import log_axis
+
+    assert log_axis([1.0, 100.0]) == {"type": "log", "minorloglabels": "none"}
+    assert log_axis([1.0, 5.0]) == {"type": "log"}
+    rep = build_report(small_db, "run-a")
+    compile_fig = rep.figure("compile").figure
+    assert compile_fig.layout.yaxis.type == "log" and compile_fig.layout.yaxis.exponentformat == "SI"
+    assert compile_fig.layout.xaxis.minorloglabels == "none"  # 0.1 ms .. 10 ms per call
+    roofline = rep.figure("roofline").figure.layout
+    assert roofline.yaxis.minorloglabels == "none" and roofline.xaxis.minorloglabels is None  # x: under a decade

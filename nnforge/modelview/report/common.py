@@ -90,6 +90,13 @@ def base_layout(title: str, height: int = 420, **extra: Any) -> dict[str, Any]:
     }
 
 
+def log_axis(values: Iterable[float | None], **extra: Any) -> dict[str, Any]:
+    """A log axis; when the values span a decade or more, without plotly's bare-digit minor labels ("2", "5" between
+    the decades read as values of their own). With less than a decade those are the only labels, so they stay."""
+    minor = {"minorloglabels": "none"} if spans_decade(values, 10.0) else {}
+    return {"type": "log", **minor, **extra}
+
+
 def spans_decade(values: Iterable[float | None], factor: float = 8.0) -> bool:
     """Whether an axis should be logarithmic: the positive values span at least ``factor``."""
     v = [x for x in values if x is not None and x > 0]

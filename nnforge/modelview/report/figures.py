@@ -25,6 +25,7 @@ from .common import (
     base_layout,
     fmt_s,
     fmt_si,
+    log_axis,
     spans_decade,
     unit_of,
 )
@@ -106,7 +107,8 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
         barmode="overlay" if compact else "group",
         showlegend=True,  # also with one backend: the colour must stay explained
         bargap=0.25,
-        xaxis={"title": {"text": f"Throughput ({unit})"}, "type": "log" if spans_decade(top.values(), 3) else "linear"},
+        xaxis=(log_axis(top.values()) if spans_decade(top.values(), 3) else {"type": "linear"})
+        | {"title": {"text": f"Throughput ({unit})"}},
         yaxis={"categoryorder": "array", "categoryarray": order, "automargin": True},
     ))
     fig["data"] = traces

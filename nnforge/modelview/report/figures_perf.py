@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import MAX_BARS, FigureSpec, backend_colors, base_layout, fmt_si
+from .common import MAX_BARS, FigureSpec, backend_colors, base_layout, fmt_si, log_axis
 from .data import CellRow
 from .plotdict import axis_suffix, new_plot, subplot_grid
 
@@ -96,8 +96,9 @@ def roofline(cells: Sequence[CellRow], env: Mapping[str, Any]) -> FigureSpec:
     peak, bw, by_dtype = machine_peaks(env)
     colors = backend_colors(c.backend for c in pts)
     fig = new_plot(base_layout(
-        title, height=460, xaxis={"type": "log", "title": {"text": "arithmetic intensity (FLOP/byte)"}},
-        yaxis={"type": "log", "title": {"text": "achieved FLOP/s"}, "exponentformat": "SI"},
+        title, height=460,
+        xaxis=log_axis([c.intensity for c in pts], title={"text": "arithmetic intensity (FLOP/byte)"}),
+        yaxis=log_axis([c.achieved_flops for c in pts], title={"text": "achieved FLOP/s"}, exponentformat="SI"),
     ))
     xs = [c.intensity or 0.0 for c in pts]
     lo, hi = min(xs) / 4, max(xs) * 4
@@ -156,9 +157,10 @@ def compile_vs_steady(cells: Sequence[CellRow]) -> FigureSpec:
     colors = backend_colors(c.backend for c in pts)
     fig = new_plot(base_layout(
         title, height=420,
-        xaxis={"type": "log", "title": {"text": "steady-state median time per call (s)"}, "exponentformat": "SI"},
-        yaxis={"type": "log", "title": {"text": "compile time (s; first call where no compile)"},
-               "exponentformat": "SI"},
+        xaxis=log_axis([c.median_s for c in pts], title={"text": "steady-state median time per call (s)"},
+                       exponentformat="SI"),
+        yaxis=log_axis([c.compile_s or c.first_call_s for c in pts],
+                       title={"text": "compile time (s; first call where no compile)"}, exponentformat="SI"),
     ))
     _scatter_by_backend(fig, pts, colors, n_all, lambda c: c.median_s,
                         lambda c: c.compile_s if c.compile_s is not None else c.first_call_s,
@@ -197,7 +199,8 @@ def latency(cells: Sequence[CellRow], samples: Mapping[str, Sequence[float]]) ->
         return FigureSpec("latency", title, None, "no per-call samples recorded")
     colors = backend_colors(c.backend for c in sel)
     fig = new_plot(base_layout(title, height=440, boxmode="group",
-                               yaxis={"type": "log", "title": {"text": "time per call (ms)"}}))
+                               yaxis=log_axis([x for c in sel for x in samples[c.cell_key]],
+                                              title={"text": "time per call (ms)"})))
     for be, color in colors.items():
         xs: list[str] = []
         ys: list[float] = []
