@@ -147,6 +147,12 @@ def _classify(n: Node, row_ids: set[int], localize: set[int], batch: int) -> Non
         for s, r in zip(srcs, rowsrc):
             if not r:
                 _broadcast(s, localize, batch, n)
+    elif n.op in (Op.GATHER, Op.SCATTER_ADD):
+        if n.attrs["axis"] == 0:
+            raise NotSeparable(f"{_name(n)} indexes along the batch axis")
+        for s, r in zip(srcs, rowsrc):  # off its axis an index moves with the row: row b reads row b
+            if not r:
+                _broadcast(s, localize, batch, n)
     elif n.op == Op.MATMUL:
         if n.ndim != 2:
             raise NotSeparable(f"{_name(n)} is a batched matmul")

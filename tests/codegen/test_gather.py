@@ -186,3 +186,45 @@ def test_runtime_out_of_range_index(backend):
         out = f(x, bad)
         assert out[0] == 3.0 and np.isnan(out[1]) and out[2] == 1.0
         np.testing.assert_array_equal(s(x, bad), [3.0, 0.0, 1.0])
+
+
+def _scan_notes(fn, *args) -> list[str]:
+    from nnforge.codegen.c import lower, schedule
+
+    return [k.note for k in lower(schedule(nf.compile(fn).trace(*args))).listing if k.kind == "scan"]
+
+
+@pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
+def test_lattice_scans_split_by_rows_unless_the_index_crosses_rows(rng):
+    """A gather (forward) and a scatter-add (its reversed scan) along a non-batch axis keep rows independent:
+    both scans run with the batch rows split among the threads, same values as the reference; gathering
+    along the batch axis mixes rows and stays work-shared."""
+    T, N, S, K = 6, 16, 8, 3
+    m = rng.standard_normal((T, N, S, K))
+    prev = rng.integers(0, S, (S, K))
+
+    def logz(m):
+        idx = nf.tensor(prev).reshape(1, S * K).expand(N, S * K)
+
+        def step(a, m_t):
+            return (nf.gather(a, 1, idx).reshape(N, S, K) + m_t).logsumexp(-1), ()
+
+        a, _ = nf.scan(step, nf.zeros(N, S, dtype=nf.float64), m)
+        return a.logsumexp(-1).sum()
+
+    f = nf.value_and_grad(logz)
+    notes = _scan_notes(f, m)
+    assert len(notes) == 2 and all("batch rows split" in n for n in notes), notes
+    for got, want in zip(nf.compile(f, backend="cpu")(m), nf.compile(f)(m)):
+        _close(got, want, np.float64)
+
+    perm = rng.permutation(N)
+
+    def across_rows(x):
+        order = nf.tensor(perm).reshape(N, 1).expand(N, S)
+        h, _ = nf.scan(lambda h, x_t: (nf.gather(h, 0, order) * 0.5 + x_t, ()), nf.zeros(N, S, dtype=nf.float64), x)
+        return h
+
+    x = rng.standard_normal((T, N, S))
+    assert "batch rows split" not in _scan_notes(across_rows, x)[0]
+    _close(nf.compile(across_rows, backend="cpu")(x), nf.compile(across_rows)(x), np.float64)
