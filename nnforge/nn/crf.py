@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import dtypes
 from ..control import scan
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..indexing import gather
 from ..tensor import Tensor, arange, as_tensor, full, stack, where
 from .losses import _check_reduction
@@ -45,7 +45,7 @@ def _lattice(scores: Any, state_len: int, n_base: int, what: str) -> tuple[Tenso
     if scores.ndim != 3:
         raise ShapeError(f"{what}: scores must be [T, N, C], got {list(map(int, scores.shape))}")
     if not scores.dtype.is_float:
-        raise ShapeError(f"{what}: scores must be float, got {scores.dtype}")
+        raise DTypeError(f"{what}: scores must be float, got {scores.dtype}")
     if state_len < 1 or n_base < 1:
         raise ShapeError(f"{what}: state_len and n_base must be positive, got {state_len} and {n_base}")
     states, k = n_base ** state_len, n_base + 1
@@ -60,7 +60,7 @@ def _lattice(scores: Any, state_len: int, n_base: int, what: str) -> tuple[Tenso
 def _ints(x: Any, what: str) -> Tensor:
     t = x if isinstance(x, Tensor) else Tensor(np.asarray(x))
     if not t.dtype.is_int:
-        raise ShapeError(f"ctc_crf_loss: {what} must hold integers, got {t.dtype}")
+        raise DTypeError(f"ctc_crf_loss: {what} must hold integers, got {t.dtype}")
     return t.cast(dtypes.int64)
 
 

@@ -164,8 +164,10 @@ def test_errors_name_the_shapes():
         F.ctc_crf_loss(x, np.ones((3, 4), np.int64), np.array([4, 4, 4]), 1)
     with pytest.raises(nf.ShapeError, match="targets of 1 bases cannot fill a state of 2"):
         F.ctc_crf_loss(nf.zeros(3, 2, 80), np.ones((2, 1), np.int64), np.array([1, 1]), 2)
-    with pytest.raises(nf.ShapeError, match="target_lengths must hold integers"):
+    with pytest.raises(nf.DTypeError, match=r"target_lengths must hold integers, got nf\.float64"):
         F.ctc_crf_loss(x, np.ones((2, 4), np.int64), np.array([4.0, 4.0]), 1)
+    with pytest.raises(nf.DTypeError, match=r"crf_viterbi: scores must be float, got nf\.int64"):
+        F.crf_viterbi(nf.tensor(np.ones((3, 2, 20), np.int64)), 1)
 
 
 def test_compiled_loss_takes_a_new_length_without_tracing(backend, rng):
