@@ -13,7 +13,8 @@ import pytest
 from nnforge.modelview.report import write_report
 from nnforge.modelview.web import running
 
-REPORT_FIGURES = ("max_throughput", "scaling_batch", "scaling_seq", "speedup", "roofline", "compile", "latency")
+REPORT_FIGURES = ("common_setting", "max_throughput", "scaling_batch", "scaling_seq", "speedup", "roofline", "compile",
+                  "latency")
 LOAD_BUDGET_MS = 2000
 
 

@@ -181,3 +181,14 @@ def test_log_axes_that_span_decades_have_no_bare_digit_labels(small_db: Path) ->
     assert compile_fig.layout.xaxis.minorloglabels == "none"  # 0.1 ms .. 10 ms per call
     roofline = rep.figure("roofline").figure.layout
     assert roofline.yaxis.minorloglabels == "none" and roofline.xaxis.minorloglabels is None  # x: under a decade
+
+
+def test_common_setting_compares_backends_at_the_same_size(small_db: Path) -> None:
+    """Every backend of a row at one batch and length: the one most backends have (here N=16, where "fast" runs too),
+    ties broken by the larger size (T=32); the maximum-throughput chart stays each backend's own best."""
+    rep = build_report(small_db, "run-a")
+    fig = rep.figure("common_setting").figure
+    row = "lstm_manual(hidden=32) · N=16 T=32"
+    got = {t.name: t.x[list(t.y).index(row)] for t in fig.data if row in t.y}
+    assert got == pytest.approx({"eager": 32000.0, "jit.script": 64000.0, "fast": 128000.0})
+    assert [f.id for f in rep.figures][:2] == ["common_setting", "max_throughput"]

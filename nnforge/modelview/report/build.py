@@ -16,7 +16,7 @@ from typing import Any
 
 from .common import FigureSpec, fmt_si, unit_of
 from .data import CellRow, Database, RunInfo
-from .figures import max_throughput, scaling, speedup
+from .figures import common_setting, max_throughput, scaling, speedup
 from .figures_perf import compile_vs_steady, flatten, gpu, gpu_metrics_of, latency, latency_cells, roofline
 from .notices import apply, planned_cells, run_notices
 from .plotdict import plot_json
@@ -63,8 +63,9 @@ def _show(v: Any) -> str:
 
 
 def build_figures(cells: list[CellRow], run: RunInfo, samples: dict[str, tuple[float, ...]]) -> list[FigureSpec]:
-    """All figures of one run, in page order: the seed chart first."""
+    """All figures of one run, in page order: backends at a common setting, then the seed chart (each at its best)."""
     return [
+        common_setting(cells),
         max_throughput(cells),
         scaling(cells, "batch"),
         scaling(cells, "seq_len"),

@@ -121,6 +121,57 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
     return FigureSpec("max_throughput", title, fig, "; ".join(x for x in (marks, note) if x))
 
 
+def common_setting(cells: Sequence[CellRow]) -> FigureSpec:
+    """Backends compared at one setting per row: the batch and length most backends of that variant were measured at
+    (ties: the largest). The maximum-throughput chart lets each backend pick its own best batch, which answers a
+    different question; a comparison of backends needs them side by side at the same size."""
+    title = "Throughput at one common setting per variant"
+    ok = [c for c in cells if c.ok]
+    if not ok:
+        return FigureSpec("common_setting", title, None, "no successful cells")
+    groups = len({c.group_label for c in ok})
+    by_cat: dict[str, list[CellRow]] = defaultdict(list)
+    for c in ok:
+        by_cat[_category(c, groups)].append(c)
+    rows: dict[str, list[CellRow]] = {}
+    for cat, cs in by_cat.items():
+        backends_at: dict[tuple[int | None, int | None], set[str]] = defaultdict(set)
+        for c in cs:
+            backends_at[(c.batch, c.seq_len)].add(c.backend)
+        shape = max(backends_at, key=lambda k: (len(backends_at[k]), k[0] or 0, k[1] or 0))
+        rows[f"{cat} · N={shape[0]} T={shape[1]}"] = [c for c in cs if (c.batch, c.seq_len) == shape]
+    top = {r: max(c.throughput or 0.0 for c in cs) for r, cs in rows.items()}
+    order = sorted(top, key=lambda r: top[r])[-MAX_BARS:]
+    unit = unit_of(ok)
+    colors = backend_colors(c.backend for c in ok)
+    traces: list[dict] = []
+    for be, color in colors.items():
+        pts = [(r, c) for r in order for c in rows[r] if c.backend == be]
+        if not pts:
+            continue
+        traces.append(dict(
+            type="bar", name=be, orientation="h", y=[r for r, _ in pts], x=[c.throughput for _, c in pts],
+            text=[f"{fmt_si(c.throughput)} {unit} · {fmt_s(c.median_s)}" for _, c in pts], textposition="auto",
+            insidetextanchor="start", marker={"color": color},
+            customdata=[[c.cell_key, c.setting_label] for _, c in pts],
+            hovertemplate="%{customdata[1]}<br>" + be + ": %{x:.4g} " + unit + "<extra></extra>",
+        ))
+    fig = new_plot(base_layout(
+        title, height=max(320, 90 + 22 * len(order) * max(1, len(traces))), barmode="group", showlegend=True,
+        bargap=0.25,
+        xaxis=(log_axis(top.values()) if spans_decade(top.values(), 3) else {"type": "linear"})
+        | {"title": {"text": f"Throughput ({unit})"}},
+        yaxis={"categoryorder": "array", "categoryarray": order, "automargin": True},
+    ))
+    fig["data"] = traces
+    fig["layout"]["margin"]["l"] = 10
+    note = ("each row: every backend at the same batch and length, the one most backends were measured at "
+            "(ties: the largest); the next chart lets each backend pick its own best size")
+    if len(top) > len(order):
+        note += f"; {len(top) - len(order)} lower rows not shown"
+    return FigureSpec("common_setting", title, fig, note)
+
+
 def _reference(cells: Sequence[CellRow], axis: str) -> tuple[str, int | None]:
     """The fixed coordinates of a scaling panel: the commonest setting group, and for the other size axis the value
     with most cells (ties: the largest), so each line has as many points as the run offers."""
