@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from .codegen import build_program
 from .control import _is_leaf, placeholder
 from .dtypes import from_numpy
 from .errors import NNForgeError, TraceError, at
+from .interop.autograd import call_with_autograd, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import baked_symbols, sym
 from .ir.node import Graph, Node, toposort
@@ -83,6 +85,7 @@ class CompiledFunction:
         self.backend = backend
         self.trace_count = 0
         self._entries: list[_Entry] = []
+        self._vjps: dict[tuple, CompiledFunction] = {}
         functools.update_wrapper(self, fn)
 
     def _split(self, args: tuple, kwargs: dict) -> tuple[list, Any, list, tuple]:
@@ -107,6 +110,8 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if session().tracing:
             return self.fn(*args, **kwargs)  # inside another trace: inline
+        if "torch" in sys.modules and needs_autograd(flatten((args, kwargs), _is_leaf)[0]):
+            return call_with_autograd(self, args, kwargs)
         leaves, arrays, shapes, entry = self._lookup(args, kwargs)
         program = self._program(entry, shapes)
         implicit = []
@@ -123,6 +128,15 @@ class CompiledFunction:
         outs = outs[:entry.n_out]
         as_torch = any(is_torch(v) for v in leaves)
         return unflatten(entry.out_def, [to_torch(o) if as_torch else o for o in outs])
+
+    def vjp_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
+        """The compiled pullback used by torch autograd (``interop.autograd``), one per argument structure."""
+        key = (treedef, n_leaves, diff)
+        if key not in self._vjps:
+            fn = vjp_function(self.fn, treedef, n_leaves, diff)
+            fn.__qualname__ = f"{_name(self.fn)}.vjp"
+            self._vjps[key] = CompiledFunction(fn, self.backend)
+        return self._vjps[key]
 
     def _program(self, entry: _Entry, shapes: tuple) -> Callable:
         key = tuple(shapes[i][ax] for i, ax in sorted(entry.generic))

@@ -33,7 +33,9 @@ def to_torch(a: np.ndarray):
     """A torch tensor sharing memory with ``a`` where the dtype allows (bfloat16 via a bit-cast)."""
     import torch
 
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a)
+    if not a.flags.c_contiguous:
+        a = a.copy()  # not np.ascontiguousarray: it turns a 0-d array into shape [1]
     if a.dtype == DType.bfloat16.np:
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(a.copy() if not a.flags.writeable else a)

@@ -1,0 +1,70 @@
+"""An ``nnforge.nn`` module as a ``torch.nn.Module``: compiled by nnforge, trained by torch.
+
+``TorchModule(module, twin=torch_module)`` runs ``module``'s forward as one compiled program whose weights are
+the torch twin's parameters (passed in as inputs, so torch autograd reaches them through the compiled VJP); a
+custom recurrent cell written with nnforge then drops into a torch model, optimizer and training loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .compile import compile as nf_compile
+from .errors import NNForgeError
+from .nn.module import Module
+
+
+class TorchModule(torch.nn.Module):
+    """``module`` (an ``nnforge.nn.Module``) behind torch's module interface.
+
+    With ``twin`` (a torch module whose ``named_parameters()`` has the same names and shapes, as the layers of
+    ``nnforge.nn`` do for their torch counterparts) the twin's parameters are used and trained; the twin becomes
+    a submodule, so ``parameters()``, ``state_dict()`` and optimizers see them. Without one, parameters are
+    created from the nnforge module's current values. The nnforge module's own parameters are not used while
+    called through this adapter."""
+
+    def __init__(self, module: Module, twin: torch.nn.Module | None = None, backend: str = "cpu"):
+        super().__init__()
+        if not isinstance(module, Module):
+            raise TypeError(f"TorchModule wraps an nnforge.nn.Module, got {type(module).__name__}")
+        self._nf = [module]  # a list: torch would otherwise look for it among submodules
+        self._names = [name for name, _ in module.named_parameters()]
+        if twin is not None:
+            theirs = dict(twin.named_parameters())
+            missing = [n for n in self._names if n not in theirs]
+            if missing:
+                raise NNForgeError(f"TorchModule: the twin has no parameter {missing[0]!r} (nnforge module: "
+                                   f"{', '.join(self._names)})")
+            for name, p in module.named_parameters():
+                if tuple(theirs[name].shape) != tuple(map(int, p.shape)):
+                    raise NNForgeError(f"TorchModule: parameter {name!r} is {list(theirs[name].shape)} in the twin "
+                                       f"and {list(map(int, p.shape))} in the nnforge module")
+            self.twin = twin
+            self._params = lambda: [theirs[n] for n in self._names]
+        else:
+            self.params = torch.nn.ParameterList(
+                [torch.nn.Parameter(torch.from_numpy(p.numpy().copy())) for _, p in module.named_parameters()])
+            self._params = lambda: list(self.params)
+        self._compiled = nf_compile(self._run, backend=backend)
+
+    @property
+    def module(self) -> Module:
+        return self._nf[0]
+
+    def _run(self, params: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        """The nnforge module's forward with its parameters bound to ``params`` (traced inputs)."""
+        own = [p for _, p in self.module.named_parameters()]
+        before = [p.node for p in own]
+        try:
+            for p, value in zip(own, params):
+                p._rebind(value.node)
+            return self.module(*args, **kwargs)
+        finally:
+            for p, node in zip(own, before):
+                p._rebind(node)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled(self._params(), *args, **kwargs)
