@@ -131,6 +131,14 @@ def cuda_peak_bytes(max_allocated: int, allocated_before: int) -> int:
     return max(0, int(max_allocated) - int(allocated_before))
 
 
+def cpu_peak_bytes(peak_rss: int | None, rss_before: int | None) -> int | None:
+    """A backend's own CPU memory: the worker's resident high-water mark since the reset, less its resident set at the
+    reset (interpreter, torch, the model's reference copy and the earlier backends, ~300 MB that every row showed)."""
+    if peak_rss is None:
+        return None
+    return max(0, int(peak_rss) - int(rss_before or 0))
+
+
 def float32_is_float32() -> None:
     """Make float32 cells compute in float32 on GPUs. cuDNN's default lets RNNs and convolutions round their float32
     operands to TF32 (a 10-bit mantissa) while cuBLAS matmuls stay in float32, so ``torch.nn.LSTM`` and a hand-written
@@ -323,6 +331,7 @@ class Harness:
         self.events.emit("phase", phase="prepare", backend=cell.backend)
         cuda = setup["device"].type == "cuda"
         cuda_before = 0
+        rss_before = None if cuda else (reset_peak_rss() and peak_rss())  # before the module copy, as on CUDA
         if cuda:
             # Earlier backends of this setting keep their modules, inputs, graphs and pools alive in this process:
             # the backend's own peak is measured from what is allocated before its module copy and inputs exist.
@@ -345,7 +354,6 @@ class Harness:
             return None
         compile_s = first_s = None
         try:
-            rss_before = reset_peak_rss() and peak_rss()
             t0 = time.perf_counter()
             prepared = backend.prepare(ctx)
             step = self._make_step(prepared, ctx, setup)
@@ -361,7 +369,9 @@ class Harness:
             got = [t.detach().clone() for t in _flatten(out)]
             if setup["training"]:
                 got += [p.grad.detach().clone() if p.grad is not None else None for p in step.params]
-            peak = cuda_peak_bytes(torch.cuda.max_memory_allocated(), cuda_before) if cuda else peak_rss()
+            process_peak = None if cuda else peak_rss()
+            peak = (cuda_peak_bytes(torch.cuda.max_memory_allocated(), cuda_before) if cuda
+                    else cpu_peak_bytes(process_peak, rss_before))
         except Exception as e:
             self.write(cell, "oom" if is_oom(e) else "failed", started, error=error_text(e),
                        compile_s=compile_s, first_call_s=first_s)
@@ -371,8 +381,10 @@ class Harness:
             ok, max_err, msg = check_close(got, setup["ref"], atol, rtol)
         else:
             ok, max_err, msg = True, None, ""
-        mem = {"peak_mem_kind": "cuda_max_memory_allocated_over_before" if cuda else "process_vmhwm",
+        mem = {"peak_mem_kind": "cuda_max_memory_allocated_over_before" if cuda else "process_vmhwm_over_before",
                "rss_before_bytes": rss_before or None}
+        if not cuda:
+            mem["process_peak_rss_bytes"] = process_peak
         if cuda:
             mem["cuda_allocated_before_bytes"] = cuda_before
         if not ok:

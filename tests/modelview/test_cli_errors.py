@@ -116,3 +116,11 @@ def test_dry_run_clock_and_processes_flags(tmp_path: Path, faulty: str):
     assert r.exit_code == 0 and "3 cells in 3 settings × 2 process(es)" in r.output and not db.exists()
     r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty)), "--db", str(db), "--clock", "sundial"])
     assert r.exit_code == 2 and "timing.clock" in r.output and "sundial" in r.output
+
+
+def test_cpu_peak_memory_is_the_backends_own():
+    from nnforge.modelview.worker import cpu_peak_bytes
+
+    assert cpu_peak_bytes(350 << 20, 300 << 20) == 50 << 20
+    assert cpu_peak_bytes(300 << 20, 310 << 20) == 0 and cpu_peak_bytes(None, 1) is None
+    assert cpu_peak_bytes(300 << 20, None) == 300 << 20  # no reset possible: the process figure
