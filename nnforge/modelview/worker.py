@@ -323,6 +323,7 @@ class Harness:
 
         import torch
 
+        from . import compilecache
         from .backends.base import Context
         from .metrics import peak_rss, reset_peak_rss
         from .registry import load_ref
@@ -353,6 +354,8 @@ class Harness:
             self.write(cell, "skipped", started, error=reason)
             return None
         compile_s = first_s = None
+        cache_dirs = compilecache.cache_dirs(cell.backend)
+        cache_before = compilecache.snapshot(cache_dirs)
         try:
             t0 = time.perf_counter()
             prepared = backend.prepare(ctx)
@@ -361,6 +364,7 @@ class Harness:
                 step(*inputs[0])
                 self._sync(setup)
             compile_s = time.perf_counter() - t0
+            cache = compilecache.verdict(cache_dirs, cache_before, compilecache.snapshot(cache_dirs))
             self.events.emit("phase", phase="check", backend=cell.backend)
             t0 = time.perf_counter()
             out = step(*inputs[0])
@@ -382,7 +386,7 @@ class Harness:
         else:
             ok, max_err, msg = True, None, ""
         mem = {"peak_mem_kind": "cuda_max_memory_allocated_over_before" if cuda else "process_vmhwm_over_before",
-               "rss_before_bytes": rss_before or None}
+               "rss_before_bytes": rss_before or None, **cache}
         if not cuda:
             mem["process_peak_rss_bytes"] = process_peak
         if cuda:

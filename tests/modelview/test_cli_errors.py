@@ -124,3 +124,19 @@ def test_cpu_peak_memory_is_the_backends_own():
     assert cpu_peak_bytes(350 << 20, 300 << 20) == 50 << 20
     assert cpu_peak_bytes(300 << 20, 310 << 20) == 0 and cpu_peak_bytes(None, 1) is None
     assert cpu_peak_bytes(300 << 20, None) == 300 << 20  # no reset possible: the process figure
+
+
+def test_compile_cache_hit_or_miss(tmp_path: Path, monkeypatch):
+    from nnforge.modelview import compilecache as cc
+
+    monkeypatch.setenv("NNFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    dirs = cc.cache_dirs("nnforge.cpu")
+    assert dirs == [tmp_path / "cache"] and cc.cache_dirs("eager") == [] and cc.cache_dirs("nnforge.reference") == []
+    before = cc.snapshot(dirs)  # missing directory: empty
+    (tmp_path / "cache" / "c").mkdir(parents=True)
+    (tmp_path / "cache" / "c" / "k.so").write_bytes(b"\x7fELF")
+    after = cc.snapshot(dirs)
+    assert cc.verdict(dirs, before, after)["compile_cache"] == "miss"
+    assert cc.verdict(dirs, after, cc.snapshot(dirs)) == {"compile_cache": "hit", "compile_cache_new_files": 0,
+                                                          "compile_cache_dir": str(tmp_path / "cache")}
+    assert cc.verdict([], set(), set()) == {"compile_cache": "n/a"}

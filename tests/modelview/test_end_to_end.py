@@ -47,6 +47,7 @@ def test_small_cpu_sweep_rows(db: str, fast: dict):
         # the backend's own memory, not the worker's ~300 MB of interpreter and torch
         assert m["peak_mem_kind"] == "process_vmhwm_over_before" and 0 <= r.peak_mem_bytes < m["process_peak_rss_bytes"]
         assert m["process_peak_rss_bytes"] - r.peak_mem_bytes >= 100 << 20
+        assert m["compile_cache"] == "n/a"  # eager, TorchScript and ONNX Runtime keep no compile cache on disk
         assert r.compile_s >= 0 and r.first_call_s > 0 and r.finished >= r.started
         assert m["interleaved"] is True and m["threads"] == 1
         assert {"p5", "p50", "p95", "p99"} <= set(m["latency_s"])
