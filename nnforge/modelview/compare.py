@@ -172,11 +172,11 @@ def print_comparison(a_id: str, b_id: str, changes: list[CellChange], notes: lis
                      console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"B = {escape(b_id)} vs A = {escape(a_id)}\nnegative change = B faster")
-    table.add_column("cell", overflow="fold", max_width=40)
-    table.add_column("ms per call A → B", justify="right", no_wrap=True)
-    table.add_column("figure", no_wrap=True)
-    table.add_column("change [CI]", justify="right")
-    table.add_column("verdict", no_wrap=True)
+    table.add_column("cell", overflow="fold", min_width=16, max_width=48)
+    table.add_column("ms per call A → B", justify="right")
+    table.add_column("figure", overflow="fold", min_width=6)
+    table.add_column("change [CI]", justify="right", min_width=8)
+    table.add_column("verdict", overflow="fold", min_width=12)
     style = {"faster": "green", "slower": "red", "inconclusive": "yellow"}
     for ch in changes:
         v = ch.verdict
