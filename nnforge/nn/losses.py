@@ -216,15 +216,17 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     alpha0 = where(pos < 2, emit[0], _NEG)
 
     def step(carry, e_t):
-        alpha, t = carry
+        alpha, left = carry  # left: steps of each sample's input still to come
         back1 = alpha.pad(((0, 0), (1, 0)), value=_NEG)[:, :ext_len]
         back2 = where(skip_ok, alpha.pad(((0, 0), (2, 0)), value=_NEG)[:, :ext_len], _NEG)
         m = maximum(maximum(alpha, back1), back2).detach()  # logsumexp is invariant to m: no gradient needed
         new = m + ((alpha - m).exp() + (back1 - m).exp() + (back2 - m).exp()).log() + e_t
-        alpha = where((t < in_len).unsqueeze(-1), new, alpha)  # past a sample's length its alpha stays put
-        return (alpha, t + 1), ()
+        alpha = where((left > 0).unsqueeze(-1), new, alpha)  # past a sample's length its alpha stays put
+        return (alpha, left - 1), ()
 
-    (alpha, _), _ = scan(step, (alpha0, full((), 1, dtypes.int64)), emit[1:])
+    # A per-sample count of the steps left rather than one step counter for the batch: every carry has the batch
+    # axis, so the recursion's rows stay independent and are split among threads with no barrier per step.
+    (alpha, _), _ = scan(step, (alpha0, in_len.cast(dtypes.int64) - 1), emit[1:])
     last = (2 * tg_len).unsqueeze(-1)
     ends = (pos == last) | (pos == last - 1)
     nll = -where(ends, alpha, _NEG).logsumexp(-1)                           # [N]
