@@ -69,7 +69,7 @@ def test_filters_and_pagination(view_small: str) -> None:
 def test_figures_api_follows_filters(view_small: str) -> None:
     full = json.loads(get(view_small + "/api/runs/run-a/figures")[1])
     ids = [f["id"] for f in full["figures"]]
-    assert ids[0] == "max_throughput" and full["n_cells"] == 31
+    assert ids[:2] == ["common_setting", "max_throughput"] and full["n_cells"] == 31
     only = json.loads(get(view_small + "/api/runs/run-a/figures?backend=eager")[1])
     bars = next(f for f in only["figures"] if f["id"] == "max_throughput")["figure"]
     assert [t["name"] for t in bars["data"]] == ["eager"]
