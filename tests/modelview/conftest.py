@@ -35,12 +35,3 @@ def db(tmp_path: Path) -> str:
 def fast() -> dict[str, Any]:
     return {"timing": dict(FAST_TIMING), "measure_peaks": False, "isolation": {"timeout_s": 60.0, "memory_mb": 4096}}
 
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest):
-    """A generator seeded from the test's id, so a failure replays."""
-    import zlib
-
-    import numpy as np
-
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
