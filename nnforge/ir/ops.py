@@ -89,7 +89,9 @@ Type = tuple[tuple[int, ...] | None, DType | None]
 
 
 def fmt_shape(shape: tuple[int, ...]) -> str:
-    return "[" + ", ".join(render(d) for d in shape) + "]"
+    """A shape for an error message: the concrete sizes of this call (a traced size's symbol, ``a0.1``, means
+    nothing to the user)."""
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
 
 
 def _same_shape(op: Op, srcs: tuple) -> None:

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..control import scan
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError, at
 from ..tensor import Tensor, as_tensor, concat, full, stack, zeros
 from . import functional as F
 from . import init
@@ -143,15 +143,25 @@ class _RNNBase(Module):
 
     def _prepare(self, x: Any, hx: Any) -> tuple[Tensor, bool, int]:
         x = as_tensor(x)
+        layout = "[N, T, features]" if self.batch_first else "[T, N, features]"
         if x.ndim not in (2, 3):
-            raise ShapeError(f"{self.mode}: expected a 3-d (batched) or 2-d input, got {list(map(int, x.shape))}")
+            raise ShapeError(at(f"{self.mode}: expected a 3-d {layout} (batched) or 2-d [T, features] input, got "
+                                f"{list(map(int, x.shape))}"))
+        if not x.dtype.is_float:
+            raise DTypeError(at(f"{self.mode}: the input must be floating point (the weights are "
+                                f"{self.weight_ih_l0.dtype.value}), got {x.dtype.value}"))
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(1)
         elif self.batch_first:
             x = x.transpose(0, 1)
         if int(x.shape[-1]) != self.input_size:
-            raise ShapeError(f"{self.mode}: input has {int(x.shape[-1])} features, expected {self.input_size}")
+            hint = ""
+            if x.ndim == 3 and not self.batch_first and int(x.shape[1]) == self.input_size:
+                hint = ("; it looks like [N, features, T] (a Conv1d's output): pass x.permute(2, 0, 1) for "
+                        "[T, N, features]")
+            raise ShapeError(at(f"{self.mode}: input {list(map(int, x.shape))} has {int(x.shape[-1])} features "
+                                f"in its last axis, expected {self.input_size} ({layout}){hint}"))
         return x, unbatched, x.shape[1]
 
     def _state(self, h: Any, batch: int, dtype: Any, unbatched: bool, what: str) -> Tensor:

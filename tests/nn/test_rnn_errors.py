@@ -1,0 +1,39 @@
+"""Errors a user can act on: concrete shapes (never traced size symbols), the user's line, and for recurrent
+layers the layout they expect and the likely fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+import nnforge.nn as nn
+from nnforge.errors import DTypeError, ShapeError
+
+
+def test_compiled_shape_errors_show_concrete_shapes_and_the_users_line() -> None:
+    with pytest.raises(ShapeError, match=r"^matmul: inner sizes differ: \[2, 3\] @ \[4, 5\] \(at .*test_rnn_errors"):
+        nf.compile(lambda a, b: a @ b)(np.ones((2, 3)), np.ones((4, 5)))
+    with pytest.raises(ShapeError, match=r"cannot broadcast shapes \[2, 3\], \[4, 5\]"):
+        nf.compile(lambda a, b: a + b)(np.ones((2, 3)), np.ones((4, 5)))
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_lstm_fed_channels_first_says_so(batch_first: bool) -> None:
+    lstm = nn.LSTM(4, 8, batch_first=batch_first)
+    x = np.ones((2, 4, 10), np.float32)  # a Conv1d's [N, C, T]
+    with pytest.raises(ShapeError) as info:
+        nf.compile(lambda x: lstm(x))(x)
+    msg = str(info.value)
+    assert "has 10 features in its last axis, expected 4" in msg and "test_rnn_errors.py" in msg
+    assert ("[N, T, features]" if batch_first else "[T, N, features]") in msg
+    assert ("permute(2, 0, 1)" in msg) != batch_first
+
+
+def test_lstm_fed_integers_or_the_wrong_rank_says_so() -> None:
+    lstm = nn.GRU(4, 8)
+    with pytest.raises(DTypeError, match=r"GRU: the input must be floating point \(the weights are float32\), "
+                                         r"got int64"):
+        nf.compile(lambda x: lstm(x))(np.ones((10, 2, 4), np.int64))
+    with pytest.raises(ShapeError, match=r"GRU: expected a 3-d \[T, N, features\].*got \[3, 4, 5, 6\]"):
+        lstm(nf.tensor(np.ones((3, 4, 5, 6), np.float32)))
