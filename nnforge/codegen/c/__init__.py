@@ -21,7 +21,7 @@ from .cexpr import Sizes, Unsupported
 from .gemm import GemmConfig
 from .lower import KernelInfo, Lowering
 from .program import CProgram
-from .toolchain import Toolchain, find_compiler, works
+from .toolchain import Toolchain, find_compiler, missing_compiler_reason, works
 
 log = logging.getLogger("nnforge.codegen.c")
 
@@ -56,10 +56,9 @@ class CpuBackend:
     @property
     def toolchain(self) -> Toolchain:
         if self._toolchain is None:
-            cc = find_compiler()
-            if cc is None:
-                raise RuntimeError("backend 'cpu' needs a C compiler (cc, gcc or clang) on PATH")
-            self._toolchain = Toolchain(cc)
+            if not self.available:
+                raise RuntimeError(missing_compiler_reason())
+            self._toolchain = Toolchain(find_compiler())
         return self._toolchain
 
     def __call__(self, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:

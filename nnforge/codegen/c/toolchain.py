@@ -34,10 +34,25 @@ def cache_dir() -> Path:
 
 
 def find_compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
+    """``$CC`` when set (the user's choice is used or reported, never silently replaced), else the first of cc,
+    gcc, clang on PATH."""
+    chosen = os.environ.get("CC")
+    if chosen:
+        return shutil.which(chosen)
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
             return shutil.which(name)
     return None
+
+
+def missing_compiler_reason() -> str:
+    """Why backend 'cpu' cannot build here, in one line naming what to fix."""
+    chosen = os.environ.get("CC")
+    if chosen and shutil.which(chosen) is None:
+        return f"backend 'cpu': $CC is {chosen!r}, which is not an executable on PATH (unset CC to use cc/gcc/clang)"
+    if chosen:
+        return f"backend 'cpu': $CC ({chosen!r}) cannot build a test OpenMP shared object"
+    return "backend 'cpu' needs a C compiler with OpenMP (cc, gcc or clang on PATH, or $CC)"
 
 
 class CompileError(RuntimeError):
