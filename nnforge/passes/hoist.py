@@ -131,7 +131,7 @@ class _Lifter:
             a = {"starts": (0, *a["starts"]), "stops": (self.T, *a["stops"]), "steps": (1, *a["steps"])}
         elif n.op == Op.PAD:
             a["pads"] = ((0, 0), *a["pads"])
-        elif n.op == Op.CONCAT:
+        elif n.op in (Op.CONCAT, Op.GATHER, Op.SCATTER_ADD):
             a["axis"] = a["axis"] + 1
         elif n.op in REDUCE:
             a["axes"] = tuple(x + 1 for x in a["axes"])

@@ -228,3 +228,32 @@ def test_lattice_scans_split_by_rows_unless_the_index_crosses_rows(rng):
     x = rng.standard_normal((T, N, S))
     assert "batch rows split" not in _scan_notes(across_rows, x)[0]
     _close(nf.compile(across_rows, backend="cpu")(x), nf.compile(across_rows)(x), np.float64)
+
+
+def test_gather_of_a_step_input_feeding_a_matmul_is_hoisted(backend, rng):
+    """A scan body gathering from its step input before a matmul: the hoisting pass lifts both out of the loop
+    (one matmul over all steps), the gather's axis moving past the new time axis. Value and gradient vs torch."""
+    T, N, C, K, H = 5, 3, 4, 6, 2
+    x, w = rng.standard_normal((T, N, C)), rng.standard_normal((H, K))
+    idx = rng.integers(0, C, (N, K))
+
+    def f(x, w):
+        def step(h, x_t):
+            y = nf.gather(x_t, 1, idx) @ w.T
+            return (h + y).tanh(), y
+
+        h, ys = nf.scan(step, nf.zeros(N, H, dtype=nf.float64), x)
+        return (h ** 2).sum() + (ys * ys).sum()
+
+    value, (gx, gw) = nf.compile(nf.value_and_grad(f, argnums=(0, 1)), backend=backend)(x, w)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    h, total = torch.zeros(N, H, dtype=torch.float64), 0
+    for t in range(T):
+        y = torch.gather(tx[t], 1, torch.tensor(idx)) @ tw.T
+        h = torch.tanh(h + y)
+        total = total + (y * y).sum()
+    want = (h ** 2).sum() + total
+    want.backward()
+    _close(value, want.item(), np.float64)
+    _close(gx, tx.grad.numpy(), np.float64)
+    _close(gw, tw.grad.numpy(), np.float64)
