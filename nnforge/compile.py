@@ -13,6 +13,7 @@ import functools
 import logging
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +87,7 @@ class CompiledFunction:
         self.trace_count = 0
         self._entries: list[_Entry] = []
         self._vjps: dict[tuple, CompiledFunction] = {}
+        self._warned_retrace = False
         functools.update_wrapper(self, fn)
 
     def _split(self, args: tuple, kwargs: dict) -> tuple[list, Any, list, tuple]:
@@ -166,10 +168,29 @@ class CompiledFunction:
         self._entries = [e for e in self._entries if e.epoch == epoch]
         entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics)), None)
         if entry is None:
+            self._explain_retrace(treedef, dts, shapes, statics)
             entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
             entry.epoch = session().grad_epoch
             self._entries.append(entry)
         return leaves, arrays, shapes, entry
+
+    def _explain_retrace(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> None:
+        """A trace that differs from an earlier one only in input sizes says which sizes and why (a Python loop
+        over a size unrolls it into the trace): logged every time, warned once per function."""
+        same = [e for e in self._entries if e.treedef == treedef and e.dtypes == dts and e.statics == statics]
+        if not same:
+            return
+        prev = same[-1]
+        changed = [f"arg{i}.shape[{ax}] {b} -> {a}" for i, (new, old) in enumerate(zip(shapes, prev.shapes))
+                   for ax, (a, b) in enumerate(zip(new, old)) if a != b and len(new) == len(old)]
+        msg = (f"{_name(self.fn)}: traced again (trace {self.trace_count + 1}) because input sizes changed: "
+               f"{', '.join(changed) or 'ranks differ'}. Only a size that sets an nf.scan's trip count is free; "
+               "any other size is part of the trace (a Python loop over a size unrolls it: write it with nf.scan "
+               "to take every length with one trace)")
+        log.info(msg)
+        if not self._warned_retrace:
+            self._warned_retrace = True
+            warnings.warn(msg, stacklevel=4)
 
     def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         self.trace_count += 1
