@@ -1,0 +1,192 @@
+"""A Bonito-fast-like basecaller on the CPU: nnforge ``backend="cpu"`` against torch eager and ONNX Runtime,
+every figure a ratio measured in the same run (interleaved rounds, medians).
+
+The model: three Conv1d with swish (1->4 k5, 4->16 k5, 16->F k19 stride 5), five LSTM layers of width F
+alternating direction (the first reversed), a linear head to 5 classes and log-softmax. Both implementations
+carry the same weights (the torch twin is loaded from the nnforge module's state dict with
+``nn.stack_rnn_layers``' inverse naming), and their outputs are compared before timing.
+
+* inference on a chunk of ``--samples`` samples (10,000: T = 2,000 LSTM steps) at batch 16 and 64: nnforge vs
+  torch eager and vs ONNX Runtime (the torch twin exported with ``torch.onnx``; intra-op spinning disabled, so
+  its idle threads cannot slow the candidate that runs after it);
+* a training step (forward, CTC loss, backward, Adam) at ``--train-samples`` samples (2,500: T = 500): nnforge
+  vs torch eager.
+
+Each round runs every candidate for one untimed call and ``--calls`` timed calls, in turn.
+Usage: ``python bench/basecaller_cpu.py [--rounds 5] [--calls 2] [--width 96] [--batches 16 64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+import nnforge as nf
+import nnforge.nn as nn
+from nnforge.nn import optim
+
+LAYERS = 5
+
+
+class Encoder(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv1d(1, 4, 5, padding=2), nn.Conv1d(4, 16, 5, padding=2),
+                                    nn.Conv1d(16, width, 19, stride=5, padding=9)])
+        self.rnn = nn.LSTM(width, width, num_layers=LAYERS, reverse=[k % 2 == 0 for k in range(LAYERS)])
+        self.head = nn.Linear(width, 5)
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = nf.silu(conv(x))
+        return self.head(self.rnn(x.permute(2, 0, 1))[0]).log_softmax(-1)
+
+
+class TorchEncoder(torch.nn.Module):
+    """The same model in torch: single-layer LSTMs, the reversed ones run on flipped time."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([torch.nn.Conv1d(1, 4, 5, padding=2), torch.nn.Conv1d(4, 16, 5, padding=2),
+                                          torch.nn.Conv1d(16, width, 19, stride=5, padding=9)])
+        self.rnns = torch.nn.ModuleList([torch.nn.LSTM(width, width) for _ in range(LAYERS)])
+        self.head = torch.nn.Linear(width, 5)
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = torch.nn.functional.silu(conv(x))
+        x = x.permute(2, 0, 1)
+        for k, rnn in enumerate(self.rnns):
+            x = rnn(x.flip(0))[0].flip(0) if k % 2 == 0 else rnn(x)[0]
+        return self.head(x).log_softmax(-1)
+
+
+def twin_of(model: Encoder, width: int) -> TorchEncoder:
+    twin = TorchEncoder(width)
+    sd = {}
+    for key, value in model.state_dict().items():
+        if key.startswith("rnn."):
+            name, layer = key[len("rnn."):].rsplit("_l", 1)
+            key = f"rnns.{layer}.{name}_l0"
+        sd[key] = torch.from_numpy(np.asarray(value))
+    twin.load_state_dict(sd)
+    return twin
+
+
+def onnx_session(twin: TorchEncoder, x: np.ndarray):
+    import onnxruntime as ort
+
+    path = os.path.join(tempfile.mkdtemp(), "encoder.onnx")
+    torch.onnx.export(twin, (torch.from_numpy(x),), path, input_names=["x"], output_names=["y"], dynamo=False,
+                      dynamic_axes={"x": {0: "n", 2: "t"}, "y": {0: "t", 1: "n"}})
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def interleaved(candidates: dict[str, Callable[[], object]], rounds: int, calls: int) -> dict[str, float]:
+    """Median seconds per call of each candidate over ``rounds`` rounds of (one untimed call, ``calls`` timed)."""
+    times: dict[str, list[float]] = {k: [] for k in candidates}
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            fn()
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def inference(width: int, batch: int, samples: int, rounds: int, calls: int, rng: np.random.Generator) -> None:
+    model = Encoder(width)
+    twin = twin_of(model, width).eval()
+    x = rng.standard_normal((batch, 1, samples)).astype(np.float32)
+    ours = nf.compile(lambda x: model(x), backend="cpu")
+    start = time.perf_counter()
+    y = ours(x)
+    compile_s = time.perf_counter() - start
+    tx = torch.from_numpy(x)
+    with torch.no_grad():
+        want = twin(tx).numpy()
+    sess = onnx_session(twin, x)
+    got_ort = sess.run(None, {"x": x})[0]
+    print(f"  agreement: nnforge vs torch max |diff| {np.abs(y - want).max():.1e}, ONNX Runtime vs torch "
+          f"{np.abs(got_ort - want).max():.1e}; nnforge compile + first call {compile_s:.1f} s")
+
+    def eager():
+        with torch.no_grad():
+            twin(tx)
+
+    med = interleaved({"nnforge": lambda: ours(x), "torch eager": eager,
+                       "onnxruntime": lambda: sess.run(None, {"x": x})}, rounds, calls)
+    print(f"  inference F={width} N={batch} samples={samples}: nnforge {med['nnforge'] * 1e3:.0f} ms, torch eager "
+          f"{med['torch eager'] * 1e3:.0f} ms ({med['torch eager'] / med['nnforge']:.2f}x, goal >= 2), ONNX Runtime "
+          f"{med['onnxruntime'] * 1e3:.0f} ms ({med['onnxruntime'] / med['nnforge']:.2f}x, goal >= 1.3)")
+
+
+def training(width: int, batch: int, samples: int, rounds: int, calls: int, rng: np.random.Generator) -> None:
+    model = Encoder(width)
+    twin = twin_of(model, width)
+    opt = optim.Adam(model.parameters(), lr=1e-4)
+    topt = torch.optim.Adam(twin.parameters(), lr=1e-4)
+    x = rng.standard_normal((batch, 1, samples)).astype(np.float32)
+    S = samples // 50
+    tg, il, tl = rng.integers(1, 5, (batch, S)), np.full(batch, samples // 5), np.full(batch, S)
+
+    @nf.compile(backend="cpu")
+    def step(x, tg, il, tl):
+        opt.zero_grad()
+        loss = nn.functional.ctc_loss(model(x), tg, il, tl)
+        loss.backward()
+        opt.step()
+        return loss
+
+    targs = [torch.from_numpy(a) for a in (x, tg, il, tl)]
+
+    def torch_step():
+        topt.zero_grad()
+        loss = torch.nn.functional.ctc_loss(twin(targs[0]), *targs[1:])
+        loss.backward()
+        topt.step()
+        return loss
+
+    start = time.perf_counter()
+    first = float(step(x, tg, il, tl))
+    compile_s = time.perf_counter() - start
+    print(f"  first losses: nnforge {first:.5f}, torch {float(torch_step()):.5f}; "
+          f"nnforge compile + first call {compile_s:.1f} s")
+    med = interleaved({"nnforge": lambda: step(x, tg, il, tl), "torch eager": torch_step}, rounds, calls)
+    print(f"  training step F={width} N={batch} samples={samples}: nnforge {med['nnforge'] * 1e3:.0f} ms, "
+          f"torch eager {med['torch eager'] * 1e3:.0f} ms ({med['torch eager'] / med['nnforge']:.2f}x, goal >= 1.5)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--width", type=int, default=96)
+    parser.add_argument("--batches", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--samples", type=int, default=10_000)
+    parser.add_argument("--train-samples", type=int, default=2_500)
+    parser.add_argument("--train-batch", type=int, default=16)
+    args = parser.parse_args()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    rng = np.random.default_rng(0)
+    print(f"load average before: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
+    for batch in args.batches:
+        inference(args.width, batch, args.samples, args.rounds, args.calls, rng)
+    training(args.width, args.train_batch, args.train_samples, args.rounds, args.calls, rng)
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
