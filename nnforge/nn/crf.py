@@ -23,6 +23,7 @@ from .. import dtypes
 from ..control import scan
 from ..errors import DTypeError, ShapeError
 from ..indexing import gather
+from ..ir.ops import Op
 from ..tensor import Tensor, arange, as_tensor, full, stack, where
 from .losses import _check_reduction
 
@@ -62,6 +63,21 @@ def _ints(x: Any, what: str) -> Tensor:
     if not t.dtype.is_int:
         raise DTypeError(f"ctc_crf_loss: {what} must hold integers, got {t.dtype}")
     return t.cast(dtypes.int64)
+
+
+def _check_concrete(targets: Tensor, lengths: Tensor, state_len: int, n_base: int) -> None:
+    """Values known now (not traced inputs) are checked now: a bad length or base would otherwise index outside
+    the lattice when the program runs."""
+    width = int(targets.shape[1])
+    if lengths.node.op == Op.DATA or (lengths.node.op == Op.CAST and lengths.node.srcs[0].op == Op.DATA):
+        bad = [int(v) for v in lengths.numpy() if not state_len <= v <= width]
+        if bad:
+            raise ShapeError(f"ctc_crf_loss: target length {bad[0]} is outside [state_len, S] = [{state_len}, "
+                             f"{width}]")
+    if targets.node.op == Op.DATA or (targets.node.op == Op.CAST and targets.node.srcs[0].op == Op.DATA):
+        bad = [int(v) for v in targets.numpy().ravel() if not 0 <= v <= n_base]
+        if bad:
+            raise ShapeError(f"ctc_crf_loss: target base {bad[0]} is outside 1..{n_base} (0 pads)")
 
 
 def _edges_in(alpha: Tensor, m_t: Tensor, idx: Tensor, states: int, k: int) -> Tensor:
@@ -148,6 +164,7 @@ def ctc_crf_loss(scores: Any, targets: Any, target_lengths: Any, state_len: int,
                          f"{list(map(int, lengths.shape))}")
     if int(tg.shape[1]) < state_len:
         raise ShapeError(f"ctc_crf_loss: targets of {int(tg.shape[1])} bases cannot fill a state of {state_len}")
+    _check_concrete(tg, lengths, state_len, n_base)
     if normalise_scores:
         steps = full((), t_len, scores.dtype)  # a symbolic T stays symbolic: a new length re-specializes
         scores = scores - (crf_logz(scores, state_len, n_base) / steps).reshape(1, n, 1)

@@ -164,6 +164,10 @@ def test_errors_name_the_shapes():
         F.ctc_crf_loss(x, np.ones((3, 4), np.int64), np.array([4, 4, 4]), 1)
     with pytest.raises(nf.ShapeError, match="targets of 1 bases cannot fill a state of 2"):
         F.ctc_crf_loss(nf.zeros(3, 2, 80), np.ones((2, 1), np.int64), np.array([1, 1]), 2)
+    with pytest.raises(nf.ShapeError, match=r"target length 5 is outside \[state_len, S\] = \[1, 4\]"):
+        F.ctc_crf_loss(x, np.ones((2, 4), np.int64), np.array([4, 5]), 1)
+    with pytest.raises(nf.ShapeError, match=r"target base 7 is outside 1\.\.4 \(0 pads\)"):
+        F.ctc_crf_loss(x, np.array([[1, 2, 7, 0], [1, 1, 1, 1]]), np.array([3, 4]), 1)
     with pytest.raises(nf.DTypeError, match=r"target_lengths must hold integers, got nf\.float64"):
         F.ctc_crf_loss(x, np.ones((2, 4), np.int64), np.array([4.0, 4.0]), 1)
     with pytest.raises(nf.DTypeError, match=r"crf_viterbi: scores must be float, got nf\.int64"):
