@@ -15,12 +15,12 @@ from .. import dtypes
 from ..errors import ShapeError
 from ..tensor import Tensor, arange, as_tensor, gelu, relu, sigmoid, silu, stack, tanh, where
 from ..tensor import rand as _rand
-from .crf import crf_logz, crf_viterbi, ctc_crf_loss
+from .crf import crf_logz, crf_predecessors, crf_viterbi, ctc_crf_loss
 from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
 
 __all__ = [
-    "conv1d", "crf_logz", "crf_viterbi", "cross_entropy", "ctc_crf_loss", "ctc_loss", "dropout", "embedding",
-    "gelu", "layer_norm", "linear", "mse_loss",
+    "conv1d", "crf_logz", "crf_predecessors", "crf_viterbi", "cross_entropy", "ctc_crf_loss", "ctc_loss",
+    "dropout", "embedding", "gelu", "layer_norm", "linear", "mse_loss",
     "nll_loss", "one_hot", "relu", "sigmoid", "silu", "swish", "tanh",
 ]
 
