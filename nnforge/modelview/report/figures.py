@@ -141,9 +141,10 @@ def common_setting(cells: Sequence[CellRow]) -> FigureSpec:
         shape = max(backends_at, key=lambda k: (len(backends_at[k]), k[0] or 0, k[1] or 0))
         rows[f"{cat} · N={shape[0]} T={shape[1]}"] = [c for c in cs if (c.batch, c.seq_len) == shape]
     top = {r: max(c.throughput or 0.0 for c in cs) for r, cs in rows.items()}
-    order = sorted(top, key=lambda r: top[r])[-MAX_BARS:]
-    unit = unit_of(ok)
     colors = backend_colors(c.backend for c in ok)
+    # every backend has its bar here, so rows are fewer than in the compact chart: at most MAX_COMPACT_BARS bars
+    order = sorted(top, key=lambda r: top[r])[-max(1, min(MAX_BARS, MAX_COMPACT_BARS // max(1, len(colors)))):]
+    unit = unit_of(ok)
     traces: list[dict] = []
     for be, color in colors.items():
         pts = [(r, c) for r in order for c in rows[r] if c.backend == be]
