@@ -180,7 +180,7 @@ class TorchLSTM(nn.Module):
 
 
 def nnforge_lstm_impl(req: Request) -> NnforgeImpl:
-    """The LSTM as an nnforge scan (the API of DESIGN.md); nnforge is imported only when the backend runs it."""
+    """The LSTM as an nnforge scan (the API of docs/guide.md); nnforge is imported only when the backend runs it."""
 
     def fn(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b: Any) -> Any:
         import nnforge as nf
