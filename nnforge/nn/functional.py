@@ -1,8 +1,8 @@
 """Stateless layer functions (the ``torch.nn.functional`` of nnforge), composed from core tensor ops.
 
-Everything here is a composition of the small IR op set, so autodiff and every backend get it for free. Gathers
-are one-hot matmuls, because the IR has no gather: exact for integer indices, and a matmul is what backends
-make fast anyway. The loss functions live in ``losses.py`` and are re-exported here.
+Everything here is a composition of the small IR op set, so autodiff and every backend get it for free. A table
+lookup (``embedding``) is a gather, whose gradient is a scatter-add. The loss functions live in ``losses.py`` and
+are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import dtypes
 from ..errors import ShapeError
+from ..indexing import index_select
 from ..tensor import Tensor, arange, as_tensor, gelu, relu, sigmoid, silu, stack, tanh, where
 from ..tensor import rand as _rand
 from .crf import crf_logz, crf_predecessors, crf_viterbi, ctc_crf_loss
@@ -42,8 +43,13 @@ def one_hot(index: Any, num_classes: int, dtype: Any = dtypes.float32) -> Tensor
 
 
 def embedding(index: Any, weight: Tensor) -> Tensor:
-    """Rows of ``weight`` picked by ``index``: a one-hot matmul, so the weight gradient is a matmul too."""
-    return one_hot(index, int(weight.shape[0]), weight.dtype) @ weight
+    """Rows of ``weight`` picked by ``index`` (any shape): one gather, a load per element in compiled code, where a
+    one-hot matmul cost num_embeddings multiply-adds per element; the weight's gradient is a scatter-add."""
+    index = as_tensor(index)
+    if index.dtype.is_float:
+        raise TypeError(f"embedding: needs integer indices, got {index.dtype}")
+    rows = index_select(weight, 0, index.reshape(-1))
+    return rows.reshape(*index.shape, weight.shape[1])
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:

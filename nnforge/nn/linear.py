@@ -37,7 +37,7 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    """A lookup table [num_embeddings, embedding_dim] indexed by integer tensors (a one-hot matmul).
+    """A lookup table [num_embeddings, embedding_dim] indexed by integer tensors (a gather).
 
     ``padding_idx`` starts as a zero row and gets no gradient, as in torch.
     """
