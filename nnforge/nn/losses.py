@@ -14,6 +14,7 @@ import numpy as np
 from .. import dtypes
 from ..control import scan
 from ..errors import ShapeError
+from ..indexing import gather
 from ..interop.convert import to_numpy
 from ..tensor import Tensor, arange, as_tensor, full, maximum, stack, where
 from ..trace import session
@@ -191,7 +192,7 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     out_dtype = lp.dtype
     if lp.dtype not in (dtypes.float32, dtypes.float64):
         lp = lp.cast(dtypes.float32)  # -1e30 and the long log-space sums need at least float32
-    _, n, c = lp.shape
+    _, n, _ = lp.shape
     tg = _padded_targets(targets, target_lengths)
     in_len = _int_tensor(input_lengths, "input_lengths")
     tg_len = _int_tensor(target_lengths, "target_lengths")
@@ -206,9 +207,8 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     # Extended labels [N, 2S+1]: blank, l1, blank, l2, ..., blank.
     blanks = full((n, s), blank, dtypes.int64)
     ext = stack([blanks, tg], axis=2).reshape(n, 2 * s).pad(((0, 0), (0, 1)), value=blank)
-    # Emission log-probabilities of every extended label at every step: a one-hot gather as one matmul.
-    oh = _one_hot(ext, int(c), lp.dtype)                                    # [N, L, C]
-    emit = (lp.unsqueeze(2) @ oh.mT).reshape(lp.shape[0], n, ext_len)      # [T, N, L]
+    # Emission log-probabilities of every extended label at every step: one gather (a load per element).
+    emit = gather(lp, 2, ext.unsqueeze(0).expand(lp.shape[0], n, ext_len))  # [T, N, L]
     # A label may be reached from two back (skipping a blank) unless it is a blank or repeats that label.
     ext_back2 = ext.pad(((0, 0), (2, 0)), value=blank)[:, :ext_len]
     skip_ok = (ext != blank) & (ext != ext_back2)
