@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from revision_repo import make_repo
 from typer.testing import CliRunner
 
@@ -16,6 +17,7 @@ from nnforge.modelview.ab import blocks_of
 RUNNER = CliRunner()
 
 
+@pytest.mark.timing
 def test_ab_finds_and_sizes_a_slowdown_and_gates_on_it(tmp_path: Path):
     repo = tmp_path / "repo"
     c = make_repo(repo, [20, 30])  # 50 % more layers
@@ -36,6 +38,7 @@ def test_ab_finds_and_sizes_a_slowdown_and_gates_on_it(tmp_path: Path):
     assert r.exit_code == 2 and "unknown revision 'nope'" in r.output
 
 
+@pytest.mark.timing
 def test_history_flags_both_steps_at_their_commits_and_no_other(tmp_path: Path):
     repo = tmp_path / "repo"
     c = make_repo(repo, [20, 26, None, 20])  # 30 % more layers at 1, unrelated 2, removed at 3

@@ -85,7 +85,7 @@ NAV_TIMING = (
     "() => { const n = performance.getEntriesByType('navigation')[0];"
     " return {load: n.loadEventEnd, first: Number(document.body.dataset.firstPlotMs)}; }"
 )
-FIRST_VISIT_TRIES = 3
+VISIT_TRIES = 3
 
 
 def _visit(page, url: str) -> dict[str, float]:
@@ -96,6 +96,7 @@ def _visit(page, url: str) -> dict[str, float]:
     return page.page.evaluate(NAV_TIMING)
 
 
+@pytest.mark.timing
 def test_huge_run_first_visit_is_fast(fresh_page, huge_db: Path) -> None:
     """10,000 cells, first visit: a server just started (``running`` returns once it is up and warmed, as `nnforge
     view --open` opens the browser) and a fresh browser context (no plotly.js in its cache, no compiled code) reach
@@ -103,7 +104,7 @@ def test_huge_run_first_visit_is_fast(fresh_page, huge_db: Path) -> None:
     jobs, the other xdist worker), so each of up to three tries is a genuine first visit (new server, new context)
     and one within budget passes; a regression (figures built on request, plotly.js blocking) misses all three."""
     tries = []
-    for i in range(FIRST_VISIT_TRIES):
+    for i in range(VISIT_TRIES):
         page = fresh_page()
         with running(huge_db) as url:
             rid = page.page.context.request.get(url + "/api/runs").json()[0]["run_id"]
@@ -120,19 +121,26 @@ def test_huge_run_first_visit_is_fast(fresh_page, huge_db: Path) -> None:
     assert best["first"] < LOAD_BUDGET_MS, tries
 
 
+@pytest.mark.timing
 def test_huge_run_stays_responsive(page, huge_db: Path, tmp_path: Path) -> None:
     """10,000 cells: a returning visit to the run page (the server's figure cache warm, plotly.js in the browser's
     cache) reaches its load event and draws its first chart within 2 s; the table is paginated; the report file of the
-    same run renders too. (The first visit is test_huge_run_first_visit_is_fast.)"""
+    same run renders too. (The first visit is test_huge_run_first_visit_is_fast.) Noise only adds time, so the best of
+    up to three returning visits is the page's speed; a regression misses all three."""
     p = page.page
     with running(huge_db) as url:
         rid = p.context.request.get(url + "/api/runs").json()[0]["run_id"]
         _visit(page, url + f"/runs/{rid}")
-        timing = _visit(page, url + f"/runs/{rid}")
+        tries = []
+        for _ in range(VISIT_TRIES):
+            tries.append(_visit(page, url + f"/runs/{rid}"))
+            if max(tries[-1]["load"], tries[-1]["first"]) < LOAD_BUDGET_MS:
+                break
         page.screenshot("huge-run")
         assert p.locator("tr.cell-row").count() == 100 and "10000 cells" in p.locator("#cell-count").inner_text()
-        assert timing["load"] < LOAD_BUDGET_MS, timing
-        assert timing["first"] < LOAD_BUDGET_MS, timing
+        best = min(tries, key=lambda t: max(t["load"], t["first"]))
+        assert best["load"] < LOAD_BUDGET_MS, tries
+        assert best["first"] < LOAD_BUDGET_MS, tries
         p.click("#next")
         p.wait_for_url("**page=2**")
         assert p.locator("tr.cell-row").count() == 100
