@@ -188,7 +188,7 @@ def merge_process_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
     from .stats import median_ci, percentiles
 
-    base = {k: v for k, v in rows[0].items() if k != "row_id"}
+    base = {k: v for k, v in rows[0].items() if k not in ("row_id", "row_uid")}
     samples = [x for r in rows for x in json.loads(r["samples_json"])]
     med, lo, hi = median_ci(samples)
     metrics = json.loads(base["metrics_json"] or "{}")

@@ -59,6 +59,8 @@ CELL_COLUMNS: tuple[tuple[str, str], ...] = (
     ("artifact", "TEXT"),
     ("started", "REAL"),
     ("finished", "REAL"),
+    ("machine_id", "TEXT"),  # the machine that measured the row (``machines`` table); merged stores keep it
+    ("row_uid", "TEXT"),  # a row's identity across stores: what makes ``merge`` idempotent
 )
 CELL_COLUMN_NAMES = tuple(c for c, _ in CELL_COLUMNS)
 
@@ -71,6 +73,7 @@ CREATE TABLE IF NOT EXISTS cells(
     {", ".join(f"{c} {t}" for c, t in CELL_COLUMNS)}
 );
 CREATE INDEX IF NOT EXISTS cells_run_key ON cells(run_id, cell_key);
+CREATE TABLE IF NOT EXISTS machines(machine_id TEXT PRIMARY KEY, fingerprint_json TEXT);
 """
 
 
@@ -87,6 +90,12 @@ class Store:
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     self._con.execute(stmt)
+            have = {r[1] for r in self._con.execute("PRAGMA table_info(cells)")}
+            for col, typ in CELL_COLUMNS:  # a store written before a column existed gains it (NULL in old rows)
+                if col not in have:
+                    self._con.execute(f"ALTER TABLE cells ADD COLUMN {col} {typ}")
+            self._con.execute("CREATE UNIQUE INDEX IF NOT EXISTS cells_uid ON cells(row_uid)")
+        self._machine: str | None = None
 
     def close(self) -> None:
         self._con.close()
@@ -110,6 +119,21 @@ class Store:
         self._con.execute("COMMIT")
 
     # -- writing -------------------------------------------------------------------------------------------------
+    def machine_id(self) -> str:
+        """This machine's id, registered in the ``machines`` table on first use (rows written here carry it)."""
+        if self._machine is None:
+            from .machine import fingerprint, machine_id
+
+            fp = fingerprint()
+            self._machine = machine_id(fp)
+            self.add_machine(self._machine, fp)
+        return self._machine
+
+    def add_machine(self, machine_id: str, fingerprint: Mapping[str, Any]) -> None:
+        with self._write():
+            self._con.execute("INSERT OR IGNORE INTO machines(machine_id, fingerprint_json) VALUES (?, ?)",
+                              (machine_id, json.dumps(fingerprint, sort_keys=True)))
+
     def new_run(self, name: str, spec_json: str, env: Mapping[str, Any], run_id: str | None = None) -> str:
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         with self._write():
@@ -126,11 +150,30 @@ class Store:
             raise KeyError(f"unknown cell columns: {sorted(unknown)}")
         if row.get("status") not in FINAL_STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {row.get('status')!r}")
+        row = {**row, "machine_id": row.get("machine_id") or self.machine_id(),
+               "row_uid": row.get("row_uid") or uuid.uuid4().hex}
         values = {k: _encode(v) for k, v in row.items()}
         cols = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         with self._write():
             self._con.execute(f"INSERT INTO cells({cols}) VALUES ({marks})", tuple(values.values()))
+
+    def import_run(self, run: Mapping[str, Any]) -> None:
+        """A run record copied from another store, as it was (``merge``)."""
+        marks = ", ".join("?" * len(RUN_COLUMNS))
+        with self._write():
+            self._con.execute(f"INSERT INTO runs({', '.join(RUN_COLUMNS)}) VALUES ({marks})",
+                              tuple(run[c] for c in RUN_COLUMNS))
+
+    def import_rows(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Rows copied from another store with their machine and uid, in one transaction (``merge``)."""
+        cols = list(CELL_COLUMN_NAMES)
+        with self._write():
+            self._con.executemany(f"INSERT INTO cells({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                                  [tuple(r.get(c) for c in cols) for r in rows])
+
+    def row_uids(self) -> set[str]:
+        return {r[0] for r in self._con.execute("SELECT row_uid FROM cells WHERE row_uid IS NOT NULL")}
 
     # -- reading -------------------------------------------------------------------------------------------------
     def run_ids(self) -> list[str]:
@@ -195,6 +238,11 @@ class Store:
         sql += " ORDER BY row_id"
         names = ("row_id", *CELL_COLUMN_NAMES)
         return [dict(zip(names, r)) for r in self._con.execute(sql, args)]
+
+    def machines(self) -> dict[str, dict[str, Any]]:
+        """machine id -> its fingerprint (host, CPU, memory, GPUs)."""
+        return {m: json.loads(f or "{}") for m, f in self._con.execute("SELECT machine_id, fingerprint_json "
+                                                                         "FROM machines ORDER BY machine_id")}
 
     def runs(self) -> pd.DataFrame:
         import pandas as pd

@@ -57,12 +57,8 @@ def test_round_trip_latest_filters_and_export(db: str, tmp_path: Path):
 
 WRITER = textwrap.dedent(
     """
-    import importlib.util, sys
-    # store.py needs only the standard library: load it alone so the writer starts fast (no torch import)
-    spec = importlib.util.spec_from_file_location("mvstore", sys.argv[5])
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    open_store = mod.open_store
+    import sys
+    from nnforge.modelview.store import open_store  # the store imports neither torch nor pandas: a fast start
     db, run_id, tag, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     s = open_store(db)
     for i in range(n):
@@ -75,8 +71,7 @@ WRITER = textwrap.dedent(
 
 
 def _writer(db: str, run_id: str, tag: str, n: int) -> subprocess.Popen:
-    store_py = ROOT / "nnforge" / "modelview" / "store.py"
-    return subprocess.Popen([sys.executable, "-c", WRITER, db, run_id, tag, str(n), str(store_py)],
+    return subprocess.Popen([sys.executable, "-c", WRITER, db, run_id, tag, str(n)],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
 
