@@ -416,6 +416,29 @@ def report(
 
 
 @app.command()
+def merge(
+    sources: Annotated[list[Path], typer.Argument(help="Store files to merge (any number).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Store to merge into (created if missing).")],
+) -> None:
+    """Merge stores from several machines into one; merging again adds nothing. Rows keep their machine."""
+    import sqlite3
+
+    from nnforge.modelview.merge import merge as merge_stores
+
+    console = _console()
+    _writable_store(console, out)
+    try:
+        res = merge_stores(sources, out)
+    except (FileNotFoundError, ValueError, sqlite3.Error) as e:
+        _fail(console, str(e))
+    for note in res.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    console.print(f"merged {len(sources)} store(s) into {out}: {res.runs_added} runs and {res.rows_added} rows added, "
+                  f"{res.rows_present} rows already present; machines: {', '.join(res.machines) or 'none'}",
+                  highlight=False, soft_wrap=True)
+
+
+@app.command()
 def view(
     db: Annotated[Path, typer.Argument(help="SQLite store file.")] = Path("modelview.db"),
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",

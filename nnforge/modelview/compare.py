@@ -146,6 +146,15 @@ def compare_notes(a_status: dict[str, str], b_status: dict[str, str]) -> list[st
     return notes
 
 
+def machines_note(a_machines: Iterable[str | None], b_machines: Iterable[str | None]) -> str | None:
+    """Runs measured on different machines: every change below compares the machines as well as the code."""
+    a, b = sorted({m for m in a_machines if m}), sorted({m for m in b_machines if m})
+    if not a or not b or a == b:
+        return None
+    return (f"different machines: A was measured on {', '.join(a)}, B on {', '.join(b)}; "
+            "each change includes the difference between the machines")
+
+
 def compare_runs(
     db: str | Path, run_a: str, run_b: str, **kw: Any
 ) -> tuple[str, str, list[CellChange], list[str]]:
@@ -156,7 +165,9 @@ def compare_runs(
         specs = [json.loads((store.run(r) or {}).get("spec_json") or "{}") for r in (a_id, b_id)]
     ca, sa = timed_cells_from_frame(a)
     cb, sb = timed_cells_from_frame(b)
-    return a_id, b_id, compare_cells(ca, cb, **{**floors_for(*specs), **kw}), compare_notes(sa, sb)
+    machines = machines_note(a["machine_id"], b["machine_id"])
+    notes = ([machines] if machines else []) + compare_notes(sa, sb)
+    return a_id, b_id, compare_cells(ca, cb, **{**floors_for(*specs), **kw}), notes
 
 
 def regressions(changes: Iterable[CellChange], fail_on: float) -> list[CellChange]:

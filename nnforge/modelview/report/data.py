@@ -24,10 +24,10 @@ SUMMARY_COLUMNS = (
     "cell_key", "setting_key", "variant", "backend", "batch", "seq_len", "layout", "dtype", "mode", "device",
     "params_json", "status", "error", "compile_s", "first_call_s", "median_s", "ci_low_s", "ci_high_s", "throughput",
     "throughput_unit", "flops", "bytes", "achieved_flops", "achieved_bytes_per_s", "peak_mem_bytes", "max_abs_err",
-    "metrics_json", "started", "finished",
+    "metrics_json", "started", "finished", "machine_id",
 )  # fmt: skip
 DETAIL_COLUMNS = (*SUMMARY_COLUMNS, "samples_json", "artifact")
-FILTER_COLUMNS = ("variant", "backend", "dtype", "layout", "batch", "seq_len", "mode", "status")
+FILTER_COLUMNS = ("variant", "backend", "dtype", "layout", "batch", "seq_len", "mode", "status", "machine_id")
 
 
 class StoreNotFound(FileNotFoundError):
@@ -111,6 +111,7 @@ class CellRow:
     setting_key: str
     samples: tuple[float, ...] | None = None
     artifact: str | None = None
+    machine_id: str | None = None  # the machine that measured it (None in stores from before machines were recorded)
 
     @cached_property
     def reason(self) -> str:
@@ -213,6 +214,7 @@ def row_to_cell(d: Mapping[str, Any]) -> CellRow:
         setting_key=str(d.get("setting_key") or _setting_key(d, json.dumps(params, sort_keys=True))),
         samples=samples_t,
         artifact=d.get("artifact"),
+        machine_id=d.get("machine_id"),
     )
 
 

@@ -57,8 +57,21 @@ def load_summary(cells: Sequence[CellRow], run: RunInfo) -> str | None:
     return ", ".join(parts)
 
 
+def machines_notice(cells: Sequence[CellRow]) -> str | None:
+    """Several machines in one run (a Ray cluster, a merged store): their numbers must not be read as one's."""
+    machines = sorted({c.machine_id for c in cells if c.machine_id})
+    if len(machines) < 2:
+        return None
+    return (f"This run's cells were measured on {len(machines)} machines ({', '.join(machines)}): the charts put "
+            "their numbers side by side, and a ratio between cells of different machines compares machines too. "
+            "Filter by machine to see one machine's results.")
+
+
 def run_notices(cells: Sequence[CellRow], run: RunInfo, planned: int | None) -> list[str]:
     notices = []
+    machines = machines_notice(cells)
+    if machines:
+        notices.append(machines)
     if planned is not None and planned > len(cells):
         notices.append(f"{planned - len(cells)} of {planned} planned cells not measured: the run was interrupted or "
                        "is still going (continue it with nnforge sweep --resume).")
@@ -93,4 +106,4 @@ def apply(figures: list[FigureSpec], cells: Sequence[CellRow], run: RunInfo) -> 
     return [with_scaling_caveat(f, cells, run) if f.id.startswith("scaling") else f for f in figures]
 
 
-__all__: list[Any] = ["apply", "planned_cells", "run_notices"]
+__all__: list[Any] = ["apply", "machines_notice", "planned_cells", "run_notices"]

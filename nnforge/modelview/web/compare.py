@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compare import CellChange, TimedCell, compare_cells, floors_for
+from ..compare import CellChange, TimedCell, compare_cells, floors_for, machines_note
 from ..report.data import CellRow
 from ..stats import holm, mann_whitney_p, timing_from
 
@@ -61,6 +61,9 @@ def compare(
     only_a = len(set(rows_a) - set(rows_b))
     only_b = len(set(rows_b) - set(rows_a))
     notes = [f"{n} cells only in run {w}" for n, w in ((only_a, "A"), (only_b, "B")) if n]
+    machines = machines_note((c.machine_id for c in a_cells), (c.machine_id for c in b_cells))
+    if machines:
+        notes.insert(0, machines)
     not_ok = sum(1 for k, c in rows_a.items() if k in rows_b and not (c.ok and rows_b[k].ok))
     if not_ok:
         notes.append(f"{not_ok} cells not ok in one of the runs (not compared)")
