@@ -39,7 +39,7 @@ lint: $(STAMP)
 
 test: $(STAMP) $(BROWSER) $(WEBJS)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 -m 'not timing' tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m 'not timing' tests
 	# Tests that assert on measured speed run alone: a parallel worker's load is not the machine's noise.
 	$(BIN)/python -m pytest -q -m timing tests
 

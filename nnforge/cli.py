@@ -91,10 +91,15 @@ def sweep(
     processes: Annotated[int | None, typer.Option(help="Independent worker processes per setting.")] = None,
     dry_run: Annotated[bool, typer.Option(help="Validate, print the cells and an estimated time; run nothing.")]
     = False,
+    ray: Annotated[bool, typer.Option("--ray", help="Measure the settings as tasks on Ray (a local instance unless "
+                                      "--ray-address or RAY_ADDRESS names a cluster).")] = False,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster to run on, e.g. 10.0.0.1:6379 (implies --ray).")]
+    = None,
 ) -> None:
     """Run a sweep: variants × backends × batch × length × layout × dtype × mode, each setting in its own process."""
     import sqlite3
 
+    from nnforge.modelview.distributed import RayUnavailable
     from nnforge.modelview.spec import SpecError, load_spec, parse_param_flags
 
     console = _console()
@@ -144,9 +149,9 @@ def sweep(
         _writable_store(console, db)
         result = runner.sweep(
             loaded, db=db, resume=resume, force=force, retry_failed=retry_failed, run_id=run_id,
-            progress=not quiet, table=not quiet, console=console,
+            progress=not quiet, table=not quiet, console=console, ray=ray, ray_address=ray_address,
         )
-    except SpecError as e:
+    except (SpecError, RayUnavailable) as e:
         _fail(console, str(e))
     except (FileNotFoundError, KeyError) as e:
         _fail(console, str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))

@@ -54,6 +54,7 @@ def worker_env(threads: int) -> dict[str, str]:
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env["PYTHONFAULTHANDLER"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    env["MODELVIEW_PARENT_PID"] = str(os.getpid())  # the worker exits if its parent died before it could watch it
     return env
 
 

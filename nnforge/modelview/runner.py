@@ -41,6 +41,7 @@ class SweepResult:
     total: int  # cells in the spec
     ran: int  # cells measured by this call (the rest were finished already)
     counts: dict[str, int]
+    retried: int = 0  # Ray tasks submitted again after their worker died
 
     def cells(self) -> pd.DataFrame:
         with Store(self.db) as s:
@@ -89,6 +90,8 @@ def sweep(
     extra_variants: Iterable[type] = (),
     extra_backends: Iterable[type] = (),
     workdir: str | Path | None = None,
+    ray: bool = False,
+    ray_address: str | None = None,
     **fields: Any,
 ) -> SweepResult:
     """Run a sweep and return its run id and status counts.
@@ -98,16 +101,24 @@ def sweep(
     skipping cells that already have a row; ``force`` re-measures them (new rows; readers take the latest);
     ``retry_failed`` re-measures only cells whose row is not ``ok``/``skipped``. ``extra_variants`` and
     ``extra_backends`` add classes (defined in an importable module or a file) to the registries. The spec is fully
-    validated before anything runs.
+    validated before anything runs. ``ray`` (or a ``ray_address``) measures the settings as tasks on a Ray cluster
+    (``distributed``); without an address a local Ray instance is started.
     """
     from rich.console import Console
 
     spec = load_spec(spec, fields)
+    extra_variants, extra_backends = tuple(extra_variants), tuple(extra_backends)
     vreg = variant_registry(spec.plugins, extra_variants)
     breg = backend_registry(spec.plugins, extra_backends)
     validate(spec, vreg, breg)
     cells = expand(spec, vreg)
     console = console or Console()
+    ray = ray or ray_address is not None
+    started_ray = False
+    if ray:
+        from . import distributed
+
+        started_ray = distributed.connect(ray_address)
     store = Store(db)
     try:
         if resume or run_id:
@@ -119,7 +130,7 @@ def sweep(
                 rid = _extended_run(store, spec, console)
         else:
             rid = None
-        threads = spec.timing.threads or available_cpus()
+        threads = spec.timing.threads or (distributed.node_cpus() if ray else available_cpus())
         if rid is not None:
             stored = json.loads(store.run(rid)["spec_json"])  # type: ignore[index]
             spec = dataclasses.replace(spec, seed=stored.get("seed", spec.seed))
@@ -141,17 +152,26 @@ def sweep(
         try:
             with SweepProgress(len(pending), enabled=progress, console=console) as bar:
                 ctx = _RunContext(spec, rid, str(db), vreg, breg, env, threads, tmp, bar, store)
-                for group in settings(pending).values():
-                    ctx.run_repeated(group)
+                retried = 0
+                if ray:
+                    retried = distributed.run_settings(ctx, list(settings(pending).values()), extra_variants,
+                                                       extra_backends)["retried"]
+                else:
+                    for group in settings(pending).values():
+                        ctx.run_repeated(group)
         finally:
             if not workdir:
                 shutil.rmtree(tmp, ignore_errors=True)
-        result = SweepResult(rid, str(db), len(cells), len(pending), dict(ctx.bar.counts))
+        result = SweepResult(rid, str(db), len(cells), len(pending), dict(ctx.bar.counts), retried)
         if table:
             print_closing_table(store.cells(rid), console, f"ModelView run {rid} ({spec.name})", spec.backends)
         return result
     finally:
         store.close()
+        if started_ray:
+            import ray as ray_module
+
+            ray_module.shutdown()
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ def _cuda_build() -> bool:
 
 
 def _die_with_parent() -> None:
-    """If the parent is killed (even with -9), the worker gets SIGKILL too instead of running on unobserved."""
+    """If the parent is killed (even with -9), the worker gets SIGKILL too instead of running on unobserved. A parent
+    that died while this interpreter started (a Ray worker killed mid-task) is caught by the parent pid check."""
     try:
         import ctypes
         import signal
@@ -59,6 +60,9 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    parent = os.environ.get("MODELVIEW_PARENT_PID")
+    if parent and os.getppid() != int(parent):
+        os._exit(1)
 
 
 class Events:
