@@ -33,6 +33,21 @@ def _fail(console: Console, message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+# What ModelView's commands import; `pip install nnforge` (the compiler alone) has none of these.
+MODELVIEW_MODULES = ("torch", "pandas", "scipy", "psutil", "plotly", "jinja2")
+WEB_MODULES = ("fastapi", "uvicorn")
+
+
+def _require_modelview(command: str, extra_modules: tuple[str, ...] = ()) -> None:
+    """A ModelView command on a compiler-only install: one line naming the extra to install, before any import."""
+    import importlib.util
+
+    missing = [m for m in (*MODELVIEW_MODULES, *extra_modules) if importlib.util.find_spec(m) is None]
+    if missing:
+        _fail(_console(), f"nnforge {command} needs ModelView: pip install 'nnforge[modelview]' "
+                          f"(missing: {', '.join(missing)})")
+
+
 def _require_store(console: Console, db: Path) -> None:
     """A store that must already exist (compare, history, report): say so plainly instead of creating an empty one."""
     if not db.exists():
@@ -97,6 +112,7 @@ def sweep(
     = None,
 ) -> None:
     """Run a sweep: variants × backends × batch × length × layout × dtype × mode, each setting in its own process."""
+    _require_modelview("sweep")
     import sqlite3
 
     from nnforge.modelview.distributed import RayUnavailable
@@ -204,6 +220,7 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
 ) -> None:
     """Which cells changed between two runs: slower, faster, no change within ±threshold, or inconclusive."""
+    _require_modelview("compare")
     import json
 
     from nnforge.modelview import compare as cmp
@@ -302,6 +319,7 @@ def ab(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Time two revisions in one interleaved schedule (git worktrees) and say which cells changed."""
+    _require_modelview("ab")
     import json
 
     console = _console()
@@ -342,6 +360,7 @@ def history(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Time every commit of a range against its first, flag the commits that stepped (--check: fail on a slowdown)."""
+    _require_modelview("history")
     import json
 
     from nnforge.modelview.revisions import RevisionError, commit_range
@@ -380,6 +399,7 @@ def history(
 @app.command()
 def variants(plugin: Annotated[list[str] | None, typer.Option(help="Also load these plugins.")] = None) -> None:
     """List the variants and their parameters."""
+    _require_modelview("variants")
     from rich.table import Table
 
     from nnforge.modelview.variants import variant_registry
@@ -396,6 +416,7 @@ def variants(plugin: Annotated[list[str] | None, typer.Option(help="Also load th
 @app.command()
 def backends(plugin: Annotated[list[str] | None, typer.Option(help="Also load these plugins.")] = None) -> None:
     """List the backends."""
+    _require_modelview("backends")
     from rich.table import Table
 
     from nnforge.modelview.backends import backend_registry
@@ -415,6 +436,7 @@ def report(
     run: Annotated[str | None, typer.Option(help="Run id, id prefix or name (default: the latest run).")] = None,
 ) -> None:
     """Write one self-contained HTML report of a run (plots first; opens offline)."""
+    _require_modelview("report")
     from nnforge.modelview.report.cli import report_command
 
     report_command(db, out, run, Console())
@@ -426,6 +448,7 @@ def merge(
     out: Annotated[Path, typer.Option("--out", "-o", help="Store to merge into (created if missing).")],
 ) -> None:
     """Merge stores from several machines into one; merging again adds nothing. Rows keep their machine."""
+    _require_modelview("merge")
     import sqlite3
 
     from nnforge.modelview.merge import merge as merge_stores
@@ -451,6 +474,7 @@ def view(
     open_browser: Annotated[bool, typer.Option("--open", help="Open the view in a browser.")] = False,
 ) -> None:
     """Serve the web view: runs, filterable cells, run comparison, one cell's samples and generated code."""
+    _require_modelview("view", WEB_MODULES)
     from nnforge.modelview.report.cli import view_command
 
     view_command(db, host, port, open_browser, Console())
