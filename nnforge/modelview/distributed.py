@@ -48,11 +48,25 @@ def _ray() -> Any:
     return ray
 
 
+def _reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A HOST:PORT that accepts no connection fails here in seconds: Ray itself retries for minutes, printing logs."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", "local", ray:// client addresses: left to Ray
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise RayUnavailable(f"cannot reach the Ray cluster at {address}: {e.strerror or e} (is `ray start --head` "
+                             "running there, and is the port open?)") from None
+
+
 def connect(address: str | None, num_cpus: int | None = None) -> bool:
     """Join the cluster at ``address`` (None: start a local Ray instance). True when this call started Ray."""
     ray = _ray()
     if ray.is_initialized():
         return False
+    if address is not None:
+        _reachable(address)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if address is None and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus

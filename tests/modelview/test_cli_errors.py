@@ -140,3 +140,18 @@ def test_compile_cache_hit_or_miss(tmp_path: Path, monkeypatch):
     assert cc.verdict(dirs, after, cc.snapshot(dirs)) == {"compile_cache": "hit", "compile_cache_new_files": 0,
                                                           "compile_cache_dir": str(tmp_path / "cache")}
     assert cc.verdict([], set(), set()) == {"compile_cache": "n/a"}
+
+
+def test_an_unreachable_ray_cluster_is_one_line_in_seconds(tmp_path: Path, faulty: str):
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nobody listens on: bound, then released
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty)), "--db", str(tmp_path / "x.db"),
+                            "--ray-address", f"127.0.0.1:{port}"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert r.output.startswith(f"error: cannot reach the Ray cluster at 127.0.0.1:{port}: Connection refused")
+    assert time.monotonic() - t0 < 30  # Ray alone retries for minutes
