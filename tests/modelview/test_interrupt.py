@@ -54,9 +54,17 @@ def test_interrupted_sweep_keeps_rows_and_resumes(tmp_path: Path, faulty: str, s
     _wait_for_rows(db, 1, proc)
     workers = _descendants(proc.pid)
     proc.send_signal(sig)
+    # A Ctrl-C can be lost (seen once in CI: the sweep ran to its end and exited 0; CPython drops a KeyboardInterrupt
+    # raised inside a finalizer, the likely cause). A user presses it again, and so does this test.
+    for _ in range(3 if sig == signal.SIGINT else 0):
+        try:
+            proc.wait(timeout=5)
+            break
+        except subprocess.TimeoutExpired:
+            proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     if sig == signal.SIGINT:
-        assert proc.returncode == 130 and "--resume" in out
+        assert proc.returncode == 130 and "--resume" in out, out
     else:
         assert proc.returncode == -signal.SIGKILL
     _, alive = psutil.wait_procs(workers, timeout=10)
