@@ -36,14 +36,13 @@ def test_gemm_transposed_a_batched_and_k_zero():
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
-def test_plain_product_tiles_are_stored_in_place(dt):
+def test_plain_product_tiles_are_stored_in_place(rng: np.random.Generator, dt):
     """A product with no epilogue: its full tiles (every column of the panel, 2, 4 or 6 rows: a row count some
     micro-kernel computes exactly) are written by the micro-kernel straight into the result, row stride N; the
     other tiles (1, 3, 5 rows; the partial last panel) go through the register tile. Batched, 20 = 6 + 6 + 6 + 2
     and 17 = 6 + 6 + 5 rows, 40 = 16 + 16 + 8 columns, against numpy; an epilogue keeps the register tile."""
     from test_vector_tiles import _source
 
-    rng = np.random.default_rng()
     b = rng.standard_normal((9, 40)).astype(dt)
     src = _source(lambda x, y: x @ y, rng.standard_normal((3, 20, 9)).astype(dt), b)
     assert "(mr_ == 2 || mr_ == 4 || mr_ == 6)) { nf_ukr_" in src and ", 40); continue; }" in src

@@ -50,7 +50,7 @@ def test_each_run_time_size_is_computed_once_and_the_text_stays_linear() -> None
 
 
 @needs_cpu
-def test_training_step_workspace_shrinks_and_results_match() -> None:
+def test_training_step_workspace_shrinks_and_results_match(rng: np.random.Generator) -> None:
     from test_scan import lstm
 
     from nnforge.codegen.c import CpuBackend, GemmConfig
@@ -59,7 +59,6 @@ def test_training_step_workspace_shrinks_and_results_match() -> None:
         ys, h, c = lstm(*args)
         return (ys * ys).mean() + (h * c).sum()
 
-    rng = np.random.default_rng()
     T, N, I, H = 7, 5, 6, 8
     args = [(rng.standard_normal(s) * 0.5).astype(np.float32)
             for s in [(T, N, I), (N, H), (N, H), (4 * H, I), (4 * H, H), (4 * H,)]]

@@ -42,7 +42,7 @@ def test_one_program_serves_every_trip_count_and_checks_its_inputs():
         program(bad)
 
 
-def test_inputs_that_disagree_on_a_run_time_size_are_refused():
+def test_inputs_that_disagree_on_a_run_time_size_are_refused(rng: np.random.Generator):
     """Two sequences of one scan must have the same length; the error names the input."""
     def two_sequences(x, y, h0, w):
         def cell(h, xy):
@@ -51,7 +51,6 @@ def test_inputs_that_disagree_on_a_run_time_size_are_refused():
 
         return nf.scan(cell, h0, (x, y))
 
-    rng = np.random.default_rng()
     x, y = rng.standard_normal((5, 2, 3)).astype(np.float32), rng.standard_normal((5, 2, 3)).astype(np.float32)
     h0, w = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal((3, 3)).astype(np.float32)
     program = _program(two_sequences, x, y, h0, w)

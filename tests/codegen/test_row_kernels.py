@@ -17,21 +17,17 @@ from nnforge.passes.fuse import group
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
 
-def _rng() -> np.random.Generator:
-    return np.random.default_rng()
-
-
 def row_sums(v):
     d = v - v.mean(-1, keepdims=True)
     return v.sum(-1), (d * d).sum(-1)
 
 
 @pytest.mark.parametrize("width", [5, 8, 31, 32, 45, 96, 100])
-def test_row_sums_in_vector_form(width: int) -> None:
+def test_row_sums_in_vector_form(rng: np.random.Generator, width: int) -> None:
     """Sums over the last axis, plain and of a fused expression (the variance's squares, reading the row's mean
     as a row-invariant): whole 32-column blocks in four vectors, then eights, then a scalar rest; a width below 8
     keeps the scalar loop. Against float64 torch, to a few ulp of the sum of magnitudes."""
-    v = (_rng().standard_normal((11, width)) * 3 + 1).astype(np.float32)
+    v = (rng.standard_normal((11, width)) * 3 + 1).astype(np.float32)
     src = _source(row_sums, v)
     assert ("nf_vacc_f64(" in src) == (width >= 8)
     assert ("+= 32)" in src) == (width >= 32)
@@ -42,18 +38,18 @@ def test_row_sums_in_vector_form(width: int) -> None:
         assert np.all(np.abs(g - w.numpy()) <= 4e-7 * scale.numpy() + 1e-30), (width, g, w)
 
 
-def test_long_row_sum_keeps_float64_accuracy() -> None:
+def test_long_row_sum_keeps_float64_accuracy(rng: np.random.Generator) -> None:
     """100 000 values near 1: float32 accumulators (even 32 of them) would be off by ~1e-4 relative; the vector
     form adds four values in float32, then accumulates in float64 as the scalar form does."""
-    v = (1 + _rng().standard_normal((2, 100_000)) * 1e-3).astype(np.float32)
+    v = (1 + rng.standard_normal((2, 100_000)) * 1e-3).astype(np.float32)
     got = nf.compile(lambda a: a.sum(-1), backend="cpu")(v)
     want = v.astype(np.float64).sum(-1)
     assert np.abs(got / want - 1).max() < 3e-7
 
 
-def test_row_sum_of_a_strided_read_stays_scalar() -> None:
+def test_row_sum_of_a_strided_read_stays_scalar(rng: np.random.Generator) -> None:
     """The reduced axis read with a stride (a transposed input): no vector load, the scalar loop, same sums."""
-    v = _rng().standard_normal((40, 9)).astype(np.float32)
+    v = rng.standard_normal((40, 9)).astype(np.float32)
     src = _source(lambda a: a.T.sum(-1), v)
     assert "nf_vacc_f64(" not in src
     np.testing.assert_allclose(nf.compile(lambda a: a.T.sum(-1), backend="cpu")(v), v.astype(np.float64).sum(0),
@@ -64,11 +60,10 @@ def _vector_divisions(src: str) -> list[str]:
     return [ln for ln in src.splitlines() if "const nf_v8f32" in ln and re.search(r"\) / |\w / \w", ln)]
 
 
-def test_division_by_a_row_invariant_is_a_multiplication() -> None:
+def test_division_by_a_row_invariant_is_a_multiplication(rng: np.random.Generator) -> None:
     """``d / sqrt(var + eps)``: the reciprocal once per row, a multiplication per element (a vector division
     costs as much as a sigmoid); a divisor that varies along the row still divides. Accuracy of the layer norm
     is checked against torch by ``test_elementwise_kernel_in_vector_form``; here the bound is 2 ulp per element."""
-    rng = _rng()
     v = rng.standard_normal((13, 48)).astype(np.float32)
     s = (rng.random((13, 1)) + 0.5).astype(np.float32)
 
@@ -90,10 +85,10 @@ def _grouping(fn, *args):
     return graph, group(graph)
 
 
-def test_layer_norm_difference_is_recomputed_not_stored() -> None:
+def test_layer_norm_difference_is_recomputed_not_stored(rng: np.random.Generator) -> None:
     """``d = v - mean`` is read by the variance's sum and by the output kernel: recomputed in both (one load of
     ``v``, the mean a row-invariant) instead of a pass storing it; the output still matches torch."""
-    v, gain, bias = (_rng().standard_normal(s).astype(np.float32) for s in [(13, 40), (40,), (40,)])
+    v, gain, bias = (rng.standard_normal(s).astype(np.float32) for s in [(13, 40), (40,), (40,)])
     graph, g = _grouping(layer_norm_gate, v, gain, bias)
     subs = [n for n in graph.order if n.op.name == "SUB" and n.shape[-1] == 40]
     assert subs and all(id(n) in g.recomputed and not g.is_stored(n) for n in subs)
@@ -110,8 +105,7 @@ def two_readers(a, b, w):
     return p.sum(-1), nf.tanh(p), q.sum(-1), nf.sigmoid(q)
 
 
-def test_values_not_worth_recomputing_are_stored() -> None:
-    rng = _rng()
+def test_values_not_worth_recomputing_are_stored(rng: np.random.Generator) -> None:
     a, b, w = (rng.standard_normal(s).astype(np.float32) for s in [(6, 16), (6, 16), (16, 16)])
     graph, g = _grouping(two_readers, a, b, w)
     mul = next(n for n in graph.order if n.op.name == "MUL" and n.shape == (6, 16))
@@ -129,8 +123,7 @@ def mean_also_a_matmul_operand(v, w):
     return (d * d).sum(-1), nf.tanh(d), m @ w  # and m is a GEMM operand: it needs a buffer
 
 
-def test_recomputed_cone_keeps_buffers_that_a_matmul_reads() -> None:
-    rng = _rng()
+def test_recomputed_cone_keeps_buffers_that_a_matmul_reads(rng: np.random.Generator) -> None:
     v, w = rng.standard_normal((6, 16)).astype(np.float32), rng.standard_normal((1, 3)).astype(np.float32)
     graph, g = _grouping(mean_also_a_matmul_operand, v, w)
     mean = next(n for n in graph.order if n.op.name == "DIV" and n.shape[-1] == 1)

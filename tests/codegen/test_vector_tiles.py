@@ -38,13 +38,12 @@ def _source(fn, *args) -> str:
 
 
 @pytest.mark.parametrize("op", ["tanh", "sigmoid"])
-def test_vector_transcendentals_in_a_gemm_epilogue(op: str) -> None:
+def test_vector_transcendentals_in_a_gemm_epilogue(rng: np.random.Generator, op: str) -> None:
     """``op(a @ w + x)`` with ``a @ w`` exact in float32 (small integers times a power of two), so the epilogue
     sees exactly the float32 values numpy computes: the vector forms then meet the scalar forms' bounds (relative
     error < 4e-7 against float64 torch, NaN and infinities as torch has them) on every float magnitude. 37 columns:
     two full tiles (vector) and one of 5 (scalar)."""
-    rng = np.random.default_rng()
-    x = _grid()
+    x = _grid(rng)
     n = 37
     x = np.concatenate([x, rng.standard_normal((-len(x)) % n).astype(np.float32)]).reshape(-1, n)
     a = (rng.integers(-3, 4, (x.shape[0], 8)) * 2.0**-12).astype(np.float32)
@@ -65,17 +64,16 @@ def test_vector_transcendentals_in_a_gemm_epilogue(op: str) -> None:
     assert np.array_equal(np.isnan(got), np.isnan(want))
 
 
-def _lstm_args(H: int, T: int = 6, N: int = 7, I: int = 9):
-    rng = np.random.default_rng()
+def _lstm_args(rng: np.random.Generator, H: int, T: int = 6, N: int = 7, I: int = 9):
     shapes = [(T, N, I), (N, H), (N, H), (4 * H, I), (4 * H, H), (4 * H,)]
     return [(rng.standard_normal(s) * 0.5).astype(np.float32) for s in shapes]
 
 
 @pytest.mark.parametrize("H", [16, 40])
-def test_lstm_step_runs_on_its_register_tiles(H: int) -> None:
+def test_lstm_step_runs_on_its_register_tiles(rng: np.random.Generator, H: int) -> None:
     """The step kernel's gates come from the micro-kernel's tiles straight into the vector cell update (no
     store of the [N, 4H] gate matrix); H = 40 adds a partial tile (scalar). Against the reference backend."""
-    args = _lstm_args(H)
+    args = _lstm_args(rng, H)
     src = _source(lstm, *args)
     step = src[src.index("nf_ukr_f32(", src.index(" < S[0]; ")):]  # the time loop's kernels
     assert "nf_vsigmoidf" in step and "nf_vtanhf" in step
@@ -85,11 +83,11 @@ def test_lstm_step_runs_on_its_register_tiles(H: int) -> None:
         np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6)
 
 
-def test_step_gemm_result_gets_no_buffer() -> None:
+def test_step_gemm_result_gets_no_buffer(rng: np.random.Generator) -> None:
     """The step's [N, 4H] GEMM result is consumed tile by tile: the workspace holds no buffer of its size."""
     from nnforge.codegen.c import lower, schedule
 
-    args = _lstm_args(40, N=7)
+    args = _lstm_args(rng, 40, N=7)
     low = lower(schedule(nf.compile(lstm).trace(*args)))
     low.source()
     assert str(7 * 160 * 4) not in {size for _, _, size in low.allocs}
@@ -109,8 +107,8 @@ def exp_gate_lstm(x, h0, c0, w_ih, w_hh, b):
     return ys, h, c
 
 
-def test_tile_without_a_vector_form_stays_scalar() -> None:
-    args = _lstm_args(32)
+def test_tile_without_a_vector_form_stays_scalar(rng: np.random.Generator) -> None:
+    args = _lstm_args(rng, 32)
     src = _source(exp_gate_lstm, *args)
     assert "nf_ukr_f32(" in src and "expf(" in src and "nf_vsigmoidf" not in src
     want = nf.compile(exp_gate_lstm)(*args)
@@ -126,11 +124,10 @@ def layer_norm_gate(v, g, b):
 
 
 @pytest.mark.parametrize("width", [8, 45, 96])
-def test_elementwise_kernel_in_vector_form(width: int) -> None:
+def test_elementwise_kernel_in_vector_form(rng: np.random.Generator, width: int) -> None:
     """An elementwise kernel over rows of ``width``: vector columns (whole eights), then a scalar remainder; a
     row's statistics computed once before its column loop (``sqrtf`` of the row, not a vector square root per
     column). Against torch in float64."""
-    rng = np.random.default_rng()
     v, g, b = (rng.standard_normal(s).astype(np.float32) for s in [(13, width), (width,), (width,)])
     src = _source(layer_norm_gate, v, g, b)
     assert "nf_vtanhf(" in src and "nf_vsqrtf(" not in src and "sqrtf(" in src

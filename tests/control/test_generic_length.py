@@ -7,7 +7,7 @@ import numpy as np
 import nnforge as nf
 
 
-def test_checkpointed_scan_and_mean_over_time_follow_the_length_without_retracing():
+def test_checkpointed_scan_and_mean_over_time_follow_the_length_without_retracing(rng: np.random.Generator):
     @nf.compile
     def f(x):
         def cell(c, x_t):
@@ -16,7 +16,6 @@ def test_checkpointed_scan_and_mean_over_time_follow_the_length_without_retracin
         c, ys = nf.scan(cell, nf.zeros(x.shape[1]), x, checkpoint_every=3)
         return c / x.shape[0], ys.mean(0), ys[1:]
 
-    rng = np.random.default_rng()
     for t in (7, 10, 5, 3):
         x = rng.standard_normal((t, 2)).astype(np.float32)
         c, m, tail = f(x)
@@ -31,13 +30,12 @@ def test_checkpointed_scan_and_mean_over_time_follow_the_length_without_retracin
     assert f.trace_count == 1
 
 
-def test_a_length_baked_into_a_reshape_stays_in_the_cache_key():
+def test_a_length_baked_into_a_reshape_stays_in_the_cache_key(rng: np.random.Generator):
     @nf.compile
     def f(x):
         _, ys = nf.scan(lambda c, x_t: (c + x_t, c), nf.zeros(2), x)
         return ys.reshape(int(x.shape[0]) * 2)  # int() drops the symbol: this graph is only valid for one T
 
-    rng = np.random.default_rng()
     for t in (4, 6):
         x = rng.standard_normal((t, 2)).astype(np.float32)
         out = f(x)

@@ -14,8 +14,7 @@ def _linear_regression_data(rng: np.random.Generator, true_w: np.ndarray, n: int
     return np.concatenate([x, x @ true_w], axis=1)
 
 
-def test_loop_with_feeder_and_receiver_matches_torch_sgd():
-    rng = np.random.default_rng()
+def test_loop_with_feeder_and_receiver_matches_torch_sgd(rng: np.random.Generator):
     true_w = rng.standard_normal((4, 1)).astype(np.float32)
     w0 = rng.standard_normal((4, 1)).astype(np.float32)
     batches = [_linear_regression_data(rng, true_w) for _ in range(30)]
@@ -77,8 +76,8 @@ def test_feeder_shape_mismatch_names_the_feeder():
         x.numpy()
 
 
-def test_loop_rejects_gradients_through_it():
-    w = nf.tensor(np.random.default_rng().standard_normal(3).astype(np.float32), requires_grad=True)
+def test_loop_rejects_gradients_through_it(rng: np.random.Generator):
+    w = nf.tensor(rng.standard_normal(3).astype(np.float32), requires_grad=True)
     s = nf.zeros(3)
 
     def step():
@@ -95,7 +94,7 @@ def test_state_changing_shape_is_an_error():
         nf.loop(2, lambda: s.assign(nf.zeros(4)))
 
 
-def test_compiled_function_with_receiver_runs_it_every_call():
+def test_compiled_function_with_receiver_runs_it_every_call(rng: np.random.Generator):
     got: list[np.ndarray] = []
 
     @nf.compile
@@ -104,7 +103,7 @@ def test_compiled_function_with_receiver_runs_it_every_call():
         nf.Receiver(lambda v: got.append(v), [y])
         return y + 1
 
-    a = np.random.default_rng().standard_normal(4).astype(np.float32)
+    a = rng.standard_normal(4).astype(np.float32)
     np.testing.assert_allclose(f(a), a * 2 + 1)
     f(a)
     assert len(got) == 2

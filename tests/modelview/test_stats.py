@@ -15,8 +15,7 @@ from nnforge.modelview.stats import (
 )
 
 
-def test_median_ci_has_its_nominal_coverage_on_skewed_timings():
-    rng = np.random.default_rng()
+def test_median_ci_has_its_nominal_coverage_on_skewed_timings(rng: np.random.Generator):
     true_median = 1e-3  # lognormal(mu, s) has median exp(mu)
     hits = 0
     trials = 600
@@ -28,8 +27,7 @@ def test_median_ci_has_its_nominal_coverage_on_skewed_timings():
     assert 0.92 <= coverage <= 0.995, coverage  # exact binomial ranks: >= 95 %, a little above by discreteness
 
 
-def test_median_ci_is_ordered_and_full_range_when_too_few_samples():
-    rng = np.random.default_rng()
+def test_median_ci_is_ordered_and_full_range_when_too_few_samples(rng: np.random.Generator):
     x = rng.exponential(size=5)
     med, lo, hi = median_ci(x)
     assert (lo, hi) == (x.min(), x.max()) and lo <= med <= hi
@@ -41,10 +39,9 @@ def test_median_ci_is_ordered_and_full_range_when_too_few_samples():
         median_ci([])
 
 
-def test_ci_narrows_with_more_samples():
+def test_ci_narrows_with_more_samples(rng: np.random.Generator):
     """Median width over 25 fresh samples per size: a single n = 20 interval is now and then narrower than an
     n = 200 one by chance (seen once in CI), the median of 25 practically never."""
-    rng = np.random.default_rng()
     widths = []
     for n in (20, 200, 2000):
         cis = [median_ci(rng.normal(10, 1, size=n)) for _ in range(25)]
@@ -52,18 +49,16 @@ def test_ci_narrows_with_more_samples():
     assert widths[0] > widths[1] > widths[2]
 
 
-def test_bootstrap_ci_contains_the_sample_median():
-    rng = np.random.default_rng()
+def test_bootstrap_ci_contains_the_sample_median(rng: np.random.Generator):
     x = rng.gamma(2.0, size=100)
     med, lo, hi = bootstrap_median_ci(x, seed=int(rng.integers(1 << 30)))
     assert lo <= med <= hi and med == pytest.approx(np.median(x))
 
 
-def test_compare_detects_a_real_shift_and_its_size():
+def test_compare_detects_a_real_shift_and_its_size(rng: np.random.Generator):
     """A 10 % slowdown in lognormal timings: found every time (p tiny, CI above 1), its size estimated within six
     standard errors of the median ratio (~0.5 % here) every time, and the 95 % CI covering the true 1.10 about as
     often as it should. Coverage is a frequency, so it is checked over 200 trials (binomial sd ~1.5 %), not once."""
-    rng = np.random.default_rng()
     trials, covered = 200, 0
     for _ in range(trials):
         a = np.exp(rng.normal(0, 0.05, size=300))
@@ -75,8 +70,7 @@ def test_compare_detects_a_real_shift_and_its_size():
     assert 0.85 <= covered / trials <= 1.0, covered
 
 
-def test_compare_is_rarely_significant_without_a_difference():
-    rng = np.random.default_rng()
+def test_compare_is_rarely_significant_without_a_difference(rng: np.random.Generator):
     significant = sum(compare_samples(rng.normal(1, 0.1, 100), rng.normal(1, 0.1, 100)).p < 0.01 for _ in range(100))
     assert significant <= 6  # expected 1 at alpha = 0.01
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -40,16 +41,22 @@ class FakeClock:
         pass
 
 
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """A seed from the test's id, for the fake clock's noise and the timer's round orders: a failure replays."""
+    return zlib.crc32(request.node.nodeid.encode())
+
+
 def _fns(names):
     return {n: (lambda n=n: n) for n in names}
 
 
-def test_interleaved_rounds_converge_to_the_target():
+def test_interleaved_rounds_converge_to_the_target(seed):
     base = {"a": 1e-3, "b": 2e-3, "c": 5e-4}
-    clock = FakeClock(base, noise=0.02, warm_calls=6)
+    clock = FakeClock(base, noise=0.02, warm_calls=6, seed=seed)
     cfg = TimingConfig(target_rel_ci=0.01, budget_s=30, min_samples=10, round_samples=5, warmup_max_s=5,
                        min_sample_s=0)
-    series = measure(_fns(base), cfg, clock, rng=random.Random())
+    series = measure(_fns(base), cfg, clock, rng=random.Random(seed))
     for name, s in series.items():
         assert s.converged and s.steady and s.error is None
         med, lo, hi = s.summary(0.95)
@@ -66,7 +73,7 @@ def test_interleaved_rounds_converge_to_the_target():
     assert len(orders) > 1
 
 
-def test_budget_stops_a_backend_that_cannot_converge():
+def test_budget_stops_a_backend_that_cannot_converge(seed):
     base = {"noisy": 1e-3, "quiet": 1e-3}
     clock_noise = {"noisy": 0.8, "quiet": 0.0}
 
@@ -76,16 +83,16 @@ def test_budget_stops_a_backend_that_cannot_converge():
             self.noise = clock_noise[name]
             return super().sample(lambda: name, inner)
 
-    mixed = MixedClock(base, 0.0)
+    mixed = MixedClock(base, 0.0, seed=seed)
     cfg = TimingConfig(target_rel_ci=0.001, budget_s=0.05, min_samples=5, round_samples=5, warmup_max_s=0.01,
                        min_sample_s=0)
-    series = measure(_fns(base), cfg, mixed, rng=random.Random())
+    series = measure(_fns(base), cfg, mixed, rng=random.Random(seed))
     assert series["quiet"].converged
     assert not series["noisy"].converged and series["noisy"].stop_reason in ("time budget exhausted",
                                                                              "max_samples reached")
 
 
-def test_a_raising_callable_is_reported_and_the_others_go_on():
+def test_a_raising_callable_is_reported_and_the_others_go_on(seed):
     state = {"n": 0}
 
     def flaky():
@@ -94,9 +101,9 @@ def test_a_raising_callable_is_reported_and_the_others_go_on():
             raise RuntimeError("boom")
         return "flaky"
 
-    clock = FakeClock({"ok": 1e-3, "flaky": 1e-3}, noise=0.01)
+    clock = FakeClock({"ok": 1e-3, "flaky": 1e-3}, noise=0.01, seed=seed)
     cfg = TimingConfig(target_rel_ci=0.01, budget_s=5, min_samples=10, warmup_max_s=1, min_sample_s=0)
-    series = measure({"ok": lambda: "ok", "flaky": flaky}, cfg, clock, rng=random.Random())
+    series = measure({"ok": lambda: "ok", "flaky": flaky}, cfg, clock, rng=random.Random(seed))
     assert series["flaky"].error == "RuntimeError: boom"
     assert series["ok"].error is None and series["ok"].converged
 

@@ -81,7 +81,7 @@ def test_reference_identical_after_pipeline():
         np.testing.assert_array_equal(x, y)
 
 
-def test_sums_of_disjoint_zero_pads_become_a_concat():
+def test_sums_of_disjoint_zero_pads_become_a_concat(rng: np.random.Generator):
     """The gradient of a tensor read through its four gate slices is a sum of four padded slices: simplify
     turns it into one concat (same values, bit for bit here), and leaves overlapping pads a sum."""
     from nnforge.codegen.reference import ReferenceProgram
@@ -90,7 +90,6 @@ def test_sums_of_disjoint_zero_pads_become_a_concat():
         i, f, g, o = z.chunk(4, axis=-1)
         return (nf.sigmoid(i) * nf.tanh(g) + f * 2.0 - o).sum()
 
-    rng = np.random.default_rng()
     z = rng.standard_normal((5, 16)).astype(np.float32)
     g = traced(nf.grad(gate_grads), z)
     assert "pad(" in repr(g)
@@ -119,7 +118,7 @@ def test_sums_of_disjoint_zero_pads_become_a_concat():
     np.testing.assert_array_equal(got, want)
 
 
-def test_constants_read_by_a_scan_become_constants_of_its_body():
+def test_constants_read_by_a_scan_become_constants_of_its_body(rng: np.random.Generator):
     """``1.0 - z`` in a GRU cell traces the 1.0 outside the body; simplify moves it back in (a literal of the
     kernel, not a [N, H] buffer read every step) and drops the scan input; results are unchanged."""
     from nnforge.codegen.reference import ReferenceProgram
@@ -131,7 +130,6 @@ def test_constants_read_by_a_scan_become_constants_of_its_body():
 
         return nf.scan(cell, h0, x)
 
-    rng = np.random.default_rng()
     args = [rng.standard_normal(s).astype(np.float32) for s in [(5, 3, 4), (3, 4), (4, 4)]]
     g = traced(gru_like, *args)
     scan = next(n for n in g.order if n.op.name == "SCAN")
@@ -149,7 +147,7 @@ def test_constants_read_by_a_scan_become_constants_of_its_body():
             np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6)
 
 
-def test_transposed_weights_enter_scans_as_views():
+def test_transposed_weights_enter_scans_as_views(rng: np.random.Generator):
     """``h @ w_hh.T``: after the CPU pipeline the scan reads ``w_hh`` itself and the permute is the matmul's
     operand inside the body (no transposed copy per call); an invariant also read elementwise is left alone."""
     from nnforge.passes import CPU_PIPELINE, views_into_scans
@@ -169,7 +167,6 @@ def test_transposed_weights_enter_scans_as_views():
 
         return nf.scan(cell, h0, x)
 
-    rng = np.random.default_rng()
     a = [rng.standard_normal(s).astype(np.float32) for s in [(4, 3, 5), (3, 5), (5, 5), (5, 3)]]
     t = traced(masked, *a)
     before = next(n for n in t.order if n.op.name == "SCAN")
@@ -185,7 +182,7 @@ def test_transposed_weights_enter_scans_as_views():
             np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-5)
 
 
-def test_broadcast_bias_enters_scans_as_a_view():
+def test_broadcast_bias_enters_scans_as_a_view(rng: np.random.Generator):
     """``... + b`` in a cell traces ``expand(reshape(b))`` outside the body; the scan must then read an ``[N, G]``
     array, materialized every call. After the CPU pipeline it reads ``b`` itself and the broadcast is inside the
     body (an index expression); results as the reference backend's."""
@@ -198,7 +195,6 @@ def test_broadcast_bias_enters_scans_as_a_view():
 
         return nf.scan(cell, h0, x)
 
-    rng = np.random.default_rng()
     a = [rng.standard_normal(s).astype(np.float32) for s in [(4, 3, 6), (3, 6), (6, 6), (6,)]]
     t = traced(cell_with_bias, *a)
     before = next(n for n in t.order if n.op.name == "SCAN")

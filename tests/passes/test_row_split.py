@@ -43,17 +43,16 @@ def lstm(x, h0, c0, w_ih, w_hh, b, norm=False):
     return nf.scan(cell, (h0, c0), x)
 
 
-def _args(T=4, N=16, I=5, H=6):
-    rng = np.random.default_rng()
+def _args(rng: np.random.Generator, T=4, N=16, I=5, H=6):
     shapes = [(T, N, I), (N, H), (N, H), (4 * H, I), (4 * H, H), (4 * H,)]
     return [rng.standard_normal(s).astype(np.float32) for s in shapes]
 
 
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("cpu", [False, True])
-def test_lstm_and_layer_norm_lstm_are_row_separable(norm: bool, cpu: bool) -> None:
+def test_lstm_and_layer_norm_lstm_are_row_separable(rng: np.random.Generator, norm: bool, cpu: bool) -> None:
     """The norm reduces over features, not the batch: still one thread's rows are independent of the others'."""
-    scan = _scan_of(lambda *a: lstm(*a, norm=norm), *_args(), cpu=cpu)
+    scan = _scan_of(lambda *a: lstm(*a, norm=norm), *_args(rng), cpu=cpu)
     split = row_split(scan)
     assert isinstance(split, RowSplit), split
     assert split.batch == 16
@@ -74,8 +73,7 @@ def _reason(fn, *args) -> str:
     return str(split)
 
 
-def test_bodies_that_mix_rows_are_refused_with_the_reason() -> None:
-    rng = np.random.default_rng()
+def test_bodies_that_mix_rows_are_refused_with_the_reason(rng: np.random.Generator) -> None:
     x = rng.standard_normal((3, 8, 4)).astype(np.float32)
     h0 = rng.standard_normal((8, 4)).astype(np.float32)
 
@@ -107,9 +105,8 @@ def test_bodies_that_mix_rows_are_refused_with_the_reason() -> None:
     assert "batch axis" in _reason(flip, h0, x)
 
 
-def test_invariant_with_batch_axis_is_given_per_row() -> None:
+def test_invariant_with_batch_axis_is_given_per_row(rng: np.random.Generator) -> None:
     """A loop-invariant [N, H] read element by element (a mask, an expanded bias) is split with the rows."""
-    rng = np.random.default_rng()
     x = rng.standard_normal((3, 8, 4)).astype(np.float32)
     h0 = rng.standard_normal((8, 4)).astype(np.float32)
     mask = (rng.random((8, 4)) > 0.5).astype(np.float32)
@@ -131,15 +128,15 @@ def test_invariant_with_batch_axis_is_given_per_row() -> None:
     assert isinstance(split, NotSeparable) and "read both per row and whole" in str(split)
 
 
-def test_step_weights_count_only_what_the_loop_reads_each_step() -> None:
+def test_step_weights_count_only_what_the_loop_reads_each_step(rng: np.random.Generator) -> None:
     """h @ W_hh counts, x_t @ W_ih does not (hoisting takes it out): same answer before and after the CPU passes."""
-    args = _args(N=16, I=5, H=6)
+    args = _args(rng, N=16, I=5, H=6)
     for cpu in (False, True):
         assert step_weight_bytes(_scan_of(lstm, *args, cpu=cpu)) == 4 * 6 * 6 * 4
 
 
 @pytest.mark.parametrize("N,split", [(16, True), (3, False)])
-def test_hoist_leaves_elementwise_work_in_a_loop_split_by_rows(N: int, split: bool) -> None:
+def test_hoist_leaves_elementwise_work_in_a_loop_split_by_rows(rng: np.random.Generator, N: int, split: bool) -> None:
     """A backward LSTM scan split by rows keeps the sigmoid / tanh of its recomputed gates in the loop (fused into
     its per-row-block kernels) and hoists only the GEMM; one that is not split (a batch of 3) gets them hoisted as
     [T, N, H] arrays, since in the loop each would cost a barrier per step."""
@@ -148,7 +145,7 @@ def test_hoist_leaves_elementwise_work_in_a_loop_split_by_rows(N: int, split: bo
         _, ys = lstm(*a)
         return (ys * ys).sum()
 
-    args = _args(T=3, N=N, I=8, H=128)  # dW_hh 256 KB: its sum leaves the loop through the row-split rule
+    args = _args(rng, T=3, N=N, I=8, H=128)  # dW_hh 256 KB: its sum leaves the loop through the row-split rule
     g = run_pipeline(nf.compile(nf.grad(loss, argnums=(3, 4, 5))).trace(*args), CPU_PIPELINE)
     top = {n.op for n in g.order}
     (bwd,) = [n for n in g.order if n.op == Op.SCAN and n.attrs["reverse"]]
