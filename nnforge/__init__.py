@@ -8,6 +8,7 @@ from .control import Feeder, Receiver, execute, loop, scan
 from .dtypes import DType, bfloat16, bool_, float16, float32, float64, int32, int64
 from .errors import DTypeError, NNForgeError, ShapeError, TraceError
 from .indexing import gather, index_select, scatter_add, take_along_axis
+from .saving import LoadError, load
 from .tensor import (
     Tensor,
     abs,

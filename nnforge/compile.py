@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import time
 import warnings
@@ -88,7 +89,30 @@ class CompiledFunction:
         self._entries: list[_Entry] = []
         self._vjps: dict[tuple, CompiledFunction] = {}
         self._warned_retrace = False
+        self.loaded_from: str | None = None  # the file of a program loaded by nf.load (it cannot trace)
+        self.captured: list[Tensor] = []      # a loaded program's own copies of the tensors it captured
         functools.update_wrapper(self, fn)
+
+    @classmethod
+    def loaded(cls, name: str, backend: str, entries: list[_Entry], vjps: dict[tuple, CompiledFunction],
+               captured: list[Tensor], path: str) -> CompiledFunction:
+        """A function rebuilt by ``nf.load``: its saved signatures and programs, no Python function to trace."""
+
+        def untraceable(*args: Any, **kwargs: Any) -> Any:
+            raise TraceError(f"{name} was loaded from {path}: it runs the signatures it was saved with "
+                             f"and cannot be traced inside another function")
+
+        untraceable.__qualname__ = untraceable.__name__ = name
+        cf = cls(untraceable, backend)
+        cf._entries, cf._vjps, cf.captured, cf.loaded_from = entries, vjps, captured, path
+        return cf
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the traced signatures and built programs to ``path``; ``nf.load(path)`` runs them in another
+        process without tracing, optimizing or compiling (see ``nnforge.saving``)."""
+        from .saving import save
+
+        save(self, path)
 
     def _split(self, args: tuple, kwargs: dict) -> tuple[list, Any, list, tuple]:
         leaves, treedef = flatten((args, kwargs), lambda x: _is_leaf(x) or _is_static(x))
@@ -134,6 +158,10 @@ class CompiledFunction:
     def vjp_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
         """The compiled pullback used by torch autograd (``interop.autograd``), one per argument structure."""
         key = (treedef, n_leaves, diff)
+        if key not in self._vjps and self.loaded_from is not None:
+            raise TraceError(f"{_name(self.fn)} was loaded from {self.loaded_from} without the gradient program "
+                             "torch autograd needs for these inputs: before saving, run one backward pass "
+                             "through it with the same tensors requiring grad")
         if key not in self._vjps:
             fn = vjp_function(self.fn, treedef, n_leaves, diff)
             fn.__qualname__ = f"{_name(self.fn)}.vjp"
@@ -165,8 +193,17 @@ class CompiledFunction:
         # A tensor frozen or unfrozen since a trace changes what is read at call time and what is baked in, and
         # whether its gradient is taken: those traces are dropped.
         epoch = session().grad_epoch
-        self._entries = [e for e in self._entries if e.epoch == epoch]
+        if self.loaded_from is None:  # a loaded program's captured tensors are its own: its traces stand
+            self._entries = [e for e in self._entries if e.epoch == epoch]
         entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics)), None)
+        if entry is None and self.loaded_from is not None:
+            from .saving import describe
+
+            saved = "; ".join(describe(e.dtypes, e.shapes, e.generic) for e in self._entries)
+            raise TraceError(f"{_name(self.fn)} was loaded from {self.loaded_from} and runs only the signatures it "
+                             f"was saved with: {saved} (a{{i}}.{{axis}}: a size that may change); it was called "
+                             f"with {describe(dts, shapes, frozenset())}. Call the saved function on these inputs "
+                             "before saving it, or compile it again")
         if entry is None:
             self._explain_retrace(treedef, dts, shapes, statics)
             entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)

@@ -80,7 +80,7 @@ class CpuBackend:
         if debug_level() >= 3:
             log.debug("generated C:\n%s", low.text)
         lib, key = self.toolchain.load(low.text)
-        return CProgram(graph, lib, key, low.sizes, [n.attrs["array"] for n in low.data], low.listing)
+        return CProgram(graph, lib, key, low.sizes, [n.attrs["array"] for n in low.data], low.listing, low.text)
 
     def _gemm_for(self, graph: Graph) -> GemmConfig:
         from ...tune import load_gemm_config

@@ -22,10 +22,11 @@ class CProgram:
     sizes_at_runtime = True
 
     def __init__(self, graph: Graph, lib: ctypes.CDLL, key: str, sizes: Sizes, data: Sequence[np.ndarray],
-                 listing: object = None):
+                 listing: object = None, source: str = ""):
         self.graph = graph
         self.lib = lib
         self.key = key
+        self.source = source  # the generated C (saved with the binary: a program can be rebuilt elsewhere)
         self.sizes = sizes
         self.data = [np.asarray(d, order="C") for d in data]
         self.listing = listing
@@ -47,6 +48,12 @@ class CProgram:
         self._sym_slots = [[(axis, x) for axis, x in enumerate(plan) if type(x) is str and x in sizes.slot]
                            for plan in self._in_plans]  # the axes that set a run-time size
         self._data_ptrs = [d.ctypes.data for d in self.data]
+
+    def library_bytes(self) -> bytes:
+        """The shared object this program runs (read back from the cache, checked against its recorded hash)."""
+        from .toolchain import library_bytes
+
+        return library_bytes(self.key)
 
     def workspace_bytes(self, env: Mapping[str, int] | None = None) -> int:
         """Scratch bytes one call needs at the run-time sizes ``env`` (symbol -> size; missing ones are 0)."""

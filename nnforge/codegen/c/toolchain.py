@@ -112,33 +112,14 @@ class Toolchain:
             return self.loaded[key], key
         d = cache_dir()
         so, meta = d / f"{key}.so", d / f"{key}.json"
-        lib = self._try_cached(key, so, meta)
+        lib = cached_library(key, so, meta)
         if lib is None:
             self._compile(source, key, so, meta)
-            lib = self._try_cached(key, so, meta)
+            lib = cached_library(key, so, meta)
             if lib is None:
                 raise CompileError(f"freshly built {so} does not validate")
         self.loaded[key] = lib
         return lib, key
-
-    def _try_cached(self, key: str, so: Path, meta: Path) -> ctypes.CDLL | None:
-        try:
-            info = json.loads(meta.read_text())
-            data = so.read_bytes()
-        except (OSError, ValueError):
-            return None
-        if info.get("key") != key or info.get("sha256") != hashlib.sha256(data).hexdigest():
-            log.info("cache entry %s is corrupt or stale; rebuilding", so.name)
-            return None
-        try:
-            lib = ctypes.CDLL(str(so))
-            lib.nf_key.restype = ctypes.c_char_p
-            if lib.nf_key().decode() != key:
-                return None
-        except (OSError, AttributeError):
-            log.info("cache entry %s does not load; rebuilding", so.name)
-            return None
-        return lib
 
     def _compile(self, source: str, key: str, so: Path, meta: Path) -> None:
         d = so.parent
@@ -169,6 +150,62 @@ class Toolchain:
         self.last_compile_s = time.perf_counter() - t0
         self.compiles += 1
         log.info("compiled %s in %.2fs", so.name, self.last_compile_s)
+
+
+def cached_library(key: str, so: Path, meta: Path) -> ctypes.CDLL | None:
+    """The cache entry for ``key`` loaded, or None when it is missing, corrupt (bytes not matching the recorded
+    SHA-256), built for another key or does not load."""
+    try:
+        info = json.loads(meta.read_text())
+        data = so.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if info.get("key") != key or info.get("sha256") != hashlib.sha256(data).hexdigest():
+        log.info("cache entry %s is corrupt or stale; rebuilding", so.name)
+        return None
+    try:
+        lib = ctypes.CDLL(str(so))
+        lib.nf_key.restype = ctypes.c_char_p
+        if lib.nf_key().decode() != key:
+            return None
+    except (OSError, AttributeError):
+        log.info("cache entry %s does not load", so.name)
+        return None
+    return lib
+
+
+def library_bytes(key: str) -> bytes:
+    """The bytes of the cached shared object ``key``, checked against the hash recorded when it was built."""
+    d = cache_dir()
+    so, meta = d / f"{key}.so", d / f"{key}.json"
+    try:
+        data = so.read_bytes()
+        ok = json.loads(meta.read_text()).get("sha256") == hashlib.sha256(data).hexdigest()
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise CompileError(f"the shared object {so} is missing or altered since it was built (the cache was "
+                           "cleared?): call the function again on a fresh nf.compile to rebuild it")
+    return data
+
+
+def install_library(key: str, data: bytes) -> ctypes.CDLL | None:
+    """A shared object from elsewhere (a saved program) put into the cache under its key and loaded; None when it
+    does not load here. No compiler is needed."""
+    d = cache_dir()
+    so, meta = d / f"{key}.so", d / f"{key}.json"
+    lib = cached_library(key, so, meta)
+    if lib is not None:
+        return lib
+    d.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=d) as tmp:
+        tmp_so, tmp_meta = Path(tmp) / f"{key}.so", Path(tmp) / "meta.json"
+        tmp_so.write_bytes(data)
+        tmp_meta.write_text(json.dumps({"key": key, "sha256": hashlib.sha256(data).hexdigest(),
+                                        "installed": "from a saved program"}))
+        os.replace(tmp_so, so)
+        os.replace(tmp_meta, meta)
+    return cached_library(key, so, meta)
 
 
 def usable_cores(cap: int) -> int:

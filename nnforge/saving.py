@@ -1,0 +1,401 @@
+"""Saving a compiled function and loading it in another process without tracing, optimizing or compiling again.
+
+A saved program is a zip file: ``manifest.json`` (format, the nnforge build that wrote it, the machine and
+toolchain a binary was built for, a SHA-256 per member), ``program.pkl`` (every traced signature: its optimized
+graph and, per program, the scheduled graph, the size slots and the constants), ``src/<key>.c`` (the generated
+C) and ``lib/<key>.so`` (the built binary). Tensors the function captured (parameters, optimizer state) are
+saved with their values at save time; the loaded function owns copies of them (``captured``) and updates them
+in place as the original would.
+
+Loading trusts nothing it can check: a member whose bytes do not match the manifest is an error (truncated or
+altered file); a file written by another nnforge build is refused (graphs are pickled objects of that build);
+a binary built for another machine (architecture, or CPU features this one lacks) or that does not load here is
+rebuilt from its saved source with this machine's compiler, or refused when there is none. A saved program
+contains machine code: load only files you trust, as you would a shared library.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import pickle
+import platform
+import sys
+import weakref
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import NNForgeError
+from .ir.node import Graph, Node
+from .ir.ops import Op
+
+if TYPE_CHECKING:
+    from .compile import CompiledFunction
+
+log = logging.getLogger("nnforge.saving")
+
+FORMAT = 1
+
+
+class LoadError(NNForgeError):
+    """A saved program that cannot be loaded here, with the reason and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What identifies a build and a machine
+
+
+@functools.cache
+def forge_build() -> str:
+    """nnforge's version and a hash of the compiler's own sources (ModelView's excluded): graphs are pickled
+    objects of this build, so only the same build reads them back."""
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.suffix in (".py", ".h") and not rel.startswith("modelview/") and "__pycache__" not in rel:
+            h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+    return f"{importlib.metadata.version('nnforge')}+{h.hexdigest()[:16]}"
+
+
+def machine() -> dict[str, Any]:
+    """What a ``-march=native`` binary depends on: architecture, OS and the CPU's feature flags."""
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = sorted(set(line.split(":", 1)[1].split()))
+                    break
+    except OSError:
+        pass
+    return {"arch": platform.machine(), "os": sys.platform, "cpu_flags": flags}
+
+
+def incompatibility(saved: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """Why a binary built on ``saved`` may not run ``here`` (None when it can)."""
+    if (saved["arch"], saved["os"]) != (here["arch"], here["os"]):
+        return f"it was built for {saved['arch']}/{saved['os']}, this machine is {here['arch']}/{here['os']}"
+    missing = sorted(set(saved["cpu_flags"]) - set(here["cpu_flags"]))
+    if missing:
+        return f"it was built on a CPU with features this one lacks ({', '.join(missing[:8])})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Graphs as flat node lists (pickling the node objects themselves recurses once per edge of the longest chain)
+
+
+@dataclass(frozen=True)
+class FlatGraph:
+    """A graph as a node list in topological order; sources, inputs and outputs are indices into it."""
+
+    nodes: tuple[tuple, ...]      # (op name, source indices, attrs, shape, dtype, loc, types)
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    effects: tuple[int, ...]
+
+
+def flatten_graph(g: Graph) -> FlatGraph:
+    index: dict[int, int] = {}
+    nodes = []
+    for n in g.order:
+        if n.op in (Op.FEEDER, Op.RECEIVER):
+            raise NNForgeError(f"save: the program calls Python functions (a {n.op.name.title()} created at "
+                               f"{n.loc or 'an unknown line'}); a program with Feeders or Receivers cannot be saved")
+        index[id(n)] = len(nodes)
+        attrs = {k: _flat_value(v) for k, v in n.attrs.items()}
+        nodes.append((n.op.name, tuple(index[id(s)] for s in n.srcs), attrs, n.shape, n.dtype, n.loc, n.types))
+    return FlatGraph(tuple(nodes), tuple(index[id(n)] for n in g.inputs), tuple(index[id(n)] for n in g.outputs),
+                     tuple(index[id(n)] for n in g.effects))
+
+
+def _flat_value(v: Any) -> Any:
+    if isinstance(v, Graph):
+        return flatten_graph(v)
+    if isinstance(v, Node):
+        raise NNForgeError("save: a node attribute refers to another node (not a saveable graph)")
+    if type(v) in (tuple, list):
+        return type(v)(_flat_value(x) for x in v)
+    return v
+
+
+def unflatten_graph(f: FlatGraph) -> Graph:
+    built: list[Node] = []
+    for op, srcs, attrs, shape, dtype, loc, types in f.nodes:
+        built.append(Node(Op[op], tuple(built[i] for i in srcs), {k: _graph_value(v) for k, v in attrs.items()},
+                          shape, dtype, loc, types))
+    return Graph([built[i] for i in f.inputs], [built[i] for i in f.outputs], [built[i] for i in f.effects])
+
+
+def _graph_value(v: Any) -> Any:
+    if isinstance(v, FlatGraph):
+        return unflatten_graph(v)
+    if type(v) in (tuple, list):
+        return type(v)(_graph_value(x) for x in v)
+    return v
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The saved records
+
+
+@dataclass(frozen=True)
+class SavedC:
+    """A C program: its scheduled graph, size slots, constants and kernel listing; source and binary by key."""
+
+    graph: FlatGraph
+    key: str
+    sizes: Any
+    data: tuple[np.ndarray, ...]
+    listing: Any
+
+
+@dataclass(frozen=True)
+class SavedReference:
+    """A program the reference interpreter runs (the reference backend, or a graph the C backend does not cover)."""
+
+    graph: FlatGraph
+
+
+@dataclass(frozen=True)
+class SavedEntry:
+    treedef: Any
+    dtypes: tuple
+    shapes: tuple
+    generic: frozenset
+    statics: tuple
+    graph: FlatGraph
+    out_def: Any
+    implicit: tuple[int, ...]              # indices into SavedFunction.captured
+    state: tuple[tuple[int, int], ...]     # (captured index, output index)
+    n_out: int
+    programs: tuple[tuple[tuple, Any], ...]
+
+
+@dataclass(frozen=True)
+class SavedFunction:
+    name: str
+    backend: str
+    entries: tuple[SavedEntry, ...]
+    vjps: tuple[tuple[Any, SavedFunction], ...]
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    value: np.ndarray
+    requires_grad: bool
+    name: str
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# save
+
+
+def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
+    """Write ``cf``'s traced signatures and built programs to ``path`` (see the module docstring)."""
+    captured: dict[int, int] = {}
+    tensors: list[SavedTensor] = []
+    binaries: dict[str, tuple[str, bytes]] = {}
+
+    def capture(ref: weakref.ref) -> int:
+        t = ref()
+        if t is None:
+            raise NNForgeError(f"save: a tensor captured by {cf.__qualname__} no longer exists")
+        if id(t) not in captured:
+            captured[id(t)] = len(tensors)
+            tensors.append(SavedTensor(np.array(t.numpy(), copy=True), t.requires_grad, t.name))
+        return captured[id(t)]
+
+    def program(p: Any) -> Any:
+        from .codegen.c.program import CProgram
+        from .codegen.reference import ReferenceProgram
+
+        if isinstance(p, CProgram):
+            binaries[p.key] = (p.source, p.library_bytes())
+            return SavedC(flatten_graph(p.graph), p.key, p.sizes, tuple(p.data), p.listing)
+        if isinstance(p, ReferenceProgram):
+            return SavedReference(flatten_graph(p.graph))
+        raise NNForgeError(f"save: programs of type {type(p).__name__} cannot be saved")
+
+    def function(f: CompiledFunction) -> SavedFunction:
+        entries = []
+        for e in f._entries:
+            progs = []
+            seen: dict[int, Any] = {}
+            for key, p in e.programs.items():  # one runtime-size program may serve several keys: saved once
+                seen.setdefault(id(p), program(p))
+                progs.append((key, seen[id(p)]))
+            entries.append(SavedEntry(e.treedef, e.dtypes, e.shapes, e.generic, e.statics, flatten_graph(e.graph),
+                                      e.out_def, tuple(capture(r) for r in e.implicit),
+                                      tuple((capture(r), i) for r, i in e.state), e.n_out, tuple(progs)))
+        return SavedFunction(f.__qualname__, f.backend, tuple(entries),
+                             tuple((k, function(v)) for k, v in f._vjps.items()))
+
+    if not cf._entries:
+        raise NNForgeError(f"save: {cf.__qualname__} has not been called yet: call it once with example inputs so "
+                           "that it is traced and built, then save it")
+    record = function(cf)
+    payload = pickle.dumps((record, tensors), protocol=pickle.HIGHEST_PROTOCOL)
+    members = {"program.pkl": payload}
+    for key, (source, lib) in binaries.items():
+        members[f"src/{key}.c"] = source.encode()
+        members[f"lib/{key}.so"] = lib
+    manifest = {
+        "format": FORMAT,
+        "nnforge": forge_build(),
+        "function": cf.__qualname__,
+        "backend": cf.backend,
+        "machine": machine(),
+        "toolchain": _toolchain_identity() if binaries else None,
+        "signatures": [describe(e.dtypes, e.shapes, e.generic) for e in cf._entries],
+        "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
+    }
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("manifest.json", json.dumps(manifest, indent=1))
+        for name, data in members.items():
+            z.writestr(name, data)
+    os.replace(tmp, path)
+
+
+def _toolchain_identity() -> str:
+    from .codegen import BACKENDS
+
+    return BACKENDS["cpu"].toolchain.identity
+
+
+def describe(dtypes: tuple, shapes: tuple, generic: frozenset) -> str:
+    """A signature as the user wrote it: ``(float32[T, 16, 96], int64[16])``, free sizes by name."""
+    parts = []
+    for i, (dt, shape) in enumerate(zip(dtypes, shapes)):
+        if dt is None:
+            parts.append("<python value>")
+            continue
+        dims = [f"a{i}.{ax}" if (i, ax) in generic else str(d) for ax, d in enumerate(shape)]
+        parts.append(f"{np.dtype(dt).name}[{', '.join(dims)}]")
+    return f"({', '.join(parts)})"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# load
+
+
+def load(path: str | os.PathLike) -> CompiledFunction:
+    """A compiled function saved by ``CompiledFunction.save``: no tracing, passes or C compile when the binary
+    runs here (see the module docstring for what is checked)."""
+    path = Path(path)
+    members = _read_members(path)
+    manifest = json.loads(members.pop("manifest.json"))
+    if manifest.get("nnforge") != forge_build():
+        raise LoadError(f"{path}: saved by nnforge {manifest.get('nnforge')}, this is {forge_build()}; a program "
+                        "is only loaded by the build that saved it: compile the function again (nf.compile) and "
+                        "save it")
+    try:
+        record, tensors = pickle.loads(members["program.pkl"])
+    except Exception as e:
+        raise LoadError(f"{path}: the program record does not load ({type(e).__name__}: {e})") from None
+    reason = incompatibility(manifest["machine"], machine())
+    captured = [_tensor(t) for t in tensors]
+    libraries: dict[str, Any] = {}
+
+    def program(p: Any) -> Any:
+        from .codegen.c.program import CProgram
+        from .codegen.reference import ReferenceProgram
+        from .trace import session
+
+        graph = unflatten_graph(p.graph)
+        if isinstance(p, SavedReference):
+            return ReferenceProgram(graph, session().rng)
+        if p.key not in libraries:
+            libraries[p.key] = _library(path, p.key, members, reason, manifest)
+        lib, key, source = libraries[p.key]
+        return CProgram(graph, lib, key, p.sizes, p.data, p.listing, source=source)
+
+    def function(s: SavedFunction) -> CompiledFunction:
+        from .compile import CompiledFunction, _Entry
+
+        entries = []
+        for e in s.entries:
+            built: dict[int, Any] = {}
+            programs = {}
+            for key, p in e.programs:
+                built.setdefault(id(p), program(p))
+                programs[key] = built[id(p)]
+            entries.append(_Entry(e.treedef, e.dtypes, e.shapes, e.generic, e.statics, unflatten_graph(e.graph),
+                                  e.out_def, [weakref.ref(captured[i]) for i in e.implicit],
+                                  [(weakref.ref(captured[i]), k) for i, k in e.state], e.n_out, programs))
+        vjps = {k: function(v) for k, v in s.vjps}
+        return CompiledFunction.loaded(s.name, s.backend, entries, vjps, captured, str(path))
+
+    return function(record)
+
+
+def _tensor(t: SavedTensor) -> Any:
+    from .tensor import Tensor
+
+    return Tensor(t.value, requires_grad=t.requires_grad, name=t.name)
+
+
+def _read_members(path: Path) -> dict[str, bytes]:
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = {name: z.read(name) for name in z.namelist()}
+    except FileNotFoundError:
+        raise LoadError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as e:
+        raise LoadError(f"{path}: not a complete saved nnforge program (truncated or not one): {e}") from None
+    except Exception as e:
+        raise LoadError(f"{path}: damaged ({type(e).__name__}: {e})") from None
+    if "manifest.json" not in members:
+        raise LoadError(f"{path}: not a saved nnforge program (no manifest.json)")
+    try:
+        manifest = json.loads(members["manifest.json"])
+        sums = manifest["sha256"]
+        version = manifest["format"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise LoadError(f"{path}: its manifest is damaged ({e})") from None
+    if version != FORMAT:
+        raise LoadError(f"{path}: saved in format {version}, this nnforge reads format {FORMAT}")
+    if set(sums) != set(members) - {"manifest.json"}:
+        raise LoadError(f"{path}: its members do not match its manifest (altered file)")
+    for name, want in sums.items():
+        if hashlib.sha256(members[name]).hexdigest() != want:
+            raise LoadError(f"{path}: {name} does not match its checksum (the file was altered or damaged)")
+    return members
+
+
+def _library(path: Path, key: str, members: dict[str, bytes], reason: str | None, manifest: dict) -> tuple:
+    """The saved binary installed in the cache and loaded, or, where it cannot run here, the saved source built
+    again with this machine's compiler: (library, key, source)."""
+    from .codegen import BACKENDS
+    from .codegen.c.toolchain import install_library
+
+    source = members[f"src/{key}.c"].decode()
+    if reason is None:
+        lib = install_library(key, members[f"lib/{key}.so"])
+        if lib is not None:
+            return lib, key, source
+        reason = "it does not load here (a missing runtime library such as libgomp, or another C library)"
+    backend = BACKENDS["cpu"]
+    if not backend.available:
+        raise LoadError(f"{path}: the saved binary cannot run on this machine: {reason}; rebuilding it from the "
+                        f"saved source needs a C compiler with OpenMP, and none works here")
+    log.warning("%s: rebuilding the saved C program from its source: %s", path, reason)
+    lib, new_key = backend.toolchain.load(source)
+    return lib, new_key, source
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a saved program (what it was built for, its signatures), checked like ``load`` does."""
+    return json.loads(_read_members(Path(path))["manifest.json"])
+

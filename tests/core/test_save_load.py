@@ -1,0 +1,267 @@
+"""Saved compiled programs (``f.save`` / ``nf.load``): a fresh process runs them without tracing, passes or a C
+compile and gets identical results; damaged files, other builds and other machines give clear errors or a
+rebuild, never a crash or a wrong answer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge import nn, saving
+from nnforge.errors import NNForgeError, TraceError
+from nnforge.saving import LoadError
+
+# The child loads the saved step with tracing, the pass pipeline, code generation and the C compiler replaced by
+# functions that fail: any of them called makes it exit non-zero.
+CHILD = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import nnforge as nf
+    import nnforge.compile, nnforge.codegen.c, nnforge.codegen.c.toolchain, nnforge.passes
+
+    def forbidden(what):
+        def fail(*args, **kwargs):
+            raise SystemExit(f"the load path called {what}")
+        return fail
+
+    nnforge.compile.trace_function = forbidden("trace_function")
+    nnforge.compile.run_pipeline = forbidden("run_pipeline")
+    nnforge.compile.build_program = forbidden("build_program")
+    nnforge.passes.run_pipeline = forbidden("passes.run_pipeline")
+    nnforge.codegen.c.lower = forbidden("codegen.c.lower")
+    nnforge.codegen.c.toolchain.Toolchain._compile = forbidden("the C compiler")
+    step = nf.load(sys.argv[1])
+    data = np.load(sys.argv[2])
+    n = len([k for k in data.files if k.startswith("b0_")])
+    losses = [step(*[data[f"b{k}_{j}"] for j in range(n)]) for k in range(int(data["steps"]))]
+    np.savez(sys.argv[3], losses=np.array(losses), **{f"p{i}": t.numpy() for i, t in enumerate(step.captured)})
+""")
+
+
+def _model_and_step(backend: str, hidden: int = 8):
+    """A small basecaller's training step: strided conv, LSTM layers of alternating direction, CTC, Adam."""
+    from nnforge.demo import Basecaller
+
+    nf.manual_seed(3)
+    model = Basecaller(hidden, 2)
+    opt = nn.optim.Adam(model.parameters(), lr=3e-3)
+
+    @nf.compile(backend=backend)
+    def train_step(signal, targets, input_lengths, target_lengths):
+        opt.zero_grad()
+        loss = nn.functional.ctc_loss(model(signal), targets, input_lengths, target_lengths)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return model, train_step
+
+
+def _batches(rng: np.random.Generator, steps: int, batch: int = 4):
+    from nnforge.demo import synthetic_reads
+
+    return [synthetic_reads(rng, batch, 60, 5) for _ in range(steps)]
+
+
+def test_a_saved_training_step_runs_in_a_fresh_process_without_compiling(backend: str, rng: np.random.Generator,
+                                                                        tmp_path: Path) -> None:
+    model, step = _model_and_step(backend)
+    batches = _batches(rng, 4)
+    step(*batches[0])
+    step.save(tmp_path / "step.nfp")
+    params = list(model.parameters())
+    want = [float(step(*b)) for b in batches[1:]]  # the original goes on from the state it had when saved
+    np.savez(tmp_path / "batches.npz", steps=len(batches) - 1,
+             **{f"b{k}_{j}": a for k, b in enumerate(batches[1:]) for j, a in enumerate(b)})
+    env = {**os.environ, "NNFORGE_CACHE_DIR": str(tmp_path / "empty-cache")}  # the binary comes from the file
+    res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "step.nfp"), str(tmp_path / "batches.npz"),
+                          str(tmp_path / "out.npz")], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = np.load(tmp_path / "out.npz")
+    np.testing.assert_array_equal(out["losses"], np.array(want, np.float32))
+    # the loaded step updated its own copies of the parameters exactly as the original updated the model's
+    got = [out[k] for k in out.files if k.startswith("p")]
+    assert len(got) > len(params)  # and the optimizer's state
+    for p in params:
+        assert any(g.shape == p.shape and np.array_equal(g, p.numpy()) for g in got)
+
+
+def _rnn(x, h0, w, u):
+    def cell(h, x_t):
+        h = nf.tanh(x_t @ w + h @ u)
+        return h, h * 2
+
+    return nf.scan(cell, h0, x)
+
+
+def _rnn_args(rng: np.random.Generator, T: int) -> list[np.ndarray]:
+    return [rng.standard_normal(s).astype(np.float32) for s in ((T, 3, 4), (3, 5), (4, 5), (5, 5))]
+
+
+def test_a_loaded_program_takes_new_sequence_lengths_and_shows_its_ir(backend: str, rng: np.random.Generator,
+                                                                      tmp_path: Path) -> None:
+    f = nf.compile(_rnn, backend=backend)
+    f(*_rnn_args(rng, 5))
+    f.save(tmp_path / "rnn.nfp")
+    g = nf.load(tmp_path / "rnn.nfp")
+    for T in (5, 9, 1):
+        args = _rnn_args(rng, T)
+        for a, b in zip(g(*args), f(*args)):
+            np.testing.assert_array_equal(a, b)
+    assert g.trace_count == 0 and g.loaded_from == str(tmp_path / "rnn.nfp")
+    assert "scan" in repr(g.trace(*_rnn_args(rng, 7)))
+
+
+def test_a_signature_it_was_not_saved_with_is_refused_naming_the_saved_ones(rng: np.random.Generator,
+                                                                          tmp_path: Path) -> None:
+    f = nf.compile(_rnn)
+    f(*_rnn_args(rng, 5))
+    f.save(tmp_path / "rnn.nfp")
+    g = nf.load(tmp_path / "rnn.nfp")
+    args = [a.astype(np.float64) for a in _rnn_args(rng, 5)]
+    with pytest.raises(TraceError, match=r"float32\[a0\.0, 3, 4\].*called with \(float64\[5, 3, 4\]"):
+        g(*args)
+    with pytest.raises(TraceError, match="cannot be traced inside another function"):
+        nf.compile(lambda *a: g(*a)[1].sum())(*_rnn_args(rng, 5))
+
+
+def _saved(rng: np.random.Generator, tmp_path: Path, backend: str = "reference") -> Path:
+    f = nf.compile(_rnn, backend=backend)
+    f(*_rnn_args(rng, 4))
+    f.save(tmp_path / "rnn.nfp")
+    return tmp_path / "rnn.nfp"
+
+
+def test_damaged_files_give_clear_errors(rng: np.random.Generator, tmp_path: Path) -> None:
+    path = _saved(rng, tmp_path)
+    data = path.read_bytes()
+    with pytest.raises(LoadError, match="no such file"):
+        nf.load(tmp_path / "missing.nfp")
+    (tmp_path / "cut.nfp").write_bytes(data[: len(data) // 2])
+    with pytest.raises(LoadError, match="truncated"):
+        nf.load(tmp_path / "cut.nfp")
+    (tmp_path / "text.nfp").write_text("not a program")
+    with pytest.raises(LoadError, match="not a complete saved nnforge program"):
+        nf.load(tmp_path / "text.nfp")
+    # a member rewritten with other bytes (valid zip, wrong checksum), and a member added
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    pkl = bytearray(members["program.pkl"])
+    pkl[len(pkl) // 2] ^= 0xFF
+    cases = [("altered.nfp", {"program.pkl": bytes(pkl)}, "program.pkl does not match its checksum"),
+             ("added.nfp", {"evil.so": b"\x7fELF"}, "do not match its manifest")]
+    for name, extra, pattern in cases:
+        with zipfile.ZipFile(tmp_path / name, "w") as z:
+            for n, d in {**members, **extra}.items():
+                z.writestr(n, d)
+        with pytest.raises(LoadError, match=pattern):
+            nf.load(tmp_path / name)
+
+
+def test_a_program_saved_by_another_build_is_refused(rng: np.random.Generator, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _saved(rng, tmp_path)
+    assert saving.read_manifest(path)["nnforge"] == saving.forge_build()
+    monkeypatch.setattr(saving, "forge_build", lambda: "0.1.0+someotherbuild")
+    with pytest.raises(LoadError, match=r"saved by nnforge 0\.1\.0\+\w+, this is 0\.1\.0\+someotherbuild.*compile "
+                                        "the function again"):
+        nf.load(path)
+
+
+cpu_only = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
+
+
+@cpu_only
+def test_a_binary_built_for_another_cpu_is_rebuilt_from_its_source(rng: np.random.Generator, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    path = _saved(rng, tmp_path, "cpu")
+    manifest = saving.read_manifest(path)
+    assert manifest["machine"] == saving.machine() and manifest["toolchain"]
+    here = saving.machine()
+    monkeypatch.setattr(saving, "machine", lambda: {**here, "cpu_flags": here["cpu_flags"][:-1]})
+    args = _rnn_args(rng, 6)
+    with caplog.at_level(logging.WARNING, logger="nnforge.saving"):
+        g = nf.load(path)
+    assert any("rebuilding the saved C program" in r.getMessage() and "lacks" in r.getMessage()
+               for r in caplog.records)
+    for a, b in zip(g(*args), nf.compile(_rnn, backend="cpu")(*args)):
+        np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(saving, "machine", lambda: {**here, "arch": "riscv64"})
+    monkeypatch.setattr(nf.codegen.BACKENDS["cpu"], "available", False)
+    with pytest.raises(LoadError, match=r"built for .* this machine is riscv64.*needs a C compiler"):
+        nf.load(path)
+
+
+@cpu_only
+def test_a_binary_that_does_not_load_here_is_rebuilt(rng: np.random.Generator, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import nnforge.codegen.c.toolchain as toolchain
+
+    path = _saved(rng, tmp_path, "cpu")
+    monkeypatch.setattr(toolchain, "install_library", lambda key, data: None)
+    args = _rnn_args(rng, 3)
+    with caplog.at_level(logging.WARNING, logger="nnforge.saving"):
+        g = nf.load(path)
+    assert any("does not load here" in r.getMessage() for r in caplog.records)
+    for a, b in zip(g(*args), nf.compile(_rnn, backend="cpu")(*args)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_what_cannot_be_saved_is_refused(backend: str, rng: np.random.Generator, tmp_path: Path) -> None:
+    f = nf.compile(_rnn, backend=backend)
+    with pytest.raises(NNForgeError, match="has not been called yet"):
+        f.save(tmp_path / "x.nfp")
+
+    @nf.compile(backend=backend)
+    def with_receiver(x):
+        nf.Receiver(lambda v: None, [x * 2])
+        return x + 1
+
+    with_receiver(rng.standard_normal(3).astype(np.float32))
+    with pytest.raises(NNForgeError, match=r"calls Python functions \(a Receiver created at .*test_save_load"):
+        with_receiver.save(tmp_path / "x.nfp")
+    assert not (tmp_path / "x.nfp").exists()
+
+
+def test_torch_autograd_through_a_loaded_program(backend: str, rng: np.random.Generator, tmp_path: Path) -> None:
+    import torch
+
+    f = nf.compile(_rnn, backend=backend)
+    args = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in _rnn_args(rng, 4)]
+    h, ys = f(*args)
+    (h.sum() + ys.square().sum()).backward()
+    want = [a.grad.clone() for a in args]
+    f.save(tmp_path / "rnn.nfp")
+    g = nf.load(tmp_path / "rnn.nfp")
+    for a in args:
+        a.grad = None
+    h, ys = g(*args)
+    (h.sum() + ys.square().sum()).backward()
+    for a, w in zip(args, want):
+        torch.testing.assert_close(a.grad, w, rtol=0, atol=0)
+    fresh = nf.compile(_rnn, backend=backend)
+    fresh(*[a.detach() for a in args])  # traced, but no backward pass before saving
+    fresh.save(tmp_path / "fwd.nfp")
+    with pytest.raises(TraceError, match="without the gradient program torch autograd needs"):
+        nf.load(tmp_path / "fwd.nfp")(*args)
+
+
+def test_the_manifest_says_what_the_file_holds(rng: np.random.Generator, tmp_path: Path) -> None:
+    path = _saved(rng, tmp_path)
+    manifest = saving.read_manifest(path)
+    assert manifest["function"] == "_rnn" and manifest["backend"] == "reference"
+    assert manifest["signatures"] == ["(float32[a0.0, 3, 4], float32[3, 5], float32[4, 5], float32[5, 5])"]
+    with zipfile.ZipFile(path) as z:
+        assert set(json.loads(z.read("manifest.json"))["sha256"]) == {"program.pkl"}
