@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 
 from ..ir.node import Graph
 from ..ir.verify import verify
+from ..schedule import Target
 from .cse import cse
 from .dce import dce
 from .hoist import hoist
@@ -27,16 +29,20 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
 )
 
 
-CPU_PIPELINE: tuple[tuple[str, Pass], ...] = (
-    ("sigmoid_forms", sigmoid_forms),
-    ("hoist_reductions", hoist_reductions),  # first: a scan rid of its weight-gradient sums may split by rows,
-    ("hoist", hoist),  # which decides how much of the carry-free work hoist lifts out
-    ("views_into_scans", views_into_scans),  # after hoist, which would lift the views back out
-    ("simplify", simplify),
-    ("cse", cse),
-    ("dce", dce),
-)
-"""Passes that only matter for compiled code (they may reassociate float sums), run by the CPU backend."""
+def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
+    """The passes that only matter for compiled code (they may reassociate float sums), with ``target``'s
+    thresholds: a backend runs these after ``PIPELINE``."""
+    return (
+        ("sigmoid_forms", sigmoid_forms),
+        # first: a scan rid of its weight-gradient sums may split by rows, which decides how much of the carry-free
+        # work hoist lifts out
+        ("hoist_reductions", functools.partial(hoist_reductions, target=target)),
+        ("hoist", functools.partial(hoist, target=target)),
+        ("views_into_scans", views_into_scans),  # after hoist, which would lift the views back out
+        ("simplify", simplify),
+        ("cse", cse),
+        ("dce", dce),
+    )
 
 
 def run_pipeline(graph: Graph, passes: Sequence[tuple[str, Pass]] = PIPELINE, check: bool = True) -> Graph:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
+from ..schedule import Target
 from .rewrite import map_nodes, substitute
 from .rows import RowSplit, worth_splitting
 
@@ -171,12 +172,12 @@ def _cut(m: Node, cls: dict[int, str], body: Graph) -> list[Node]:
     return out or [m]
 
 
-def _hoist_scan(n: Node) -> Node | None:
+def _hoist_scan(n: Node, target: Target) -> Node | None:
     a = n.attrs
     nc, nx = a["n_carry"], a["n_xs"]
     # Only a loop split by rows runs the step's extra elementwise kernels without barriers: elsewhere each would
     # cost one per step, so there the whole carry-free value is hoisted.
-    cut = isinstance(worth_splitting(n), RowSplit)
+    cut = isinstance(worth_splitting(n, target), RowSplit)
     body = _reassociate(a["body"], nc, nx)
     cls = _classes(body, nc, nx)
     us = users(body.order)
@@ -225,13 +226,14 @@ def _prune(n: Node) -> Node | None:
     return make(Op.SCAN, tuple(n.srcs[k] for k in keep), {**a, "body": new_body, "n_xs": n_xs}, n.types, loc=n.loc)
 
 
-def hoist(graph: Graph) -> Graph:
-    """Move carry-free work out of every scan (innermost first), premultiplying inputs where a GEMM pays."""
+def hoist(graph: Graph, target: Target) -> Graph:
+    """Move carry-free work out of every scan (innermost first), premultiplying inputs where a GEMM pays; how much of
+    a step's work goes depends on whether ``target`` splits the loop by rows."""
 
     def rule(n: Node) -> Node | None:
         if n.op != Op.SCAN:
             return None
-        h = _hoist_scan(n) or n
+        h = _hoist_scan(n, target) or n
         return _prune(h) or (h if h is not n else None)
 
     return map_nodes(graph, rule, max_rounds=1)

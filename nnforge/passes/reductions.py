@@ -19,6 +19,7 @@ from __future__ import annotations
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
+from ..schedule import Target
 from .rewrite import substitute
 from .rows import RowSplit, worth_splitting
 
@@ -54,7 +55,7 @@ def _bytes(n: Node) -> float:
         return float("inf")  # a run-time size
 
 
-def _hoist_reductions(n: Node, min_bytes: float, read_transposed: set[int]) -> tuple[Node, dict[int, Node]] | None:
+def _hoist_reductions(n: Node, target: Target, read_transposed: set[int]) -> tuple[Node, dict[int, Node]] | None:
     """The new scan and, for each accumulating carry's index, the value after the loop that replaces it."""
     a = n.attrs
     nc, nx = a["n_carry"], a["n_xs"]
@@ -63,17 +64,17 @@ def _hoist_reductions(n: Node, min_bytes: float, read_transposed: set[int]) -> t
         return None
     found = {k: t for k in range(nc) if (t := _term(body, k, nc, nx)) is not None}
     outer = {k for k, t in found.items() if t[0] == "matmul"}
+    min_bytes = target.reduction_hoist_bytes
     big = {k for k in outer if _bytes(body.inputs[k]) >= min_bytes}
     if big:
         return _hoisted(n, found, big, read_transposed)
     if not outer or max(_bytes(body.inputs[k]) for k in outer) < min_bytes / 2:
         return None
     # Mid-sized accumulators go too when taking them all out leaves a body whose batch rows are independent: the
-    # CPU backend then runs the loop with the rows split among threads, no barrier per step (``passes.rows``).
-    # Measured on Zen 3 (2026-11-22, training step, T = 100-200, N = 64): 10 % faster at H = 128 (dW 262 KB),
-    # 6-7 % slower at H = 96 (147 KB), where the per-step dW stays in L1/L2 and the loop's barriers are cheap.
+    # backend then runs the loop with the rows split among workers, no barrier per step (``passes.rows``; the
+    # measurements behind the CPU's threshold are in ``codegen.c.target``).
     r = _hoisted(n, found, outer, read_transposed)
-    return r if isinstance(worth_splitting(r[0]), RowSplit) else None
+    return r if isinstance(worth_splitting(r[0], target), RowSplit) else None
 
 
 def _hoisted(n: Node, found: dict[int, tuple[str, Node, int]], gemms: set[int],
@@ -117,17 +118,13 @@ def _hoisted(n: Node, found: dict[int, tuple[str, Node, int]], gemms: set[int],
     return scan, after
 
 
-L2_HALF = 512 * 1024
-
-
-def hoist_reductions(graph: Graph, min_bytes: float = L2_HALF) -> Graph:
+def hoist_reductions(graph: Graph, target: Target) -> Graph:
     """Replace accumulating carries of top-level scans by one GEMM / sum after the loop (see module doc).
 
-    Outer-product carries of at least ``min_bytes`` are hoisted (then every other carry summing the same
-    ``d_t``, which is stacked anyway): a smaller one stays hot in L2 while it accumulates, whereas stacking
-    ``d_t`` for all steps costs T * N * Q of memory traffic. Measured on Zen 3 (1 MiB L2, 2026-11-22), with the
-    loop's kernels work-shared: 4 % slower at H = 96 (dW 147 KB), break-even at H = 384 and 512 (dW 2.4 / 4 MB).
-    From half that size they are hoisted too when that makes the loop row-separable (see ``_hoist_reductions``)."""
+    Outer-product carries of at least ``target.reduction_hoist_bytes`` are hoisted (then every other carry summing
+    the same ``d_t``, which is stacked anyway): a smaller one stays hot in cache while it accumulates, whereas
+    stacking ``d_t`` for all steps costs T * N * Q of memory traffic. From half that size they are hoisted too when
+    that makes the loop row-separable (see ``_hoist_reductions``)."""
     mapping: dict[int, Node] = {}
     new_scan: dict[int, tuple[Node, dict[int, Node], list[int]]] = {}
     us = users(graph.order)
@@ -138,7 +135,7 @@ def hoist_reductions(graph: Graph, min_bytes: float = L2_HALF) -> Graph:
             read_transposed.setdefault(id(n.srcs[0]), set()).add(n.attrs["index"])
     for n in graph.order:
         if n.op == Op.SCAN:
-            r = _hoist_reductions(n, min_bytes, read_transposed.get(id(n), set()))
+            r = _hoist_reductions(n, target, read_transposed.get(id(n), set()))
             if r is not None:
                 nc = n.attrs["n_carry"]
                 keep = [k for k in range(nc) if k not in r[1]]

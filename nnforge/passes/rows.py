@@ -30,17 +30,10 @@ from ..ir.build import make, rebuild
 from ..ir.dims import Dim, sym, symbol_name
 from ..ir.node import Graph, Node
 from ..ir.ops import ELEMENTWISE, REDUCE, Op
+from ..schedule import Target
 
 ROWS = "nf_rows"
 """The symbol a row-split body uses for its batch size (one thread's share of the rows)."""
-
-MIN_SPLIT_BATCH = 12
-"""The smallest batch split among threads: two of the C backend's 6-row micro-kernel blocks (``GemmConfig.mr``)."""
-
-MAX_SPLIT_WEIGHT_BYTES = 512 * 1024
-"""The most weight bytes a split body may read: each thread reads all of them every step, so they should stay in
-half of a 1 MiB L2 (measured, bench/row_split_cpu.py: 8-23 % faster at H = 96, 1-5 % slower at H = 384 / 512,
-where re-reading W_hh from L3 each step costs what the saved barriers gave)."""
 
 
 @dataclass(frozen=True)
@@ -65,18 +58,19 @@ def row_split(scan: Node) -> RowSplit | NotSeparable:
         return why
 
 
-def worth_splitting(scan: Node) -> RowSplit | NotSeparable:
-    """``row_split`` and the policy on top of it: a batch of at least ``MIN_SPLIT_BATCH`` rows and per-step weights
-    within ``MAX_SPLIT_WEIGHT_BYTES`` (the passes that prepare a split and the C backend decide alike)."""
+def worth_splitting(scan: Node, target: Target) -> RowSplit | NotSeparable:
+    """``row_split`` and the policy on top of it: a batch of at least ``target.min_split_rows`` rows and per-step
+    weights within ``target.max_split_weight_bytes``. The one predicate the passes that prepare a split and the
+    backend that runs it both ask."""
     split = row_split(scan)
     if isinstance(split, NotSeparable):
         return split
-    if int(split.batch) < MIN_SPLIT_BATCH:
-        return NotSeparable(f"batch {split.batch} is too small to split among threads")
+    if int(split.batch) < target.min_split_rows:
+        return NotSeparable(f"batch {int(split.batch)} is too small to split among threads")
     w = step_weight_bytes(scan)
-    if w > MAX_SPLIT_WEIGHT_BYTES:
-        return NotSeparable(f"its weights ({w // 1024} KB) exceed {MAX_SPLIT_WEIGHT_BYTES // 1024} KB: every thread "
-                            "would stream all of them from L3 each step, where work-shared steps read half each")
+    if w > target.max_split_weight_bytes:
+        return NotSeparable(f"its weights ({w // 1024} KB) exceed {target.max_split_weight_bytes // 1024} KB: every "
+                            "thread would stream all of them from L3 each step, where work-shared steps read half each")
     return split
 
 

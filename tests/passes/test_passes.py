@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 import nnforge as nf
+from nnforge.codegen.c.target import cpu_target
 from nnforge.compile import trace_function
 from nnforge.passes import PIPELINE, cse, dce, hoist, run_pipeline, sigmoid_forms, simplify
 
@@ -58,14 +59,14 @@ def test_sigmoid_forms():
 def test_hoist_premul_lstm():
     g = run_pipeline(traced(lstm, *lstm_args()))
     before = repr(g)
-    after = repr(run_pipeline(hoist(g)))
+    after = repr(run_pipeline(hoist(g, cpu_target())))
     top_before = [ln for ln in before.splitlines() if ln.startswith("  %") and "matmul" in ln]
     top_after = [ln for ln in after.splitlines() if ln.startswith("  %") and "matmul" in ln]
     inner_after = [ln for ln in after.splitlines() if ln.startswith("      %") and "matmul" in ln]
     assert not top_before and len(top_after) == 1 and len(inner_after) == 1  # x@W_ih left the loop
     from nnforge.ir.dims import free_symbols
 
-    mm = next(n for n in run_pipeline(hoist(g)).order if n.op.name == "MATMUL")
+    mm = next(n for n in run_pipeline(hoist(g, cpu_target())).order if n.op.name == "MATMUL")
     assert free_symbols(mm.shape[0])  # [T*N, I] @ [I, 4H]: still generic in T
 
 
@@ -150,10 +151,10 @@ def test_constants_read_by_a_scan_become_constants_of_its_body(rng: np.random.Ge
 def test_transposed_weights_enter_scans_as_views(rng: np.random.Generator):
     """``h @ w_hh.T``: after the CPU pipeline the scan reads ``w_hh`` itself and the permute is the matmul's
     operand inside the body (no transposed copy per call); an invariant also read elementwise is left alone."""
-    from nnforge.passes import CPU_PIPELINE, views_into_scans
+    from nnforge.passes import pipeline, views_into_scans
 
     args = lstm_args(T=5, N=3, I=4, H=6)
-    g = run_pipeline(run_pipeline(traced(lstm, *args)), CPU_PIPELINE)
+    g = run_pipeline(run_pipeline(traced(lstm, *args)), pipeline(cpu_target()))
     scan = next(n for n in g.order if n.op.name == "SCAN")
     w_hh = g.inputs[4]
     assert any(s is w_hh for s in scan.srcs) and not any(s.op.name == "PERMUTE" for s in scan.srcs)
@@ -186,7 +187,7 @@ def test_broadcast_bias_enters_scans_as_a_view(rng: np.random.Generator):
     """``... + b`` in a cell traces ``expand(reshape(b))`` outside the body; the scan must then read an ``[N, G]``
     array, materialized every call. After the CPU pipeline it reads ``b`` itself and the broadcast is inside the
     body (an index expression); results as the reference backend's."""
-    from nnforge.passes import CPU_PIPELINE
+    from nnforge.passes import pipeline
 
     def cell_with_bias(x, h0, w, b):
         def cell(h, x_t):
@@ -199,7 +200,7 @@ def test_broadcast_bias_enters_scans_as_a_view(rng: np.random.Generator):
     t = traced(cell_with_bias, *a)
     before = next(n for n in t.order if n.op.name == "SCAN")
     assert any(s.op.name == "EXPAND" for s in before.srcs)
-    g = run_pipeline(run_pipeline(t), CPU_PIPELINE)
+    g = run_pipeline(run_pipeline(t), pipeline(cpu_target()))
     scan = next(n for n in g.order if n.op.name == "SCAN")
     assert not any(s.op.name == "EXPAND" for s in scan.srcs) and any(s is g.inputs[3] for s in scan.srcs)
     body = scan.attrs["body"]

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import nnforge as nf
+from nnforge.codegen.c.target import cpu_target
 from nnforge.codegen.reference import ReferenceProgram
 from nnforge.ir.node import Graph
 from nnforge.ir.ops import Op
-from nnforge.passes import CPU_PIPELINE, run_pipeline
+from nnforge.passes import pipeline, run_pipeline
 from nnforge.passes.reductions import hoist_reductions
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "codegen"))
 from test_passes import traced
 from test_scan import lstm, lstm_args
+
+ZERO = replace(cpu_target(), reduction_hoist_bytes=0)  # every accumulator is worth hoisting
 
 
 def accumulate(xs, w, acc0, s0, h0, bc0):
@@ -45,7 +49,7 @@ def _scans(g: Graph) -> list:
 def test_ir_before_and_after():
     g = traced(accumulate, *acc_args())
     (before,) = _scans(g)
-    after_g = hoist_reductions(g, min_bytes=0)
+    after_g = hoist_reductions(g, ZERO)
     (after,) = _scans(after_g)
     assert before.attrs["n_carry"] == 4 and after.attrs["n_carry"] == 2  # acc and s hoisted; h, bc stay
     body = repr(after.attrs["body"])
@@ -62,7 +66,7 @@ def test_values_unchanged(dt):
     args = acc_args(T=6, N=5, P=3, Q=9, dt=dt)
     g = traced(accumulate, *args)
     want = ReferenceProgram(g, None)(args)
-    got = ReferenceProgram(hoist_reductions(g, min_bytes=0), None)(args)
+    got = ReferenceProgram(hoist_reductions(g, ZERO), None)(args)
     tol = 1e-12 if dt == np.float64 else 1e-4
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
@@ -70,8 +74,9 @@ def test_values_unchanged(dt):
 
 def test_small_carries_stay_in_the_loop():
     g = traced(accumulate, *acc_args())
-    assert hoist_reductions(g) is g  # a 4 x 7 outer-product carry stays hot in cache: not worth stacking d_t
-    assert hoist_reductions(g, min_bytes=4 * 7 * 8) is not g
+    # a 4 x 7 outer-product carry stays hot in cache: not worth stacking d_t
+    assert hoist_reductions(g, cpu_target()) is g
+    assert hoist_reductions(g, replace(cpu_target(), reduction_hoist_bytes=4 * 7 * 8)) is not g
 
 
 def test_backward_scan_has_no_per_step_weight_gradient_gemm():
@@ -80,7 +85,7 @@ def test_backward_scan_has_no_per_step_weight_gradient_gemm():
 
     args = lstm_args(T=5, N=3, I=7, H=192)  # dW_hh [192, 768] f32: 576 KB, above the half-L2 threshold
     g = run_pipeline(traced(nf.grad(loss, argnums=(3, 4, 5)), *args))
-    g = run_pipeline(g, CPU_PIPELINE)
+    g = run_pipeline(g, pipeline(cpu_target()))
     (bwd,) = [n for n in _scans(g) if n.attrs["reverse"]]
     body = bwd.attrs["body"]
     assert bwd.attrs["n_carry"] == 2  # dh, dc; dW_ih, dW_hh and db left the loop
@@ -114,7 +119,7 @@ def test_mid_sized_carries_leave_a_loop_they_keep_from_splitting_by_rows(H, hois
         return (lstm(x, h0, c0, w_ih, w_hh, b)[0] ** 2).sum()
 
     args = lstm_args(T=3, N=16, I=H, H=H)
-    g = run_pipeline(run_pipeline(traced(nf.grad(loss, argnums=(3, 4, 5)), *args)), CPU_PIPELINE)
+    g = run_pipeline(run_pipeline(traced(nf.grad(loss, argnums=(3, 4, 5)), *args)), pipeline(cpu_target()))
     (bwd,) = [n for n in _scans(g) if n.attrs["reverse"]]
     assert (bwd.attrs["n_carry"] == 2) == hoisted
     assert isinstance(row_split(bwd), RowSplit) == hoisted

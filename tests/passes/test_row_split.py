@@ -7,16 +7,17 @@ import numpy as np
 import pytest
 
 import nnforge as nf
+from nnforge.codegen.c.target import cpu_target
 from nnforge.ir.dims import Dim
 from nnforge.ir.ops import Op
-from nnforge.passes import CPU_PIPELINE, run_pipeline
+from nnforge.passes import pipeline, run_pipeline
 from nnforge.passes.rows import ROWS, NotSeparable, RowSplit, row_split, step_weight_bytes, worth_splitting
 
 
 def _scan_of(fn, *args, cpu: bool = True):
     graph = nf.compile(fn).trace(*args)
     if cpu:
-        graph = run_pipeline(graph, CPU_PIPELINE)
+        graph = run_pipeline(graph, pipeline(cpu_target()))
     (scan,) = [n for n in graph.order if n.op == Op.SCAN]
     return scan
 
@@ -146,9 +147,9 @@ def test_hoist_leaves_elementwise_work_in_a_loop_split_by_rows(rng: np.random.Ge
         return (ys * ys).sum()
 
     args = _args(rng, T=3, N=N, I=8, H=128)  # dW_hh 256 KB: its sum leaves the loop through the row-split rule
-    g = run_pipeline(nf.compile(nf.grad(loss, argnums=(3, 4, 5))).trace(*args), CPU_PIPELINE)
+    g = run_pipeline(nf.compile(nf.grad(loss, argnums=(3, 4, 5))).trace(*args), pipeline(cpu_target()))
     top = {n.op for n in g.order}
     (bwd,) = [n for n in g.order if n.op == Op.SCAN and n.attrs["reverse"]]
-    assert isinstance(worth_splitting(bwd), RowSplit) == split
+    assert isinstance(worth_splitting(bwd, cpu_target()), RowSplit) == split
     assert (Op.SIGMOID in top or Op.TANH in top) == (not split)
     assert Op.MATMUL in top  # the gates' GEMM is hoisted either way

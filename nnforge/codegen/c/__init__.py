@@ -21,20 +21,22 @@ from .cexpr import Sizes, Unsupported
 from .gemm import GemmConfig
 from .lower import KernelInfo, Lowering
 from .program import CProgram
+from .target import cpu_target
 from .toolchain import Toolchain, find_compiler, missing_compiler_reason, works
 
 log = logging.getLogger("nnforge.codegen.c")
 
 
-def schedule(graph: Graph) -> Graph:
-    """The CPU pipeline (hoisting, premul, layout) applied to an already optimized graph."""
-    from ...passes import CPU_PIPELINE, run_pipeline
+def schedule(graph: Graph, gemm: GemmConfig | None = None) -> Graph:
+    """The compiled-code passes (hoisting, premul, layout) with the CPU's thresholds for these GEMM tiles, applied
+    to an already optimized graph."""
+    from ...passes import pipeline, run_pipeline
 
-    return run_pipeline(graph, CPU_PIPELINE)
+    return run_pipeline(graph, pipeline(cpu_target(gemm)))
 
 
 def lower(graph: Graph, gemm: GemmConfig | None = None) -> Lowering:
-    """C source and kernel listing for ``graph`` (after ``schedule``); raises Unsupported."""
+    """C source and kernel listing for ``graph`` (after ``schedule`` with the same ``gemm``); raises Unsupported."""
     sizes = Sizes(sorted(loop_length_symbols(graph)))
     low = Lowering(graph, sizes, gemm)
     low.text = low.source()
@@ -65,9 +67,10 @@ class CpuBackend:
         from ...runtime import debug_level, setup_logging
 
         setup_logging()
-        graph = schedule(graph)
+        gemm = self._gemm_for(graph)
+        graph = schedule(graph, gemm)
         try:
-            low = lower(graph, self._gemm_for(graph))
+            low = lower(graph, gemm)
         except Unsupported as e:
             from ...trace import session
             from ..reference import ReferenceProgram

@@ -18,15 +18,12 @@ from ...ir.dims import symbol_name
 from ...ir.node import Graph, Node, users
 from ...ir.ops import Op
 from ...passes.fuse import Grouping
+from ...schedule import Target
 from .cexpr import Sizes
 
 if TYPE_CHECKING:
     from .lower import GraphCtx, Lowering
 
-CHUNK_BYTES = 4 * 1024 * 1024
-"""Target size of one chunk of the projection: a few steps' worth that stays in cache between the GEMM and the
-steps that read it."""
-MAX_CHUNK_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -69,10 +66,10 @@ def find_deferred(low: Lowering, graph: Graph, g: Grouping) -> dict[int, Deferre
     return found
 
 
-def chunk_steps(d: Deferred) -> int:
-    """Steps per chunk: as many as fit ``CHUNK_BYTES`` (at least one, at most ``MAX_CHUNK_STEPS``)."""
+def chunk_steps(d: Deferred, target: Target) -> int:
+    """Steps per chunk: as many as fit ``target.chunk_bytes`` (at least one, at most ``target.max_chunk_steps``)."""
     per_step = int(d.view.shape[1]) * int(d.view.shape[2]) * d.view.dtype.itemsize
-    return max(1, min(MAX_CHUNK_STEPS, CHUNK_BYTES // max(per_step, 1)))
+    return max(1, min(target.max_chunk_steps, target.chunk_bytes // max(per_step, 1)))
 
 
 def emit_chunk(low: Lowering, d: Deferred, ctx: GraphCtx, chunk: str, t: str, length: str, rev: bool,

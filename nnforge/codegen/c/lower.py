@@ -42,6 +42,7 @@ from .gemm import Epilogue, GemmConfig, check_dtype, emit_gemm, emit_sliced, gem
 from .memplan import Slot, plan, slot_bytes_function
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope, choose_row_split
+from .target import cpu_target
 from .views import index_map, sliced_index, strided
 
 log = logging.getLogger("nnforge.codegen.c")
@@ -266,6 +267,7 @@ class Lowering:
         self.graph = graph
         self.sizes = sizes
         self.gemm = gemm or GemmConfig()
+        self.target = cpu_target(self.gemm)  # the thresholds the passes were run with (``schedule``)
         self.counter = 0
         self.allocs: list[tuple[str, str, str]] = []
         self.data: list[Node] = []
@@ -1015,7 +1017,7 @@ class Lowering:
         """A scanned input whose projection is computed every few steps into a chunk buffer (``chunks``): the
         per-chunk GEMM goes into the time loop here; returns this step's slice of the chunk (the current rows)."""
         sz = self.sizes
-        steps = chunk_steps(d)
+        steps = chunk_steps(d, self.target)
         view = d.view
         chunk = self.alloc(view.dtype, [steps * int(view.shape[1]), *view.shape[2:]])
         lo, count = self.fresh("lo"), self.fresh("cn")

@@ -28,18 +28,18 @@ log = logging.getLogger("nnforge.codegen.c")
 
 def choose_row_split(low: Lowering, n: Node) -> RowSplit | None:
     """``n``'s row-local body when splitting its batch rows among threads is possible and worth it: the body is
-    row-separable and ``passes.rows.worth_splitting`` (batch and weight size) agrees, the batch gives each of two
-    threads at least one micro-kernel row block, and every kernel in the body has the batch axis (work without it
-    would be repeated by every thread). Not inside another loop. The reason for a refusal is logged
-    (``NNFORGE_DEBUG=2``)."""
+    row-separable, ``passes.rows.worth_splitting`` with the backend's target agrees (batch and weight size: each
+    of two threads gets at least one micro-kernel row block), and every kernel in the body has the batch axis
+    (work without it would be repeated by every thread). Not inside another loop. The reason for a refusal is
+    logged (``NNFORGE_DEBUG=2``)."""
     if not low.gemm.row_split or low.rows is not None or low.scopes:
         return None
-    split = worth_splitting(n)
+    split = worth_splitting(n, low.target)
     why = None
     if isinstance(split, NotSeparable):
         why = str(split)
-    elif not low.sizes.is_static(split.batch) or int(split.batch) < 2 * low.gemm.mr:
-        why = f"batch {split.batch} is too small to split among threads"
+    elif not low.sizes.is_static(split.batch):
+        why = f"batch {split.batch} is a run-time size"
     else:
         g = group(split.body)
         for m in split.body.order:

@@ -1,0 +1,26 @@
+"""The CPU backend's ``Target``: the values it hands to the shared passes, and the measurements behind them
+(Zen 3, 2 cores, 1 MiB L2 per core, 2026-11-22)."""
+
+from __future__ import annotations
+
+from ...schedule import Target
+from .gemm import GemmConfig
+
+
+def cpu_target(gemm: GemmConfig | None = None) -> Target:
+    """The thresholds for this machine's C code, given the GEMM tile configuration in use.
+
+    * Rows split among threads from two micro-kernel row blocks (``2 * gemm.mr``: 12 rows with the default tiles):
+      fewer leave a thread without a full block.
+    * Per-step weights of a row-split loop within 512 KB, half of a 1 MiB L2 (bench/row_split_cpu.py: 8-23 %
+      faster at H = 96, 1-5 % slower at H = 384 / 512, where re-reading W_hh from L3 every step costs what the
+      saved barriers gave).
+    * Weight-gradient sums hoisted from 512 KB (training step, loop work-shared: 4 % slower at H = 96 with dW
+      147 KB, break-even at H = 384 and 512 with 2.4 / 4 MB); from 256 KB when that lets the loop split by rows
+      (10 % faster at H = 128, 6-7 % slower at H = 96).
+    * Input projections chunked by 4 MB, at most 64 steps: a chunk stays in L2/L3 between the GEMM writing it and
+      the steps reading it.
+    """
+    gemm = gemm or GemmConfig()
+    return Target(name="cpu", min_split_rows=2 * gemm.mr, max_split_weight_bytes=512 * 1024,
+                  reduction_hoist_bytes=512 * 1024, chunk_bytes=4 * 1024 * 1024, max_chunk_steps=64)

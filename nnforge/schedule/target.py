@@ -1,0 +1,39 @@
+"""``Target``: what a backend tells the shared passes about the machine it renders for.
+
+The passes that prepare a graph for compiled code (hoisting, weight-gradient sums, the row-split policy) take their
+thresholds from this record, never from constants of their own: the same graph scheduled for a CPU and for a GPU
+differs only in the record handed over. Each backend defines its own (``codegen.c.target.cpu_target``) with the
+measurements behind each value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    """Thresholds of the shared scheduling decisions, per backend.
+
+    ``min_split_rows``: the smallest batch whose rows are split among workers (threads on a CPU, programs on a
+    GPU), each then running the whole time loop on its rows without a barrier per step.
+    ``max_split_weight_bytes``: the most per-step weight bytes a row-split loop may read (every worker reads all
+    of them every step: they must stay in the worker's cache).
+    ``reduction_hoist_bytes``: weight-gradient accumulators of a scan at least this large become one GEMM after
+    the loop (from half of it when that makes the loop row-separable).
+    ``chunk_bytes`` / ``max_chunk_steps``: a row-split loop's hoisted input projection is computed inside the loop,
+    a chunk of steps of about this size at a time (at most this many steps).
+    """
+
+    name: str
+    min_split_rows: int
+    max_split_weight_bytes: int
+    reduction_hoist_bytes: int
+    chunk_bytes: int
+    max_chunk_steps: int
+
+    def __post_init__(self) -> None:
+        for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
+                      "max_chunk_steps"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
