@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import os
 import sys
@@ -81,6 +82,24 @@ def is_oom(exc: BaseException) -> bool:
         return True
     text = f"{type(exc).__name__}: {exc}".lower()
     return "out of memory" in text or "can't allocate memory" in text or "outofmemoryerror" in text
+
+
+def energy_per_item(metrics: dict[str, Any], items: float) -> dict[str, float]:
+    """Joules per item of the cell's throughput (a vector, a sequence, a raw sample: what one inference is), from
+    the NVML energy per call; nothing where that is unknown."""
+    energy = metrics.get("energy_per_call_j")
+    if not isinstance(energy, int | float) or not items > 0:
+        return {}
+    return {"energy_per_item_j": energy / items}
+
+
+def free_cuda_cache() -> None:
+    """After a GPU out-of-memory error in one cell, what the failed attempt allocated goes back to the device, so
+    the setting's next backends run on the same GPU (the cell itself is an "oom" row)."""
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def error_text(exc: BaseException, limit: int = 4000) -> str:
@@ -351,8 +370,13 @@ class Harness:
             ctx = Context(cell, setup["variant"], setup["request"], module, inputs[0], setup["device"],
                           setup["dtype"], setup["threads"])
             reason = backend.skip_reason(ctx)
+            oom = False
         except Exception as e:
             self.write(cell, "oom" if is_oom(e) else "failed", started, error=error_text(e))
+            oom = True if is_oom(e) else None
+        if oom is not False:  # out of the except block: the failed attempt's frames (and tensors) are gone
+            if oom and cuda:
+                free_cuda_cache()
             return None
         if reason is not None:
             self.write(cell, "skipped", started, error=reason)
@@ -380,9 +404,14 @@ class Harness:
             process_peak = None if cuda else peak_rss()
             peak = (cuda_peak_bytes(torch.cuda.max_memory_allocated(), cuda_before) if cuda
                     else cpu_peak_bytes(process_peak, rss_before))
+            oom = False
         except Exception as e:
             self.write(cell, "oom" if is_oom(e) else "failed", started, error=error_text(e),
                        compile_s=compile_s, first_call_s=first_s)
+            oom = True if is_oom(e) else None
+        if oom is not False:
+            if oom and cuda:
+                free_cuda_cache()
             return None
         atol, rtol = self.job["tolerance"]
         if self.job.get("check", True):
@@ -514,6 +543,7 @@ class Harness:
                 m["flops_fraction_of_peak"] = ach_f / peak_f if peak_f and peak_f == peak_f else None
                 m["bytes_fraction_of_peak"] = ach_b / peak_b if peak_b else None
                 m.update(_counters(b, fns[b], med, perf, cuda and cfg.profile_kernels, sampler, sync))
+                m.update(energy_per_item(m, variant.items(req)))
                 self.write(
                     cell, "ok", st["started"],
                     compile_s=st["compile_s"], first_call_s=st["first_call_s"],

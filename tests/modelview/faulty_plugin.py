@@ -133,3 +133,17 @@ class FailsSecondTime(Backend):
             raise RuntimeError("fails in a later process")
         mark.write_text("seen")
         return Prepared(fn=ctx.module)
+
+
+@backend
+class DeviceOom(Backend):
+    """Runs out of device memory while compiling: an "oom" row, and the setting's next backends still run in the
+    same worker (on a GPU, after the failed attempt's memory is given back). Off a GPU the error is raised as torch
+    raises it; on one the allocation is real."""
+
+    name = "test_device_oom"
+
+    def prepare(self, ctx: Context) -> Prepared:
+        if ctx.device.type == "cuda":
+            torch.empty(1 << 50, dtype=torch.uint8, device=ctx.device)  # a petabyte
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1024.00 TiB (test)")

@@ -276,3 +276,30 @@ def test_cuda_sweep_times_with_events_and_records_gpu_metrics(db: str, fast: dic
         assert r["peak_mem_bytes"] > 0 and m["peak_mem_kind"] == "cuda_max_memory_allocated_over_before"
         if "nvml" not in m:  # NVML present: one window per backend
             assert m["sm_clock_mhz_mean"] > 0 and m["nvml_window_calls"] >= 1 and m["nvml_samples"] >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_oom_cell_is_a_row_and_the_sweep_goes_on_on_the_same_device(db: str, fast: dict, faulty: str) -> None:
+    res = sweep(variants=["test_tanh"], backends=["test_device_oom", "eager"], batch=[2, 4], seq_len=[3],
+                device=["cuda"], plugins=[faulty], db=db, progress=False, table=False, **fast)
+    with open_store(db) as s:
+        rows = s.rows(res.run_id)
+    by = {(r["backend"], r["batch"]): r for r in rows}
+    for batch in (2, 4):
+        assert by[("test_device_oom", batch)]["status"] == "oom", by[("test_device_oom", batch)]["error"]
+        ok = by[("eager", batch)]
+        assert ok["status"] == "ok" and json.loads(ok["metrics_json"])["clock"] == "cuda_events"
+        m = json.loads(ok["metrics_json"])
+        if m.get("energy_per_call_j"):
+            items = ok["throughput"] * ok["median_s"]  # per call
+            assert m["energy_per_item_j"] == pytest.approx(m["energy_per_call_j"] / items)
+
+
+def test_energy_per_item_divides_the_energy_per_call_by_the_cells_items() -> None:
+    from nnforge.modelview.worker import energy_per_item
+
+    assert energy_per_item({"energy_per_call_j": 0.3}, 96.0) == {"energy_per_item_j": pytest.approx(0.3 / 96)}
+    assert energy_per_item({"energy_per_call_j": None}, 96.0) == {}
+    assert energy_per_item({"nvml": "no samples"}, 96.0) == {}
+    assert energy_per_item({"energy_per_call_j": 0.3}, 0.0) == {}

@@ -112,3 +112,13 @@ def test_parent_memory_watchdog_kills_a_worker_over_its_resident_limit(tmp_path)
     outcome = run_worker(job, tmp_path, timeout_s=120, memory_mb=60, threads=1)
     assert outcome.status == "oom" and "exceeded the limit of 60 MiB" in outcome.error
     assert not (tmp_path / "env.json").exists()
+
+
+def test_a_device_oom_is_a_row_and_the_settings_next_backend_runs(db: str, fast: dict, faulty: str) -> None:
+    res = sweep(variants=["test_tanh"], backends=["test_device_oom", "eager"], batch=[2], seq_len=[3],
+                plugins=[faulty], db=db, progress=False, table=False, **fast)
+    rows = _rows(db, res.run_id)
+    assert rows[("test_tanh", "test_device_oom")]["status"] == "oom"
+    assert "CUDA out of memory" in rows[("test_tanh", "test_device_oom")]["error"]
+    assert rows[("test_tanh", "eager")]["status"] == "ok"
+    assert res.counts == {"oom": 1, "ok": 1}

@@ -132,7 +132,7 @@ def make_gpu(path: Path) -> str:
         for batch in (8, 64):
             throttle = ["sw_power_cap"] if (be == "eager" and batch == 64) else []
             gpu = {"sm_clock_mhz_mean": 1980.0 - 300 * bool(throttle), "power_w_mean": 250.0 + batch,
-                   "energy_per_call_j": 0.01 * batch, "throttle_reasons": throttle}
+                   "energy_per_call_j": 0.01 * batch, "energy_per_item_j": 0.01 / 64, "throttle_reasons": throttle}
             rows.append(cell_row(rid, "torch_lstm", be, batch, 64, 1e-3 * batch / (i + 1), metrics={"gpu": gpu}))
     bulk_insert(path, rows)
     return rid

@@ -105,6 +105,10 @@ def test_gpu_metrics_and_throttling(gpu_db: Path) -> None:
     assert sorted(v for t in clocks for v in t.y) == [1680.0, 1980.0, 1980.0, 1980.0]
     assert any("#d62728" in list(t.marker.color) for t in clocks)
     assert len(rep.throttled) == 1 and rep.throttled[0][1] == ["sw_power_cap"]
+    titles = [a.text for a in spec.figure.layout.annotations]
+    assert titles[-2:] == ["energy per call (J)", "energy per item (J)"]
+    per_item = [t for t in spec.figure.data if t.xaxis == "x4"]
+    assert per_item and all(v == pytest.approx(0.01 / 64) for t in per_item for v in t.y)
 
 
 def test_real_sweep_renders_every_chart(real_db: Path) -> None:

@@ -218,6 +218,7 @@ GPU_KEYS = {
     "sm_clock_mhz_mean": "SM clock (MHz)",
     "power_w_mean": "power (W)",
     "energy_per_call_j": "energy per call (J)",
+    "energy_per_item_j": "energy per item (J)",
 }
 
 
@@ -244,9 +245,11 @@ def gpu_bar_label(c: CellRow, groups: int) -> str:
 
 
 def gpu(cells: Sequence[CellRow]) -> FigureSpec:
-    """SM clock, power and energy per call per cell; throttled cells drawn red with the reasons in the hover, since
-    a throttled measurement is a measurement of the cooling, not of the code."""
-    title = "GPU metrics (clock, power, energy per call)"
+    """SM clock, power, energy per call and per item (a sequence, a vector: the unit of the cell's throughput) per
+    cell; throttled cells drawn red with the reasons in the hover, since a throttled measurement is a measurement of
+    the cooling, not of the code."""
+    title = "GPU metrics (clock, power, energy per call and per item)"
+    ncols = len(GPU_KEYS)
     rows = [(c, gpu_metrics_of(c)) for c in cells if c.ok]
     rows = [(c, m) for c, m in rows if any(k in m for k in GPU_KEYS)]
     if not rows:
@@ -255,7 +258,7 @@ def gpu(cells: Sequence[CellRow]) -> FigureSpec:
     note = f"{len(rows) - MAX_BARS} more cells not shown" if len(rows) > MAX_BARS else ""
     rows = rows[:MAX_BARS]
     fig = new_plot(base_layout(title, height=440, barmode="group"))
-    subplot_grid(fig["layout"], 1, 3, titles=list(GPU_KEYS.values()), horizontal_spacing=0.06)
+    subplot_grid(fig["layout"], 1, ncols, titles=list(GPU_KEYS.values()), horizontal_spacing=0.05)
     colors = backend_colors(c.backend for c, _ in rows)
     groups = len({c.group_label for c, _ in rows})
     throttled = sum(1 for _, m in rows if m.get("throttle_reasons"))
@@ -266,7 +269,7 @@ def gpu(cells: Sequence[CellRow]) -> FigureSpec:
                 per_be[c.backend].append((c, m))
         for be, sel in per_be.items():
             flags = [", ".join(m.get("throttle_reasons", [])) for _, m in sel]
-            ax = axis_suffix(1, j, 3)
+            ax = axis_suffix(1, j, ncols)
             fig["data"].append(dict(
                 type="bar",
                 xaxis="x" + ax,
@@ -281,7 +284,7 @@ def gpu(cells: Sequence[CellRow]) -> FigureSpec:
                 customdata=[[c.cell_key, f or "none"] for (c, _), f in zip(sel, flags)],
                 hovertemplate="%{x}<br>" + be + ": %{y:.4g}<br>throttle: %{customdata[1]}<extra></extra>",
             ))
-    for j in range(1, 4):
-        fig["layout"]["xaxis" + axis_suffix(1, j, 3)]["showticklabels"] = len(rows) <= 12
+    for j in range(1, ncols + 1):
+        fig["layout"]["xaxis" + axis_suffix(1, j, ncols)]["showticklabels"] = len(rows) <= 12
     flag = f"{throttled} cell(s) throttled (red)" if throttled else "no throttling recorded"
     return FigureSpec("gpu", title, fig, "; ".join(x for x in (flag, note) if x))
