@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes
+from .codegen.streams import PENDING, PREFETCH
 from .errors import ShapeError, TraceError, at, user_location
 from .ir.build import make, rebuild
 from .ir.node import Graph, Node, toposort
@@ -235,26 +236,42 @@ def loop(n: int, body: Callable) -> None:
     outer.effects.append(node)
 
 
-def Feeder(fn: Callable[[], Any], shape: Any, dtype: Any = dtypes.float32, name: str = "") -> Tensor:
-    """A host -> device input: ``fn()`` is called for a fresh array every time the node runs (every iteration)."""
+def _depth(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise TraceError(at(f"{what} must be a non-negative int, got {value!r}"))
+    return int(value)
+
+
+def Feeder(fn: Callable[[], Any], shape: Any, dtype: Any = dtypes.float32, name: str = "",
+           prefetch: int = PREFETCH) -> Tensor:
+    """A host -> device input: ``fn()`` is called for a fresh array every time the node runs (every iteration).
+
+    In an ``nf.loop`` a host thread calls ``fn`` up to ``prefetch`` iterations ahead, so the next batch is ready
+    when a step ends; exactly as many calls as iterations, in order. ``prefetch=0`` calls it when the step needs
+    it, on the loop's thread (also the case for any Feeder of a loop that has one with ``prefetch=0``).
+    """
     if not callable(fn):
         raise TraceError(at(f"Feeder: fn must be callable, got {type(fn).__name__}"))
     node = make(Op.FEEDER, (), {"fn": fn, "shape": tuple(int(d) for d in shape), "dtype": dtypes.as_dtype(dtype),
-                                "name": name})
+                                "name": name, "prefetch": _depth(prefetch, "Feeder: prefetch")})
     session().scope.effectful.add(id(node))
     return Tensor(node)
 
 
-def Receiver(fn: Callable[..., Any], tensors: Any, name: str = "") -> None:
+def Receiver(fn: Callable[..., Any], tensors: Any, name: str = "", pending: int = PENDING) -> None:
     """A device -> host output: ``fn(*arrays)`` receives the values each time the node runs.
 
-    At top level it runs on ``nf.execute()``; inside a loop body, on every iteration.
+    At top level it runs on ``nf.execute()``; inside a loop body, on every iteration. In an ``nf.loop`` a host
+    thread calls ``fn`` with copies, in iteration order, while the loop goes on; the loop waits when ``pending``
+    values are undelivered, and every delivery has happened when the loop returns. ``pending=0`` calls it on the
+    loop's thread (also the case for any Receiver of a loop that has one with ``pending=0``).
     """
     if not callable(fn):
         raise TraceError(at(f"Receiver: fn must be callable, got {type(fn).__name__}"))
     leaves, _ = flatten(list(tensors) if not isinstance(tensors, Tensor) else [tensors], _is_leaf)
     ts = _tensors(leaves, "Receiver")
-    node = make(Op.RECEIVER, tuple(t.node for t in ts), {"fn": fn, "name": name}, types=())
+    node = make(Op.RECEIVER, tuple(t.node for t in ts),
+                {"fn": fn, "name": name, "pending": _depth(pending, "Receiver: pending")}, types=())
     session().scope.effects.append(node)
 
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import DType, from_numpy
+from ..dtypes import DType
 from ..errors import NNForgeError, TraceError
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from ..trace import session
+from .streams import LoopStreams, deliver, fetch
 
 _HALF = (DType.float16, DType.bfloat16)
 
@@ -145,28 +146,17 @@ def _rand(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
 
 
 def _feeder(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    from ..interop.convert import to_numpy
-
-    name = node.attrs.get("name") or getattr(node.attrs["fn"], "__qualname__", "feeder")
-    value = to_numpy(node.attrs["fn"]())
-    shape = tuple(map(int, node.shape))
-    if tuple(value.shape) != shape:
-        raise NNForgeError(f"Feeder {name!r} (created at {node.loc}) expected shape {list(shape)}, "
-                           f"its function returned {list(value.shape)}")
-    try:
-        from_numpy(value.dtype)
-    except TypeError as e:
-        raise NNForgeError(f"Feeder {name!r} (created at {node.loc}): {e}") from None
-    if value.dtype != node.dtype.np:
-        if not np.can_cast(value.dtype, node.dtype.np, casting="same_kind"):
-            raise NNForgeError(f"Feeder {name!r} (created at {node.loc}) expected {node.dtype}, "
-                               f"its function returned {value.dtype}")
-        value = value.astype(node.dtype.np)
-    return np.ascontiguousarray(value)
+    io = ctx.streams.get(id(node))
+    return io.take(node) if io is not None else fetch(node)
 
 
 def _receiver(node: Node, args: list[np.ndarray], ctx: Interpreter) -> tuple:
-    node.attrs["fn"](*[np.array(a, copy=True) for a in args])
+    copies = [np.array(a, copy=True) for a in args]
+    io = ctx.streams.get(id(node))
+    if io is not None:
+        io.send(node, copies)
+    else:
+        deliver(node, copies)
     return ()
 
 
@@ -193,9 +183,17 @@ def _loop(node: Node, args: list[np.ndarray], ctx: Interpreter) -> tuple:
     n_state = a["n_state"]
     state, consts = list(args[:n_state]), list(args[n_state:])
     body: Graph = a["body"]
-    for i in range(int(a["length"])):
-        index = [np.asarray(i, dtype=np.int64)] if a["with_index"] else []
-        state = ctx.run(body, [*index, *state, *consts])
+    trips = int(a["length"])
+    # Feeders run ahead and Receivers behind, each on a thread of this run of the loop (see streams.py).
+    with LoopStreams(body, trips) as io:
+        try:
+            ctx.streams.update((id(n), io) for n in io.nodes)
+            for i in range(trips):
+                index = [np.asarray(i, dtype=np.int64)] if a["with_index"] else []
+                state = ctx.run(body, [*index, *state, *consts])
+        finally:
+            for n in io.nodes:
+                ctx.streams.pop(id(n), None)
     return tuple(state)
 
 
@@ -223,6 +221,7 @@ class Interpreter:
 
     def __init__(self, rng: np.random.Generator):
         self.rng = rng
+        self.streams: dict[int, LoopStreams] = {}  # id of a Feeder/Receiver in a running loop -> its threads
 
     def run(self, graph: Graph, inputs: Sequence[np.ndarray], memo: Any = None) -> list[Any]:
         """Outputs of ``graph``. ``memo`` maps top-level nodes computed before to their values (never bodies)."""

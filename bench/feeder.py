@@ -1,0 +1,138 @@
+"""A streamed training loop (nf.loop + nf.Feeder + nf.Receiver): Feeders prefetched on a thread vs called in step.
+
+The loop trains a small MLP regressor with Adam (nnforge.nn) for ``--steps`` steps. Each batch is made by the
+Feeder's function from raw int16 signal chunks, as a basecaller's reader would: widen to float32, normalise each
+read by its median and median absolute deviation, then take moving averages at four window lengths (cumulative
+sums) and the last ``--features`` samples of each. That is CPU-bound numpy work with no sleep in it; ``--io-ms``
+adds a ``time.sleep`` per batch standing for I/O latency (default 0: none). The Receiver logs each loss.
+
+"on" is the default (``prefetch=2``, ``pending=2``: batches made on a thread ahead of the step, losses delivered
+behind it); "off" is ``prefetch=0, pending=0`` (both called on the loop's thread when the step needs them, as
+before). Rounds alternate on, off, on, off, ... in one process; each times ``nf.execute()`` of a freshly traced
+loop from the same initial weights, and the two modes' losses are checked to be bit-identical. The ratio is
+off / on time (> 1: prefetching is faster). On a shared machine only these same-run ratios mean anything.
+
+The prefetch thread needs a free core: numpy's OpenBLAS starts one thread per core for the step's matrix
+products, so on a 2-core machine run it as ``OPENBLAS_NUM_THREADS=1 python bench/feeder.py`` too (the header
+prints the setting). Usage: ``python bench/feeder.py [--rounds 5] [--steps 60] [--io-ms 0]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+
+import nnforge as nf
+import nnforge.nn as nn
+from nnforge.nn import optim
+from nnforge.trace import fresh_session
+
+WINDOWS = (4, 16, 64, 256)
+
+
+class Reader:
+    """Raw int16 chunks (made once, as if read from disk) turned into (features | target) batches on demand."""
+
+    def __init__(self, batch: int, chunk: int, features: int, io_ms: float, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.raw = (rng.standard_normal((batch * 8, chunk)) * 120 + 450).astype(np.int16)
+        self.batch, self.features, self.io_s = batch, features, io_ms / 1e3
+        self.w_true = rng.standard_normal((len(WINDOWS) * features, 1)).astype(np.float32) / 8
+        self.calls = 0
+
+    def __call__(self) -> np.ndarray:
+        if self.io_s:
+            time.sleep(self.io_s)
+        start = (self.calls * self.batch) % len(self.raw)
+        self.calls += 1
+        x = self.raw[start:start + self.batch].astype(np.float32)
+        med = np.median(x, axis=1, keepdims=True)
+        mad = np.median(np.abs(x - med), axis=1, keepdims=True) + 1.0
+        x = (x - med) / mad
+        c = np.cumsum(x, axis=1)
+        feats = [(c[:, w:] - c[:, :-w])[:, -self.features:] / w for w in WINDOWS]
+        f = np.concatenate(feats, axis=1).astype(np.float32)
+        return np.concatenate([f, f @ self.w_true], axis=1)
+
+
+def run(args: argparse.Namespace, prefetch: int) -> tuple[float, list[float], float]:
+    """(seconds in nf.execute(), the losses, seconds spent making batches on whichever thread made them)."""
+    with fresh_session():
+        nf.manual_seed(0)
+        width = len(WINDOWS) * args.features
+        model = nn.Sequential(nn.Linear(width, args.hidden), nn.Tanh(), nn.Linear(args.hidden, args.hidden),
+                              nn.Tanh(), nn.Linear(args.hidden, 1))
+        opt = optim.Adam(model.parameters(), lr=1e-3)
+        reader = Reader(args.batch, args.chunk, args.features, args.io_ms)
+        made = [0.0]
+
+        def next_batch() -> np.ndarray:
+            t0 = time.perf_counter()
+            b = reader()
+            made[0] += time.perf_counter() - t0
+            return b
+
+        losses: list[float] = []
+
+        def step() -> None:
+            d = nf.Feeder(next_batch, shape=[args.batch, width + 1], name="batches", prefetch=prefetch)
+            loss = ((model(d[:, :width]) - d[:, width:]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            nf.Receiver(lambda v: losses.append(float(v)), [loss], name="losses", pending=prefetch)
+
+        nf.loop(args.steps, step)
+        t0 = time.perf_counter()
+        nf.execute()
+        return time.perf_counter() - t0, losses, made[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5, help="on/off pairs, interleaved")
+    ap.add_argument("--steps", type=int, default=60, help="loop iterations per run")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=4000, help="int16 samples per read in a batch")
+    ap.add_argument("--features", type=int, default=32, help="samples kept per moving average")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--io-ms", type=float, default=0.0, help="time.sleep per batch standing for I/O (0: none)")
+    args = ap.parse_args()
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}; "
+          f"{args.steps} steps of batch {args.batch} x {args.chunk} int16 samples, MLP "
+          f"{len(WINDOWS) * args.features}-{args.hidden}-{args.hidden}-1, Adam; I/O sleep {args.io_ms} ms/batch; "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    made: dict[str, list[float]] = {"on": [], "off": []}
+    want: list[float] | None = None
+    print(f"{'round':>5} {'on s':>7} {'off s':>7} {'off/on':>7}")
+    for r in range(args.rounds + 1):  # round 0 warms caches and the allocator; not counted
+        row = {}
+        for mode, prefetch in (("on", 2), ("off", 0)):
+            t, losses, m = run(args, prefetch)
+            if want is None:
+                want = losses
+            if losses != want:
+                raise SystemExit(f"prefetch={prefetch} changed the losses")
+            row[mode] = t
+            if r:
+                times[mode].append(t)
+                made[mode].append(m)
+        if r:
+            print(f"{r:5d} {row['on']:7.3f} {row['off']:7.3f} {row['off'] / row['on']:6.2f}x")
+    on, off = statistics.median(times["on"]), statistics.median(times["off"])
+    ratios = [b / a for a, b in zip(times["on"], times["off"])]
+    print(f"median: on {on:.3f} s, off {off:.3f} s ({off / args.steps * 1e3:.1f} ms/step off); "
+          f"median of per-round off/on ratios {statistics.median(ratios):.2f}x; "
+          f"batch making {statistics.median(made['off']) / args.steps * 1e3:.1f} ms/batch (off), "
+          f"{statistics.median(made['on']) / args.steps * 1e3:.1f} ms/batch (on, on the prefetch thread); "
+          f"losses identical in both modes, first {want[0]:.4f} last {want[-1]:.4f}")
+
+
+if __name__ == "__main__":
+    main()
