@@ -174,7 +174,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--width", type=int, default=96)
-    parser.add_argument("--batches", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--batches", type=int, nargs="*", default=[16, 64],
+                        help="inference batches (none: the training step only)")
     parser.add_argument("--samples", type=int, default=10_000)
     parser.add_argument("--train-samples", type=int, default=2_500)
     parser.add_argument("--train-batch", type=int, default=16)
