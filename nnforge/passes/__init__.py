@@ -12,6 +12,7 @@ from ..schedule import Target
 from .cse import cse
 from .dce import dce
 from .hoist import hoist
+from .products import sums_of_products
 from .reductions import hoist_reductions
 from .scans import merge_augmented_scans
 from .simplify import sigmoid_forms, simplify
@@ -39,6 +40,7 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         ("hoist_reductions", functools.partial(hoist_reductions, target=target)),
         ("hoist", functools.partial(hoist, target=target)),
         ("views_into_scans", views_into_scans),  # after hoist, which would lift the views back out
+        ("sums_of_products", sums_of_products),  # after hoist, which lifts a step's weight-gradient product out
         ("simplify", simplify),
         ("cse", cse),
         ("dce", dce),
