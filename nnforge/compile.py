@@ -35,7 +35,7 @@ from .passes import run_pipeline
 from .passes.rewrite import substitute
 from .passes.specialize import loop_length_symbols, specialize
 from .pytree import flatten, unflatten
-from .tensor import Tensor
+from .tensor import Tensor, adopt
 from .trace import scope, session
 
 log = logging.getLogger("nnforge.compile")
@@ -91,6 +91,7 @@ class CompiledFunction:
         self._warned_retrace = False
         self.loaded_from: str | None = None  # the file of a program loaded by nf.load (it cannot trace)
         self.captured: list[Tensor] = []      # a loaded program's own copies of the tensors it captured
+        self._loc = f"{getattr(fn, '__qualname__', 'function')} (compiled)"  # where written-back state comes from
         functools.update_wrapper(self, fn)
 
     @classmethod
@@ -150,7 +151,7 @@ class CompiledFunction:
         for ref, i in entry.state:
             t = ref()
             if t is not None:
-                t._rebind(Tensor(outs[i]).node)
+                t._rebind(adopt(outs[i], self._loc))
         outs = outs[:entry.n_out]
         as_torch = any(is_torch(v) for v in leaves)
         return unflatten(entry.out_def, [to_torch(o) if as_torch else o for o in outs])

@@ -576,6 +576,13 @@ def _data_node(data: Any, dtype: Any) -> Node:
     return make(Op.DATA, (), {"array": arr})
 
 
+def adopt(arr: np.ndarray, loc: str) -> Node:
+    """A DATA node over ``arr`` itself, made read-only, no copy and no stack walk: for arrays nnforge just produced
+    and nobody else holds (a compiled training step's updated parameters and optimizer state, every call)."""
+    arr.setflags(write=False)
+    return Node(Op.DATA, (), {"array": arr}, tuple(arr.shape), dtypes.from_numpy(arr.dtype), loc)
+
+
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
     """A tensor from a numpy array, a torch tensor, a nested list or a Python scalar."""
     if isinstance(data, Dim) and not requires_grad:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import nnforge as nf
+import nnforge.nn as nfnn
 from nnforge.ir.ops import Op
 
 from .scan_util import py_scan
@@ -289,3 +290,38 @@ def test_scan_length_from_a_size_and_the_length_used_outside_the_loop():
         np.testing.assert_allclose(f(np.ones(T), np.zeros(())), c, rtol=1e-15)
         total, flat = g(np.ones((T, 2)))
         assert total == T * (T - 1) and flat.shape == (2 * T,)
+
+
+def test_state_written_back_keeps_each_steps_values(backend: str, rng: np.random.Generator):
+    """Updated parameters and optimizer state are adopted without a copy: the arrays a step returned must not be
+    overwritten by later calls (the program's output memory is recycled only once nothing holds it)."""
+    w0 = rng.standard_normal((4, 3)).astype(np.float32)
+    w = nf.tensor(w0, requires_grad=True)
+    opt = nfnn.optim.Adam([w], lr=0.1)
+
+    @nf.compile(backend=backend)
+    def step(x):
+        opt.zero_grad()
+        loss = ((x @ w) ** 2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    xs = [rng.standard_normal((5, 4)).astype(np.float32) for _ in range(4)]
+    seen, copies = [], []
+    for x in xs:
+        step(x)
+        seen.append(w.numpy())
+        copies.append(w.numpy().copy())
+    assert not seen[-1].flags.writeable
+    for a, b in zip(seen, copies):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(copies[0], copies[-1])
+    # and the same steps eagerly, from the same start
+    w2 = nf.tensor(w0, requires_grad=True)
+    opt2 = nfnn.optim.Adam([w2], lr=0.1)
+    for x in xs:
+        opt2.zero_grad()
+        ((x @ w2) ** 2).sum().backward()
+        opt2.step()
+    np.testing.assert_allclose(w2.numpy(), copies[-1], rtol=1e-5, atol=1e-6)
