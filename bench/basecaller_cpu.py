@@ -30,6 +30,7 @@ import torch
 
 import nnforge as nf
 import nnforge.nn as nn
+from nnforge.demo import compiled_step
 from nnforge.nn import optim
 
 LAYERS = 5
@@ -142,13 +143,7 @@ def training(width: int, batch: int, samples: int, rounds: int, calls: int, rng:
     S = samples // 50
     tg, il, tl = rng.integers(1, 5, (batch, S)), np.full(batch, samples // 5), np.full(batch, S)
 
-    @nf.compile(backend="cpu")
-    def step(x, tg, il, tl):
-        opt.zero_grad()
-        loss = nn.functional.ctc_loss(model(x), tg, il, tl)
-        loss.backward()
-        opt.step()
-        return loss
+    step = compiled_step(model, opt, "cpu")
 
     targs = [torch.from_numpy(a) for a in (x, tg, il, tl)]
 

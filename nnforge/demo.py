@@ -96,13 +96,9 @@ def torch_steps_per_s(batches: list, hidden: int, layers: int, stride: int) -> f
     return len(batches) / (time.perf_counter() - start)
 
 
-def train(steps: int = 150, batch: int = 16, samples: int = 300, bases: int = 20, hidden: int = 32,
-          layers: int = 2, log_every: int = 25, backend: str = "cpu", compare_torch: bool = True) -> list[float]:
-    """Train the basecaller with a compiled step; returns the loss of every step."""
-    nf.manual_seed(0)
-    rng = np.random.default_rng(0)
-    model = Basecaller(hidden, layers)
-    opt = nn.optim.Adam(model.parameters(), lr=3e-3)
+def compiled_step(model: nn.Module, opt: nn.optim.Optimizer, backend: str = "cpu") -> nf.CompiledFunction:
+    """The whole training step — forward, CTC loss, backprop through time, the optimizer's update — as one
+    compiled program taking (signal, targets, input_lengths, target_lengths) and returning the loss."""
 
     @nf.compile(backend=backend)
     def train_step(signal, targets, input_lengths, target_lengths):
@@ -112,6 +108,18 @@ def train(steps: int = 150, batch: int = 16, samples: int = 300, bases: int = 20
         opt.step()
         return loss
 
+    return train_step
+
+
+def train(steps: int = 150, batch: int = 16, samples: int = 300, bases: int = 20, hidden: int = 32,
+          layers: int = 2, log_every: int = 25, backend: str = "cpu", compare_torch: bool = True) -> list[float]:
+    """Train the basecaller with a compiled step; returns the loss of every step."""
+    nf.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = Basecaller(hidden, layers)
+    opt = nn.optim.Adam(model.parameters(), lr=3e-3)
+
+    train_step = compiled_step(model, opt, backend)
     batches = [synthetic_reads(rng, batch, samples, bases) for _ in range(steps)]
     start = time.perf_counter()
     losses = [float(train_step(*batches[0]))]

@@ -50,21 +50,11 @@ CHILD = textwrap.dedent("""
 
 def _model_and_step(backend: str, hidden: int = 8):
     """A small basecaller's training step: strided conv, LSTM layers of alternating direction, CTC, Adam."""
-    from nnforge.demo import Basecaller
+    from nnforge.demo import Basecaller, compiled_step
 
     nf.manual_seed(3)
     model = Basecaller(hidden, 2)
-    opt = nn.optim.Adam(model.parameters(), lr=3e-3)
-
-    @nf.compile(backend=backend)
-    def train_step(signal, targets, input_lengths, target_lengths):
-        opt.zero_grad()
-        loss = nn.functional.ctc_loss(model(signal), targets, input_lengths, target_lengths)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return model, train_step
+    return model, compiled_step(model, nn.optim.Adam(model.parameters(), lr=3e-3), backend)
 
 
 def _batches(rng: np.random.Generator, steps: int, batch: int = 4):
