@@ -9,10 +9,11 @@ from collections.abc import Callable, Sequence
 from ..ir.node import Graph
 from ..ir.verify import verify
 from ..schedule import Target
+from .biases import biases_into_scans
 from .cse import cse
 from .dce import dce
 from .hoist import hoist
-from .products import sums_of_products
+from .products import shared_weight_products, sums_of_products
 from .reductions import hoist_reductions
 from .scans import merge_augmented_scans
 from .simplify import sigmoid_forms, simplify
@@ -39,7 +40,9 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         # work hoist lifts out
         ("hoist_reductions", functools.partial(hoist_reductions, target=target)),
         ("hoist", functools.partial(hoist, target=target)),
+        ("shared_weight_products", shared_weight_products),  # after hoist, which makes some of them
         ("views_into_scans", views_into_scans),  # after hoist, which would lift the views back out
+        ("biases_into_scans", functools.partial(biases_into_scans, target=target)),  # after hoist, likewise
         ("sums_of_products", sums_of_products),  # after hoist, which lifts a step's weight-gradient product out
         ("simplify", simplify),
         ("cse", cse),

@@ -1,4 +1,6 @@
-"""``sums_of_products``: a sum over the batch axes of a batched matrix product becomes one matrix product.
+"""Batched matrix products that are one GEMM: ``sums_of_products`` and ``shared_weight_products``.
+
+``sums_of_products``: a sum over the batch axes of a batched matrix product becomes one matrix product.
 
 Why: the gradient of a weight shared by every step of a sequence (``y = x @ W`` with ``x`` [T, N, K], W
 broadcast over T) comes out of autodiff as ``sum_t x_tᵀ @ g_t``: a batched product with a contraction of only N
@@ -6,6 +8,11 @@ broadcast over T) comes out of autodiff as ``sum_t x_tᵀ @ g_t``: a batched pro
 read back to be summed. The same value is ``x_flatᵀ @ g_flat`` with the time axis folded into the contraction
 (K = T * N): one GEMM at full efficiency, nothing stacked. It reassociates float sums, so it runs with the
 compiled-code passes only (``pipeline``), not for the reference interpreter.
+
+``shared_weight_products``: ``x @ W`` with x [T, N, K] and W broadcast over T (traced as a batched product with
+an expanded right operand) becomes ``reshape(x_flat @ W, [T, N, M])``, one GEMM of T * N rows and a view of its
+result — the form in which a row-split loop that reads the projection computes it a chunk of steps at a time
+(``codegen/c/chunks.py``). Exact: every element is the same sum in the same order.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import math
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
-from .rewrite import substitute
+from .rewrite import rewrite_top
 
 
 def sums_of_products(graph: Graph) -> Graph:
@@ -23,22 +30,23 @@ def sums_of_products(graph: Graph) -> Graph:
     ``A' @ C'`` with A' [m, B * k] and C' [B * k, n] (reshaped to keep the summed axes where ``keepdims``);
     top-level nodes only (loop bodies hold per-step products)."""
     us = users(graph.order)
-    mapping: dict[int, Node] = {}
-    for n in graph.order:
+
+    def rule(n: Node, original: Node) -> Node | None:
         if n.op != Op.SUM:
-            continue
+            return None
         p = n.srcs[0]
         b = p.ndim - 2
         if p.op != Op.MATMUL or b < 1 or tuple(sorted(n.attrs["axes"])) != tuple(range(b)):
-            continue
+            return None
         a, c = p.srcs
-        if a.ndim != p.ndim or c.ndim != p.ndim or len(us.get(id(p), [])) != 1:
-            continue
+        if a.ndim != p.ndim or c.ndim != p.ndim or len(us.get(id(original.srcs[0]), [])) != 1:
+            return None
         folded = _folded(a, c, b, n.loc)
         if n.attrs.get("keepdims"):  # [1, ..., m, n], as autodiff's sum over broadcast axes asks
             folded = make(Op.RESHAPE, (folded,), {"shape": tuple(n.shape)}, loc=n.loc)
-        mapping[id(n)] = folded
-    return substitute(graph, mapping) if mapping else graph
+        return folded
+
+    return rewrite_top(graph, rule)
 
 
 def _folded(a: Node, c: Node, b: int, loc: str) -> Node:
@@ -54,3 +62,23 @@ def _folded(a: Node, c: Node, b: int, loc: str) -> Node:
         left = make(Op.RESHAPE, (moved,), {"shape": (m, batch * k)}, loc=loc)
     right = make(Op.RESHAPE, (c,), {"shape": (batch * k, n)}, loc=loc)
     return make(Op.MATMUL, (left, right), loc=loc)
+
+
+def shared_weight_products(graph: Graph) -> Graph:
+    """Rewrite ``A @ expand(W)`` (A [*B, m, k], W with batch axes of size 1) as a 2-D product of A's rows and a
+    view; top-level nodes only."""
+
+    def rule(n: Node, original: Node) -> Node | None:
+        if n.op != Op.MATMUL or n.ndim < 3:
+            return None
+        a, r = n.srcs
+        if a.ndim != n.ndim or r.op != Op.EXPAND or any(int(d) != 1 for d in r.srcs[0].shape[:-2]):
+            return None
+        batch = math.prod(a.shape[:-1])
+        k, m = r.shape[-2], r.shape[-1]
+        rows = make(Op.RESHAPE, (a,), {"shape": (batch, a.shape[-1])}, loc=n.loc)
+        w = make(Op.RESHAPE, (r.srcs[0],), {"shape": (k, m)}, loc=n.loc)
+        flat = make(Op.MATMUL, (rows, w), loc=n.loc)
+        return make(Op.RESHAPE, (flat,), {"shape": tuple(n.shape)}, loc=n.loc)
+
+    return rewrite_top(graph, rule)

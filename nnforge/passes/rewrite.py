@@ -35,6 +35,22 @@ def substitute(graph: Graph, mapping: Mapping[int, Node], attrs_fn: Callable[[No
                  [new[id(e)] for e in graph.effects])
 
 
+def rewrite_top(graph: Graph, rule: Callable[[Node, Node], Node | None]) -> Graph:
+    """Apply ``rule(node, original)`` to the top-level nodes in topological order, each ``node`` rebuilt on its
+    rewritten sources (``original`` is the node of ``graph``, for lookups made on it, such as its readers); a
+    replacement's own sources are rewritten ones too. Returns ``graph`` itself when nothing changes."""
+    new: dict[int, Node] = {}
+    for n in graph.order:
+        srcs = tuple(new.get(id(s), s) for s in n.srcs)
+        node = n if srcs == n.srcs else rebuild(n, srcs)
+        out = rule(node, n) if n.op != Op.INPUT else None
+        new[id(n)] = out if out is not None else node
+    if all(new[id(n)] is n for n in graph.order):
+        return graph
+    return Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
+                 [new[id(e)] for e in graph.effects])
+
+
 def map_nodes(graph: Graph, rule: Callable[[Node], Node | None], max_rounds: int = 8) -> Graph:
     """Apply ``rule`` bottom-up (each node sees rewritten sources; None keeps it), bodies included, until a round
     changes nothing. Rewriting a body re-creates its scan/loop node with the new body."""

@@ -58,6 +58,8 @@ def find_deferred(low: Lowering, graph: Graph, g: Grouping) -> dict[int, Deferre
                 continue
             if [u for u in us.get(id(root), [])] != [view] or [u for u in us.get(id(view), [])] != [n]:
                 continue
+            if symbol_name(view.shape[0]) is None:  # a length derived from others (a strided conv's output):
+                continue                            # the chunk's GEMM could not be given its step count
             if id(root) in outs or id(view) in outs or sum(s is view for s in n.srcs) != 1:
                 continue
             if int(p.shape[0]) != int(view.shape[0]) * int(view.shape[1]):
