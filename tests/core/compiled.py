@@ -157,3 +157,27 @@ class Groups:
         for m, r in zip(grouped, results):
             out[m.key] = list(r)
         return out
+
+
+def on_backend(fn: Callable, backend: str) -> Callable:
+    """``fn`` the way ``backend``'s part of the test matrix runs it: called eagerly on the reference backend (the
+    eager API runs on the reference interpreter, as test_ops.py's reference cases do), compiled for any other
+    backend (``run_compiled``: numpy outputs, ``Fallback`` when the interpreter ran it instead)."""
+    if backend == "reference":
+        return fn
+    return lambda *args: run_compiled(fn, args, backend)
+
+
+def expect_fallback(reason: str | None, check: Callable[[], Any]) -> Any:
+    """Runs ``check``. ``reason`` None: as is (a ``Fallback`` fails the test). Otherwise the case is listed as
+    known to run on the interpreter (float16 on ``cpu``): it must raise ``Fallback``, and the test is skipped with
+    its message (a skip, as in test_ops.py); a listed case that runs compiled fails, so the list stays true."""
+    import pytest
+
+    if reason is None:
+        return check()
+    try:
+        check()
+    except Fallback as e:
+        pytest.skip(f"not compiled: {e}")
+    pytest.fail(f"ran compiled although listed as falling back ({reason}): update the list")
