@@ -76,6 +76,8 @@ def _is_static(x: Any) -> bool:
 class CompiledFunction:
     """A function traced and compiled per input signature. Call it with numpy arrays or torch tensors."""
 
+    loaded_from: str | None = None  # the file of a program ``nf.load`` rebuilt (``saving.LoadedFunction``)
+
     def __init__(self, fn: Callable, backend: str = "reference"):
         from .codegen import BACKENDS
 
@@ -89,24 +91,8 @@ class CompiledFunction:
         self._entries: list[_Entry] = []
         self._vjps: dict[tuple, CompiledFunction] = {}
         self._warned_retrace = False
-        self.loaded_from: str | None = None  # the file of a program loaded by nf.load (it cannot trace)
-        self.captured: list[Tensor] = []      # a loaded program's own copies of the tensors it captured
         self._loc = f"{getattr(fn, '__qualname__', 'function')} (compiled)"  # where written-back state comes from
         functools.update_wrapper(self, fn)
-
-    @classmethod
-    def loaded(cls, name: str, backend: str, entries: list[_Entry], vjps: dict[tuple, CompiledFunction],
-               captured: list[Tensor], path: str) -> CompiledFunction:
-        """A function rebuilt by ``nf.load``: its saved signatures and programs, no Python function to trace."""
-
-        def untraceable(*args: Any, **kwargs: Any) -> Any:
-            raise TraceError(f"{name} was loaded from {path}: it runs the signatures it was saved with "
-                             f"and cannot be traced inside another function")
-
-        untraceable.__qualname__ = untraceable.__name__ = name
-        cf = cls(untraceable, backend)
-        cf._entries, cf._vjps, cf.captured, cf.loaded_from = entries, vjps, captured, path
-        return cf
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the traced signatures and built programs to ``path``; ``nf.load(path)`` runs them in another
@@ -159,10 +145,6 @@ class CompiledFunction:
     def vjp_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
         """The compiled pullback used by torch autograd (``interop.autograd``), one per argument structure."""
         key = (treedef, n_leaves, diff)
-        if key not in self._vjps and self.loaded_from is not None:
-            raise TraceError(f"{_name(self.fn)} was loaded from {self.loaded_from} without the gradient program "
-                             "torch autograd needs for these inputs: before saving, run one backward pass "
-                             "through it with the same tensors requiring grad")
         if key not in self._vjps:
             fn = vjp_function(self.fn, treedef, n_leaves, diff)
             fn.__qualname__ = f"{_name(self.fn)}.vjp"
@@ -191,26 +173,25 @@ class CompiledFunction:
         leaves, treedef, arrays, statics = self._split(args, kwargs)
         dts = tuple(None if a is None else a.dtype.str for a in arrays)
         shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
-        # A tensor frozen or unfrozen since a trace changes what is read at call time and what is baked in, and
-        # whether its gradient is taken: those traces are dropped.
-        epoch = session().grad_epoch
-        if self.loaded_from is None:  # a loaded program's captured tensors are its own: its traces stand
-            self._entries = [e for e in self._entries if e.epoch == epoch]
+        self._drop_stale_entries()
         entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics)), None)
-        if entry is None and self.loaded_from is not None:
-            from .saving import describe
-
-            saved = "; ".join(describe(e.dtypes, e.shapes, e.generic) for e in self._entries)
-            raise TraceError(f"{_name(self.fn)} was loaded from {self.loaded_from} and runs only the signatures it "
-                             f"was saved with: {saved} (a{{i}}.{{axis}}: a size that may change); it was called "
-                             f"with {describe(dts, shapes, frozenset())}. Call the saved function on these inputs "
-                             "before saving it, or compile it again")
         if entry is None:
-            self._explain_retrace(treedef, dts, shapes, statics)
-            entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
-            entry.epoch = session().grad_epoch
+            entry = self._on_miss(leaves, treedef, arrays, dts, shapes, statics)
             self._entries.append(entry)
         return leaves, arrays, shapes, entry
+
+    def _drop_stale_entries(self) -> None:
+        """A tensor frozen or unfrozen since a trace changes what is read at call time and what is baked in, and
+        whether its gradient is taken: those traces are dropped."""
+        epoch = session().grad_epoch
+        self._entries = [e for e in self._entries if e.epoch == epoch]
+
+    def _on_miss(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
+        """No cached signature matches: trace (saying why when only sizes differ from an earlier trace)."""
+        self._explain_retrace(treedef, dts, shapes, statics)
+        entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
+        entry.epoch = session().grad_epoch
+        return entry
 
     def _explain_retrace(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> None:
         """A trace that differs from an earlier one only in input sizes says which sizes and why (a Python loop
@@ -228,7 +209,7 @@ class CompiledFunction:
         log.info(msg)
         if not self._warned_retrace:
             self._warned_retrace = True
-            warnings.warn(msg, stacklevel=4)
+            warnings.warn(msg, stacklevel=5)  # the caller of __call__ / trace, through _lookup and _on_miss
 
     def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         self.trace_count += 1

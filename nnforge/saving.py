@@ -29,16 +29,14 @@ import weakref
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .errors import NNForgeError
+from .compile import CompiledFunction
+from .errors import NNForgeError, TraceError
 from .ir.node import Graph, Node
 from .ir.ops import Op
-
-if TYPE_CHECKING:
-    from .compile import CompiledFunction
 
 log = logging.getLogger("nnforge.saving")
 
@@ -322,7 +320,7 @@ def load(path: str | os.PathLike) -> CompiledFunction:
         return CProgram(graph, lib, key, p.sizes, p.data, p.listing, source=source)
 
     def function(s: SavedFunction) -> CompiledFunction:
-        from .compile import CompiledFunction, _Entry
+        from .compile import _Entry
 
         entries = []
         for e in s.entries:
@@ -335,9 +333,41 @@ def load(path: str | os.PathLike) -> CompiledFunction:
                                   e.out_def, [weakref.ref(captured[i]) for i in e.implicit],
                                   [(weakref.ref(captured[i]), k) for i, k in e.state], e.n_out, programs))
         vjps = {k: function(v) for k, v in s.vjps}
-        return CompiledFunction.loaded(s.name, s.backend, entries, vjps, captured, str(path))
+        return LoadedFunction(s.name, s.backend, entries, vjps, captured, str(path))
 
     return function(record)
+
+
+class LoadedFunction(CompiledFunction):
+    """A compiled function rebuilt by ``load``: its saved signatures, programs and gradient programs, and its own
+    copies of the tensors it captured (``captured``). There is no Python function: it never traces."""
+
+    def __init__(self, name: str, backend: str, entries: list, vjps: dict, captured: list, path: str):
+        def untraceable(*args: Any, **kwargs: Any) -> Any:
+            raise TraceError(f"{name} was loaded from {path}: it runs the signatures it was saved with and cannot be "
+                             "traced inside another function")
+
+        untraceable.__qualname__ = untraceable.__name__ = name
+        super().__init__(untraceable, backend)
+        self._entries, self._vjps, self.captured, self.loaded_from = entries, vjps, captured, path
+
+    def _drop_stale_entries(self) -> None:
+        pass  # the captured tensors are the program's own: freezing the caller's tensors changes nothing here
+
+    def _on_miss(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> Any:
+        saved = "; ".join(describe(e.dtypes, e.shapes, e.generic) for e in self._entries)
+        raise TraceError(f"{self.__qualname__} was loaded from {self.loaded_from} and runs only the signatures it "
+                         f"was saved with: {saved} (a{{i}}.{{axis}}: a size that may change); it was called with "
+                         f"{describe(dts, shapes, frozenset())}. Call the saved function on these inputs before "
+                         "saving it, or compile it again")
+
+    def vjp_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
+        key = (treedef, n_leaves, diff)
+        if key not in self._vjps:
+            raise TraceError(f"{self.__qualname__} was loaded from {self.loaded_from} without the gradient program "
+                             "torch autograd needs for these inputs: before saving, run one backward pass through "
+                             "it with the same tensors requiring grad")
+        return self._vjps[key]
 
 
 def _tensor(t: SavedTensor) -> Any:

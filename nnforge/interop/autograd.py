@@ -61,8 +61,8 @@ def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
                  if isinstance(v, torch.Tensor) and v.requires_grad and v.is_floating_point())
     detached = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
     out_def: list = []
-    if cf.loaded_from is not None:
-        cf.vjp_program(treedef, len(detached), diff)  # a loaded program without one says so now, not in backward
+    if cf.loaded_from is not None:  # a loaded program without its gradient program says so now, not in backward
+        cf.vjp_program(treedef, len(detached), diff)
 
     class NnforgeCompiled(torch.autograd.Function):  # grad_fn prints as NnforgeCompiledBackward
         @staticmethod
