@@ -11,40 +11,43 @@ from ..ir.ops import Op
 
 def substitute(graph: Graph, mapping: Mapping[int, Node], attrs_fn: Callable[[Node], dict | None] | None = None,
                types_fn: Callable[[Node], tuple | None] | None = None) -> Graph:
-    """A copy of ``graph`` with nodes replaced per ``mapping`` (id -> node) and users rebuilt.
+    """A copy of ``graph`` with nodes replaced per ``mapping`` (id -> node, used as given) and users rebuilt.
 
     ``attrs_fn``/``types_fn`` may return new attrs/types for any node (None keeps them); inputs are rebuilt too
     when they change. Returns ``graph`` itself when nothing changes, so passes can tell.
     """
     if not mapping and attrs_fn is None and types_fn is None:
         return graph
-    new: dict[int, Node] = dict(mapping)
-    for n in graph.order:
-        if id(n) in new:
-            continue
-        srcs = tuple(new.get(id(s), s) for s in n.srcs)
+
+    def step(n: Node, srcs: tuple[Node, ...]) -> Node:
+        if id(n) in mapping:
+            return mapping[id(n)]
         attrs = attrs_fn(n) if attrs_fn else None
         types = types_fn(n) if types_fn else None
-        if srcs == n.srcs and attrs is None and types is None:
-            new[id(n)] = n
-        else:
-            new[id(n)] = rebuild(n, srcs, attrs, types)
-    if all(new[id(n)] is n for n in graph.order):
-        return graph
-    return Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
-                 [new[id(e)] for e in graph.effects])
+        return n if srcs == n.srcs and attrs is None and types is None else rebuild(n, srcs, attrs, types)
+
+    return _rebuilt(graph, step)
 
 
 def rewrite_top(graph: Graph, rule: Callable[[Node, Node], Node | None]) -> Graph:
     """Apply ``rule(node, original)`` to the top-level nodes in topological order, each ``node`` rebuilt on its
-    rewritten sources (``original`` is the node of ``graph``, for lookups made on it, such as its readers); a
-    replacement's own sources are rewritten ones too. Returns ``graph`` itself when nothing changes."""
-    new: dict[int, Node] = {}
-    for n in graph.order:
-        srcs = tuple(new.get(id(s), s) for s in n.srcs)
+    rewritten sources (``original`` is the node of ``graph``, for lookups made on it, such as its readers); unlike
+    ``substitute``, a replacement's own sources are rewritten ones too. Returns ``graph`` itself when nothing
+    changes."""
+
+    def step(n: Node, srcs: tuple[Node, ...]) -> Node:
         node = n if srcs == n.srcs else rebuild(n, srcs)
         out = rule(node, n) if n.op != Op.INPUT else None
-        new[id(n)] = out if out is not None else node
+        return node if out is None else out
+
+    return _rebuilt(graph, step)
+
+
+def _rebuilt(graph: Graph, step: Callable[[Node, tuple[Node, ...]], Node]) -> Graph:
+    """``graph`` with every node replaced by ``step(node, its sources' replacements)``, in topological order."""
+    new: dict[int, Node] = {}
+    for n in graph.order:
+        new[id(n)] = step(n, tuple(new.get(id(s), s) for s in n.srcs))
     if all(new[id(n)] is n for n in graph.order):
         return graph
     return Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
