@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from .lower import GraphCtx, Lowering
 
 
-
 @dataclass(frozen=True)
 class Deferred:
     """A top-level GEMM kernel (``p``, with the elementwise ``root`` as its epilogue) whose only reader is the
