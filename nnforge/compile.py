@@ -29,11 +29,12 @@ from .errors import NNForgeError, TraceError, at
 from .interop.autograd import call_with_autograd, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import baked_symbols, sym
+from .ir.lengths import loop_length_symbols
 from .ir.node import Graph, Node, toposort
 from .ir.ops import Op
 from .passes import run_pipeline
 from .passes.rewrite import substitute
-from .passes.specialize import loop_length_symbols, specialize
+from .passes.specialize import specialize
 from .pytree import flatten, unflatten
 from .tensor import Tensor, adopt
 from .trace import scope, session

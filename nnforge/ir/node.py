@@ -15,6 +15,7 @@ from typing import Any
 
 from ..dtypes import DType
 from .ops import Op
+from .printer import format_graph
 
 Shape = tuple[int, ...]
 
@@ -66,8 +67,6 @@ class Graph:
         return toposort(self.outputs + self.effects, self.inputs)
 
     def __repr__(self) -> str:
-        from .printer import format_graph
-
         return format_graph(self)
 
 

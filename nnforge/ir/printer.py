@@ -6,13 +6,16 @@ this text before and after a pass.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .dims import Dim, symbol_name
-from .node import Graph, Node
+from .lengths import loop_length_symbols
 from .ops import Op
+
+if TYPE_CHECKING:  # node imports this module for Graph.__repr__
+    from .node import Graph, Node
 
 
 def render(d: int, names: dict[str, str] | None = None) -> str:
@@ -50,8 +53,6 @@ def _fmt_attr(key: str, value: Any, names: dict[str, str]) -> str | None:
 
 def format_graph(graph: Graph, indent: str = "", name: str = "graph", sizes: dict[str, str] | None = None) -> str:
     if sizes is None:
-        from ..passes.specialize import loop_length_symbols
-
         syms = sorted(loop_length_symbols(graph))
         sizes = {s: "T" if i == 0 else f"T{i}" for i, s in enumerate(syms)}
     names: dict[int, str] = {}

@@ -4,22 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..ir.dims import free_symbols, substitute
+from ..ir.build import make
+from ..ir.dims import substitute
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from .rewrite import substitute as rewrite
-
-
-def loop_length_symbols(graph: Graph) -> set[str]:
-    """Symbols that decide a scan's or loop's trip count, in this graph or nested bodies."""
-    out: set[str] = set()
-    for n in graph.order:
-        if n.op in (Op.SCAN, Op.LOOP):
-            out |= free_symbols(n.attrs["length"])
-            if n.op == Op.SCAN and n.attrs["n_xs"]:
-                out |= free_symbols(n.srcs[n.attrs["n_carry"]].shape[0])
-            out |= loop_length_symbols(n.attrs["body"])
-    return out
 
 
 def specialize(graph: Graph, env: Mapping[str, int]) -> Graph:
@@ -45,6 +34,4 @@ def specialize(graph: Graph, env: Mapping[str, int]) -> Graph:
 
 
 def _input(n: Node, env: Mapping[str, int]) -> Node:
-    from ..ir.build import make
-
     return make(Op.INPUT, (), {**n.attrs, "shape": substitute(n.attrs["shape"], env)}, loc=n.loc)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...ir.lengths import loop_length_symbols
 from ...ir.node import Graph
-from ...passes.specialize import loop_length_symbols
 from .cexpr import Sizes, Unsupported
 from .gemm import GemmConfig
 from .lower import KernelInfo, Lowering
