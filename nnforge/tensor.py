@@ -210,7 +210,7 @@ class Tensor:
 
     def backward(self, gradient: Tensor | None = None) -> None:
         """Accumulate d(self)/d(leaf) into ``.grad`` of every reachable tensor created with requires_grad=True."""
-        from .autodiff.api import backward
+        from .differentiate import backward
 
         backward(self, gradient)
 

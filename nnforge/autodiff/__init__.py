@@ -1,6 +1,9 @@
-"""Reverse-mode autodiff over the IR."""
+"""Reverse-mode autodiff over the IR: ``gradients`` of nodes w.r.t. nodes, scans included.
 
-from .api import backward, grad, value_and_grad, vjp
-from .grad import gradients
+Works on nodes only (vjp rules come from ``nnforge.ir.registry``); the user-facing ``grad``/``vjp`` live in
+``nnforge.differentiate``.
+"""
 
-__all__ = ["backward", "grad", "gradients", "value_and_grad", "vjp"]
+from .grad import fresh, gradients, inline, scan_vjp
+
+__all__ = ["fresh", "gradients", "inline", "scan_vjp"]

@@ -4,6 +4,10 @@ The backward of a scan is another scan, run in the opposite direction. The forwa
 stack the carry each step starts from (and the random numbers it drew); the backward body re-runs one step
 from that carry and pulls the cotangents through it. Only carries are stored, never a step's internals: a
 step's activations are recomputed, which keeps memory at O(T x carry).
+
+Everything here is nodes: the per-op rules (``nnforge.ir.registry.VJP``) build IR with ``nnforge.ir.builders``
+and the reversed scan is built with ``nnforge.ir.loops``, so the gradient graph is differentiable again by the
+same code and nothing depends on the frontend.
 """
 
 from __future__ import annotations
@@ -11,16 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import TraceError
+from ..ir import builders as b
 from ..ir.build import make, rebuild
+from ..ir.loops import placeholder, scan_node
 from ..ir.node import Graph, Node, toposort
 from ..ir.ops import Op
-from ..tensor import Tensor, full
-from .rules import NO_GRAD, VJP
+from ..ir.registry import VJP
 
 
-def _fresh(t: Tensor) -> Tensor:
+def fresh(node: Node) -> Node:
     """A distinct node with the same value, so gradients w.r.t. it count only the paths through it."""
-    return Tensor(make(Op.RESHAPE, (t.node,), {"shape": t.shape}))
+    return make(Op.RESHAPE, (node,), {"shape": node.shape})
 
 
 def inline(graph: Graph, inputs: Sequence[Node], replace: dict[int, Node] | None = None) -> list[Node]:
@@ -35,7 +40,7 @@ def inline(graph: Graph, inputs: Sequence[Node], replace: dict[int, Node] | None
     return [mapping[id(o)] for o in graph.outputs]
 
 
-def gradients(outputs: Sequence[Node], cotangents: Sequence[Tensor], wrt: Sequence[Node]) -> list[Tensor | None]:
+def gradients(outputs: Sequence[Node], cotangents: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
     """d(sum_i <outputs_i, cotangents_i>)/d(wrt_j) for each j; None where ``wrt_j`` does not reach the outputs."""
     order = toposort(outputs)
     wrt_ids = {id(w) for w in wrt}
@@ -43,27 +48,26 @@ def gradients(outputs: Sequence[Node], cotangents: Sequence[Tensor], wrt: Sequen
     for n in order:
         if id(n) in wrt_ids or any(id(s) in reach for s in n.srcs):
             reach.add(id(n))
-    grads: dict[int, Tensor] = {}
-    multi: dict[int, list[Tensor | None]] = {}
+    grads: dict[int, Node] = {}
+    multi: dict[int, list[Node | None]] = {}
 
-    def add(node: Node, g: Tensor) -> None:
+    def add(node: Node, g: Node) -> None:
         if id(node) not in reach or node.dtype is None or not node.dtype.is_float:
             return
-        if g.dtype != node.dtype:
-            g = g.cast(node.dtype)
-        grads[id(node)] = g if id(node) not in grads else grads[id(node)] + g
+        g = b.cast(g, node.dtype)
+        grads[id(node)] = g if id(node) not in grads else b.add(grads[id(node)], g)
 
     for o, c in zip(outputs, cotangents):
         add(o, c)
     for n in reversed(order):
-        if id(n) not in reach or n.op in NO_GRAD:
+        if id(n) not in reach:
             continue
         if n.op == Op.PROJ:
             g = grads.get(id(n))
             if g is not None:
                 slot = multi.setdefault(id(n.srcs[0]), [None] * len(n.srcs[0].types))
                 i = n.attrs["index"]
-                slot[i] = g if slot[i] is None else slot[i] + g
+                slot[i] = g if slot[i] is None else b.add(slot[i], g)
             continue
         if n.op == Op.SCAN:
             cts = multi.get(id(n))
@@ -74,29 +78,23 @@ def gradients(outputs: Sequence[Node], cotangents: Sequence[Tensor], wrt: Sequen
             raise TraceError(f"cannot differentiate through nf.loop (created at {n.loc}); use nf.scan for a "
                              "differentiable loop")
         else:
+            rule = VJP.get(n.op)
             g = grads.get(id(n))
-            if g is None:
-                continue
-            src_grads = VJP[n.op](n, [Tensor(s) for s in n.srcs], Tensor(n), g)
+            if rule is None or g is None:
+                continue  # no gradient flows through this op (or none reached it)
+            src_grads = rule(n, g)
         for s, sg in zip(n.srcs, src_grads):
             if sg is not None:
                 add(s, sg)
     return [grads.get(id(w)) for w in wrt]
 
 
-def _zeros(shape: tuple, dtype) -> Tensor:
-    return full(shape, 0, dtype)
-
-
-def scan_vjp(n: Node, cts: list[Tensor | None]) -> list[Tensor | None]:
+def scan_vjp(n: Node, cts: list[Node | None]) -> list[Node | None]:
     """Cotangents of a scan's sources from the cotangents of its results: a reversed scan."""
-    from ..control import scan
-
     a = n.attrs
     nc, nx = a["n_carry"], a["n_xs"]
     body: Graph = a["body"]
-    srcs = [Tensor(s) for s in n.srcs]
-    init, xs, consts = srcs[:nc], srcs[nc:nc + nx], srcs[nc + nx:]
+    init, xs, consts = n.srcs[:nc], n.srcs[nc:nc + nx], n.srcs[nc + nx:]
     ny = len(n.types) - nc
     length = n.types[nc][0][0] if ny else a["length"]
     if xs:
@@ -108,38 +106,44 @@ def scan_vjp(n: Node, cts: list[Tensor | None]) -> list[Tensor | None]:
     aug_types = n.types + tuple(((length, *c.shape), c.dtype) for c in init) + tuple(
         ((length, *m.shape), m.dtype) for m in drawn)
     aug = make(Op.SCAN, n.srcs, {**a, "body": aug_body, "primal": n}, types=aug_types, loc=n.loc)
-    saved = [Tensor(make(Op.PROJ, (aug,), {"index": len(n.types) + i})) for i in range(nc + len(drawn))]
+    saved = [b.proj(aug, len(n.types) + i) for i in range(nc + len(drawn))]
     saved_carry, saved_drawn = saved[:nc], saved[nc:]
 
     fc = [i for i in range(nc) if init[i].dtype.is_float]
     fx = [i for i in range(nx) if xs[i].dtype.is_float]
     fk = [i for i in range(len(consts)) if consts[i].dtype.is_float]
     fy = [j for j in range(ny) if n.types[nc + j][1].is_float]
-    d_final = [cts[i] if cts[i] is not None else _zeros(init[i].shape, init[i].dtype) for i in fc]
-    d_ys = [cts[nc + j] if cts[nc + j] is not None else _zeros(*n.types[nc + j]) for j in fy]
-    d_consts0 = [_zeros(consts[k].shape, consts[k].dtype) for k in fk]
-    fresh_consts = [_fresh(c) for c in consts]
+    d_final = [cts[i] if cts[i] is not None else b.zeros_like(init[i]) for i in fc]
+    d_ys = [cts[nc + j] if cts[nc + j] is not None else b.const(0, *n.types[nc + j]) for j in fy]
+    d_consts0 = [b.zeros_like(consts[k]) for k in fk]
+    fresh_consts = [fresh(c) for c in consts]
 
-    def backward_step(carry, x):
-        d_c, d_k = carry
-        c_t, x_t, dy_t, drawn_t = x
-        outs = inline(body, [t.node for t in (*c_t, *x_t, *fresh_consts)],
-                      {id(m): v.node for m, v in zip(drawn, drawn_t)})
-        primal = [outs[i] for i in fc] + [outs[nc + j] for j in fy]
-        wrt = [c_t[i].node for i in fc] + [x_t[i].node for i in fx] + [fresh_consts[k].node for k in fk]
-        g = gradients(primal, list(d_c) + list(dy_t), wrt)
-        g = [gi if gi is not None else _zeros(w.shape, w.dtype) for gi, w in zip(g, wrt)]
-        g_c, g_x, g_k = g[:len(fc)], g[len(fc):len(fc) + len(fx)], g[len(fc) + len(fx):]
-        return (g_c, [acc + gk for acc, gk in zip(d_k, g_k)]), g_x
+    # The backward body: one step re-run from its saved carry, then pulled back. Placeholders are named and
+    # ordered as nf.scan names a traced body's: carries (d_final, d_consts), then xs (saved carries, xs, d_ys,
+    # the step's draws).
+    carry0 = [*d_final, *d_consts0]
+    seq = [*saved_carry, *xs, *d_ys, *saved_drawn]
+    c_ph = [placeholder(c.shape, c.dtype, f"carry{i}") for i, c in enumerate(carry0)]
+    x_ph = [placeholder(x.shape[1:], x.dtype, f"x{i}") for i, x in enumerate(seq)]
+    d_c, d_k = c_ph[:len(fc)], c_ph[len(fc):]
+    c_t, x_t = x_ph[:nc], x_ph[nc:nc + nx]
+    dy_t, drawn_t = x_ph[nc + nx:nc + nx + len(fy)], x_ph[nc + nx + len(fy):]
+    outs = inline(body, [*c_t, *x_t, *fresh_consts], {id(m): v for m, v in zip(drawn, drawn_t)})
+    primal = [outs[i] for i in fc] + [outs[nc + j] for j in fy]
+    wrt = [c_t[i] for i in fc] + [x_t[i] for i in fx] + [fresh_consts[k] for k in fk]
+    g = gradients(primal, [*d_c, *dy_t], wrt)
+    g = [gi if gi is not None else b.zeros_like(w) for gi, w in zip(g, wrt)]
+    g_c, g_x, g_k = g[:len(fc)], g[len(fc):len(fc) + len(fx)], g[len(fc) + len(fx):]
+    new_carry = [*g_c, *(b.add(acc, gk) for acc, gk in zip(d_k, g_k))]
 
-    (d_init, d_consts), d_xs = scan(backward_step, (d_final, d_consts0),
-                                    (saved_carry, xs, d_ys, saved_drawn), reverse=not a["reverse"],
-                                    unroll=a["unroll"])
-    out: list[Tensor | None] = [None] * len(srcs)
-    for i, g in zip(fc, d_init):
-        out[i] = g
-    for i, g in zip(fx, d_xs):
-        out[nc + i] = g
-    for k, g in zip(fk, d_consts):
-        out[nc + nx + k] = g
+    results = scan_node(carry0, seq, c_ph, x_ph, new_carry, g_x, length=seq[0].shape[0] if seq else length,
+                        reverse=not a["reverse"], unroll=a["unroll"])
+    d_init, d_consts, d_xs = results[:len(fc)], results[len(fc):len(carry0)], results[len(carry0):]
+    out: list[Node | None] = [None] * len(n.srcs)
+    for i, gi in zip(fc, d_init):
+        out[i] = gi
+    for i, gi in zip(fx, d_xs):
+        out[nc + i] = gi
+    for k, gi in zip(fk, d_consts):
+        out[nc + nx + k] = gi
     return out

@@ -1,142 +1,25 @@
 """The reference backend: a numpy interpreter of the IR, loops included. It is the ground truth.
 
-Every op has one row in ``REFERENCE``. Half-precision values are computed in float32 and rounded once per op,
-which is what PyTorch does on CPUs, so per-element comparisons with torch stay tight. Scans and loops run
-their body graphs step by step; nothing is unrolled.
+Each op's value comes from its numpy rule in ``nnforge.ir.registry.NUMPY`` (the table constant folding uses
+too), where half-precision values are computed in float32 and rounded once per op, as PyTorch does on CPUs, so
+per-element comparisons with torch stay tight. The ops that need the interpreter's own state have a row in
+``INTERPRETED``: scans and loops run their body graphs step by step (nothing is unrolled), random numbers come
+from its generator, feeders and receivers talk to the host.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..dtypes import DType
-from ..errors import NNForgeError, TraceError
+from ..errors import TraceError
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
+from ..ir.registry import NUMPY
 from ..trace import session
 from .streams import LoopStreams, deliver, fetch
-
-_HALF = (DType.float16, DType.bfloat16)
-
-
-def _wide(a: np.ndarray) -> np.ndarray:
-    return a.astype(np.float32) if a.dtype in (DType.float16.np, DType.bfloat16.np) else a
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
-
-
-_ERF = np.frompyfunc(math.erf, 1, 1)
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    """libm's erf (within an ulp in float64; numpy has none, and the interpreter is the ground truth)."""
-    return np.asarray(_ERF(np.asarray(x, np.float64)), np.float64).astype(x.dtype, copy=False)
-
-
-def _sign(x: np.ndarray) -> np.ndarray:
-    """torch's sign: 0 at NaN (numpy's is NaN)."""
-    return np.where(np.isnan(x), 0, np.sign(x)) if x.dtype.kind == "f" else np.sign(x)
-
-
-def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if np.issubdtype(a.dtype, np.integer):
-        return np.power(a, np.maximum(b, 0))
-    return np.power(a, b)
-
-
-_ELEMENTWISE: dict[Op, Callable[..., np.ndarray]] = {
-    Op.NEG: np.negative, Op.EXP: np.exp, Op.LOG: np.log, Op.SQRT: np.sqrt, Op.RECIP: np.reciprocal,
-    Op.SIN: np.sin, Op.COS: np.cos, Op.TANH: np.tanh, Op.SIGMOID: _sigmoid, Op.ERF: _erf, Op.ABS: np.abs,
-    Op.SIGN: _sign,
-    Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.POW: _pow, Op.MAX: np.maximum,
-    Op.MIN: np.minimum, Op.LT: np.less, Op.LE: np.less_equal, Op.EQ: np.equal, Op.NE: np.not_equal,
-    Op.WHERE: np.where,
-}
-
-
-def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if np.issubdtype(a.dtype, np.integer):
-        return np.floor_divide(a, b)
-    return np.divide(a, b)
-
-
-_ELEMENTWISE[Op.DIV] = _divide
-
-
-def _elementwise(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        out = _ELEMENTWISE[node.op](*[_wide(a) for a in args])
-    return np.asarray(out).astype(node.dtype.np, copy=False)
-
-
-def _matmul(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    a, b = (_wide(x) for x in args)
-    return np.matmul(a, b).astype(node.dtype.np, copy=False)
-
-
-def _reduce(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    fn = np.sum if node.op == Op.SUM else np.max
-    x = _wide(args[0])
-    return np.asarray(fn(x, axis=tuple(node.attrs["axes"]), keepdims=node.attrs["keepdims"])).astype(
-        node.dtype.np, copy=False)
-
-
-def _cast(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    x = args[0]
-    target = node.dtype
-    if target.is_int and x.dtype.kind == "f":
-        x = np.trunc(_wide(x))  # float -> int truncates toward zero, as in C and PyTorch
-    if target in _HALF and x.dtype in (DType.float16.np, DType.bfloat16.np):
-        x = x.astype(np.float32)
-    return x.astype(target.np)
-
-
-def _slice(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    idx = tuple(slice(a, None if (s < 0 and b < 0) else b, s)
-                for a, b, s in zip(node.attrs["starts"], node.attrs["stops"], node.attrs["steps"]))
-    return args[0][idx]
-
-
-def _pad(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    return np.pad(args[0], node.attrs["pads"], constant_values=node.attrs["value"])
-
-
-def _checked_index(node: Node, x_size: int, index: np.ndarray) -> np.ndarray:
-    """The index array, or a clear error naming the first value outside [0, size)."""
-    bad = (index < 0) | (index >= x_size)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise NNForgeError(f"{node.op.name.lower()}: index {int(index[at])} at position {list(at)} is out of range "
-                           f"for size {x_size} along axis {node.attrs['axis']} (created at {node.loc})")
-    return index.astype(np.intp, copy=False)
-
-
-def _gather(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    x, index = args
-    axis = node.attrs["axis"]
-    return np.take_along_axis(x, _checked_index(node, x.shape[axis], index), axis=axis)
-
-
-def _scatter_add(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    x, index = args
-    axis = node.attrs["axis"]
-    out = np.zeros(tuple(map(int, node.shape)), dtype=_wide(x).dtype)
-    idx = list(np.indices(x.shape, sparse=True))
-    idx[axis] = _checked_index(node, out.shape[axis], index)
-    np.add.at(out, tuple(idx), _wide(x))  # unbuffered: repeated indices all add
-    return out.astype(node.dtype.np, copy=False)
-
-
-def _const(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
-    value = node.attrs["value"]
-    return np.full(tuple(map(int, node.shape)), int(value) if isinstance(value, int) else value, dtype=node.dtype.np)
 
 
 def _rand(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
@@ -202,17 +85,10 @@ def _input(node: Node, args: list[np.ndarray], ctx: Interpreter) -> np.ndarray:
                      f"compiled function, not inside the traced body (created at {node.loc})")
 
 
-REFERENCE: dict[Op, Callable[[Node, list, Any], Any]] = {
-    **dict.fromkeys(_ELEMENTWISE, _elementwise),
-    Op.CAST: _cast, Op.SUM: _reduce, Op.REDUCE_MAX: _reduce, Op.MATMUL: _matmul,
-    Op.RESHAPE: lambda n, a, c: a[0].reshape(tuple(map(int, n.shape))),
-    Op.PERMUTE: lambda n, a, c: a[0].transpose(n.attrs["perm"]),
-    Op.EXPAND: lambda n, a, c: np.broadcast_to(a[0], tuple(map(int, n.shape))),
-    Op.SLICE: _slice, Op.PAD: _pad, Op.GATHER: _gather, Op.SCATTER_ADD: _scatter_add,
-    Op.CONCAT: lambda n, a, c: np.concatenate(a, axis=n.attrs["axis"]),
-    Op.PROJ: lambda n, a, c: a[0][n.attrs["index"]],
-    Op.INPUT: _input, Op.CONST: _const, Op.DATA: lambda n, a, c: n.attrs["array"], Op.RAND: _rand,
-    Op.FEEDER: _feeder, Op.RECEIVER: _receiver, Op.SCAN: _scan, Op.LOOP: _loop,
+# The ops that need the interpreter itself (its random generator, its loop streams, running bodies); every other
+# op's value comes from the numpy table shared with constant folding.
+INTERPRETED: dict[Op, Callable[[Node, list, Interpreter], Any]] = {
+    Op.INPUT: _input, Op.RAND: _rand, Op.FEEDER: _feeder, Op.RECEIVER: _receiver, Op.SCAN: _scan, Op.LOOP: _loop,
 }
 
 
@@ -235,7 +111,9 @@ class Interpreter:
             if memo is not None and n in memo:
                 env[key] = memo[n]
                 continue
-            value = REFERENCE[n.op](n, [env[id(s)] for s in n.srcs], self)
+            args = [env[id(s)] for s in n.srcs]
+            pure = NUMPY.get(n.op)
+            value = pure(n, args) if pure is not None else INTERPRETED[n.op](n, args, self)
             env[key] = value
             if memo is not None and n.op not in (Op.DATA, Op.CONST):
                 memo[n] = value

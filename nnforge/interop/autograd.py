@@ -29,8 +29,8 @@ def needs_autograd(leaves: Sequence[Any]) -> bool:
 def vjp_function(fn: Callable, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> Callable:
     """``g(*leaves, *cotangents) -> grads of leaves[diff]``: the pullback of ``fn`` as a function of plain arrays,
     for ``nf.compile``."""
-    from ..autodiff.api import vjp
     from ..compile import _is_leaf
+    from ..differentiate import vjp
     from ..tensor import as_tensor
 
     def pullback(*flat: Any) -> tuple:

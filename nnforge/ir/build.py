@@ -7,7 +7,8 @@ from typing import Any
 
 from ..errors import NNForgeError, user_location
 from .node import Node
-from .ops import SHAPE_RULES, Op
+from .ops import Op
+from .registry import SHAPE_RULES
 
 
 def make(op: Op, srcs: tuple[Node, ...] = (), attrs: Mapping[str, Any] | None = None,

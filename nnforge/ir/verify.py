@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..errors import NNForgeError
 from .node import Graph
-from .ops import SHAPE_RULES, Op
+from .ops import Op
+from .registry import SHAPE_RULES
 
 
 class VerifyError(NNForgeError):

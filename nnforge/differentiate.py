@@ -1,22 +1,21 @@
-"""User-facing differentiation: ``grad``, ``value_and_grad``, ``vjp`` and ``Tensor.backward``."""
+"""User-facing differentiation: ``grad``, ``value_and_grad``, ``vjp`` and ``Tensor.backward``.
+
+The frontend's side of autodiff: it wraps arguments and cotangents as Tensors and hands nodes to
+``nnforge.autodiff.gradients``, which works on the IR alone.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import DTypeError, ShapeError, TraceError, at
-from ..ir.node import toposort
-from ..pytree import flatten, unflatten
-from ..tensor import Tensor, full, ones_like
-from ..trace import session
-from .grad import _fresh, gradients
-
-
-def _is_leaf(x: Any) -> bool:
-    from ..control import _is_leaf as leaf
-
-    return leaf(x)
+from .autodiff import fresh, gradients
+from .control import _is_leaf
+from .errors import DTypeError, ShapeError, TraceError, at
+from .ir.node import toposort
+from .pytree import flatten, unflatten
+from .tensor import Tensor, full, ones_like
+from .trace import session
 
 
 def _prepare(args: Sequence[Any], argnums: Sequence[int]) -> tuple[list[Any], list[list[Tensor]], list[Any], bool]:
@@ -31,7 +30,7 @@ def _prepare(args: Sequence[Any], argnums: Sequence[int]) -> tuple[list[Any], li
         for v in leaves:
             if isinstance(v, Tensor):
                 eager = False
-                t = _fresh(v)
+                t = Tensor(fresh(v.node))
             else:
                 t = Tensor(v)
             if not t.dtype.is_float:
@@ -62,8 +61,8 @@ def _scalar_output(out: Any, name: str) -> Tensor:
 
 def _grads_for(out_nodes: list, cts: list[Tensor], wrt: list[list[Tensor]], defs: list[Any]) -> list[Any]:
     flat = [t for group in wrt for t in group]
-    gs = gradients(out_nodes, cts, [t.node for t in flat])
-    gs = [g if g is not None else full(t.shape, 0, t.dtype) for g, t in zip(gs, flat)]
+    gs = gradients(out_nodes, [c.node for c in cts], [t.node for t in flat])
+    gs = [Tensor(g) if g is not None else full(t.shape, 0, t.dtype) for g, t in zip(gs, flat)]
     out, k = [], 0
     for group, d in zip(wrt, defs):
         out.append(unflatten(d, gs[k:k + len(group)]))
@@ -138,8 +137,8 @@ def backward(t: Tensor, gradient: Tensor | None = None) -> None:
             leaves.append(leaf)
     if not leaves:
         return
-    gs = gradients([t.node], [gradient if isinstance(gradient, Tensor) else Tensor(gradient)],
-                   [x.node for x in leaves])
+    gradient = gradient if isinstance(gradient, Tensor) else Tensor(gradient)
+    gs = gradients([t.node], [gradient.node], [x.node for x in leaves])
     for leaf, g in zip(leaves, gs):
         if g is not None:
-            leaf.grad = g if leaf.grad is None else leaf.grad + g
+            leaf.grad = Tensor(g) if leaf.grad is None else leaf.grad + Tensor(g)
