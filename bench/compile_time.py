@@ -24,7 +24,7 @@ import json, sys, time
 import numpy as np
 import nnforge as nf
 from nnforge.codegen import BACKENDS
-from nnforge.codegen.c import lower, schedule
+from nnforge.codegen.c import lower, prepare
 
 T, N, H, L = int(sys.argv[1]), 8, 64, 5
 DISTINCT = sys.argv[2] == "distinct"  # layer k has width 64 + 8k: no two scans share a C function
@@ -52,7 +52,7 @@ for k in range(L):
 x = rng.standard_normal((T, N, H)).astype(np.float32)
 fn = nf.compile(stack, backend="cpu")
 t0 = time.perf_counter(); g = fn.trace(x, *ws); t_trace = time.perf_counter() - t0
-t0 = time.perf_counter(); low = lower(schedule(g)); t_gen = time.perf_counter() - t0
+t0 = time.perf_counter(); low = lower(prepare(g)); t_gen = time.perf_counter() - t0
 t0 = time.perf_counter(); fn(x, *ws); first = time.perf_counter() - t0
 t0 = time.perf_counter(); fn(x, *ws); steady = time.perf_counter() - t0
 tc = BACKENDS["cpu"].toolchain

@@ -340,9 +340,11 @@ def compile(fn: Callable | None = None, *, backend: str = "reference") -> Any:
 
 
 def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
-    """Print and return the IR of ``fn`` for these arguments. ``stage``: "traced" (before passes), "ir", or
-    "fused" (the CPU backend's kernel listing: what each kernel fuses and its index expressions)."""
-    stages = ("traced", "ir", "fused")
+    """Print and return the IR of ``fn`` for these arguments. ``stage``: "traced" (before passes), "ir",
+    "scheduled" (the backend-neutral program the CPU target schedules: kernels named after what they fuse, where
+    results go, which loops are split by rows, chunked projections) or "fused" (the C backend's kernel listing:
+    what each kernel fuses and its index expressions)."""
+    stages = ("traced", "ir", "scheduled", "fused")
     if stage not in stages:
         raise ValueError(f"show: unknown stage {stage!r}; choose one of {', '.join(stages)}")
     cf = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
@@ -352,6 +354,10 @@ def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
         from .codegen.c import fused_listing
 
         text = fused_listing(cf.trace(*args, **kwargs))
+    elif stage == "scheduled":
+        from .codegen.c import scheduled
+
+        text = scheduled(cf.trace(*args, **kwargs))
     else:
         leaves, treedef, arrays, _ = cf._split(args, kwargs)
         text = repr(trace_function(cf.fn, treedef, leaves, arrays).graph)

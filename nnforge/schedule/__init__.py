@@ -1,5 +1,27 @@
-"""The schedule: decisions shared by every backend, taken once, from what a backend says of its machine (``Target``)."""
+"""The schedule: decisions shared by every backend, taken once, from what a backend says of its machine (``Target``),
+and recorded in a ``Program`` that renderers walk."""
 
-from .target import Target
+# ``Target`` first: the passes the scheduler builds on import it from here.
+from .target import Target, Unsupported
 
-__all__ = ["Target"]
+# isort: split
+from .program import (
+    Block,
+    Buf,
+    ChunkedInput,
+    Concat,
+    Copy,
+    Elementwise,
+    Gemm,
+    Kernel,
+    Loop,
+    Program,
+    Reduce,
+    ScatterAdd,
+    SlicedGemm,
+    format_program,
+)
+from .scheduler import schedule
+
+__all__ = ["Block", "Buf", "ChunkedInput", "Concat", "Copy", "Elementwise", "Gemm", "Kernel", "Loop", "Program",
+           "Reduce", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program", "schedule"]

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import NNForgeError
+
+
+class Unsupported(NNForgeError):
+    """A graph a target cannot compile (side effects, random numbers, an op or dtype without a spelling there):
+    the backend then runs it on the reference interpreter and says so."""
+
 
 @dataclass(frozen=True)
 class Target:
@@ -23,6 +30,9 @@ class Target:
     the loop (from half of it when that makes the loop row-separable).
     ``chunk_bytes`` / ``max_chunk_steps``: a row-split loop's hoisted input projection is computed inside the loop,
     a chunk of steps of about this size at a time (at most this many steps).
+    ``row_split``: whether loops may be split by rows at all (off: every loop work-shared, for comparisons).
+    ``row_block``: rows per pass through a row-split body of several kernels (what one kernel writes, the next
+    reads from the nearest cache); 0 runs a worker's rows at once.
     """
 
     name: str
@@ -31,9 +41,11 @@ class Target:
     reduction_hoist_bytes: int
     chunk_bytes: int
     max_chunk_steps: int
+    row_split: bool = True
+    row_block: int = 0
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
-                      "max_chunk_steps"):
+                      "max_chunk_steps", "row_block"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")

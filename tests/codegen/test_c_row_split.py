@@ -17,6 +17,7 @@ from test_gemm import ln_lstm_step
 from test_scan import lstm
 
 import nnforge as nf
+from nnforge.schedule import Block, Elementwise, Gemm, Loop, schedule
 
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
@@ -68,37 +69,45 @@ def _check(fn, args, dt=np.float32) -> None:
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
 
 
-def _split_notes(fn, args) -> list[str]:
-    from nnforge.codegen.c import lower, schedule
+def _loops(fn, args) -> list[Loop]:
+    """The scans of ``fn``'s program as the CPU target schedules it (outer first)."""
+    from nnforge.codegen.c import prepare
+    from nnforge.codegen.c.target import cpu_target
 
-    low = lower(schedule(nf.compile(fn).trace(*args)))
-    return [k.note for k in low.listing if k.kind == "scan"]
+    return schedule(prepare(nf.compile(fn).trace(*args)), cpu_target()).loops()
+
+
+def _split(loop: Loop) -> bool:
+    return loop.parallel is not None
 
 
 @pytest.mark.parametrize("N", [12, 13, 37, 64])
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_lstm_rows(rng: np.random.Generator, N: int, dt) -> None:
     args = _lstm_args(rng, 5, N, 7, 9, dt)
-    assert "batch rows split" in _split_notes(lstm, args)[0]
+    (loop,) = _loops(lstm, args)
+    assert _split(loop) and loop.row_block == 6  # the sliced GEMM's c and h: two kernels, a 6-row block each pass
     _check(lstm, args, dt)
 
 
 @pytest.mark.parametrize("N", [12, 29])
 def test_layer_norm_lstm_reverse_and_wide_outputs(rng: np.random.Generator, N: int) -> None:
     args = _lstm_args(rng, 6, N, 5, 8)
-    assert "batch rows split" in _split_notes(ln_lstm, args)[0] and "rows at a time" in _split_notes(ln_lstm, args)[0]
+    (loop,) = _loops(ln_lstm, args)
+    assert _split(loop) and loop.row_block == 6 and loop.reverse
     _check(ln_lstm, args)
 
 
 @pytest.mark.parametrize("N", [12, 31])
 def test_gru_with_per_row_mask_and_passed_through_carry(rng: np.random.Generator, N: int) -> None:
     args = _gru_args(rng, 4, N, 6, 10)
-    assert "rows at a time" in _split_notes(gru_masked, args)[0]
+    (loop,) = _loops(gru_masked, args)
+    assert _split(loop) and loop.row_block == 6 and loop.parallel.per_row  # the mask is read row by row
     _check(gru_masked, args)
 
 
 def test_small_batches_and_row_mixing_bodies_stay_work_shared(rng: np.random.Generator) -> None:
-    assert "batch rows split" not in _split_notes(lstm, _lstm_args(rng, 4, 3, 5, 6))[0]  # too few rows to split
+    assert not _split(_loops(lstm, _lstm_args(rng, 4, 3, 5, 6))[0])  # too few rows to split
 
     def batch_norm_rnn(x, h0, w):
         def cell(h, x_t):
@@ -109,7 +118,7 @@ def test_small_batches_and_row_mixing_bodies_stay_work_shared(rng: np.random.Gen
         return nf.scan(cell, h0, x)
 
     args = [rng.standard_normal(s).astype(np.float32) for s in ((5, 24, 8), (24, 8), (8, 8))]
-    assert "batch rows split" not in _split_notes(batch_norm_rnn, args)[0]
+    assert not _split(_loops(batch_norm_rnn, args)[0])
     _check(batch_norm_rnn, args)
 
 
@@ -120,7 +129,7 @@ def test_gradients_through_a_row_split_scan_float64(rng: np.random.Generator) ->
 
     args = _lstm_args(rng, 4, 14, 5, 6, np.float64)
     g = nf.grad(loss, argnums=tuple(range(6)))
-    assert any("batch rows split" in note for note in _split_notes(g, args))
+    assert any(_split(loop) for loop in _loops(g, args))
     _check(g, args, np.float64)
 
 
@@ -157,11 +166,11 @@ def test_wide_weights_stay_work_shared(rng: np.random.Generator, caplog: pytest.
     """W_hh of H = 384 (2.3 MB in f32) does not fit half of L2: each thread would stream all of it every step."""
     import logging
 
-    with caplog.at_level(logging.DEBUG, logger="nnforge.codegen.c"):
-        notes = _split_notes(lstm, _lstm_args(rng, 2, 16, 4, 384))
-    assert "batch rows split" not in notes[0]
+    with caplog.at_level(logging.DEBUG, logger="nnforge.schedule"):
+        (loop,) = _loops(lstm, _lstm_args(rng, 2, 16, 4, 384))
+    assert not _split(loop)
     assert any("exceed 512 KB" in r.getMessage() for r in caplog.records)
-    assert "batch rows split" in _split_notes(lstm, _lstm_args(rng, 2, 16, 4, 128))[0]  # W_hh 256 KB
+    assert _split(_loops(lstm, _lstm_args(rng, 2, 16, 4, 128))[0])  # W_hh 256 KB
 
 
 @pytest.mark.parametrize("fn,T,dt", [(lstm, 150, np.float32), (ln_lstm, 70, np.float64)])
@@ -172,8 +181,10 @@ def test_input_projection_computed_chunk_by_chunk(rng: np.random.Generator, fn, 
     rounding past any fixed float32 tolerance now and then (a rare 4e-5 difference was seen), which says nothing
     about the chunking; in float64 the two backends must agree to 1e-11."""
     args = _lstm_args(rng, T, 16, 5, 8, dt)
-    note = _split_notes(fn, args)[0]
-    assert "input projection computed 64 steps at a time" in note, note
+    (loop,) = _loops(fn, args)
+    (chunk,) = loop.chunked
+    assert chunk.k == 0 and chunk.steps == 64 and chunk.gemm.b_resident, loop
+    assert chunk.gemm.out.shape == (64 * 16, 32)
     _check(fn, args, dt)
 
 
@@ -185,16 +196,13 @@ def test_training_keeps_the_whole_projection(rng: np.random.Generator) -> None:
 
     args = _lstm_args(rng, 70, 16, 5, 8)
     g = nf.grad(loss, argnums=(3, 4, 5))
-    assert not any("steps at a time" in note for note in _split_notes(g, args))
+    assert not any(loop.chunked for loop in _loops(g, args))
     _check(g, args)
 
 
-def _scan_listing(fn, args):
-    from nnforge.codegen.c import lower, schedule
-
-    low = lower(schedule(nf.compile(fn).trace(*args)))
-    (scan,) = [k for k in low.listing if k.kind == "scan"]
-    return scan
+def _body(fn, args) -> Block:
+    (loop,) = _loops(fn, args)
+    return loop.body
 
 
 @pytest.mark.parametrize("N", [12, 64])
@@ -203,10 +211,11 @@ def test_step_output_that_is_also_a_carry_is_stored_once_per_buffer(rng: np.rand
     stores it to both (two stores in one loop), instead of a second kernel copying it over (row-split or not).
     The only copies left are the two initial carries."""
     args = _lstm_args(rng, 5, N, 7, 16)
-    scan = _scan_listing(ln_lstm_forward, args)
-    (h_kernel,) = [k for k in scan.children if len(k.stores) == 2]
-    assert h_kernel.kind == "elementwise" and "tanh" in h_kernel.fused
-    assert [k.kind for k in scan.children].count("copy") == 2
+    body = _body(ln_lstm_forward, args)
+    (h_kernel,) = [k for k in body.kernels if k.also]
+    assert isinstance(h_kernel, Elementwise) and "tanh" in h_kernel.fuses
+    assert (h_kernel.out.output, h_kernel.also) == (0, (2,))  # the next h, and this step's row of ys
+    assert not body.copies
     _check(ln_lstm_forward, args)
 
 
@@ -230,10 +239,11 @@ def test_step_output_computed_by_a_gemm_epilogue_is_stored_by_it(rng: np.random.
     or work-shared, full and partial column tiles (H = 20: the scalar tail); the one copy left is the initial h."""
     shapes = [(5, N, 7), (N, H), (3 * H, 7), (2 * H, H), (H, H), (3 * H,)]
     args = [(rng.standard_normal(s) * 0.5).astype(np.float32) for s in shapes]
-    scan = _scan_listing(gru_cho, args)
-    (h_kernel,) = [k for k in scan.children if ", " in k.out]
-    assert h_kernel.kind == "DPElwFuse" and "tanh" in h_kernel.fused
-    assert [k.kind for k in scan.children].count("copy") == 1
+    body = _body(gru_cho, args)
+    (h_kernel,) = [k for k in body.kernels if k.also]
+    assert isinstance(h_kernel, Gemm) and h_kernel.epilogue is not None and "tanh" in h_kernel.fuses
+    assert (h_kernel.out.output, h_kernel.also) == (0, (1,)) and h_kernel.b_resident
+    assert not body.copies
     _check(gru_cho, args)
 
 

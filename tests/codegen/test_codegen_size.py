@@ -17,7 +17,7 @@ import pytest
 
 import nnforge as nf
 import nnforge.nn as nn
-from nnforge.codegen.c import lower, schedule
+from nnforge.codegen.c import lower, prepare
 from nnforge.codegen.c.cexpr import PRELUDE
 from nnforge.codegen.c.toolchain import FLAGS, find_compiler
 from nnforge.nn import optim
@@ -91,7 +91,7 @@ def test_generated_source_is_linear_in_the_program(make, bytes_per_op: int, tmp_
                                                    rng: np.random.Generator) -> None:
     fn, args = make(rng)
     graph = nf.compile(fn).trace(*args)
-    source = lower(schedule(graph)).source()
+    source = lower(prepare(graph)).source()
     per_op = len(source) / len(graph.order)
     # measured 2026-11-23: 276, 95 and 414 bytes per op (the prelude of helpers included)
     assert per_op < bytes_per_op, f"{per_op:.0f} bytes of C per IR op"
@@ -122,7 +122,7 @@ def test_sizes_derived_from_run_time_sizes_are_computed_once_per_call(rng: np.ra
         return rnn(x.permute(2, 0, 1))[0]
 
     x = rng.standard_normal((2, 1, 120)).astype(np.float32)
-    source = lower(schedule(nf.compile(f).trace(x))).source()
+    source = lower(prepare(nf.compile(f).trace(x))).source()
     sizes_fn = source[source.index("static void nf_sizes"):]
     sizes_fn = sizes_fn[:sizes_fn.index("\n}")]
     assert sizes_fn.count("nf_floordiv(") >= 2  # the two strides

@@ -189,9 +189,9 @@ def test_runtime_out_of_range_index(backend):
 
 
 def _scan_notes(fn, *args) -> list[str]:
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
 
-    return [k.note for k in lower(schedule(nf.compile(fn).trace(*args))).listing if k.kind == "scan"]
+    return [k.note for k in lower(prepare(nf.compile(fn).trace(*args))).listing if k.kind == "scan"]
 
 
 @pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")

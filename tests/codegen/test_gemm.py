@@ -8,6 +8,8 @@ import pytest
 from test_scan import lstm
 
 import nnforge as nf
+from nnforge.ir.dims import symbol_name
+from nnforge.schedule import Gemm, Loop, SlicedGemm
 
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
@@ -123,19 +125,17 @@ def test_cells_backward_match_reference(kind):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
 
 
-def _step_kernels(fn, args):
-    from nnforge.codegen.c import lower, schedule
-
-    low = lower(schedule(nf.compile(fn).trace(*args)))
-    (scan,) = [k for k in low.listing if k.kind == "scan"]
-    top = [k for k in low.listing if k.kind not in ("scan", "loop")]
-    return top, [k for k in scan.children if k.kind != "copy"], scan
-
-
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_rnn_step_is_one_fused_kernel(kind):
-    top, step, scan = _step_kernels(CELLS[kind], _args(kind, H=40))
-    assert sum(k.kind == "DPElwFuse" for k in top) == 1          # x @ W_ih + b for all steps: one hoisted GEMM
-    assert [k.kind for k in step] == ["DPElwFuse"]                # GEMM + whole cell update: one kernel per step
-    assert "column tiles" in step[0].note and "B packed before the loop" in step[0].note
-    assert "for tt" in scan.note and "S[0]" in scan.note          # a real loop, run-time trip count, no unrolling
+    from nnforge.codegen.c import lower, prepare
+
+    low = lower(prepare(nf.compile(CELLS[kind]).trace(*_args(kind, H=40))))
+    block = low.program.block
+    (loop,) = [k for k in block.kernels if isinstance(k, Loop)]
+    (gemm,) = [k for k in block.kernels if isinstance(k, Gemm)]
+    assert gemm.epilogue is not None                              # x @ W_ih + b for all steps: one hoisted GEMM
+    (step,) = loop.body.kernels                                   # GEMM + whole cell update: one kernel per step
+    assert isinstance(step, SlicedGemm) and step.b_resident and "sigmoid" in step.fuses and "tanh" in step.fuses
+    assert symbol_name(loop.length) is not None                   # a real loop with a run-time trip count
+    (scan,) = [k for k in low.listing if k.kind == "scan"]
+    assert "for tt" in scan.note and "S[0]" in scan.note          # rendered as one C loop, no unrolling

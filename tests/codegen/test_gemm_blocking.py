@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import nnforge as nf
-from nnforge.codegen.c import CpuBackend, lower, schedule
+from nnforge.codegen.c import CpuBackend, lower, prepare
 from nnforge.codegen.c.gemm import GemmConfig
 
 needs_cpu = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
@@ -44,7 +44,7 @@ def test_packed_a_gemm_cast_epilogue_does_not_split_k():
 def test_packed_a_only_outside_loops_and_when_enabled():
     rng = np.random.default_rng(2)
     a, w = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((30, 20)).astype(np.float32)
-    g = schedule(nf.compile(lambda x, y: x @ y, backend="reference").trace(a, w))
+    g = prepare(nf.compile(lambda x, y: x @ y, backend="reference").trace(a, w))
     assert "nf_ukrp_f32(k1_" in lower(g, PACKED).text
     assert "nf_ukrp_f32(k1_" not in lower(g, GemmConfig()).text
 
@@ -70,11 +70,11 @@ def test_large_k_packs_a_only_when_a_is_read_down_its_columns():
     x, w = rng.standard_normal((600, 24)).astype(np.float32), rng.standard_normal((600, 40)).astype(np.float32)
     cfg = GemmConfig(packed_a_min_k=512, kc=256)
     trace = nf.compile(lambda a, b: a.T @ b, backend="reference").trace(x, w)
-    assert "nf_ukrp_f32(k1_" in lower(schedule(trace), cfg).text
+    assert "nf_ukrp_f32(k1_" in lower(prepare(trace), cfg).text
     (got,) = _run(lambda a, b: a.T @ b, cfg, x, w)
     np.testing.assert_allclose(got, x.T.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
     a, b = rng.standard_normal((24, 600)).astype(np.float32), rng.standard_normal((600, 40)).astype(np.float32)
     trace = nf.compile(lambda a, b: a @ b, backend="reference").trace(a, b)
-    assert "nf_ukrp_f32(k1_" not in lower(schedule(trace), cfg).text
+    assert "nf_ukrp_f32(k1_" not in lower(prepare(trace), cfg).text
     (got,) = _run(lambda a, b: a @ b, cfg, a, b)
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

@@ -66,10 +66,10 @@ def stack_args(T=5, N=7, H=5, seed=0):
 @needs_cpu
 @pytest.mark.parametrize("N", [7, 16])  # 16: the scans are split by batch rows, and still shared
 def test_stack_scans_share_one_function_and_match_reference(N):
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
 
     args = stack_args(N=N)
-    low = lower(schedule(nf.compile(stack).trace(*args)))
+    low = lower(prepare(nf.compile(stack).trace(*args)))
     assert ("nf_team()" in low.text) == (N >= 12)
     main = low.text[low.text.index("void nf_main"):]
     calls = re.findall(r"(nf_part\d+)\(", main)
@@ -102,13 +102,13 @@ def test_split_units_repeat_header_and_balance():
 
 @needs_cpu
 def test_units_compiled_separately_give_the_same_program(tmp_path, monkeypatch):
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
     from nnforge.codegen.c.program import CProgram
     from nnforge.codegen.c.toolchain import Toolchain, find_compiler
 
     monkeypatch.setenv("NNFORGE_CACHE_DIR", str(tmp_path))
     args = stack_args(T=4, N=3, H=6, seed=3)
-    g = schedule(nf.compile(stack).trace(*args))
+    g = prepare(nf.compile(stack).trace(*args))
     low = lower(g)
     lib, key = Toolchain(find_compiler(), jobs=3).load(low.text)
     got = CProgram(g, lib, key, low.sizes, [n.attrs["array"] for n in low.data])(args)

@@ -7,6 +7,7 @@ import pytest
 
 import nnforge as nf
 from nnforge.codegen import BACKENDS
+from nnforge.schedule import Gemm, Loop, SlicedGemm
 
 needs_cpu = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
@@ -131,18 +132,21 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, monkeypatch):
 
 @needs_cpu
 def test_lstm_structure_one_hoisted_gemm_and_fused_step():
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
 
-    low = lower(schedule(nf.compile(lstm).trace(*lstm_args())))
-    top = [k for k in low.listing if k.kind not in ("scan", "loop")]
+    low = lower(prepare(nf.compile(lstm).trace(*lstm_args())))
+    block = low.program.block
+    (gemm, loop) = block.kernels
+    assert isinstance(gemm, Gemm) and gemm.kind == "gemm+add"    # x @ W_ih + b for all steps: one GEMM
+    assert isinstance(loop, Loop) and loop.parallel is None      # batch 3: too few rows to split
+    (step,) = loop.body.kernels  # h @ W_hh + premul_t and the whole cell update: one kernel
+    assert isinstance(step, SlicedGemm) and len(step.group.offsets) == 4 and step.b_resident
+    assert [b.output for b in step.outs] == [1, 0] and step.also_of == ((), (2,))  # c; h also into ys
+    assert not loop.body.copies
     (scan,) = [k for k in low.listing if k.kind == "scan"]
-    assert sum(k.kind == "DPElwFuse" for k in top) == 1          # x @ W_ih + b for all steps: one GEMM
-    step = [k for k in scan.children if k.kind != "copy"]
-    assert [k.kind for k in step] == ["DPElwFuse"]  # h @ W_hh + premul_t and the whole cell update: one kernel
-    assert "column tiles of 4 slices" in step[0].note and "B packed before the loop" in step[0].note
-    assert "for tt" in scan.note and "S[0]" in scan.note          # a real loop with a run-time trip count
+    assert "for tt" in scan.note and "S[0]" in scan.note          # rendered as a real loop, run-time trip count
 
 
 def test_show_fused_listing(capsys):
     text = nf.show(nf.compile(lstm), *lstm_args(), stage="fused")
-    assert "DPElwFuse" in text and "scan" in text and "reads" in text
+    assert "gemm+add+sigmoid" in text and "scan" in text and "reads" in text

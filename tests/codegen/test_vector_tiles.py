@@ -31,9 +31,9 @@ def test_lane_stride(index: str, step: int | None) -> None:
 
 def _source(fn, *args) -> str:
     """The generated kernels of ``fn`` (the program without its prelude of helpers)."""
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
 
-    src = lower(schedule(nf.compile(fn).trace(*args))).source()
+    src = lower(prepare(nf.compile(fn).trace(*args))).source()
     return src[src.index("#define NF_R64"):]
 
 
@@ -85,10 +85,10 @@ def test_lstm_step_runs_on_its_register_tiles(rng: np.random.Generator, H: int) 
 
 def test_step_gemm_result_gets_no_buffer(rng: np.random.Generator) -> None:
     """The step's [N, 4H] GEMM result is consumed tile by tile: the workspace holds no buffer of its size."""
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
 
     args = _lstm_args(rng, 40, N=7)
-    low = lower(schedule(nf.compile(lstm).trace(*args)))
+    low = lower(prepare(nf.compile(lstm).trace(*args)))
     low.source()
     assert str(7 * 160 * 4) not in {size for _, _, size in low.allocs}
     assert str(7 * 40 * 4) in {size for _, _, size in low.allocs}  # h and c are there
@@ -140,9 +140,9 @@ def test_elementwise_kernel_in_vector_form(rng: np.random.Generator, width: int)
 def test_generated_names_never_collide() -> None:
     """``fresh`` names from prefixes that end in a digit (``b1``) and from ones that do not (``b``) differ at
     every counter value (``b1`` + 238 was ``b`` + 1238: a C compile error in a long layer-norm LSTM)."""
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
 
-    low = lower(schedule(nf.compile(lambda a: a + 1.0).trace(np.ones(3, np.float32))))
+    low = lower(prepare(nf.compile(lambda a: a + 1.0).trace(np.ones(3, np.float32))))
     made: dict[str, set[str]] = {}
     for prefix in ("b", "b1", "r0", "bp"):
         low.counter = 0

@@ -45,11 +45,11 @@ def unsupported_reason(backend: str, graph: Any) -> str | None:
     """Why ``backend`` would run ``graph`` (an optimized graph) on the interpreter; None when it compiles it."""
     if backend != "cpu":
         return None
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
     from nnforge.codegen.c.cexpr import Unsupported
 
     try:
-        lower(schedule(graph))
+        lower(prepare(graph))
     except Unsupported as e:
         return str(e)
     return None

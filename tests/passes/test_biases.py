@@ -22,9 +22,9 @@ cpu_only = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no w
 
 
 def _listing(fn, *args) -> list:
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
 
-    return lower(schedule(nf.compile(fn).trace(*args))).listing
+    return lower(prepare(nf.compile(fn).trace(*args))).listing
 
 
 def _xs_sources(g) -> list[str]:

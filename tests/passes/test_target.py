@@ -69,14 +69,17 @@ def test_weight_gradient_sums_follow_the_targets_budget(rng: np.random.Generator
 
 
 def test_the_backend_renders_with_the_target_the_passes_used(rng: np.random.Generator) -> None:
-    from nnforge.codegen.c import lower, schedule
+    from nnforge.codegen.c import lower, prepare
 
     gemm = GemmConfig()
     g = _optimized(lstm, _lstm_args(rng, 4, 12, 5, 8))
-    low = lower(schedule(g, gemm), gemm)
-    assert low.target == cpu_target(gemm) and low.target.min_split_rows == 2 * gemm.mr
+    low = lower(prepare(g, gemm), gemm)
+    target = low.program.target
+    assert target == cpu_target(gemm) and target.min_split_rows == 2 * gemm.mr
+    (loop,) = low.program.loops()
+    assert loop.parallel is not None and loop.row_block == gemm.mr
     (note,) = [k.note for k in low.listing if k.kind == "scan"]
-    assert "batch rows split" in note
+    assert "batch rows split" in note  # and the C renders the recorded split
 
 
 def test_a_target_refuses_negative_thresholds() -> None:

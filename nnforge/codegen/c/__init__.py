@@ -17,6 +17,8 @@ import numpy as np
 
 from ...ir.lengths import loop_length_symbols
 from ...ir.node import Graph
+from ...passes import pipeline, run_pipeline
+from ...schedule import schedule
 from .cexpr import Sizes, Unsupported
 from .gemm import GemmConfig
 from .lower import KernelInfo, Lowering
@@ -27,18 +29,18 @@ from .toolchain import Toolchain, find_compiler, missing_compiler_reason, works
 log = logging.getLogger("nnforge.codegen.c")
 
 
-def schedule(graph: Graph, gemm: GemmConfig | None = None) -> Graph:
+def prepare(graph: Graph, gemm: GemmConfig | None = None) -> Graph:
     """The compiled-code passes (hoisting, premul, layout) with the CPU's thresholds for these GEMM tiles, applied
     to an already optimized graph."""
-    from ...passes import pipeline, run_pipeline
-
     return run_pipeline(graph, pipeline(cpu_target(gemm)))
 
 
 def lower(graph: Graph, gemm: GemmConfig | None = None) -> Lowering:
-    """C source and kernel listing for ``graph`` (after ``schedule`` with the same ``gemm``); raises Unsupported."""
+    """The scheduled program of ``graph`` (after ``prepare`` with the same ``gemm``) rendered as C: source, kernel
+    listing and the ``Program`` it renders (``.program``); raises Unsupported."""
+    program = schedule(graph, cpu_target(gemm))
     sizes = Sizes(sorted(loop_length_symbols(graph)))
-    low = Lowering(graph, sizes, gemm)
+    low = Lowering(program, sizes, gemm)
     low.text = low.source()
     return low
 
@@ -68,7 +70,7 @@ class CpuBackend:
 
         setup_logging()
         gemm = self._gemm_for(graph)
-        graph = schedule(graph, gemm)
+        graph = prepare(graph, gemm)
         try:
             low = lower(graph, gemm)
         except Unsupported as e:
@@ -93,7 +95,13 @@ class CpuBackend:
 
 def fused_listing(graph: Graph) -> str:
     """``nf.show(stage="fused")``: the scheduled IR and its kernels, for an optimized graph."""
-    return format_listing(lower(schedule(graph)).listing)
+    return format_listing(lower(prepare(graph)).listing)
+
+
+def scheduled(graph: Graph) -> str:
+    """``nf.show(stage="scheduled")``: the backend-neutral program the CPU target schedules for an optimized
+    graph (the C backend renders exactly this)."""
+    return str(schedule(prepare(graph), cpu_target()))
 
 
 def format_listing(kernels: list[KernelInfo], indent: str = "") -> str:

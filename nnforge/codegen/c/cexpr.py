@@ -13,16 +13,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...dtypes import DType
-from ...errors import NNForgeError
 from ...ir.dims import Dim
 from ...ir.ops import Op
+from ...schedule.target import Unsupported  # also raised by the C renderer: one class to catch
 
 CTYPE = {DType.bool: "uint8_t", DType.int32: "int32_t", DType.int64: "int64_t", DType.float32: "float",
          DType.float64: "double"}
-
-
-class Unsupported(NNForgeError):
-    """A graph the C backend cannot compile (the backend then runs it on the reference interpreter)."""
 
 
 def ctype(dt: DType) -> str:

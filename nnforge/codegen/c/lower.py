@@ -12,15 +12,29 @@ All buffers are allocated once before the parallel region (loop bodies reuse the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ...dtypes import DType
 from ...ir.node import Graph, Node
-from ...ir.ops import ELEMENTWISE, REDUCE, Op
+from ...ir.ops import ELEMENTWISE, Op
 from ...ir.printer import fmt_type
-from ...passes.fuse import Grouping, SlicedGroup, group
-from ...passes.rows import ROWS, RowSplit, is_rows
+from ...passes.fuse import Grouping
+from ...passes.rows import ROWS, is_rows
+from ...schedule import (
+    Block,
+    Buf,
+    ChunkedInput,
+    Concat,
+    Elementwise,
+    Gemm,
+    Kernel,
+    Loop,
+    Program,
+    Reduce,
+    ScatterAdd,
+    SlicedGemm,
+)
 from .cexpr import (
     LANES,
     PRELUDE,
@@ -37,12 +51,11 @@ from .cexpr import (
     store,
     vector_formula,
 )
-from .chunks import Deferred, chunk_steps, emit_chunk, find_deferred
+from .chunks import emit_chunk
 from .gemm import Epilogue, GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import Slot, plan, slot_bytes_function
 from .parts import UNIT_MARK, part_functions, split_parts
-from .rowsched import RowScope, choose_row_split
-from .target import cpu_target
+from .rowsched import RowScope
 from .views import index_map, sliced_index, strided
 
 log = logging.getLogger("nnforge.codegen.c")
@@ -251,23 +264,23 @@ class GraphCtx:
 
 @dataclass
 class LoopScope:
-    """Where code that is invariant in a loop goes: ``pre`` runs once before the loop. ``invariant`` holds the
-    pointer expressions of buffers the loop does not change; ``packed`` dedupes B panels packed there."""
+    """Where code that is invariant in a loop goes: ``pre`` runs once before the loop; ``packed`` dedupes the
+    resident B panels packed there."""
 
-    invariant: set[str]
     pre: list[str]
     ind: str
     packed: dict[tuple, str] = field(default_factory=dict)
 
 
 class Lowering:
-    """Turns a top-level graph into C source (and a kernel listing)."""
+    """Renders a scheduled ``Program`` as C source (and a kernel listing): the kernels, loops, buffers and row
+    splits the program records, spelled with OpenMP, vector tiles and the GEMM micro-kernels."""
 
-    def __init__(self, graph: Graph, sizes: Sizes, gemm: GemmConfig | None = None):
-        self.graph = graph
+    def __init__(self, program: Program, sizes: Sizes, gemm: GemmConfig | None = None):
+        self.program = program
+        self.graph = program.graph
         self.sizes = sizes
         self.gemm = gemm or GemmConfig()
-        self.target = cpu_target(self.gemm)  # the thresholds the passes were run with (``schedule``)
         self.counter = 0
         self.allocs: list[tuple[str, str, str]] = []
         self.data: list[Node] = []
@@ -278,15 +291,7 @@ class Lowering:
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
         self.names: set[str] = set()  # every name ``fresh`` made (the part deduplication renames them)
         self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
-        self.splits: dict[int, RowSplit | None] = {}  # id(scan) -> its row split (``choose_row_split``), cached
-        self.deferred: dict[int, Deferred] = {}  # input projections computed chunk by chunk in their scan
         self.workspace_slots: list[Slot] = []  # the workspace's slots (``memplan``), set by source()
-
-    def split_of(self, n: Node) -> RowSplit | None:
-        """The row split chosen for scan ``n`` (decided once)."""
-        if id(n) not in self.splits:
-            self.splits[id(n)] = choose_row_split(self, n)
-        return self.splits[id(n)]
 
     @property
     def serial(self) -> bool:
@@ -326,8 +331,6 @@ class Lowering:
     # ---- top level ----------------------------------------------------------------------------------------
     def source(self) -> str:
         g = self.graph
-        if g.effects:
-            raise Unsupported("graphs with side effects (receivers, nf.loop) run on the reference backend")
         for n in g.order:
             if n.op == Op.DATA:
                 self.data_ids[id(n)] = len(self.data)
@@ -336,7 +339,7 @@ class Lowering:
         ins = [f"(({ctype(n.dtype)}*)args[{k}])" for k, n in enumerate(g.inputs)]
         outs = [f"(({ctype(n.dtype)}*)args[{n_in + len(self.data) + k}])" for k, n in enumerate(g.outputs)]
         body: list[str] = []
-        self.lower_graph(g, ins, outs, body, "    ", self.listing)
+        self.lower_block(self.program.block, ins, outs, body, "    ", self.listing)
         parts = split_parts(body, self.marks)
         # Scratch buffers live in one workspace the caller owns and reuses across calls (``nf_workspace`` says
         # how many bytes at these sizes): no malloc, free or first-touch page faults per call.
@@ -378,94 +381,73 @@ class Lowering:
         return f"(({ctype(n.dtype)}*)args[{k}])"
 
     # ---- one graph ----------------------------------------------------------------------------------------
-    def lower_graph(self, graph: Graph, ins: Sequence[str], outs: Sequence[str], code: list[str], ind: str,
+    def lower_block(self, block: Block, ins: Sequence[str], outs: Sequence[str], code: list[str], ind: str,
                     listing: list[KernelInfo]) -> None:
-        g = group(graph)
-        ctx = GraphCtx(graph, g)
+        """The kernels of ``block`` in order (graph inputs at ``ins``, its results into ``outs``): each where
+        the graph's order reaches the node it stores, so views and constant data are bound before their
+        readers."""
+        graph = block.graph
+        ctx = GraphCtx(graph, block.grouping)
         for n, p in zip(graph.inputs, ins):
             ctx.ptr[id(n)] = p
-        if graph is self.graph:
-            self.deferred = find_deferred(self, graph, g)
-        sliced = {id(sg.root): sg for sg in g.sliced}
-        member_of = {id(m) for sg in sliced.values() for m in sg.members}
-        dest: dict[int, str] = {}
-        copies: list[tuple[Node, str]] = []
-        # More destinations of a value (a scan step's h: the next carry and this step's row of ys), stored by the
-        # kernel computing it where that kernel can (``kernel_stored``, sliced groups), else copied after it.
-        extra: dict[int, list[str]] = {}
-        dups: list[tuple[Node, str]] = []
-        for o, p in zip(graph.outputs, outs):
-            if id(o) in dest:
-                extra.setdefault(id(o), []).append(p)
-                dups.append((o, p))
-            elif id(o) in ctx.ptr or o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) or id(o) in g.alias:
-                copies.append((o, p))
-            else:
-                dest[id(o)] = p
-        stored_extra = set(member_of)
+        top = graph is self.graph
+        at: dict[int, Kernel | Loop] = {}
+        chunked: set[int] = set()
+        for k in block.kernels:
+            at[id(_stored_node(k))] = k
+            if isinstance(k, Loop):
+                chunked |= {id(c.gemm.epilogue or c.gemm.node) for c in k.chunked}
+
+        def place(buf: Buf) -> str:
+            return outs[buf.output] if buf.output is not None else self.alloc(buf.dtype, buf.shape)
+
+        def also(k: Kernel) -> list[str]:
+            return [outs[i] for i in k.also]
+
         for n in graph.order:
-            if id(n) in ctx.ptr or id(n) in member_of:
+            if id(n) in ctx.ptr:
                 continue
             if n.op == Op.DATA:
                 ctx.ptr[id(n)] = self.data_ptr(n) if id(n) in self.data_ids else self._late_data(n)
                 continue
-            if n.op == Op.PROJ:
-                continue  # bound by its scan
-            if id(n) in g.alias:
+            if id(n) in block.grouping.alias:
                 ctx.ptr[id(n)] = ctx.ptr[id(n.srcs[0])]
                 continue
-            if not g.is_stored(n):
-                continue
-            if id(n) in self.deferred:
+            if id(n) in chunked:
                 ctx.ptr[id(n)] = "0"  # computed chunk by chunk inside its scan (``chunks``)
                 continue
-            if n.op in (Op.SCAN, Op.LOOP):
-                self.lower_loop(n, ctx, code, ind, listing, dest)
-            elif id(n) in sliced:  # consumed tile by tile, never stored
-                self.kernel_sliced(sliced[id(n)], ctx, dest, extra, code, ind, listing)
+            k = at.get(id(n))
+            if k is None:
+                continue
+            if isinstance(k, Loop):
+                self.lower_loop(k, ctx, code, ind, listing, outs)
+            elif isinstance(k, SlicedGemm):  # consumed tile by tile, never stored
+                self.kernel_sliced(k, ctx, place, [[outs[i] for i in a] for a in k.also_of], code, ind, listing)
             else:
-                ctx.ptr[id(n)] = out = dest.get(id(n)) or self.alloc(n.dtype, n.shape)
-                if self.kernel_stored(n, g, ctx, out, code, ind, listing, extra.get(id(n), ())):
-                    stored_extra.add(id(n))
-            if graph is self.graph:
+                ctx.ptr[id(n)] = out = place(k.out)
+                self.kernel_stored(k, ctx, out, code, ind, listing, also(k))
+            if top:
                 self.marks.append(len(code))
-        copies += [(o, p) for o, p in dups if id(o) not in stored_extra]
-        for o, p in copies:
-            self.kernel_pointwise(o, ctx, p, code, ind, listing, kind="copy")
+        for c in block.copies:
+            self.kernel_pointwise(c.node, ctx, outs[c.out.output], code, ind, listing, kind="copy")
 
-    @staticmethod
-    def _prologue(n: Node, g: Grouping) -> Node:
-        """The GEMM or reduction whose kernel computes ``n`` as its epilogue."""
-        return next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
-
-    def kernel_stored(self, n: Node, g: Grouping, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                      listing: list[KernelInfo], also: Sequence[str] = ()) -> bool:
-        """The kernel computing stored node ``n`` into ``out``; True when it also stored ``n`` into each buffer
-        of ``also`` (an elementwise kernel, a GEMM and a GEMM's epilogue do: each value is computed at one place
-        there), False when those are left to the caller."""
-        if n.op == Op.MATMUL:
-            self.kernel_gemm(n, None, ctx, out, code, ind, listing, also)
-            return True
-        if n.op in REDUCE and self.leading_sum(n, ctx):
-            self.kernel_leading_sum(n, ctx, out, code, ind, listing)
-        elif n.op in REDUCE:
-            self.kernel_reduce(n, None, ctx, out, code, ind, listing)
-        elif id(n) in g.prologue:
-            p = self._prologue(n, g)
-            if p.op == Op.MATMUL:
-                self.kernel_gemm(p, n, ctx, out, code, ind, listing, also)
-                return True
-            self.kernel_reduce(p, n, ctx, out, code, ind, listing)
-        elif n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
-            raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
-        elif n.op == Op.CONCAT:
-            self.kernel_concat(n, ctx, out, code, ind, listing)
-        elif n.op == Op.SCATTER_ADD:
-            self.kernel_scatter_add(n, ctx, out, code, ind, listing)
+    def kernel_stored(self, k: Kernel, ctx: GraphCtx, out: str, code: list[str], ind: str,
+                      listing: list[KernelInfo], also: Sequence[str] = ()) -> None:
+        """The kernel of record ``k`` into ``out`` (and the extra results ``also``)."""
+        if isinstance(k, Gemm):
+            self.kernel_gemm(k, ctx, out, code, ind, listing, also)
+        elif isinstance(k, Reduce) and k.leading:
+            self.kernel_leading_sum(k.node, ctx, out, code, ind, listing)
+        elif isinstance(k, Reduce):
+            self.kernel_reduce(k.node, k.epilogue, ctx, out, code, ind, listing)
+        elif isinstance(k, Concat):
+            self.kernel_concat(k.node, ctx, out, code, ind, listing)
+        elif isinstance(k, ScatterAdd):
+            self.kernel_scatter_add(k.node, ctx, out, code, ind, listing)
+        elif isinstance(k, Elementwise):
+            self.kernel_pointwise(k.node, ctx, out, code, ind, listing, also=also)
         else:
-            self.kernel_pointwise(n, ctx, out, code, ind, listing, also=also)
-            return True
-        return False
+            raise Unsupported(f"no C form of kernel {type(k).__name__}")
 
     def _late_data(self, n: Node) -> str:
         self.data_ids[id(n)] = len(self.data)
@@ -728,13 +710,6 @@ class Lowering:
         code += [f"{body}{acc} = nf_vhsum_f64({lo}, {hi});", f"{ind}}}"]
         return code, narrow
 
-    @staticmethod
-    def leading_sum(p: Node, ctx: GraphCtx) -> bool:
-        """A float sum over leading axes of a stored buffer (a scan's stacked ys summed over time)."""
-        axes = tuple(sorted(p.attrs["axes"]))
-        return (p.op == Op.SUM and p.dtype.is_float and ctx.buffer(p.srcs[0]) is not None and len(axes) > 0
-                and axes == tuple(range(len(axes))) and len(axes) < p.srcs[0].ndim)
-
     def kernel_leading_sum(self, p: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
                            listing: list[KernelInfo]) -> None:
         """``out[o] = sum_r src[r, o]`` with the outputs innermost: threads share blocks of 256 contiguous
@@ -789,13 +764,13 @@ class Lowering:
         return epilogue
 
     def packed_b(self, p: Node, view: tuple[str, str, list[str]], columns: Sequence[tuple[str, str]],
-                 code: list[str], ind: str) -> tuple[str, bool]:
-        """B of matmul ``p`` packed into panels of ``columns``; packed once before the innermost loop when that
-        loop does not change B (weights in a scan), else here. Returns (buffer, hoisted)."""
+                 code: list[str], ind: str, resident: bool) -> tuple[str, bool]:
+        """B of matmul ``p`` packed into panels of ``columns``; packed once before the innermost loop when the
+        schedule says B is resident there (weights in a scan), else here. Returns (buffer, hoisted)."""
         ptr, off, st = view
         nr = self.gemm.nr(p.dtype)
         K = self.sizes(p.srcs[0].shape[-1])
-        scope = self.scopes[-1] if self.scopes and ptr in self.scopes[-1].invariant and p.ndim == 2 else None
+        scope = self.scopes[-1] if resident else None
         key = (ptr, off, tuple(st), tuple(columns), p.dtype)
         if scope is not None and key in scope.packed:
             return scope.packed[key], True
@@ -809,21 +784,21 @@ class Lowering:
         scope.packed[key] = name
         return name, True
 
-    def kernel_gemm(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
+    def kernel_gemm(self, k: Gemm, ctx: GraphCtx, out: str, code: list[str], ind: str,
                     listing: list[KernelInfo], also: Sequence[str] = ()) -> None:
+        p, root = k.node, k.epilogue
         self.stats["kernels"] += 1
         self.stats["gemm"] += 1
         check_dtype(p)
         views = self.operand_views(p, ctx)
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root, ctx, ep_info)
-        buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind)
+        buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind, k.b_resident)
         text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind,
                                 root is None or root.dtype == p.dtype, also)
         code.extend(text)
-        kind = "DPElwFuse" if root is not None else "gemm"
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
-        listing.append(KernelInfo(kind, ", ".join([out, *also]), fmt_type((root or p).shape, (root or p).dtype),
+        listing.append(KernelInfo(k.kind, ", ".join([out, *also]), fmt_type((root or p).shape, (root or p).dtype),
                                   fused, [store],
                                   self._gemm_loads(views, ep_info),
                                   note="B packed before the loop" if hoisted else "B packed"))
@@ -834,10 +809,11 @@ class Lowering:
                  f"{views[1][0]}[{views[1][1]} + k*{views[1][2][-2]} + j*{views[1][2][-1]}]"]
         return loads + [ld for sc in ep_info[:1] for ld in sc.loads]
 
-    def kernel_sliced(self, sg: SlicedGroup, ctx: GraphCtx, dest: dict[int, str], extra: dict[int, list[str]],
+    def kernel_sliced(self, k: SlicedGemm, ctx: GraphCtx, place: Callable[[Buf], str], extra: list[list[str]],
                       code: list[str], ind: str, listing: list[KernelInfo]) -> None:
         """A GEMM and the kernels reading it through column slices as one kernel (see ``emit_sliced``); the GEMM
-        result itself gets no buffer."""
+        result itself gets no buffer. ``place`` gives a member's buffer, ``extra`` its extra results."""
+        sg = k.group
         p, root = sg.gemm, sg.root
         check_dtype(p)
         self.stats["kernels"] += 1
@@ -846,15 +822,13 @@ class Lowering:
         sz = self.sizes
         views = self.operand_views(p, ctx)
         columns = [(str(o), str(sg.width)) for o in sg.offsets]
-        buf, hoisted = self.packed_b(p, views[1], columns, code, ind)
+        buf, hoisted = self.packed_b(p, views[1], columns, code, ind, k.b_resident)
         if not hoisted:
             code.extend(pack_panels(self, p.dtype, sz(p.srcs[0].shape[-1]), (f"({views[1][0]} + ({views[1][1]}))",
                                     views[1][2][-2], views[1][2][-1]), columns, buf, ind))
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root if root is not p else None, ctx, ep_info)
-        outs = []
-        for m in sg.members:
-            outs.append(dest.get(id(m)) or self.alloc(m.dtype, m.shape))
+        outs = [place(b) for b in k.outs]
         body_info: list[Scalar] = []
 
         def body(i: str, u: str, values: list[str], lanes: int) -> tuple[list[str], list[str]]:
@@ -867,11 +841,11 @@ class Lowering:
                     sc.pre += pre
                     sc.stmts += stmts
                 sc.memo[(id(root), (i, col))] = value
-            for m, o in zip(sg.members, outs):
+            for m, o, more in zip(sg.members, outs, extra):
                 v = sc.val(m, (i, u))
                 sc.overrides[id(m)] = v  # later members use the value, not a reload
                 index = flat([i, u], [sz(x) for x in m.shape])
-                sc.stmts += [sc.store(m.dtype, d, index, v) for d in [o, *extra.get(id(m), [])]]
+                sc.stmts += [sc.store(m.dtype, d, index, v) for d in [o, *more]]
             if lanes == 1:
                 body_info.append(sc)
             return sc.pre, sc.stmts
@@ -881,25 +855,23 @@ class Lowering:
             ctx.ptr[id(m)] = o
         fused = ["matmul"] + (ep_info[0].fused if ep_info else []) + body_info[0].fused
         stores = [s for s in body_info[0].stmts if not s.startswith("const ")]
-        listing.append(KernelInfo("DPElwFuse", ", ".join(outs), fmt_type(sg.members[-1].shape, sg.members[-1].dtype),
+        listing.append(KernelInfo(k.kind, ", ".join(outs), fmt_type(sg.members[-1].shape, sg.members[-1].dtype),
                                   fused, stores, self._gemm_loads(views, ep_info) + body_info[0].loads,
                                   note=f"column tiles of {len(sg.offsets)} slices at {list(sg.offsets)}, "
                                        f"{len(sg.members)} kernels fused; "
                                        + ("B packed before the loop" if hoisted else "B packed")))
 
     # ---- loops --------------------------------------------------------------------------------------------
-    def lower_loop(self, n: Node, ctx: GraphCtx, code: list[str], ind: str, listing: list[KernelInfo],
-                   dest: dict[int, str]) -> None:
-        """A scan or loop as ``for (t ...)`` around its body's kernels; a row-separable scan (see
-        ``passes.rows``) runs with its batch rows split among the threads, each running every step on its own rows
-        with no barrier until the loop ends, others with each kernel work-shared (a barrier per kernel)."""
+    def lower_loop(self, loop: Loop, ctx: GraphCtx, code: list[str], ind: str, listing: list[KernelInfo],
+                   outs_of_graph: Sequence[str]) -> None:
+        """A scan or loop as ``for (t ...)`` around its body's kernels; a loop the schedule splits by rows runs
+        with its batch rows split among the threads, each running every step on its own rows with no barrier
+        until the loop ends, others with each kernel work-shared (a barrier per kernel)."""
         sz = self.sizes
+        n = loop.node
         a = n.attrs
         is_scan = n.op == Op.SCAN
-        split = self.split_of(n) if is_scan else None
-        body: Graph = split.body if split else a["body"]
-        if body.effects:
-            raise Unsupported("loop bodies with side effects run on the reference backend")
+        split = loop.parallel
         nc = a["n_carry"] if is_scan else a["n_state"]
         nx = a["n_xs"] if is_scan else 0
         self.stats["scans"] += 1
@@ -909,18 +881,14 @@ class Lowering:
                 raise Unsupported(f"loop source {s.op.name.lower()} has no buffer")
         projs = {m.attrs["index"]: m for m in ctx.graph.order if m.op == Op.PROJ and m.srcs[0] is n}
         results = []
-        for i, (shape, dt) in enumerate(n.types):
-            pj = projs.get(i)
-            if pj is not None and id(pj) in dest:
-                results.append(dest[id(pj)])
-            else:
-                results.append(self.alloc(dt, shape))
-            if pj is not None:
-                ctx.ptr[id(pj)] = results[-1]
+        for i, b in enumerate(loop.results):
+            results.append(outs_of_graph[b.output] if b.output is not None else self.alloc(b.dtype, b.shape))
+            if i in projs:
+                ctx.ptr[id(projs[i])] = results[-1]
         info = KernelInfo("scan" if is_scan else "loop", ", ".join(results[:nc] + results[nc:]), "", [],
                           note="")
         listing.append(info)
-        rows = RowScope.new(self, split) if split else None
+        rows = RowScope.new(self, split, loop.row_block) if split else None
         carry_bufs = []
         for k in range(nc):
             shape, dt = n.types[k]
@@ -936,10 +904,7 @@ class Lowering:
             nxt.append(self.fresh("nxt"))
             code.append(f"{ind}{ctype(dt)}* {cur[-1]} = {rows.thread_rows(c_a, shape, sz) if rows else c_a};")
             code.append(f"{ind}{ctype(dt)}* {nxt[-1]} = {rows.thread_rows(c_b, shape, sz) if rows else c_b};")
-        if is_scan:
-            length = sz(srcs[nc].shape[0]) if nx else sz(a["length"])
-        else:
-            length = sz(a["length"])
+        length = sz(loop.length)
         t, tt = self.fresh("t"), self.fresh("tt")
         rev = is_scan and a["reverse"]
         at = len(code)
@@ -967,7 +932,7 @@ class Lowering:
 
         ins += [carry(c, k) for k, c in enumerate(cur)]
         before: list[str] = []  # code that goes before the time loop (chunk bookkeeping, weight packing)
-        chunked = {d.k: d for d in self.deferred.values() if d.scan is n}
+        chunked = {c.k: c for c in loop.chunked}
         for k in range(nx):
             x = srcs[nc + k]
             if k in chunked:
@@ -986,13 +951,13 @@ class Lowering:
         if rows is not None and rows.block:
             code += rows.open_block_loop(self.fresh("rb"), inner)
             body_ind = inner + "    "
-        scope = LoopScope({ctx.buffer(s) for s in srcs[nc + nx:]}, [], ind)
+        scope = LoopScope([], ind)
         self.scopes.append(scope)
         outer_rows, outer_sizes = self.rows, self.sizes
         if rows is not None:
             self.rows, self.sizes = rows, sz.with_local(ROWS, rows.count)
         try:
-            self.lower_graph(body, ins, outs, code, body_ind, info.children)
+            self.lower_block(loop.body, ins, outs, code, body_ind, info.children)
         finally:
             self.scopes.pop()
             self.rows, self.sizes = outer_rows, outer_sizes
@@ -1012,17 +977,16 @@ class Lowering:
         if rows is not None:
             code.append(f"{ind}#pragma omp barrier")  # the scan's results are complete after it
 
-    def _chunked_input(self, d: Deferred, ctx: GraphCtx, rows: RowScope, t: str, tt: str, length: str, rev: bool,
-                       code: list[str], before: list[str], inner: str, info: KernelInfo) -> str:
+    def _chunked_input(self, c: ChunkedInput, ctx: GraphCtx, rows: RowScope, t: str, tt: str, length: str,
+                       rev: bool, code: list[str], before: list[str], inner: str, info: KernelInfo) -> str:
         """A scanned input whose projection is computed every few steps into a chunk buffer (``chunks``): the
         per-chunk GEMM goes into the time loop here; returns this step's slice of the chunk (the current rows)."""
         sz = self.sizes
-        steps = chunk_steps(d, self.target)
-        view = d.view
-        chunk = self.alloc(view.dtype, [steps * int(view.shape[1]), *view.shape[2:]])
+        steps, view = c.steps, c.view
+        chunk = self.alloc(c.gemm.out.dtype, c.gemm.out.shape)
         lo, count = self.fresh("lo"), self.fresh("cn")
         before.append(f"int64_t {lo} = 0, {count} = 0;")
-        code += emit_chunk(self, d, ctx, chunk, t, length, rev, steps, lo, count, inner, before)
+        code += emit_chunk(self, c, ctx, chunk, t, length, rev, lo, count, inner, before)
         info.note += f", input projection computed {steps} steps at a time"
         at = f"({chunk} + ({tt} - {lo}) * ({sz.prod(view.shape[1:])}))"
         return rows.current_rows(at, view.shape[1:], sz)
@@ -1036,6 +1000,15 @@ class Lowering:
         i = self.fresh("i")
         code += self.omp_for(ind)
         code.append(f"{ind}for (int64_t {i} = 0; {i} < {n}; {i}++) {dst}[{i}] = {src}[{i}];")
+
+
+def _stored_node(k: Kernel | Loop) -> Node:
+    """The node whose buffer a kernel fills (a GEMM's or reduction's epilogue root; a sliced GEMM's root)."""
+    if isinstance(k, SlicedGemm):
+        return k.group.root
+    if isinstance(k, Gemm | Reduce) and k.epilogue is not None:
+        return k.epilogue
+    return k.node
 
 
 def _last(sc: Scalar) -> str:

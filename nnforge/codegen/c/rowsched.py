@@ -1,4 +1,4 @@
-"""The C side of row-split scans (``passes.rows`` decides what may be split): which scans are split, and the code
+"""The C side of row-split scans (the schedule decides which loops are split, ``Loop.parallel``): the code
 around a split loop — each thread's rows, the row blocks the body runs on, pointer offsets, the prefetch of the
 next step's input, and the copy-out at the end.
 
@@ -9,59 +9,17 @@ for the whole batch and each thread uses its rows of them (``Lowering.alloc``).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...ir.node import Node
-from ...ir.ops import Op
-from ...passes.fuse import group
-from ...passes.rows import NotSeparable, RowSplit, is_rows, worth_splitting
+from ...passes.rows import RowSplit
 from .cexpr import Sizes, ctype
 
 if TYPE_CHECKING:
     from .lower import Lowering
 
-log = logging.getLogger("nnforge.codegen.c")
-
-
-def choose_row_split(low: Lowering, n: Node) -> RowSplit | None:
-    """``n``'s row-local body when splitting its batch rows among threads is possible and worth it: the body is
-    row-separable, ``passes.rows.worth_splitting`` with the backend's target agrees (batch and weight size: each
-    of two threads gets at least one micro-kernel row block), and every kernel in the body has the batch axis
-    (work without it would be repeated by every thread). Not inside another loop. The reason for a refusal is
-    logged (``NNFORGE_DEBUG=2``)."""
-    if not low.gemm.row_split or low.rows is not None or low.scopes:
-        return None
-    split = worth_splitting(n, low.target)
-    why = None
-    if isinstance(split, NotSeparable):
-        why = str(split)
-    elif not low.sizes.is_static(split.batch):
-        why = f"batch {split.batch} is a run-time size"
-    else:
-        g = group(split.body)
-        for m in split.body.order:
-            if m.op in (Op.INPUT, Op.DATA, Op.PROJ) or id(m) in g.alias or not g.is_stored(m):
-                continue
-            if not (m.shape and is_rows(m.shape[0])):
-                why = f"{m.op.name.lower()} at {m.loc} in the body has no batch axis (it would run per thread)"
-                break
-    if why is not None:
-        log.debug("scan at %s not split by rows: %s", n.loc, why)
-        return None
-    return split
-
-
-def row_block(low: Lowering, split: RowSplit) -> int:
-    """Rows per pass through a row-split body (0: all of a thread's rows at once). A body of several kernels (a
-    layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) is run one micro-kernel row block at a
-    time, so what one kernel writes the next reads from L1 (a single fused kernel gains nothing from blocks)."""
-    g = group(split.body)
-    kernels = [m for m in split.body.order if m.op not in (Op.INPUT, Op.DATA, Op.PROJ) and id(m) not in g.alias
-               and g.is_stored(m)]
-    return low.gemm.mr if len(kernels) > 1 else 0
 
 
 @dataclass(frozen=True)
@@ -78,11 +36,10 @@ class RowScope:
     temps: tuple[str, str, str, str]  # C names of the split's helper variables
 
     @staticmethod
-    def new(low: Lowering, split: RowSplit) -> RowScope:
-        """Every C name from ``low.fresh``, so the part deduplication can tell identical layers' loops apart only
-        by their buffers."""
+    def new(low: Lowering, split: RowSplit, blk: int) -> RowScope:
+        """One thread's rows of ``split``, the body run ``blk`` rows at a time (0: all at once). Every C name from
+        ``low.fresh``, so the part deduplication can tell identical layers' loops apart only by their buffers."""
         r0, nrow = low.fresh("r0"), low.fresh("nrow")
-        blk = row_block(low, split)
         row, count = (low.fresh("row"), low.fresh("nb")) if blk else (r0, nrow)
         temps = (low.fresh("npair"), low.fresh("b0"), low.fresh("b1"), low.fresh("pf"))
         return RowScope(r0, nrow, split.batch, row, count, blk, temps)

@@ -1,0 +1,243 @@
+"""The records of a scheduled program: what each kernel computes, where its results go, and how loops run.
+
+``schedule(graph, target)`` makes every decision a backend would otherwise take while printing code and writes
+it down here; a renderer (``codegen.c``, later ``codegen.triton``) walks these records and only spells them. The
+records are frozen. Each names the IR node it computes (``node``, left out of equality and repr): the renderer
+evaluates a kernel's fused elementwise body from it, through the block's fusion ``grouping``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..dtypes import DType
+from ..ir.lengths import loop_length_symbols
+from ..ir.node import Graph, Node
+from ..ir.printer import fmt_type, render
+from ..passes.fuse import Grouping, SlicedGroup
+from ..passes.rows import RowSplit
+from .target import Target
+
+
+@dataclass(frozen=True)
+class Buf:
+    """Where a value lives: a result of the enclosing graph (``output``: its position) or scratch of its own
+    (``output`` None), allocated once for the program. ``per_row``: inside a row-split loop, scratch with the
+    batch axis is allocated for the whole batch and each worker uses its rows."""
+
+    name: str
+    dtype: DType
+    shape: tuple
+    output: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name}: {fmt_type(self.shape, self.dtype)}"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel: computes ``node`` into ``out`` and stores the same values into the graph results ``also``
+    (a scan step's h: the next carry and this step's row of the stacked outputs) without a second pass.
+    ``fuses``: the op names it evaluates, the kernel's own op first, elementwise ops inlined into it after."""
+
+    node: Node = field(compare=False, repr=False)
+    out: Buf
+    fuses: tuple[str, ...]
+    also: tuple[int, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "+".join(dict.fromkeys(self.fuses)) or "copy"
+
+
+@dataclass(frozen=True)
+class Elementwise(Kernel):
+    """A loop nest over ``out``'s elements evaluating the fused body (no elementwise op inlined: a copy)."""
+
+
+@dataclass(frozen=True)
+class Reduce(Kernel):
+    """A sum or max over ``node``'s axes, then ``epilogue`` (the elementwise root computed from each sum; None:
+    the sums are stored). ``leading``: a float sum over the leading axes of a stored buffer, run with the outputs
+    innermost (unit-stride reads)."""
+
+    epilogue: Node | None = field(default=None, compare=False, repr=False)
+    leading: bool = False
+
+
+@dataclass(frozen=True)
+class Gemm(Kernel):
+    """A matrix product, then ``epilogue`` on each accumulator (None: the products are stored).
+    ``b_resident``: B does not change inside the enclosing loop (a recurrent weight): packed once before the
+    loop on a CPU, kept on chip on a GPU."""
+
+    epilogue: Node | None = field(default=None, compare=False, repr=False)
+    b_resident: bool = False
+
+
+@dataclass(frozen=True)
+class SlicedGemm(Kernel):
+    """A GEMM whose result is read only through column slices (an RNN's gates ``i, f, g, o``), computed tile by
+    tile with the slices' reader kernels (``group.members``) run on each tile while it is in cache: one kernel,
+    no buffer for the GEMM result. ``outs``: the members' buffers (``out`` is the last), ``also_of`` their extra
+    stores."""
+
+    group: SlicedGroup = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    outs: tuple[Buf, ...] = ()
+    also_of: tuple[tuple[int, ...], ...] = ()
+    b_resident: bool = False
+
+
+@dataclass(frozen=True)
+class Concat(Kernel):
+    """A concat computed source by source, each into its range along ``node``'s axis (one loop nest each)."""
+
+
+@dataclass(frozen=True)
+class ScatterAdd(Kernel):
+    """``out[.., index[.., r, ..], ..] += x[.., r, ..]``, one line along the axis per worker (no atomics)."""
+
+
+@dataclass(frozen=True)
+class Copy(Kernel):
+    """A graph result that is not computed into its place: an input, a view read as a buffer, a value already
+    stored elsewhere, copied there at the end of the graph."""
+
+
+@dataclass(frozen=True)
+class ChunkedInput:
+    """The ``k``-th scanned input of a row-split loop is the hoisted projection ``gemm`` (its only reader,
+    through the reshape ``view``), computed ``steps`` steps at a time inside the loop into a chunk buffer."""
+
+    k: int
+    steps: int
+    gemm: Gemm
+    view: Node = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Block:
+    """The kernels of one graph (the program's, or a loop body's), in order, then the copies into its results.
+    ``graph`` and ``grouping`` are what the renderer evaluates fused bodies with."""
+
+    graph: Graph = field(compare=False, repr=False)
+    grouping: Grouping = field(compare=False, repr=False)
+    kernels: tuple[Kernel | Loop, ...]
+    copies: tuple[Copy, ...] = ()
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A scan (or ``nf.loop``) as a loop over ``length`` steps inside the program, carries ping-ponged between
+    two buffers. ``parallel``: its batch rows are split among workers (threads on a CPU, programs on a GPU), each
+    running every step on its rows with no synchronization until the loop ends; ``row_block``: rows per pass
+    through the body (0: all of a worker's rows at once). ``chunked``: scanned inputs whose projection is
+    computed in the loop a chunk of steps at a time."""
+
+    node: Node = field(compare=False, repr=False)
+    results: tuple[Buf, ...]
+    length: object
+    reverse: bool
+    body: Block
+    parallel: RowSplit | None = field(default=None, compare=False, repr=False)
+    row_block: int = 0
+    chunked: tuple[ChunkedInput, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "scan" if self.node.op.name == "SCAN" else "loop"
+
+
+@dataclass(frozen=True)
+class Program:
+    """A scheduled graph: its top-level block and the target it was scheduled for."""
+
+    graph: Graph = field(compare=False, repr=False)
+    target: Target
+    block: Block
+
+    def loops(self) -> list[Loop]:
+        """Every loop of the program, outer ones first."""
+        found: list[Loop] = []
+
+        def walk(b: Block) -> None:
+            for k in b.kernels:
+                if isinstance(k, Loop):
+                    found.append(k)
+                    walk(k.body)
+
+        walk(self.block)
+        return found
+
+    def kernels(self) -> list[Kernel]:
+        """Every kernel of the program (loops' bodies included, the chunked projections where they run)."""
+        found: list[Kernel] = []
+
+        def walk(b: Block) -> None:
+            for k in b.kernels:
+                if isinstance(k, Loop):
+                    found.extend(c.gemm for c in k.chunked)
+                    walk(k.body)
+                else:
+                    found.append(k)
+            found.extend(b.copies)
+
+        walk(self.block)
+        return found
+
+    def __str__(self) -> str:
+        return format_program(self)
+
+
+def format_program(p: Program) -> str:
+    """The program as text (``nf.show(..., stage="scheduled")``): one line per kernel, loops as indented blocks,
+    each decision that is not the spelling of code written out."""
+    syms = sorted(loop_length_symbols(p.graph))
+    names = {s: "T" if i == 0 else f"T{i}" for i, s in enumerate(syms)}  # as the IR printer names them
+    lines = [f"program for target {p.target.name}"]
+    _format_block(p.block, "  ", lines, names)
+    return "\n".join(lines)
+
+
+def _format_block(b: Block, ind: str, lines: list[str], names: dict[str, str]) -> None:
+    for k in b.kernels:
+        if isinstance(k, Loop):
+            results = ", ".join(_buf(r, names) for r in k.results)
+            lines.append(f"{ind}{_loop_head(k, names)} -> ({results}) {{")
+            for c in k.chunked:
+                lines.append(f"{ind}  every {c.steps} steps, input {c.k}: {_kernel_line(c.gemm, names)}")
+            _format_block(k.body, ind + "  ", lines, names)
+            lines.append(f"{ind}}}")
+        else:
+            lines.append(ind + _kernel_line(k, names))
+    for c in b.copies:
+        lines.append(ind + _kernel_line(c, names))
+
+
+def _buf(b: Buf, names: dict[str, str]) -> str:
+    return f"{b.name}: {fmt_type(b.shape, b.dtype, names)}"
+
+
+def _loop_head(k: Loop, names: dict[str, str]) -> str:
+    head = f"{k.kind} {'reverse ' if k.reverse else ''}over {render(k.length, names)} steps"
+    if k.parallel is not None:
+        head += f", rows split among workers (batch {int(k.parallel.batch)}"
+        head += f", {k.row_block} rows per pass)" if k.row_block else ")"
+    return head
+
+
+def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
+    outs = k.outs if isinstance(k, SlicedGemm) else (k.out,)
+    also = k.also_of if isinstance(k, SlicedGemm) else (k.also,)
+    text = f"{k.kind} -> " + ", ".join(_buf(o, names) + (f" (and out{', out'.join(map(str, a))})" if a else "")
+                                       for o, a in zip(outs, also))
+    notes = []
+    if isinstance(k, SlicedGemm):
+        notes.append(f"column tiles of {len(k.group.offsets)} slices at {list(k.group.offsets)}")
+    if isinstance(k, (Gemm, SlicedGemm)) and k.b_resident:
+        notes.append("B resident across steps")
+    if isinstance(k, Reduce) and k.leading:
+        notes.append("leading axes, outputs innermost")
+    if isinstance(k, Copy):
+        notes.append(f"from {k.node.op.name.lower()}")
+    return text + (f"  [{'; '.join(notes)}]" if notes else "")

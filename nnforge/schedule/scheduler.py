@@ -1,0 +1,311 @@
+"""``schedule(graph, target) -> Program``: every decision past the graph passes, taken once and recorded.
+
+Taken here, from the graph, its fusion grouping (``passes.fuse``) and the backend's ``Target``:
+
+* the kernels of each graph, in order, and their form (elementwise, reduce, GEMM with an epilogue, a GEMM run
+  tile by tile with its column-slice readers, concat, scatter-add, copy);
+* where each value goes: a result of its graph (the kernel stores into it), scratch of its own, and the extra
+  results a kernel stores the same values into (a scan step's h: the next carry and this step's output row);
+* which scans run with their batch rows split among workers (``passes.rows.worth_splitting`` with the target,
+  plus the conditions of a split body: static batch, every kernel on rows), and how many rows a pass of the body
+  runs on;
+* which hoisted input projections are computed inside their row-split loop a chunk of steps at a time;
+* which GEMM operands are loop-invariant (B resident across steps).
+
+A renderer walks the ``Program`` and spells these decisions; it decides none of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+
+from ..dtypes import DType
+from ..ir.dims import free_symbols, symbol_name
+from ..ir.lengths import loop_length_symbols
+from ..ir.node import Graph, Node, users
+from ..ir.ops import ELEMENTWISE, REDUCE, Op
+from ..passes.fuse import STRIDED, Grouping, group
+from ..passes.rows import NotSeparable, RowSplit, is_rows, worth_splitting
+from .program import (
+    Block,
+    Buf,
+    ChunkedInput,
+    Concat,
+    Copy,
+    Elementwise,
+    Gemm,
+    Kernel,
+    Loop,
+    Program,
+    Reduce,
+    ScatterAdd,
+    SlicedGemm,
+)
+from .target import Target, Unsupported
+
+log = logging.getLogger("nnforge.schedule")
+
+
+def schedule(graph: Graph, target: Target) -> Program:
+    """The program that runs ``graph`` (after the passes of ``passes.pipeline(target)``) on ``target``; raises
+    ``Unsupported`` for a graph compiled code cannot run (side effects, random numbers: the reference
+    interpreter runs those)."""
+    if graph.effects:
+        raise Unsupported("graphs with side effects (receivers, nf.loop) run on the reference backend")
+    s = _Scheduler(target, loop_length_symbols(graph), itertools.count())
+    return Program(graph, target, s.block(graph, top=True, resident=frozenset()))
+
+
+class _Scheduler:
+    """The state of one ``schedule`` call: the target, the run-time size symbols and the buffer name counter."""
+
+    def __init__(self, target: Target, dynamic: set[str], names: Iterator[int]):
+        self.target = target
+        self.dynamic = dynamic
+        self.names = names
+
+    def buf(self, n: Node, output: int | None = None) -> Buf:
+        """The buffer of node ``n``: result ``output`` of its graph, or scratch."""
+        return self.scratch(n.dtype, n.shape, output)
+
+    def scratch(self, dtype: DType, shape: tuple, output: int | None = None) -> Buf:
+        name = f"out{output}" if output is not None else f"b{next(self.names)}"
+        return Buf(name, dtype, tuple(shape), output)
+
+    def block(self, graph: Graph, top: bool, resident: frozenset[int]) -> Block:
+        """The kernels of ``graph``; ``resident``: ids of its inputs that do not change across the steps of the
+        enclosing loop (none at the top level)."""
+        g = group(graph)
+        splits = {id(n): self.row_split(n) for n in graph.order if top and n.op == Op.SCAN}
+        chunked = find_chunked(graph, g, splits) if top else {}
+        sliced = {id(sg.root): sg for sg in g.sliced}
+        member_of = {id(m) for sg in sliced.values() for m in sg.members}
+        dest: dict[int, int] = {}
+        extra: dict[int, list[int]] = {}
+        copies: list[tuple[Node, int]] = []
+        dups: list[tuple[Node, int]] = []
+        for pos, o in enumerate(graph.outputs):
+            if id(o) in dest:
+                extra.setdefault(id(o), []).append(pos)
+                dups.append((o, pos))
+            elif o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) or id(o) in g.alias:
+                copies.append((o, pos))
+            else:
+                dest[id(o)] = pos
+        stored_extra = set(member_of)
+        kernels: list[Kernel | Loop] = []
+        for n in graph.order:
+            if (n.op in (Op.INPUT, Op.DATA, Op.PROJ) or id(n) in member_of or id(n) in g.alias
+                    or not g.is_stored(n) or id(n) in chunked):
+                continue
+            if n.op in (Op.SCAN, Op.LOOP):
+                kernels.append(self.loop(n, graph, g, dest, splits.get(id(n)),
+                                         tuple(c for c in chunked.values() if c[0] is n)))
+            elif id(n) in sliced:
+                sg = sliced[id(n)]
+                outs = tuple(self.buf(m, dest.get(id(m))) for m in sg.members)
+                kernels.append(SlicedGemm(sg.gemm, outs[-1], _fuses(g, sg.root, sg.gemm, sg.members), (), sg,
+                                          outs, tuple(tuple(extra.get(id(m), ())) for m in sg.members),
+                                          _resident(sg.gemm, g, resident)))
+            else:
+                k = self.kernel(n, g, self.buf(n, dest.get(id(n))), tuple(extra.get(id(n), ())), resident)
+                if isinstance(k, Elementwise | Gemm):
+                    stored_extra.add(id(n))
+                kernels.append(k)
+        copies += [(o, pos) for o, pos in dups if id(o) not in stored_extra]
+        return Block(graph, g, tuple(kernels), tuple(Copy(o, self.buf(o, pos), ()) for o, pos in copies))
+
+    def kernel(self, n: Node, g: Grouping, out: Buf, also: tuple[int, ...], resident: frozenset[int]) -> Kernel:
+        """The kernel computing stored node ``n``. Only an elementwise kernel and a GEMM store into ``also``
+        themselves (the others' extra results are copied after them)."""
+        if n.op == Op.MATMUL:
+            return Gemm(n, out, ("gemm",), also, None, _resident(n, g, resident))
+        if n.op in REDUCE:
+            return Reduce(n, out, (_name(n),), (), None, _leading_sum(n, g))
+        if id(n) in g.prologue:
+            p = next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
+            if p.op == Op.MATMUL:
+                return Gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident))
+            return Reduce(p, out, _fuses(g, n, p), (), n)
+        if n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
+            raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
+        if n.op == Op.CONCAT:
+            return Concat(n, out, ("concat", *_inlined(g, n)))
+        if n.op == Op.SCATTER_ADD:
+            return ScatterAdd(n, out, ("scatter_add", *_inlined(g, n)))
+        return Elementwise(n, out, _inlined(g, n, root=n), also)
+
+    def loop(self, n: Node, graph: Graph, g: Grouping, dest: dict[int, int], split: RowSplit | None,
+             chunked: tuple[tuple[Node, int, Node, Node, Node], ...]) -> Loop:
+        a = n.attrs
+        is_scan = n.op == Op.SCAN
+        body: Graph = split.body if split else a["body"]
+        if body.effects:
+            raise Unsupported("loop bodies with side effects run on the reference backend")
+        nc = a["n_carry"] if is_scan else a["n_state"]
+        nx = a["n_xs"] if is_scan else 0
+        projs = {m.attrs["index"]: m for m in graph.order if m.op == Op.PROJ and m.srcs[0] is n}
+        results = []
+        for i, (shape, dt) in enumerate(n.types):
+            pj = projs.get(i)
+            results.append(self.scratch(dt, shape, dest.get(id(pj)) if pj is not None else None))
+        length = n.srcs[nc].shape[0] if is_scan and nx else a["length"]
+        per_row = set(split.per_row) if split else set()
+        resident = frozenset(id(body.inputs[k]) for k in range(nc + nx, len(n.srcs)) if k not in per_row)
+        ins = [ChunkedInput(k, chunk_steps(view, self.target), self.chunk_gemm(p, root, view, g), view)
+               for _, k, view, root, p in chunked]
+        return Loop(n, tuple(results), length, bool(is_scan and a["reverse"]),
+                    self.block(body, top=False, resident=resident), split,
+                    self.row_block(split) if split else 0, tuple(ins))
+
+    def chunk_gemm(self, p: Node, root: Node, view: Node, g: Grouping) -> Gemm:
+        """The GEMM of a chunked projection: ``steps`` steps of the scan's input at a time into a chunk buffer."""
+        steps = chunk_steps(view, self.target)
+        out = self.scratch(view.dtype, (steps * int(view.shape[1]), *view.shape[2:]))
+        fuses = _fuses(g, root, p) if root is not p else ("gemm",)
+        return Gemm(p, out, fuses, (), root if root is not p else None, True)
+
+    def row_split(self, n: Node) -> RowSplit | None:
+        """``n``'s row-local body when splitting its batch rows among workers is possible and worth it: the body
+        is row-separable, ``passes.rows.worth_splitting`` with the target agrees (batch and weight size), the
+        batch is not a run-time size, and every kernel of the body has the batch axis (work without it would be
+        repeated by every worker). The reason for a refusal is logged (``NNFORGE_DEBUG=2``)."""
+        if not self.target.row_split:
+            return None
+        split = worth_splitting(n, self.target)
+        why = None
+        if isinstance(split, NotSeparable):
+            why = str(split)
+        elif free_symbols(split.batch) & self.dynamic:
+            why = f"batch {split.batch} is a run-time size"
+        else:
+            g = group(split.body)
+            for m in split.body.order:
+                if m.op in (Op.INPUT, Op.DATA, Op.PROJ) or id(m) in g.alias or not g.is_stored(m):
+                    continue
+                if not (m.shape and is_rows(m.shape[0])):
+                    why = f"{m.op.name.lower()} at {m.loc} in the body has no batch axis (it would run per worker)"
+                    break
+        if why is not None:
+            log.debug("scan at %s not split by rows: %s", n.loc, why)
+            return None
+        return split
+
+    def row_block(self, split: RowSplit) -> int:
+        """Rows per pass through a row-split body (0: all of a worker's rows at once). A body of several kernels
+        (a layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) runs one ``target.row_block``
+        of rows at a time, so what one kernel writes the next reads from L1; one fused kernel gains nothing."""
+        g = group(split.body)
+        kernels = [m for m in split.body.order if m.op not in (Op.INPUT, Op.DATA, Op.PROJ) and id(m) not in g.alias
+                   and g.is_stored(m)]
+        return self.target.row_block if len(kernels) > 1 else 0
+
+
+def find_chunked(graph: Graph, g: Grouping,
+                 splits: dict[int, RowSplit | None]) -> dict[int, tuple[Node, int, Node, Node, Node]]:
+    """The hoisted input projections of row-split scans that can be computed chunk by chunk inside their loop:
+    by id(root), (scan, k, view, root, matmul) for a GEMM (``root``: its epilogue root, or the matmul) whose only
+    reader is the ``k``-th scanned input of the scan, through the reshape ``view``.
+
+    Why: the hoisted ``x @ W_ih + b`` ([T, N, 4H]: 196 MB at T = 2000, N = 64, H = 96) would go through DRAM
+    twice, written by the GEMM and read back step by step. Computed a chunk of steps at a time (between two
+    synchronizations, which a row-split loop has no others of), the chunk stays in cache for the steps that read
+    it. A training step also reads the projection in the backward pass: there it has another reader and stays
+    whole."""
+    us = users(graph.order)
+    outs = {id(o) for o in graph.outputs}
+    found: dict[int, tuple[Node, int, Node, Node, Node]] = {}
+    for n in graph.order:
+        if n.op != Op.SCAN or splits.get(id(n)) is None:
+            continue
+        nc, nx = n.attrs["n_carry"], n.attrs["n_xs"]
+        for k in range(nx):
+            view = n.srcs[nc + k]
+            if view.op != Op.RESHAPE or id(view) not in g.alias or view.ndim != 3:
+                continue
+            root = view.srcs[0]
+            p = root if root.op == Op.MATMUL else next((m for m in graph.order if id(m) == g.prologue.get(id(root))),
+                                                       None)
+            if p is None or p.op != Op.MATMUL or p.ndim != 2 or not g.is_stored(root):
+                continue
+            if us.get(id(root), []) != [view] or us.get(id(view), []) != [n]:
+                continue
+            if symbol_name(view.shape[0]) is None:  # a length derived from others (a strided conv's output):
+                continue                            # the chunk's GEMM could not be given its step count
+            if id(root) in outs or id(view) in outs or sum(s is view for s in n.srcs) != 1:
+                continue
+            if int(p.shape[0]) != int(view.shape[0]) * int(view.shape[1]):
+                continue
+            found[id(root)] = (n, k, view, root, p)
+    return found
+
+
+def chunk_steps(view: Node, target: Target) -> int:
+    """Steps per chunk of a projection read through ``view`` ([T, batch, width]): as many as fit
+    ``target.chunk_bytes`` (at least one, at most ``target.max_chunk_steps``)."""
+    per_step = int(view.shape[1]) * int(view.shape[2]) * view.dtype.itemsize
+    return max(1, min(target.max_chunk_steps, target.chunk_bytes // max(per_step, 1)))
+
+
+def _has_buffer(n: Node, g: Grouping) -> bool:
+    return id(n) in g.stored and id(n) not in g.epilogue_of
+
+
+def _leading_sum(p: Node, g: Grouping) -> bool:
+    """A float sum over leading axes of a stored buffer (a scan's stacked ys summed over time)."""
+    axes = tuple(sorted(p.attrs["axes"]))
+    return (p.op == Op.SUM and p.dtype.is_float and _has_buffer(p.srcs[0], g) and len(axes) > 0
+            and axes == tuple(range(len(axes))) and len(axes) < p.srcs[0].ndim)
+
+
+def _resident(p: Node, g: Grouping, resident: frozenset[int]) -> bool:
+    """B of matmul ``p`` is a loop-invariant input of the body seen through movement ops (a weight)."""
+    if p.ndim != 2:
+        return False
+    b = p.srcs[1]
+    while b.op != Op.INPUT:
+        if (_has_buffer(b, g) and id(b) not in g.alias) or b.op not in STRIDED:
+            return False
+        b = b.srcs[0]
+    return id(b) in resident
+
+
+def _name(n: Node) -> str:
+    return {Op.MATMUL: "gemm", Op.REDUCE_MAX: "max"}.get(n.op, n.op.name.lower())
+
+
+def _fuses(g: Grouping, root: Node, p: Node, members: tuple[Node, ...] = ()) -> tuple[str, ...]:
+    """The op names a GEMM or reduction kernel evaluates: its own, its epilogue's, its members' (sliced)."""
+    names = [_name(p)]
+    if root is not p:
+        names += _inlined(g, root, root=root, stop=p)
+    for m in members:
+        names += _inlined(g, m, root=m, stop=p)
+    return tuple(names)
+
+
+def _inlined(g: Grouping, n: Node, root: Node | None = None, stop: Node | None = None) -> tuple[str, ...]:
+    """The elementwise ops evaluated in the kernel of ``n`` (``root``: its own node, computed not loaded), in
+    evaluation order: sources first, each once."""
+    seen: set[int] = set()
+    names: list[str] = []
+
+    def walk(m: Node) -> None:
+        if id(m) in seen or m is stop:
+            return
+        seen.add(id(m))
+        if m is not root and (_has_buffer(m, g) or id(m) in g.alias):
+            return
+        for s in m.srcs:
+            walk(s)
+        if m.op in ELEMENTWISE:
+            names.append(m.op.name.lower())
+        elif m.op == Op.GATHER:
+            names.append("gather")
+
+    for s in (n.srcs if root is None else (n,)):
+        walk(s)
+    return tuple(names)
+

@@ -1,0 +1,110 @@
+"""``schedule(graph, target) -> Program``: the decisions past the passes are taken from the target and recorded,
+the printed program shows them, and the C backend renders exactly the program it was given."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge.codegen.c import lower, prepare
+from nnforge.codegen.c.target import cpu_target
+from nnforge.schedule import Copy, Elementwise, Gemm, Reduce, SlicedGemm, Unsupported, schedule
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "codegen"))
+from test_c_row_split import _lstm_args, ln_lstm, lstm
+
+
+def _program(fn, args, target=None):
+    return schedule(prepare(nf.compile(fn).trace(*args)), target or cpu_target())
+
+
+def test_an_lstm_layer_prints_its_decisions(rng: np.random.Generator) -> None:
+    """Row split, row block, the chunked input projection and the resident recurrent weight, in the text a user
+    reads (``nf.show(..., stage="scheduled")``)."""
+    args = _lstm_args(rng, 150, 16, 5, 8)
+    text = nf.show(nf.compile(lstm), *args, stage="scheduled")
+    lines = text.splitlines()
+    assert lines[0] == "program for target cpu"
+    assert lines[1].startswith("  scan over T steps, rows split among workers (batch 16, 6 rows per pass) -> (")
+    assert lines[2] == "    every 64 steps, input 0: gemm+add -> b0: f32[1024, 32]  [B resident across steps]"
+    assert lines[3].startswith("    gemm+add+sigmoid+mul+tanh -> out1: f32[16, 8], out0: f32[16, 8] (and out2)  "
+                               "[column tiles of 4 slices at ")
+    assert lines[4] == "  }" and len(lines) == 5
+
+
+def test_the_renderer_walks_the_program_the_scheduler_made(rng: np.random.Generator) -> None:
+    g = prepare(nf.compile(ln_lstm).trace(*_lstm_args(rng, 6, 12, 5, 8)))
+    low = lower(g)
+    assert low.program == schedule(g, cpu_target())
+    assert low.program is not schedule(g, cpu_target())  # equal records, not a cached object
+
+
+def test_the_target_decides(rng: np.random.Generator) -> None:
+    args = _lstm_args(rng, 150, 16, 5, 8)
+    (split,) = _program(lstm, args).loops()
+    assert split.parallel is not None and split.chunked[0].steps == 64
+    (shared,) = _program(lstm, args, replace(cpu_target(), row_split=False)).loops()
+    assert shared.parallel is None and not shared.chunked  # chunks only in a loop without barriers
+    (small,) = _program(lstm, args, replace(cpu_target(), max_chunk_steps=5)).loops()
+    assert small.chunked[0].steps == 5 and small.chunked[0].gemm.out.shape == (5 * 16, 32)
+    (whole,) = _program(lstm, args, replace(cpu_target(), row_block=0)).loops()
+    assert whole.parallel is not None and whole.row_block == 0
+
+
+def test_kernel_forms_and_where_results_go(rng: np.random.Generator) -> None:
+    """A reduction with its epilogue, an elementwise kernel storing into a result, a result that is an input
+    (copied), and a GEMM whose result is the graph's."""
+
+    def fn(x, w):
+        y = x @ w
+        return (y * y).sum(-1, keepdims=True) * 0.5, nf.tanh(x) + 1.0, x, y
+
+    x, w = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    block = _program(fn, (x, w)).block
+    kinds = {type(k): k for k in block.kernels}
+    assert kinds[Gemm].out.output == 3 and kinds[Gemm].epilogue is None and not kinds[Gemm].b_resident
+    assert kinds[Reduce].kind == "sum+mul" and kinds[Reduce].out.output == 0
+    assert kinds[Elementwise].kind == "tanh+add" and kinds[Elementwise].out.output == 1
+    (copy,) = block.copies
+    assert isinstance(copy, Copy) and copy.out.output == 2 and copy.kind == "copy"
+
+
+def test_training_sums_weight_gradients_over_leading_axes(rng: np.random.Generator) -> None:
+    def loss(*a):
+        return (lstm(*a)[0] ** 2).sum()
+
+    prog = _program(nf.grad(loss, argnums=(3, 4, 5)), _lstm_args(rng, 7, 16, 5, 8))
+    assert any(isinstance(k, Reduce) and k.leading for k in prog.kernels())  # db: the sum over T and N
+    assert len(prog.loops()) == 2 and all(not loop.chunked for loop in prog.loops())
+    assert any(isinstance(k, SlicedGemm) for k in prog.loops()[0].body.kernels)
+
+
+def test_random_numbers_are_not_scheduled(rng: np.random.Generator) -> None:
+    def fn(x):
+        return x + nf.rand(*x.shape)
+
+    g = prepare(nf.compile(fn).trace(rng.standard_normal((3, 4)).astype(np.float32)))
+    with pytest.raises(Unsupported, match="rand runs on the reference backend"):
+        schedule(g, cpu_target())
+
+
+def test_loops_nest_in_the_program(rng: np.random.Generator) -> None:
+    def fn(x, h0):
+        def outer(h, x_t):
+            def inner(g, _):
+                return nf.tanh(g * 0.5 + x_t), g
+
+            g, _ = nf.scan(inner, h, nf.stack([x_t, x_t]))
+            return g, g
+
+        return nf.scan(outer, h0, x)
+
+    x, h0 = rng.standard_normal((3, 4, 5)).astype(np.float32), rng.standard_normal((4, 5)).astype(np.float32)
+    outer, inner = _program(fn, (x, h0)).loops()
+    assert inner in outer.body.kernels and inner.length == 2
+    assert outer.parallel is None and inner.parallel is None  # batch 4: too few rows; never inside a loop
