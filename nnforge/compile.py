@@ -23,13 +23,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .codegen import build_program
-from .control import _is_leaf, placeholder
+from .control import _is_leaf
 from .dtypes import from_numpy
 from .errors import NNForgeError, TraceError, at
 from .interop.autograd import call_with_autograd, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import baked_symbols, sym
 from .ir.lengths import loop_length_symbols
+from .ir.loops import placeholder
 from .ir.node import Graph, Node, toposort
 from .ir.ops import Op
 from .passes import run_pipeline

@@ -16,8 +16,8 @@ import numpy as np
 from . import dtypes
 from .codegen.streams import PENDING, PREFETCH
 from .errors import ShapeError, TraceError, at, user_location
-from .ir.build import make, rebuild
-from .ir.node import Graph, Node, toposort
+from .ir.build import make
+from .ir.loops import close_body, placeholder
 from .ir.ops import Op, fmt_shape
 from .pytree import describe, flatten, unflatten
 from .tensor import Tensor, as_tensor, full, where
@@ -35,46 +35,6 @@ def _tensors(leaves: list, what: str) -> list[Tensor]:
             raise TraceError(at(f"{what}: expected tensors, got {type(v).__name__}"))
         out.append(v if isinstance(v, Tensor) else Tensor(v))
     return out
-
-
-def placeholder(shape: tuple, dtype: dtypes.DType, name: str) -> Node:
-    return make(Op.INPUT, (), {"name": name, "shape": tuple(shape), "dtype": dtype})
-
-
-def close_body(placeholders: list[Node], outputs: list[Node], sc: Scope) -> tuple[Graph, list[Node]]:
-    """Turn a traced body into a Graph whose only free values are explicit inputs.
-
-    Inner nodes are the ones that depend on a placeholder or are effects made inside the body. Any other value
-    an inner node reads (a weight, a value computed before the loop) becomes a const input; scalar constants are
-    cheap to rebuild and stay inside.
-    """
-    roots = list(outputs) + list(sc.effects)
-    inner: set[int] = {id(p) for p in placeholders} | set(sc.effectful) | {id(e) for e in sc.effects}
-    order = toposort(roots)
-    for n in order:
-        if id(n) not in inner and any(id(s) in inner for s in n.srcs):
-            inner.add(id(n))
-    consts: list[Node] = []
-    const_ids: dict[int, Node] = {}
-
-    def lift(n: Node) -> Node:
-        if n.op == Op.CONST:
-            return n
-        if id(n) not in const_ids:
-            const_ids[id(n)] = placeholder(n.shape, n.dtype, f"const{len(consts)}")
-            consts.append(n)
-        return const_ids[id(n)]
-
-    mapping: dict[int, Node] = {id(p): p for p in placeholders}
-    for n in order:
-        if id(n) in mapping or id(n) not in inner:
-            continue
-        srcs = tuple(mapping[id(s)] if id(s) in inner else lift(s) for s in n.srcs)
-        mapping[id(n)] = n if srcs == n.srcs else rebuild(n, srcs)
-    outs = [mapping[id(o)] if id(o) in inner else lift(o) for o in outputs]
-    effects = [mapping[id(e)] for e in sc.effects]
-    inputs = list(placeholders) + [const_ids[id(c)] for c in consts]
-    return Graph(inputs, outs, effects), consts
 
 
 def _check_like(new: list[Tensor], old: list[Tensor], what: str) -> None:
@@ -139,7 +99,7 @@ def _scan(body: Callable, carry: list[Tensor], carry_def: Any, xs: list[Tensor],
     _check_like(new, carry, "scan")
     y_leaves, y_def = flatten(out[1], _is_leaf)
     ys = _tensors(y_leaves, "scan y")
-    graph, consts = close_body(c_ph + x_ph, [t.node for t in new + ys], sc)
+    graph, consts = close_body(c_ph + x_ph, [t.node for t in new + ys], sc.effects, sc.effectful)
     types = tuple((c.shape, c.dtype) for c in carry) + tuple(((length, *y.shape), y.dtype) for y in ys)
     node = make(Op.SCAN, tuple(t.node for t in carry + xs) + tuple(consts),
                 {"body": graph, "n_carry": len(carry), "n_xs": len(xs), "reverse": bool(reverse),
@@ -225,7 +185,7 @@ def loop(n: int, body: Callable) -> None:
     for b, nn in zip(before, new):
         if tuple(map(int, nn.shape)) != tuple(map(int, b.shape)) or nn.dtype != b.dtype:
             raise ShapeError(at(f"loop: state {fmt_shape(b.shape)} {b.dtype} became {fmt_shape(nn.shape)} {nn.dtype}"))
-    graph, consts = close_body(idx + ph, new, sc2)
+    graph, consts = close_body(idx + ph, new, sc2.effects, sc2.effectful)
     node = make(Op.LOOP, tuple(before) + tuple(consts),
                 {"body": graph, "n_state": len(state), "length": n, "with_index": with_index},
                 types=tuple((b.shape, b.dtype) for b in before))
