@@ -1,4 +1,5 @@
-"""A new sequence length re-specializes the cached trace; sizes used as values follow the new length."""
+"""A new sequence length re-specializes the cached trace; sizes used as values follow the new length (on every
+backend)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import numpy as np
 import nnforge as nf
 
 
-def test_checkpointed_scan_and_mean_over_time_follow_the_length_without_retracing(rng: np.random.Generator):
-    @nf.compile
+def test_checkpointed_scan_and_mean_over_time_follow_the_length_without_retracing(rng: np.random.Generator,
+                                                                                  backend: str):
+    @nf.compile(backend=backend)
     def f(x):
         def cell(c, x_t):
             return c * 0.5 + x_t, c
@@ -30,8 +32,8 @@ def test_checkpointed_scan_and_mean_over_time_follow_the_length_without_retracin
     assert f.trace_count == 1
 
 
-def test_a_length_baked_into_a_reshape_stays_in_the_cache_key(rng: np.random.Generator):
-    @nf.compile
+def test_a_length_baked_into_a_reshape_stays_in_the_cache_key(rng: np.random.Generator, backend: str):
+    @nf.compile(backend=backend)
     def f(x):
         _, ys = nf.scan(lambda c, x_t: (c + x_t, c), nf.zeros(2), x)
         return ys.reshape(int(x.shape[0]) * 2)  # int() drops the symbol: this graph is only valid for one T
