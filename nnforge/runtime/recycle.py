@@ -1,4 +1,5 @@
-"""Output buffers a compiled program hands out, recycled once the caller has let go of them.
+"""Host memory a compiled program hands out: output buffers recycled once the caller has let go of them, and
+64-byte-aligned scratch bytes.
 
 Why: a call's outputs are large (an LSTM layer's ``ys`` at T = 2000, N = 64, H = 96 is 49 MB) and fresh memory
 costs the kernel a page fault and a page clear per page on first touch, every call. On the 2-core Zen 3 VM
@@ -54,6 +55,12 @@ class OutputPool:
             while len(self._bufs) > self.keep:
                 self._bufs.popleft()
             return _view(buf, shape, dtype, nbytes)
+
+
+def aligned_bytes(nbytes: int) -> np.ndarray:
+    """``nbytes`` uninitialized bytes from a 64-byte-aligned address (vector loads and cache lines want it; an
+    empty array's address is numpy's to choose)."""
+    return _view(np.empty(nbytes + ALIGN, np.uint8), (nbytes,), np.dtype(np.uint8), nbytes)
 
 
 def _view(buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
