@@ -20,8 +20,10 @@ from .program import (
     ScatterAdd,
     SlicedGemm,
     format_program,
+    stored_node,
 )
 from .scheduler import schedule
 
 __all__ = ["Block", "Buf", "ChunkedInput", "Concat", "Copy", "Elementwise", "Gemm", "Kernel", "Loop", "Program",
-           "Reduce", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program", "schedule"]
+           "Reduce", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program", "schedule",
+           "stored_node"]

@@ -241,3 +241,13 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
     if isinstance(k, Copy):
         notes.append(f"from {k.node.op.name.lower()}")
     return text + (f"  [{'; '.join(notes)}]" if notes else "")
+
+
+def stored_node(k: Kernel | Loop) -> Node:
+    """The node whose buffer a kernel fills: a GEMM's or reduction's epilogue root, a sliced GEMM's root, else the
+    node it computes."""
+    if isinstance(k, SlicedGemm):
+        return k.group.root
+    if isinstance(k, Gemm | Reduce) and k.epilogue is not None:
+        return k.epilogue
+    return k.node
