@@ -1,6 +1,6 @@
-"""Fused GEMM tiles in vector form (``prelude.h``'s ``nf_v*`` helpers, eight float32 columns at a time): which
-index expressions vectorize (``lane_stride``), the vector sigmoid/tanh against float64 torch over the whole float
-range, the recurrent step computed from its register tiles (the gates never stored), and the scalar fallback for
+"""Fused GEMM tiles in vector form (``prelude.h``'s ``nf_v*`` helpers, eight float32 columns at a time; which
+index expressions vectorize is ``test_index_expr``'s): the vector sigmoid/tanh against float64 torch over the whole
+float range, the recurrent step computed from its register tiles (the gates never stored), and the scalar fallback for
 a tile body with no vector form."""
 
 from __future__ import annotations
@@ -14,19 +14,8 @@ from test_c_math import _grid
 from test_scan import lstm
 
 import nnforge as nf
-from nnforge.codegen.c.cexpr import lane_stride
 
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
-
-
-@pytest.mark.parametrize("index,step", [
-    ("j", 1), ("(i) * 1536 + 384 + j", 1), ("((i) * 3 + S[0]) * 16 + j", 1), ("(i) * 96 + j + 1 - 1", 1),
-    ("(i) * 384 + u0_", 0), ("0", 0), ("S[1] * (i + 2)", 0),
-    ("j * 2", None), ("(i) * j", None), ("(j) / (4)", None), ("nf_mod(j, 3)", None), ("(int64_t)j", None),
-    ("j * j", None), ("(j) % (8)", None), ("j - 2 * j", None), ("(i) * 8 + j - j", None),
-])
-def test_lane_stride(index: str, step: int | None) -> None:
-    assert lane_stride(index, "j") == step
 
 
 def _source(fn, *args) -> str:

@@ -7,13 +7,14 @@ shared object serves every sequence length; every other size is a literal the C 
 from __future__ import annotations
 
 import math
-import random
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...dtypes import DType
 from ...ir.dims import Dim
+from ...ir.expr import ONE, Expr, coefficient, depends, size_of
+from ...ir.expr import size as size_expr
 from ...ir.ops import Op
 from ...schedule.target import Unsupported  # also raised by the C renderer: one class to catch
 
@@ -125,6 +126,43 @@ class Sizes:
     def is_static(self, d: int) -> bool:
         return not (isinstance(d, Dim) and self._dynamic(d.expr))
 
+    def expr(self, d: int) -> Expr:
+        """Size ``d`` as an index expression: a constant when it is static here (so it folds), else a size leaf."""
+        return size_expr(int(d) if self.is_static(d) else d)
+
+    def index(self, e: Expr) -> str:
+        """An index expression as C. Its sizes print as sizes do; ``//`` and ``%`` as C's ``/`` and ``%``, which
+        agree with floor division on the non-negative values an in-range index has. Parentheses as the kernels
+        have always been spelled: a product's left operand unless it is a literal, a difference as ``((a) - b)``."""
+        op, args = e.op, e.args
+        if op == "const":
+            return str(args[0])
+        if op == "var":
+            return args[0]
+        if op == "size":
+            return self(size_of(e))
+        if op == "clamp":
+            x, n = self.index(args[0]), self._atom(args[1])
+            return f"({x} < 0 ? 0 : ({x} >= {n} ? {n} - 1 : {x}))"
+        a, b = args
+        if op == "add":
+            if b.op == "const" and b.args[0] < 0:
+                return f"{self.index(a)} - {-b.args[0]}"
+            return f"{self.index(a)} + {self.index(b)}"
+        if op == "sub":
+            return f"(({self.index(a)}) - {self._atom(b)})"
+        if op == "mul":
+            left = self.index(a) if a.op == "const" and a.args[0] >= 0 else f"({self.index(a)})"
+            return f"{left} * {self._atom(b)}"
+        return f"({self.index(a)}) {'/' if op == 'floordiv' else '%'} ({self.index(b)})"
+
+    def _atom(self, e: Expr) -> str:
+        """``e`` as an operand that binds tighter than any binary operator."""
+        text = self.index(e)
+        if e.op in ("var", "size") or (e.op == "const" and e.args[0] >= 0):
+            return text
+        return f"({text})"
+
 
 _SIZE_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
              "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
@@ -179,16 +217,6 @@ def literal(value: object, dt: DType) -> str:
         return "INFINITY" if v > 0 else "(-INFINITY)"
     text = repr(v)
     return f"{text}f" if dt == DType.float32 else text
-
-
-def flat(idx: Sequence[str], shape: Sequence[str]) -> str:
-    """Row-major offset of ``idx`` in a contiguous buffer of ``shape`` (both C expressions)."""
-    if not idx:
-        return "0"
-    out = idx[0]
-    for i, d in zip(idx[1:], shape[1:]):
-        out = i if out == "0" else f"({out}) * {d} + {i}"
-    return out
 
 
 _MATH = {Op.EXP: "exp", Op.LOG: "log", Op.SQRT: "sqrt", Op.SIN: "sin", Op.COS: "cos", Op.TANH: "nf_tanh",
@@ -262,60 +290,25 @@ def vector_formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[s
     return _VECTOR[op].format(a=args[0], b=args[1] if len(args) > 1 else "")
 
 
-_TOKEN = re.compile(r"\s*(?:(S\[\d+\])|([A-Za-z_]\w*)|(\d+)|([-+*()]))")
-
-
-def lane_stride(index: str, lane: str) -> int | None:
-    """How the flat index expression ``index`` moves when the integer variable ``lane`` grows by one: 0 (it does
-    not name ``lane``), 1 (consecutive elements: a vector load), or None (anything else, ``lane`` cancelling out
-    included, or an expression this cannot judge: divisions, calls). Judged by evaluating the expression, a
-    polynomial in its variables, at ``lane`` = 0, 1, 2 under two random assignments of the others: exact for sums
-    and products."""
-    names: dict[str, str] = {}
-    out, pos = [], 0
-    while pos < len(index):
-        m = _TOKEN.match(index, pos)
-        if m is None:
-            if index[pos:].strip():
-                return None
-            break
-        sym, name, num, punct = m.groups()
-        if sym or name:
-            if index[m.end():].lstrip().startswith("("):
-                return None  # a call
-            out.append(names.setdefault(sym or name, f"v{len(names)}"))
-        else:
-            out.append(num or punct)
-        pos = m.end()
-    if lane not in names:
+def lane_stride(index: Expr, lane: str) -> int | None:
+    """How the flat index ``index`` moves when the integer variable ``lane`` grows by one: 0 (it does not name
+    ``lane``: the read may be hoisted out of the lane loop), 1 (consecutive elements: a vector load), or None
+    (anything else: another stride, ``lane`` named but cancelling out, floor division or remainder of it).
+    Judged on the expression (``coefficient``), not on its C text."""
+    if not depends(index, lane):
         return 0
-    code = " ".join(out)
-    rng = random.Random(0)
-    steps = set()
-    for _ in range(2):
-        env = {v: rng.randrange(1, 1 << 20) for v in names.values()}
-        at = []
-        for x in (0, 1, 2):
-            env[names[lane]] = x
-            try:
-                at.append(eval(code, {"__builtins__": {}}, env))  # tokens checked above: integers, + - * ( )
-            except (SyntaxError, TypeError):
-                return None
-        if at[2] - at[0] != 2 * (at[1] - at[0]):
-            return None
-        steps.add(at[1] - at[0])
-    step = steps.pop() if len(steps) == 1 else None
-    return 1 if step == 1 else None  # 0 only when ``lane`` is absent: a hoisted read must not name it
+    return 1 if coefficient(index, lane) == ONE else None
 
 
-def store(ptr: str, index: str, value: str, lanes: int = 1, lane: str = "") -> str:
+def store(ptr: str, index: Expr, value: str, sz: Sizes, lanes: int = 1, lane: str = "") -> str:
     """The statement storing ``value`` at ``ptr[index]``; with ``lanes`` > 1 a vector of that many consecutive
     elements from there (``Unsupported`` unless ``index`` moves by one with ``lane``)."""
+    text = sz.index(index)
     if lanes == 1:
-        return f"{ptr}[{index}] = {value};"
+        return f"{ptr}[{text}] = {value};"
     if lane_stride(index, lane) != 1:
-        raise Unsupported(f"{ptr}[{index}] is not contiguous in {lane}")
-    return f"nf_vst_f32(&{ptr}[{index}], {value});"
+        raise Unsupported(f"{ptr}[{text}] is not contiguous in {lane}")
+    return f"nf_vst_f32(&{ptr}[{text}], {value});"
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 """Scalar helpers every program includes (kept in a .h file so it reads as C)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...ir.dims import symbol_name
+from ...ir.expr import Expr, var
 from ...schedule import ChunkedInput
 from .cexpr import Sizes
 from .gemm import emit_gemm, pack_panels
@@ -35,9 +36,9 @@ def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str
     ep_info: list = []
     epilogue = low.gemm_epilogue(p, root if root is not p else None, ctx, ep_info)
 
-    def global_rows(idx: list[str], acc: str, lanes: int, lane: str) -> tuple[list[str], list[str], str]:
+    def global_rows(idx: list[Expr], acc: str, lanes: int, lane: str) -> tuple[list[str], list[str], str]:
         """The epilogue reads its other operands (a bias) at the row of the whole sequence."""
-        return epilogue([f"({idx[0]} + {lo} * ({batch}))", *idx[1:]], acc, lanes, lane)
+        return epilogue([idx[0] + var(lo) * sz.expr(c.view.shape[1]), *idx[1:]], acc, lanes, lane)
 
     columns = [("0", sz(p.shape[-1]))]
     buf, _ = low.packed_b(p, vb, columns, lines, ind, resident=False)

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...dtypes import DType
+from ...ir.expr import Expr, row_major, var
 from ...ir.node import Node
-from .cexpr import LANES, Unsupported, byte_size, ctype, flat, store
+from .cexpr import LANES, Sizes, Unsupported, byte_size, ctype, store
 
 if TYPE_CHECKING:
     from .lower import Lowering
@@ -192,7 +193,7 @@ def gemm_prelude(cfg: GemmConfig) -> str:
     return "\n".join([_kernel_fns(DType.float32, cfg.mr, cfg.nr32), _kernel_fns(DType.float64, cfg.mr, cfg.nr64)])
 
 
-Epilogue = Callable[[list[str], str, int, str], tuple[list[str], list[str], str]]
+Epilogue = Callable[[list[Expr], str, int, str], tuple[list[str], list[str], str]]
 """``epilogue(idx, acc, lanes, lane)``: the fused elementwise root at ``idx`` given the accumulator value ``acc``,
 as (statements hoisted out of the lane loop, statements, value); with ``lanes`` > 1, of ``lanes`` consecutive
 values of the index variable ``lane``."""
@@ -299,15 +300,16 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
         # A plain product (``out`` then holds the sums): a full tile goes straight to ``out``, not through the
         # register tile and a copy loop (12 loads and 12 stores per 6 x 16 tile; a layer-norm LSTM step took 1.1 %
         # less).
-        at = flat([*bidx, i0, f"{jp} * {nr}"], [sz(d) for d in p.shape])
+        # ``jp * nr`` is the tile's first column, spelled as a whole (not analysed, only printed)
+        at = sz.index(row_major([*map(var, bidx), var(i0), var(f"{jp} * {nr}")], [sz.expr(d) for d in p.shape]))
         exact = " || ".join(f"mr_ == {m}" for m in _row_kernels(mr))
         lines.append(f"{c3}if (nr_ == {nr} && ({exact})) {{ {call}&{out}[{at}], {N}); continue; }}")
     lines.append(f"{c3}{call}{acc}, {nr});")
     stored: list[str] = []
 
     def element(i: str, j: str, values: list[str], lanes: int) -> tuple[list[str], list[str]]:
-        pre, lines, store = _epilogue_store(epilogue, out, [*bidx, i, j], [sz(d) for d in p.shape], values[0],
-                                            lanes, also)
+        pre, lines, store = _epilogue_store(sz, epilogue, out, [*map(var, bidx), var(i), var(j)],
+                                            [sz.expr(d) for d in p.shape], values[0], lanes, also)
         stored.append(store)
         return pre, lines
 
@@ -321,17 +323,19 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     return lines, stored[0]
 
 
-def _epilogue_store(epilogue: Epilogue | None, out: str, idx: list[str], dims: Sequence[object],
+def _epilogue_store(sz: Sizes, epilogue: Epilogue | None, out: str, idx: list[Expr], dims: Sequence[Expr],
                     value: str, lanes: int = 1, also: Sequence[str] = ()) -> tuple[list[str], list[str], str]:
     """(statements before the column loop, statements storing ``epilogue(value)`` at ``out[idx]`` and at the same
     index of each buffer in ``also``, the assignment itself for listings); with ``lanes`` > 1, of that many
     consecutive columns from ``idx[-1]`` (``Unsupported`` unless they are contiguous). ``also`` gets the value's
     temporary, or what ``out`` holds once written when the value is an expression (it may read ``out``)."""
-    pre, stmts, value = epilogue(idx, value, lanes, idx[-1]) if epilogue is not None else ([], [], value)
-    index = flat(idx, dims)
-    stmts = [*stmts, store(out, index, value, lanes, idx[-1])]
+    lane = idx[-1].args[0]
+    pre, stmts, value = epilogue(idx, value, lanes, lane) if epilogue is not None else ([], [], value)
+    flat = row_major(idx, dims)
+    index = sz.index(flat)
+    stmts = [*stmts, store(out, flat, value, sz, lanes, lane)]
     stored = value if value.isidentifier() else f"{out}[{index}]" if lanes == 1 else f"nf_vld_f32(&{out}[{index}])"
-    stmts += [store(o, index, stored, lanes, idx[-1]) for o in also]
+    stmts += [store(o, flat, stored, sz, lanes, lane) for o in also]
     return pre, stmts, f"{', '.join([out, *also])}[{index}] = {value}"
 
 
@@ -442,9 +446,10 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
     def element(i: str, j: str, values: list[str], _lanes: int) -> tuple[list[str], list[str]]:
         """Partial sums over K slices accumulate in ``out``; the epilogue runs on the last slice."""
         value = values[0]
-        store = f"{out}[{flat([i, j], [M, N])}]"
+        idx, dims = [var(i), var(j)], [sz.expr(p.shape[-2]), sz.expr(p.shape[-1])]
+        store = f"{out}[{sz.index(row_major(idx, dims))}]"
         lines = [f"if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}"]
-        _, last, assign = _epilogue_store(epilogue, out, [i, j], [M, N], f"(({pc} ? {store} : 0) + {value})",
+        _, last, assign = _epilogue_store(sz, epilogue, out, idx, dims, f"(({pc} ? {store} : 0) + {value})",
                                           also=also)
         stored.append(assign)
         return [], [*lines, *last]

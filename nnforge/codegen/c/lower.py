@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ...dtypes import DType
+from ...ir.expr import ZERO, Expr, clamp, row_major, var
+from ...ir.index import index_map, sliced_index, strided
 from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, Op
 from ...ir.printer import fmt_type
@@ -44,7 +46,6 @@ from .cexpr import (
     byte_size,
     ceil_div,
     ctype,
-    flat,
     formula,
     lane_stride,
     literal,
@@ -56,7 +57,6 @@ from .gemm import Epilogue, GemmConfig, check_dtype, emit_gemm, emit_sliced, gem
 from .memplan import Slot, plan, slot_bytes_function
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope
-from .views import index_map, sliced_index, strided
 
 log = logging.getLogger("nnforge.codegen.c")
 
@@ -86,7 +86,7 @@ class Scalar:
     and the caller keeps the scalar form."""
 
     def __init__(self, low: Lowering, ctx: GraphCtx, overrides: dict[int, str] | None = None,
-                 identity: tuple[str, ...] | None = None, lanes: int = 1, lane: str | None = None,
+                 identity: tuple[Expr, ...] | None = None, lanes: int = 1, lane: str | None = None,
                  root: Node | None = None):
         self.low, self.ctx = low, ctx
         self.root = root  # the kernel's own result: computed, never loaded from its buffer
@@ -125,9 +125,9 @@ class Scalar:
         self.uniform[v] = s
         return v
 
-    def load(self, dt: DType, ptr: str, index: str) -> str:
+    def load(self, dt: DType, ptr: str, index: Expr) -> str:
         """``ptr[index]`` as a temporary (with lanes: a vector load, or a broadcast hoisted into ``pre``)."""
-        access = f"{ptr}[{index}]"
+        access = f"{ptr}[{self.low.sizes.index(index)}]"
         self.loads.append(access)
         if self.lanes == 1:
             return self.tmp(dt, access)
@@ -137,13 +137,14 @@ class Scalar:
             raise Unsupported(f"{access} is not contiguous in {self.lane}")
         return self.tmp(dt, f"nf_vld_f32(&{access})") if step == 1 else self._broadcast(dt, access)
 
-    def store(self, dt: DType, ptr: str, index: str, value: str) -> str:
+    def store(self, dt: DType, ptr: str, index: Expr, value: str) -> str:
         """The statement storing ``value`` at ``ptr[index]`` (``lanes`` consecutive elements with lanes)."""
         if self.lanes > 1:
             self._vector(dt)
-        return store(ptr, index, value, self.lanes, self.lane or "")
+        return store(ptr, index, value, self.low.sizes, self.lanes, self.lane or "")
 
-    def val(self, n: Node, idx: Sequence[str]) -> str:
+    def val(self, n: Node, idx: Sequence[Expr]) -> str:
+        """The C value (a temporary, a literal) of ``n`` at index ``idx``, computed once per index."""
         idx = tuple(idx)
         if id(n) in self.overrides and idx == self.identity:
             return self.overrides[id(n)]
@@ -154,11 +155,11 @@ class Scalar:
         self.memo[key] = out
         return out
 
-    def _val(self, n: Node, idx: tuple[str, ...]) -> str:
+    def _val(self, n: Node, idx: tuple[Expr, ...]) -> str:
         ctx, sz = self.ctx, self.low.sizes
         ptr = None if n is self.root else ctx.buffer(n)
         if ptr is not None:
-            return self.load(n.dtype, ptr, flat(idx, [sz(d) for d in n.shape]))
+            return self.load(n.dtype, ptr, row_major(idx, [sz.expr(d) for d in n.shape]))
         if n.op == Op.CONST:
             value = n.attrs["value"]  # a size used as a value (x.shape[0]) may be a run-time trip count
             lit = literal(value, n.dtype) if sz.is_static(value) else f"(({ctype(n.dtype)})({sz(value)}))"
@@ -168,9 +169,9 @@ class Scalar:
                 return f"nf_vbc_f32({lit})"
             return lit
         if n.op == Op.RESHAPE and ctx.buffer(n.srcs[0]) is not None:
-            return self.load(n.dtype, ctx.buffer(n.srcs[0]), flat(idx, [sz(d) for d in n.shape]))
+            return self.load(n.dtype, ctx.buffer(n.srcs[0]), row_major(idx, [sz.expr(d) for d in n.shape]))
         if n.op in (Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.RESHAPE):
-            return self.val(n.srcs[0], index_map(n, idx, sz))
+            return self.val(n.srcs[0], index_map(n, idx, sz.expr))
         if self.lanes > 1 and n.op in (Op.PAD, Op.CONCAT):
             raise Unsupported(f"no vector form of {n.op.name.lower()}")
         if n.op == Op.GATHER:
@@ -197,7 +198,7 @@ class Scalar:
             return self.tmp(n.dtype, formula(n.op, n.dtype, n.srcs[0].dtype, args, n.attrs))
         raise Unsupported(f"cannot inline {n.op.name.lower()} (created at {n.loc})")
 
-    def _pad(self, n: Node, idx: tuple[str, ...]) -> str:
+    def _pad(self, n: Node, idx: tuple[Expr, ...]) -> str:
         sz = self.low.sizes
         src = n.srcs[0]
         conds, inner = [], []
@@ -207,15 +208,15 @@ class Scalar:
             if int(lo) == 0 and int(_hi) == 0:
                 inner.append(i)
                 continue
-            j = f"(({i}) - {sz(lo)})"
-            conds.append(f"({j} >= 0 && {j} < {sz(d)})")
-            inner.append(f"({j} < 0 ? 0 : ({j} >= {sz(d)} ? {sz(d)} - 1 : {j}))")
+            j = i - sz.expr(lo)
+            conds.append(f"({sz.index(j)} >= 0 && {sz.index(j)} < {sz(d)})")
+            inner.append(clamp(j, sz.expr(d)))
         v = self.val(src, inner)
         if not conds:
             return v
         return self.tmp(n.dtype, f"({' && '.join(conds)}) ? {v} : {literal(n.attrs['value'], n.dtype)}")
 
-    def _gather(self, n: Node, idx: tuple[str, ...]) -> str:
+    def _gather(self, n: Node, idx: tuple[Expr, ...]) -> str:
         """A load of ``x`` at a computed index (the index tensor's value at ``idx``). An out-of-range index reads
         NaN (0 for integers): there is no error channel in a running program, and NaN shows in any loss."""
         if self.lanes > 1:
@@ -225,24 +226,22 @@ class Scalar:
         self.fused.append("gather")
         j, d = self.val(index, idx), self.low.sizes(x.shape[axis])
         clamped = self.tmp(DType.int64, f"({j} < 0 ? 0 : ({j} >= {d} ? {d} - 1 : (int64_t){j}))")
-        v = self.val(x, (*idx[:axis], clamped, *idx[axis + 1:]))
+        v = self.val(x, (*idx[:axis], var(clamped), *idx[axis + 1:]))
         bad = "NAN" if n.dtype.is_float else "0"
         return self.tmp(n.dtype, f"({j} >= 0 && {j} < {d}) ? {v} : ({ctype(n.dtype)}){bad}")
 
-    def _concat(self, n: Node, idx: tuple[str, ...]) -> str:
+    def _concat(self, n: Node, idx: tuple[Expr, ...]) -> str:
         sz = self.low.sizes
         axis = n.attrs["axis"]
         parts: list[tuple[str, str]] = []
-        start = "0"
+        start = ZERO
         for s in n.srcs:
-            d = sz(s.shape[axis])
+            d = sz.expr(s.shape[axis])
             if int(s.shape[axis]) == 0:
                 continue
-            j = idx[axis] if start == "0" else f"(({idx[axis]}) - ({start}))"
-            clamped = f"({j} < 0 ? 0 : ({j} >= {d} ? {d} - 1 : {j}))"
-            v = self.val(s, (*idx[:axis], clamped, *idx[axis + 1:]))
-            end = d if start == "0" else f"{start} + {d}"
-            parts.append((f"({idx[axis]}) < ({end})", v))
+            v = self.val(s, (*idx[:axis], clamp(idx[axis] - start, d), *idx[axis + 1:]))
+            end = d if start == ZERO else _sum(start, d)
+            parts.append((f"({sz.index(idx[axis])}) < ({sz.index(end)})", v))
             start = end
         expr = parts[-1][1]
         for cond, v in reversed(parts[:-1]):
@@ -477,11 +476,13 @@ class Lowering:
         shape = [self.sizes(d) for d in n.shape]
         if kind != "copy" and self._vector_pointwise(n, ctx, [out, *also], shape, code, ind, listing):
             return
-        idx, inner = self._loops(shape, code, ind, "i")
+        names, inner = self._loops(shape, code, ind, "i")
+        idx = [var(i) for i in names]
         sc = Scalar(self, ctx, root=None if kind == "copy" else n)  # a copy loads its source's buffer
         v = sc.val(n, idx)
         code.extend(inner + s for s in sc.stmts)
-        stores = [f"{o}[{flat(idx, shape)}]" for o in [out, *also]]
+        at = self.sizes.index(row_major(idx, [self.sizes.expr(d) for d in n.shape]))
+        stores = [f"{o}[{at}]" for o in [out, *also]]
         code += [f"{inner}{st} = {v};" for st in stores]
         code.append(f"{ind}}}")
         listing.append(KernelInfo(kind if sc.fused or kind == "copy" else "copy", ", ".join([out, *also]),
@@ -506,12 +507,14 @@ class Lowering:
         idx = [self.fresh("i") for _ in shape]
         width = int(n.shape[-1])
         inner = ind + "        "
+        at = [var(i) for i in idx]
+        flat = row_major(at, [self.sizes.expr(d) for d in n.shape])
         vector, scalar = (Scalar(self, ctx, lanes=step, lane=idx[-1], root=n) for step in (lanes, 1))
         bodies = []
         for sc in (vector, scalar):
             try:
-                v = sc.val(n, idx)
-                bodies.append([*sc.stmts, *(sc.store(n.dtype, o, flat(idx, shape), v) for o in outs)])
+                v = sc.val(n, at)
+                bodies.append([*sc.stmts, *(sc.store(n.dtype, o, flat, v) for o in outs)])
             except Unsupported as e:
                 log.debug("elementwise kernel at %s kept scalar: %s", n.loc, e)
                 return False
@@ -546,26 +549,28 @@ class Lowering:
         self.stats["kernels"] += 1
         sz = self.sizes
         axis = n.attrs["axis"]
-        oshape = [sz(d) for d in n.shape]
         parts = [src for src in n.srcs if int(src.shape[axis]) != 0]
-        offset = "0"
+        oshape = [sz.expr(d) for d in n.shape]
+        offset = ZERO
         fused: list[str] = []
         loads: list[str] = []
         stores: list[str] = []
         for k, src in enumerate(parts):
-            idx, inner = self._loops([sz(d) for d in src.shape], code, ind, "i", nowait=k < len(parts) - 1)
+            names, inner = self._loops([sz(d) for d in src.shape], code, ind, "i", nowait=k < len(parts) - 1)
+            idx = [var(i) for i in names]
             sc = Scalar(self, ctx)
             v = sc.val(src, idx)
             code.extend(inner + st for st in sc.stmts)
-            at = idx[axis] if offset == "0" else f"({idx[axis]} + {offset})"
-            store = f"{out}[{flat([*idx[:axis], at, *idx[axis + 1:]], oshape)}]"
+            # the part's first index spelled ``(i + offset)`` as a whole, as the C always was (printed, not analysed)
+            at = idx[axis] if offset == ZERO else var(f"({sz.index(idx[axis] + offset)})")
+            store = f"{out}[{sz.index(row_major([*idx[:axis], at, *idx[axis + 1:]], oshape))}]"
             code.append(f"{inner}{store} = {v};")
             code.append(f"{ind}}}")
             fused += sc.fused
             loads += sc.loads
             stores.append(f"{store} = {v}")
-            d = sz(src.shape[axis])
-            offset = d if offset == "0" else f"{offset} + {d}"
+            d = sz.expr(src.shape[axis])
+            offset = d if offset == ZERO else _sum(offset, d)
         listing.append(KernelInfo("elementwise", out, fmt_type(n.shape, n.dtype), ["concat", *fused], stores, loads,
                                   note=f"{len(parts)} parts along axis {axis}, one loop each"))
 
@@ -578,20 +583,23 @@ class Lowering:
         sz = self.sizes
         x, index = n.srcs
         axis = n.attrs["axis"]
-        oshape = [sz(d) for d in n.shape]
-        idx, inner = self._loops([sz(d) for k, d in enumerate(x.shape) if k != axis], code, ind, "i")
+        oshape = [sz.expr(d) for d in n.shape]
+        names, inner = self._loops([sz(d) for k, d in enumerate(x.shape) if k != axis], code, ind, "i")
+        idx = [var(i) for i in names]
         z, r = self.fresh("z"), self.fresh("r")
+        width = sz(n.shape[axis])
 
-        def at(i: str) -> list[str]:
-            return [*idx[:axis], i, *idx[axis:]]
+        def at(i: str) -> str:
+            return sz.index(row_major([*idx[:axis], var(i), *idx[axis:]], oshape))
 
-        code.append(f"{inner}for (int64_t {z} = 0; {z} < {oshape[axis]}; {z}++) {out}[{flat(at(z), oshape)}] = 0;")
+        code.append(f"{inner}for (int64_t {z} = 0; {z} < {width}; {z}++) {out}[{at(z)}] = 0;")
         code.append(f"{inner}for (int64_t {r} = 0; {r} < {sz(x.shape[axis])}; {r}++) {{")
         sc = Scalar(self, ctx)
-        v, j = sc.val(x, at(r)), sc.val(index, at(r))
+        read = [*idx[:axis], var(r), *idx[axis:]]
+        v, j = sc.val(x, read), sc.val(index, read)
         code.extend(f"{inner}    {st}" for st in sc.stmts)
-        store = f"{out}[{flat(at(f'(int64_t){j}'), oshape)}]"
-        code.append(f"{inner}    if ({j} >= 0 && {j} < {oshape[axis]}) {store} += {v};")
+        store = f"{out}[{at(f'(int64_t){j}')}]"
+        code.append(f"{inner}    if ({j} >= 0 && {j} < {width}) {store} += {v};")
         code.append(f"{inner}}}")
         code.append(f"{ind}}}")
         listing.append(KernelInfo("scatter_add", out, fmt_type(n.shape, n.dtype), ["scatter_add", *sc.fused],
@@ -603,10 +611,10 @@ class Lowering:
         sz = self.sizes
         src = p.srcs[0]
         axes, keep = p.attrs["axes"], p.attrs["keepdims"]
-        oshape = [sz(d) for d in p.shape]
-        idx, inner = self._loops(oshape, code, ind, "i")
+        names, inner = self._loops([sz(d) for d in p.shape], code, ind, "i")
+        idx = [var(i) for i in names]
         ridx = [self.fresh("r") for _ in axes]
-        full, it, rit = [], iter(idx), iter(ridx)
+        full, it, rit = [], iter(idx), iter(var(r) for r in ridx)
         for a in range(src.ndim):
             if a in axes:
                 if keep:
@@ -656,7 +664,7 @@ class Lowering:
             code.extend(inner + s for s in ep.stmts)
         else:
             value = result
-        store = f"{out}[{flat(idx, oshape)}]"
+        store = f"{out}[{sz.index(row_major(idx, [sz.expr(d) for d in p.shape]))}]"
         code.append(f"{inner}{store} = {value};")
         code.append(f"{ind}}}")
         kind = "ReduceElwFuse" if root is not None else "reduce"
@@ -664,7 +672,7 @@ class Lowering:
                                   [p.op.name.lower(), *sc.fused, *ep.fused], [store], sc.loads + ep.loads,
                                   note=f"axes={tuple(axes)}"))
 
-    def _vector_sum(self, p: Node, ctx: GraphCtx, full: list[str], acc: str,
+    def _vector_sum(self, p: Node, ctx: GraphCtx, full: list[Expr], acc: str,
                     ind: str) -> tuple[list[str], int] | None:
         """The vector loops of a float32 sum over the last axis: 32 columns per iteration in four independent
         8-lane vectors, added pairwise and widened into two float64 accumulators, then 8 columns at a time.
@@ -685,9 +693,9 @@ class Lowering:
         try:
             first = Scalar(self, ctx, lanes=lanes, lane=r)
             unrolled = [first, *(first.sibling(c) for c in cols[1:])] if wide else []
-            parts = [sc.val(src, [*full[:-1], c]) for sc, c in zip(unrolled, cols)]
+            parts = [sc.val(src, [*full[:-1], var(c)]) for sc, c in zip(unrolled, cols)]
             single = Scalar(self, ctx, lanes=lanes, lane=r) if narrow > wide else None
-            one = single.val(src, [*full[:-1], r]) if single else ""
+            one = single.val(src, [*full[:-1], var(r)]) if single else ""
         except Unsupported as e:
             log.debug("sum at %s kept scalar: %s", p.loc, e)
             return None
@@ -739,12 +747,16 @@ class Lowering:
                                                                    "innermost"))
 
     def operand_views(self, p: Node, ctx: GraphCtx) -> list[tuple[str, str, list[str]]]:
+        """The operands of matmul ``p`` as strided views of their buffers: (pointer, offset, strides), printed for
+        the GEMM code (which computes with them only in its own loops' C)."""
         views = []
+        sz = self.sizes
         for s in p.srcs:
-            v = strided(s, ctx.buffer, self.sizes)
+            v = strided(s, ctx.buffer, sz.expr)
             if v is None:
                 raise Unsupported(f"matmul operand {s.op.name.lower()} is not a strided view (created at {s.loc})")
-            views.append(v)
+            ptr, off, st = v
+            views.append((ptr, sz.index(off), [sz.index(t) for t in st]))
         return views
 
     def gemm_epilogue(self, p: Node, root: Node | None, ctx: GraphCtx, ep_info: list[Scalar]) -> Epilogue | None:
@@ -753,7 +765,7 @@ class Lowering:
             return None
         self.stats["fused_gemm"] += 1
 
-        def epilogue(idx: list[str], acc: str, lanes: int = 1,
+        def epilogue(idx: list[Expr], acc: str, lanes: int = 1,
                      lane: str = "") -> tuple[list[str], list[str], str]:
             sc = Scalar(self, ctx, {id(p): acc}, tuple(idx), lanes, lane, root=root)
             value = sc.val(root, idx)
@@ -833,18 +845,19 @@ class Lowering:
 
         def body(i: str, u: str, values: list[str], lanes: int) -> tuple[list[str], list[str]]:
             """The slices' values (the epilogue on each tile), then the member kernels reading them."""
-            sc = Scalar(self, ctx, {}, (i, u), lanes, u)
+            row, col = var(i), var(u)
+            sc = Scalar(self, ctx, {}, (row, col), lanes, u)
             for off, value in zip(sg.offsets, values):
-                col = sliced_index(u, sz(off))  # the index the column slice at ``off`` reads
+                at = sliced_index(col, sz.expr(off))  # the index the column slice at ``off`` reads
                 if epilogue is not None:
-                    pre, stmts, value = epilogue([i, col], value, lanes, u)
+                    pre, stmts, value = epilogue([row, at], value, lanes, u)
                     sc.pre += pre
                     sc.stmts += stmts
-                sc.memo[(id(root), (i, col))] = value
+                sc.memo[(id(root), (row, at))] = value
             for m, o, more in zip(sg.members, outs, extra):
-                v = sc.val(m, (i, u))
+                v = sc.val(m, (row, col))
                 sc.overrides[id(m)] = v  # later members use the value, not a reload
-                index = flat([i, u], [sz(x) for x in m.shape])
+                index = row_major([row, col], [sz.expr(x) for x in m.shape])
                 sc.stmts += [sc.store(m.dtype, d, index, v) for d in [o, *more]]
             if lanes == 1:
                 body_info.append(sc)
@@ -1009,6 +1022,12 @@ def _stored_node(k: Kernel | Loop) -> Node:
     if isinstance(k, Gemm | Reduce) and k.epilogue is not None:
         return k.epilogue
     return k.node
+
+
+def _sum(a: Expr, b: Expr) -> Expr:
+    """``a + b`` not folded: a concat's offsets are spelled as sums of its parts' sizes (``96 + 96``), as the C
+    kernels always were (folding them changed gcc's register allocation in the concat loops)."""
+    return Expr("add", (a, b))
 
 
 def _last(sc: Scalar) -> str:

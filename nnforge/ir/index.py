@@ -1,0 +1,99 @@
+"""Movement ops as index expressions: how a kernel reads a node through reshape/permute/expand/slice.
+
+Backend-neutral: ``index_map`` maps an output index (one ``Expr`` per axis) to the source's index, for any movement
+op; ``strided`` describes a chain of strided movements over a stored buffer as (base, offset, strides), which is
+what a GEMM needs to read its operands without a copy. A backend prints the expressions; ``size`` says how a size
+becomes an expression (the C renderer turns sizes it knows statically into constants, so they fold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from .expr import ZERO, Expr, contiguous_strides, floordiv, mod, row_major
+from .expr import size as size_expr
+from .node import Node
+from .ops import Op
+
+B = TypeVar("B")
+SizeOf = Callable[[int], Expr]
+
+
+def sliced_index(i: Expr, start: Expr, step: int = 1) -> Expr:
+    """The source index that output index ``i`` of a slice (``start``, ``step``; a negative step reads backwards)
+    reads."""
+    return start + i * step
+
+
+def squeeze_map(out_shape: Sequence[int], in_shape: Sequence[int]) -> list[int | None] | None:
+    """For a reshape that only adds/drops size-1 axes: for each input axis, the output axis it reads (None for
+    a size-1 axis). None when the reshape really regroups elements."""
+    a = [i for i, d in enumerate(out_shape) if int(d) != 1]
+    b = [i for i, d in enumerate(in_shape) if int(d) != 1]
+    if [int(out_shape[i]) for i in a] != [int(in_shape[i]) for i in b]:
+        return None
+    m: list[int | None] = [None] * len(in_shape)
+    for i, j in zip(b, a):
+        m[i] = j
+    return m
+
+
+def index_map(n: Node, idx: Sequence[Expr], size: SizeOf = size_expr) -> list[Expr]:
+    """Index into ``n.srcs[0]`` read by output index ``idx`` of movement node ``n`` (not pad/concat)."""
+    src = n.srcs[0]
+    if n.op == Op.PERMUTE:
+        out = [ZERO] * len(idx)
+        for i, p in enumerate(n.attrs["perm"]):
+            out[p] = idx[i]
+        return out
+    if n.op == Op.EXPAND:
+        return [ZERO if int(s) == 1 and int(d) != 1 else i for i, s, d in zip(idx, src.shape, n.shape)]
+    if n.op == Op.SLICE:
+        return [sliced_index(i, size(a), s) for i, a, s in zip(idx, n.attrs["starts"], n.attrs["steps"])]
+    if n.op == Op.RESHAPE:
+        m = squeeze_map(n.shape, src.shape)
+        if m is not None:
+            return [ZERO if j is None else idx[j] for j in m]
+        lin = row_major(idx, [size(d) for d in n.shape])
+        ishape = [size(d) for d in src.shape]
+        out = []
+        for k, (d, st) in enumerate(zip(ishape, contiguous_strides(ishape))):
+            q = floordiv(lin, st)
+            out.append(q if k == 0 else mod(q, d))
+        return out
+    raise ValueError(f"no index map for {n.op}")
+
+
+Strided = tuple[B, Expr, list[Expr]]  # (base buffer, offset, stride per axis)
+
+
+def strided(n: Node, buffer_of: Callable[[Node], B | None], size: SizeOf = size_expr) -> Strided | None:
+    """(base, offset, strides) of ``n`` read as a strided view of a stored buffer (``buffer_of`` gives the base of
+    a stored node, None for others), or None when it is not one (a regrouping reshape of a view)."""
+    ptr = buffer_of(n)
+    if ptr is not None:
+        return ptr, ZERO, contiguous_strides([size(d) for d in n.shape])
+    if n.op not in (Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.RESHAPE):
+        return None
+    base = strided(n.srcs[0], buffer_of, size)
+    if base is None:
+        return None
+    ptr, off, st = base
+    src = n.srcs[0]
+    if n.op == Op.PERMUTE:
+        return ptr, off, [st[p] for p in n.attrs["perm"]]
+    if n.op == Op.EXPAND:
+        return ptr, off, [ZERO if int(s) == 1 and int(d) != 1 else t for s, d, t in zip(src.shape, n.shape, st)]
+    if n.op == Op.SLICE:
+        for a, t in zip(n.attrs["starts"], st):
+            off = off + size(a) * t
+        return ptr, off, [t * s for t, s in zip(st, n.attrs["steps"])]
+    m = squeeze_map(n.shape, src.shape)
+    if m is None:
+        return None
+    out = [ZERO] * n.ndim
+    for i, j in enumerate(m):
+        if j is not None:
+            out[j] = st[i]
+    return ptr, off, out
