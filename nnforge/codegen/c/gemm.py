@@ -413,7 +413,7 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
     except (TypeError, ValueError):
         split = out_holds_sums
     nk, ap, mine = low.fresh("nk"), low.fresh("ap"), low.fresh("apt")
-    low.allocs.append((ap, ct, byte_size(mca, kc if split else K, "nf_nthreads()", p.dtype.itemsize)))
+    low.add_alloc(ap, ct, byte_size(mca, kc if split else K, "nf_nthreads()", p.dtype.itemsize))
     # K in nk equal slices of at most KC (384 -> 2 x 192, not 256 + 128)
     L = [f"{ind}const int64_t {nk} = " + (f"(({K}) + {kc - 1}) / {kc};" if split else "1;")]
     ic, pc, jp, i0 = low.fresh("ic"), low.fresh("pc"), low.fresh("jp"), low.fresh("i0")

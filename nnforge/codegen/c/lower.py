@@ -37,6 +37,7 @@ from ...schedule import (
     ScatterAdd,
     SlicedGemm,
 )
+from ...schedule.memory import Slot, lifetimes, plan
 from .cexpr import (
     LANES,
     PRELUDE,
@@ -54,7 +55,7 @@ from .cexpr import (
 )
 from .chunks import emit_chunk
 from .gemm import Epilogue, GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
-from .memplan import Slot, plan, slot_bytes_function
+from .memplan import slot_bytes_function
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope
 
@@ -282,6 +283,8 @@ class Lowering:
         self.gemm = gemm or GemmConfig()
         self.counter = 0
         self.allocs: list[tuple[str, str, str]] = []
+        self.lives: list[tuple[int, int]] = []  # each alloc's (first, last) top-level step
+        self.lifetimes = lifetimes(program)  # of the program's top-level scratch buffers, by Buf name
         self.data: list[Node] = []
         self.data_ids: dict[int, int] = {}
         self.listing: list[KernelInfo] = []
@@ -312,16 +315,25 @@ class Lowering:
         self.names.add(name)
         return name
 
-    def alloc(self, dt: DType, shape: Sequence[int]) -> str:
-        """A workspace buffer. In a row-split body a buffer with the batch axis is allocated for the whole batch
-        and each thread gets its rows of it (the pointer expression is offset to its first row)."""
+    def alloc(self, dt: DType, shape: Sequence[int], buf: Buf | None = None) -> str:
+        """A workspace buffer (``buf``: the program's record of it, whose lifetime the memory plan reads). In a
+        row-split body a buffer with the batch axis is allocated for the whole batch and each thread gets its rows
+        of it (the pointer expression is offset to its first row)."""
         name = self.fresh("b")
         rows = self.rows
+        life = self.lifetimes.get(buf.name) if buf is not None else None
         if rows is not None and shape and is_rows(shape[0]):
-            self.allocs.append((name, ctype(dt), self._bytes(dt, [rows.batch, *shape[1:]])))
+            self.add_alloc(name, ctype(dt), self._bytes(dt, [rows.batch, *shape[1:]]), life)
             return f"({name} + {rows.r0} * ({self.sizes.prod(shape[1:])}))"
-        self.allocs.append((name, ctype(dt), self._bytes(dt, shape)))
+        self.add_alloc(name, ctype(dt), self._bytes(dt, shape), life)
         return name
+
+    def add_alloc(self, name: str, ct: str, size: str, life: tuple[int, int] | None = None) -> None:
+        """A workspace buffer of ``size`` bytes (C) live over the top-level steps ``life``; by default only in the
+        step being rendered (what a renderer allocates for itself: packed panels, carries, a body's scratch)."""
+        step = len(self.marks)
+        self.allocs.append((name, ct, size))
+        self.lives.append(life or (step, step))
 
     def _bytes(self, dt: DType, shape: Sequence[int]) -> str:
         """A buffer's size in bytes as C: a number when static (so the memory planner can compare sizes)."""
@@ -345,7 +357,7 @@ class Lowering:
         n_ws = n_in + len(self.data) + len(g.outputs)
         calls, fns, protos = part_functions(parts, [(name, ct) for name, ct, _ in self.allocs], self.names)
         if self.gemm.share_buffers:
-            slots, where = plan(parts, self.allocs)
+            slots, where = plan(self.lives, [size for _, _, size in self.allocs])
         else:
             slots, where = [Slot([size]) for _, _, size in self.allocs], list(range(len(self.allocs)))
         self.workspace_slots = slots
@@ -398,7 +410,7 @@ class Lowering:
                 chunked |= {id(c.gemm.epilogue or c.gemm.node) for c in k.chunked}
 
         def place(buf: Buf) -> str:
-            return outs[buf.output] if buf.output is not None else self.alloc(buf.dtype, buf.shape)
+            return outs[buf.output] if buf.output is not None else self.alloc(buf.dtype, buf.shape, buf)
 
         def also(k: Kernel) -> list[str]:
             return [outs[i] for i in k.also]
@@ -788,7 +800,7 @@ class Lowering:
             return scope.packed[key], True
         name = self.fresh("bp")
         ct = ctype(p.dtype)
-        self.allocs.append((name, ct, byte_size(len(columns), ceil_div(columns[0][1], nr), K, nr, p.dtype.itemsize)))
+        self.add_alloc(name, ct, byte_size(len(columns), ceil_div(columns[0][1], nr), K, nr, p.dtype.itemsize))
         if scope is None:
             return name, False
         scope.pre.extend(pack_panels(self, p.dtype, K, (f"({ptr} + ({off}))", st[-2], st[-1]), columns, name,
@@ -895,7 +907,7 @@ class Lowering:
         projs = {m.attrs["index"]: m for m in ctx.graph.order if m.op == Op.PROJ and m.srcs[0] is n}
         results = []
         for i, b in enumerate(loop.results):
-            results.append(outs_of_graph[b.output] if b.output is not None else self.alloc(b.dtype, b.shape))
+            results.append(outs_of_graph[b.output] if b.output is not None else self.alloc(b.dtype, b.shape, b))
             if i in projs:
                 ctx.ptr[id(projs[i])] = results[-1]
         info = KernelInfo("scan" if is_scan else "loop", ", ".join(results[:nc] + results[nc:]), "", [],
