@@ -69,10 +69,13 @@ class Reduce(Kernel):
 class Gemm(Kernel):
     """A matrix product, then ``epilogue`` on each accumulator (None: the products are stored).
     ``b_resident``: B does not change inside the enclosing loop (a recurrent weight): packed once before the
-    loop on a CPU, kept on chip on a GPU."""
+    loop on a CPU, kept on chip on a GPU. ``pack_a``: A is packed per worker (a large GEMM outside loops, or an
+    A read down its columns); ``k_split``: then also in K slices, partial sums kept in the result."""
 
     epilogue: Node | None = field(default=None, compare=False, repr=False)
     b_resident: bool = False
+    pack_a: bool = False
+    k_split: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,8 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
         notes.append(f"column tiles of {len(k.group.offsets)} slices at {list(k.group.offsets)}")
     if isinstance(k, (Gemm, SlicedGemm)) and k.b_resident:
         notes.append("B resident across steps")
+    if isinstance(k, Gemm) and k.pack_a:
+        notes.append("A packed" + (" in K slices" if k.k_split else ""))
     if isinstance(k, Reduce) and k.leading:
         notes.append("leading axes, outputs innermost")
     if isinstance(k, Copy):

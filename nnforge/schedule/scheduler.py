@@ -23,6 +23,9 @@ from collections.abc import Iterator
 
 from ..dtypes import DType
 from ..ir.dims import free_symbols, symbol_name
+from ..ir.expr import ONE, Expr
+from ..ir.expr import size as size_expr
+from ..ir.index import strided
 from ..ir.lengths import loop_length_symbols
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, REDUCE, Op
@@ -110,24 +113,25 @@ class _Scheduler:
                                           outs, tuple(tuple(extra.get(id(m), ())) for m in sg.members),
                                           _resident(sg.gemm, g, resident)))
             else:
-                k = self.kernel(n, g, self.buf(n, dest.get(id(n))), tuple(extra.get(id(n), ())), resident)
+                k = self.kernel(n, g, self.buf(n, dest.get(id(n))), tuple(extra.get(id(n), ())), resident, top)
                 if isinstance(k, Elementwise | Gemm):
                     stored_extra.add(id(n))
                 kernels.append(k)
         copies += [(o, pos) for o, pos in dups if id(o) not in stored_extra]
         return Block(graph, g, tuple(kernels), tuple(Copy(o, self.buf(o, pos), ()) for o, pos in copies))
 
-    def kernel(self, n: Node, g: Grouping, out: Buf, also: tuple[int, ...], resident: frozenset[int]) -> Kernel:
+    def kernel(self, n: Node, g: Grouping, out: Buf, also: tuple[int, ...], resident: frozenset[int],
+               top: bool) -> Kernel:
         """The kernel computing stored node ``n``. Only an elementwise kernel and a GEMM store into ``also``
         themselves (the others' extra results are copied after them)."""
         if n.op == Op.MATMUL:
-            return Gemm(n, out, ("gemm",), also, None, _resident(n, g, resident))
+            return Gemm(n, out, ("gemm",), also, None, _resident(n, g, resident), *self.packing(n, None, g, top))
         if n.op in REDUCE:
             return Reduce(n, out, (_name(n),), (), None, _leading_sum(n, g))
         if id(n) in g.prologue:
             p = next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
             if p.op == Op.MATMUL:
-                return Gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident))
+                return Gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident), *self.packing(p, n, g, top))
             return Reduce(p, out, _fuses(g, n, p), (), n)
         if n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
             raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
@@ -165,7 +169,29 @@ class _Scheduler:
         steps = chunk_steps(view, self.target)
         out = self.scratch(view.dtype, (steps * int(view.shape[1]), *view.shape[2:]))
         fuses = _fuses(g, root, p) if root is not p else ("gemm",)
-        return Gemm(p, out, fuses, (), root if root is not p else None, True)
+        epilogue = root if root is not p else None
+        return Gemm(p, out, fuses, (), epilogue, True, *self.packing(p, epilogue, g, True))
+
+    def packing(self, p: Node, epilogue: Node | None, g: Grouping, top: bool) -> tuple[bool, bool]:
+        """(pack_a, k_split) of matmul ``p``: A packed per worker for a 2-D GEMM outside loops whose A is read down
+        its columns with K of at least ``target.pack_a_min_k`` (a weight gradient's xᵀ, K = T * N), or with M of
+        at least ``target.pack_a_min_m``; sliced along K (by ``target.k_slice``) when the result holds the sums
+        (no epilogue changing the dtype) and K is larger than a slice."""
+        t = self.target
+        if not top or p.ndim != 2:
+            return False, False
+
+        def static(d: object) -> Expr:
+            return size_expr(d if free_symbols(d) & self.dynamic else int(d))
+
+        view = strided(p.srcs[0], lambda n: n if _has_buffer(n, g) or n.op in (Op.INPUT, Op.DATA) else None,
+                       static)
+        k_stride = view[2][-1] if view is not None else None
+        K, M = int(p.srcs[0].shape[-1]), int(p.shape[-2])
+        pack = ((k_stride != ONE and t.pack_a_min_k is not None and t.pack_a_min_k <= K)
+                or (t.pack_a_min_m is not None and t.pack_a_min_m <= M))
+        holds_sums = epilogue is None or epilogue.dtype == p.dtype
+        return pack, pack and holds_sums and t.k_slice > 0 and t.k_slice < K
 
     def row_split(self, n: Node) -> RowSplit | None:
         """``n``'s row-local body when splitting its batch rows among workers is possible and worth it: the body

@@ -33,6 +33,9 @@ class Target:
     ``row_split``: whether loops may be split by rows at all (off: every loop work-shared, for comparisons).
     ``row_block``: rows per pass through a row-split body of several kernels (what one kernel writes, the next
     reads from the nearest cache); 0 runs a worker's rows at once.
+    ``pack_a_min_k``: a GEMM outside loops whose A is read down its columns (a weight gradient's xᵀ) is run with
+    A packed per worker in K slices from this K (None: never); ``pack_a_min_m``: likewise any GEMM from this many
+    rows (None: never); ``k_slice``: K per slice of a packed-A GEMM storing its own sums (0: no K split).
     """
 
     name: str
@@ -43,9 +46,12 @@ class Target:
     max_chunk_steps: int
     row_split: bool = True
     row_block: int = 0
+    pack_a_min_k: int | None = None
+    pack_a_min_m: int | None = None
+    k_slice: int = 0
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
-                      "max_chunk_steps", "row_block"):
+                      "max_chunk_steps", "row_block", "k_slice"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")

@@ -13,6 +13,7 @@ import pytest
 import nnforge as nf
 from nnforge.codegen.c import lower, prepare
 from nnforge.codegen.c.target import cpu_target
+from nnforge.passes import pipeline, run_pipeline
 from nnforge.schedule import Copy, Elementwise, Gemm, Reduce, SlicedGemm, Unsupported, schedule
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "codegen"))
@@ -108,3 +109,22 @@ def test_loops_nest_in_the_program(rng: np.random.Generator) -> None:
     outer, inner = _program(fn, (x, h0)).loops()
     assert inner in outer.body.kernels and inner.length == 2
     assert outer.parallel is None and inner.parallel is None  # batch 4: too few rows; never inside a loop
+
+
+def test_weight_gradient_gemms_pack_a_in_k_slices(rng: np.random.Generator) -> None:
+    """dW_ih = xᵀ g over all steps: A read down its columns, K = T * N = 640 rows of x; packed per worker and
+    sliced along K (256 at a time on the CPU target) — and not at all when the target never packs A."""
+
+    def loss(*a):
+        return (lstm(*a)[0] ** 2).sum()
+
+    hoist = replace(cpu_target(), reduction_hoist_bytes=0)  # the weight-gradient sums leave the backward scan
+    g = run_pipeline(nf.compile(nf.grad(loss, argnums=(3, 4, 5))).trace(*_lstm_args(rng, 40, 16, 5, 8)),
+                     pipeline(hoist))
+    packed = [k for k in schedule(g, hoist).kernels() if isinstance(k, Gemm) and k.pack_a]
+    assert packed and all(k.k_split for k in packed)
+    assert all(int(k.node.srcs[0].shape[-1]) >= 512 for k in packed)
+    never = schedule(g, replace(hoist, pack_a_min_k=None)).kernels()
+    assert not any(isinstance(k, Gemm) and k.pack_a for k in never)
+    whole = schedule(g, replace(hoist, k_slice=0)).kernels()
+    assert any(isinstance(k, Gemm) and k.pack_a and not k.k_split for k in whole)

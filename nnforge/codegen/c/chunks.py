@@ -48,8 +48,7 @@ def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str
     low.sizes = _with_steps(outer, length_dim, count)
     try:
         text, _ = emit_gemm(low, p, [a_view, vb], chunk, buf, buf,
-                            global_rows if epilogue else None, ind + "    ",
-                            root is p or root.dtype == p.dtype)
+                            global_rows if epilogue else None, ind + "    ", c.gemm.pack_a, c.gemm.k_split)
     finally:
         low.sizes = outer
     lines += text

@@ -246,13 +246,13 @@ def pack_panels(low: Lowering, dt: DType, K: str, src: tuple[str, str, str], col
 
 def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]], out: str,
               packed: str | None, scratch: str, epilogue: Epilogue | None, ind: str,
-              out_holds_sums: bool = True, also: Sequence[str] = ()) -> tuple[list[str], str]:
+              pack_a: bool = False, k_split: bool = False, also: Sequence[str] = ()) -> tuple[list[str], str]:
     """C lines computing ``out = epilogue(A @ B)`` for matmul node ``p``, also stored to each buffer in ``also``
     (same layout); returns (lines, store text).
 
     ``packed`` names B already packed (panels of all N columns, before the loop); otherwise B is packed into
-    ``scratch`` here (per batch index). ``out_holds_sums``: ``out`` has the matmul's dtype, so partial sums over
-    K slices may be kept there."""
+    ``scratch`` here (per batch index). ``pack_a`` / ``k_split``: the schedule's choice of the packed-A loops
+    (``schedule.Gemm``), the partial sums over K slices then kept in ``out``."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
     ct, sfx = ctype(p.dtype), _sfx(p.dtype)
@@ -276,9 +276,8 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     if packed is None:
         lines += pack_panels(low, p.dtype, K, (f"({pb} + ({boff}))", sb[-2], sb[-1]), [("0", N)], scratch, cur)
         packed = scratch
-    if not batch and packed_a_wanted(low, p, sak):
-        body, store = _packed_a_loops(low, p, A, sam, sak, npan, packed, out, epilogue, cur, out_holds_sums,
-                                      also)
+    if not batch and pack_a:
+        body, store = _packed_a_loops(low, p, A, sam, sak, npan, packed, out, epilogue, cur, k_split, also)
         return lines + body, store
     ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
     ngp = max(1, cfg.nc // nr)
@@ -375,43 +374,20 @@ def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, 
             *(f"    {line}" for line in scalar), f"{ind}}}"]
 
 
-def _large(d: object, at_least: int) -> bool:
-    try:
-        return int(d) >= at_least
-    except (TypeError, ValueError):
-        return True  # a run-time size (T * N): large in the cases that matter
-
-
-def packed_a_wanted(low: Lowering, p: Node, sak: str) -> bool:
-    """Use the packed-A, K-sliced loops for a GEMM outside any loop when A is read down its columns (k-stride
-    ``sak`` not 1) and K is large (a weight gradient hoisted out of a backward scan: A = xᵀ, K = T * N; unpacked,
-    each k of the six row streams touches a new cache line), or, when ``GemmConfig.pack_a`` asks for it, when
-    M is large (a hoisted input projection)."""
-    if low.scopes:
-        return False
-    cfg = low.gemm
-    return ((sak.strip() != "1" and _large(p.srcs[0].shape[-1], cfg.packed_a_min_k))
-            or (cfg.pack_a and _large(p.shape[-2], cfg.packed_a_min_m)))
-
-
 def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: str, packed: str, out: str,
-                    epilogue: Epilogue | None, ind: str, out_holds_sums: bool,
+                    epilogue: Epilogue | None, ind: str, split: bool,
                     also: Sequence[str] = ()) -> tuple[list[str], str]:
     """BLIS loops: threads share (MCA-row block, NC-column group) items; per item and KC slice, A is packed
     into this thread's buffer and each of the group's B panel slices (KC x NR, from the panels packed for all
     of K) is applied to all of the block's micro-panels (A is packed once per column group: M * K copies
     against M * K * NC multiply-adds). Partial sums over KC slices go through ``out`` (the epilogue runs on the
-    last), so the K split is used only when the result is stored in the GEMM's own dtype."""
+    last), so the K split (``split``, decided by the schedule) needs the result stored in the GEMM's own dtype."""
     sz, cfg = low.sizes, low.gemm
     ct, sfx = ctype(p.dtype), _sfx(p.dtype)
     mr, nr = cfg.mr, cfg.nr(p.dtype)
     M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
     mca = max(mr, cfg.mca // mr * mr)
-    kc = max(8, cfg.kc)
-    try:
-        split = out_holds_sums and int(K) > kc
-    except (TypeError, ValueError):
-        split = out_holds_sums
+    kc = low.program.target.k_slice
     nk, ap, mine = low.fresh("nk"), low.fresh("ap"), low.fresh("apt")
     low.add_alloc(ap, ct, byte_size(mca, kc if split else K, "nf_nthreads()", p.dtype.itemsize))
     # K in nk equal slices of at most KC (384 -> 2 x 192, not 256 + 128)

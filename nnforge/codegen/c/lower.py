@@ -818,8 +818,8 @@ class Lowering:
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root, ctx, ep_info)
         buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind, k.b_resident)
-        text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind,
-                                root is None or root.dtype == p.dtype, also)
+        text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind, k.pack_a, k.k_split,
+                                also)
         code.extend(text)
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
         listing.append(KernelInfo(k.kind, ", ".join([out, *also]), fmt_type((root or p).shape, (root or p).dtype),
