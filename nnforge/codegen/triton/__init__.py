@@ -1,0 +1,98 @@
+"""The Triton renderer (first slice of the GPU backend): scheduled IR -> Triton kernels + a launcher.
+
+``TritonBackend()(graph)`` prepares an optimized graph with the GPU target's passes, schedules it
+(``schedule(graph, triton_target())``), renders the ``Program`` as one Python module of ``@triton.jit`` kernels
+(``render.py``, persistent scan kernels in ``scan.py``), imports it from a file named by its source hash and
+returns a callable program. It runs under ``TRITON_INTERPRET=1`` on CPU tensors (set before triton is imported)
+or on a CUDA device.
+
+Not yet a backend of ``nnforge.codegen.BACKENDS``: it becomes one when the whole test matrix runs on it. What this
+slice does not render raises ``nnforge.schedule.Unsupported`` with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import numpy as np
+
+from ...ir.lengths import loop_length_symbols
+from ...ir.node import Graph
+from ...passes import pipeline, run_pipeline
+from ...schedule import Program, Target, Unsupported, schedule
+from .program import TritonProgram, load_module, source_key
+from .render import Rendered, Renderer
+from .target import Tiles, triton_target
+from .texpr import Sizes
+
+log = logging.getLogger("nnforge.codegen.triton")
+
+__all__ = ["Rendered", "Tiles", "TritonBackend", "TritonProgram", "Unsupported", "lower", "prepare",
+           "triton_target"]
+
+
+def prepare(graph: Graph, target: Target | None = None) -> Graph:
+    """The compiled-code passes with the GPU target's thresholds, applied to an already optimized graph."""
+    return run_pipeline(graph, pipeline(target or triton_target()))
+
+
+def lower(graph: Graph, tiles: Tiles | None = None, target: Target | None = None) -> tuple[Program, Rendered]:
+    """The program scheduled for the GPU target (of a graph after ``prepare`` with the same target) and its
+    Triton module source; raises ``Unsupported``."""
+    program = schedule(graph, target or triton_target())
+    rendered = Renderer(program, Sizes(sorted(loop_length_symbols(graph))), tiles).render()
+    return program, rendered
+
+
+def interpreted() -> bool:
+    """Kernels run on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+@dataclass
+class TritonBackend:
+    """Builds Triton programs; owns the imported modules (by source hash: an identical program, such as the
+    same function traced at another sequence length, reuses the loaded module and its compiled kernels).
+    ``loads`` counts modules imported (the compiles this backend caused). ``target``: the thresholds handed to the
+    passes and the scheduler (``triton_target()``; tests pass others to reach other schedules)."""
+
+    tiles: Tiles = field(default_factory=Tiles)
+    target: Target = field(default_factory=triton_target)
+    _modules: dict[str, ModuleType] = field(default_factory=dict)
+    loads: int = 0
+
+    @property
+    def available(self) -> bool:
+        """Triton imports and kernels can run: under the interpreter, or with a CUDA device."""
+        try:
+            import torch
+            import triton  # only whether it imports
+        except ImportError:
+            return False
+        return interpreted() or bool(torch.cuda.is_available())
+
+    @property
+    def device(self) -> str:
+        return "cpu" if interpreted() else "cuda"
+
+    def __call__(self, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+        from ...runtime import debug_level, setup_logging
+
+        setup_logging()
+        if not self.available:
+            raise Unsupported("Triton needs a CUDA device or TRITON_INTERPRET=1")
+        graph = prepare(graph, self.target)
+        _, rendered = lower(graph, self.tiles, self.target)
+        if debug_level() >= 3:
+            log.debug("generated Triton:\n%s", rendered.source)
+        key = source_key(rendered.source)
+        if key not in self._modules:
+            self._modules[key] = load_module(rendered.source)
+            self.loads += 1
+        data = [n.attrs["array"] for n in graph.order if n.op.name == "DATA"]
+        return TritonProgram(graph, self._modules[key], rendered.source, rendered.kernels,
+                             sorted(loop_length_symbols(graph)), data, self.device)

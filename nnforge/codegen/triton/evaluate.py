@@ -1,0 +1,255 @@
+"""Fused bodies as Triton statements: a node evaluated at an index, views turned into index arithmetic.
+
+An index is a tuple of Triton expressions, one per axis of the node read (tensors of the kernel's block shape,
+or scalars). Reading a node either loads its buffer (``Ctx.buffer``), takes a register value a persistent kernel
+holds (``Ctx.reg``), asks the enclosing graph (``Ctx.leaf``: a loop body's inputs), or computes it from its
+sources: movement ops map the index (permute, expand, slice, reshape) or select (pad, concat, gather), and
+elementwise ops apply their formula (``texpr.formula``). Each value is one SSA temporary, computed once per
+index and mask.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ...ir.node import Graph, Node
+from ...ir.ops import ELEMENTWISE, Op
+from ...passes.fuse import Grouping
+from ...schedule import Unsupported
+from .texpr import Sizes, flat, formula, literal, sliced, tl_dtype
+
+_TOKEN = re.compile(r"[A-Za-z_]\w*")
+
+
+class Emitter:
+    """The statements of one kernel. ``code`` holds the kernel's statements in order (indented as the loops
+    opened with ``open`` nest them). With ``hoist`` (a persistent kernel), a temporary whose expression names no
+    loop-variant name (``variant``: the step counters, the carries and everything computed from them) goes to
+    ``pre``, which runs once before the time loop: the step's invariant loads (a bias, a weight tile) are not
+    repeated every step. Equal hoisted expressions share one temporary."""
+
+    def __init__(self, hoist: bool = False):
+        self.hoist = hoist
+        self.pre: list[str] = []
+        self.code: list[str] = []
+        self.ind = ""
+        self.variant: set[str] = set()
+        self.counter = 0
+        self._pre_names: dict[str, str] = {}
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def is_variant(self, expr: str) -> bool:
+        return any(tok in self.variant for tok in _TOKEN.findall(expr))
+
+    def tmp(self, expr: str, prefix: str = "v", hoist: bool = True) -> str:
+        """A temporary holding ``expr``; before the loop when it may be (see the class)."""
+        if self.hoist and hoist and not self.is_variant(expr):
+            if expr in self._pre_names:
+                return self._pre_names[expr]
+            name = self.fresh(prefix)
+            self.pre.append(f"{name} = {expr}")
+            self._pre_names[expr] = name
+            return name
+        name = self.fresh(prefix)
+        self.line(f"{name} = {expr}")
+        self.variant.add(name)
+        return name
+
+    def line(self, text: str) -> None:
+        self.code.append(self.ind + text)
+
+    def open(self, header: str) -> None:
+        self.line(header)
+        self.ind += "    "
+
+    def close(self) -> None:
+        self.ind = self.ind[:-4]
+
+
+@dataclass
+class Ctx:
+    """How the nodes of one graph are read inside a kernel: ``buffers`` (id -> buffer name; a reshape that is an
+    alias reads its source's buffer with its own shape), ``reg`` (id -> (register value, its index)), ``leaf``
+    (id -> a function of (evaluator, index) giving the value: a body input read from the enclosing graph)."""
+
+    graph: Graph
+    grouping: Grouping
+    buffers: dict[int, str] = field(default_factory=dict)
+    reg: dict[int, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    leaf: dict[int, Callable[[Eval, tuple[str, ...]], str]] = field(default_factory=dict)
+
+    def buffer(self, n: Node) -> str | None:
+        if id(n) in self.buffers:
+            return self.buffers[id(n)]
+        if id(n) in self.grouping.alias:
+            return self.buffer(n.srcs[0])
+        return None
+
+
+class Eval:
+    """Evaluates nodes of ``ctx``'s graph at indices, under ``mask`` (the elements the kernel computes: loads
+    outside it read nothing). ``rank``: the rank of the kernel's block (constants are tensors of that rank);
+    ``root``: the kernel's own node (computed, never loaded); ``overrides``: values already computed at an index
+    (a GEMM's accumulator, a sliced GEMM's epilogue on each gate tile); ``flat_hint``: (index, shape) pairs whose
+    row-major offset is a name the kernel already has (its flat ``offs``); ``hoist``: whether values may move
+    before the time loop."""
+
+    def __init__(self, em: Emitter, ctx: Ctx, sizes: Sizes, mask: str | None, rank: int, root: Node | None = None,
+                 overrides: dict[tuple[int, tuple[str, ...]], str] | None = None,
+                 flat_hint: dict[tuple, str] | None = None, hoist: bool = True):
+        self.em, self.ctx, self.sz = em, ctx, sizes
+        self.mask, self.rank, self.root = mask, rank, root
+        self.overrides = dict(overrides or {})
+        self.flat_hint = flat_hint or {}
+        self.hoist = hoist
+        self.memo: dict[tuple[int, tuple[str, ...]], str] = {}
+        self.fused: list[str] = []
+
+    def tmp(self, expr: str, prefix: str = "v") -> str:
+        return self.em.tmp(expr, prefix, self.hoist)
+
+    def val(self, n: Node, idx: Sequence[str]) -> str:
+        idx = tuple(idx)
+        key = (id(n), idx)
+        if key in self.overrides:
+            return self.overrides[key]
+        if key not in self.memo:
+            self.memo[key] = self._val(n, idx)
+        return self.memo[key]
+
+    def load(self, ptr: str, n: Node, idx: tuple[str, ...]) -> str:
+        shape = tuple(self.sz(d) for d in n.shape)
+        offset = self.flat_hint.get((idx, shape)) or flat(idx, shape)
+        mask = f", mask={self.mask}, other=0" if self.mask else ""
+        return self.tmp(f"tl.load({ptr} + ({offset}){mask})", "x")
+
+    def const(self, value: object, n: Node) -> str:
+        shape = ", ".join(["1"] * max(self.rank, 1))
+        return self.tmp(f"tl.full([{shape}], {literal(value, n.dtype)}, {tl_dtype(n.dtype)})", "k")
+
+    def _val(self, n: Node, idx: tuple[str, ...]) -> str:
+        ctx = self.ctx
+        if n is not self.root:
+            if id(n) in ctx.reg:
+                return self._reg(n, idx)
+            if id(n) in ctx.leaf:
+                return ctx.leaf[id(n)](self, idx)
+            ptr = ctx.buffer(n)
+            if ptr is not None:
+                return self.load(ptr, n, idx)
+        if n.op == Op.CONST:
+            return self.const(n.attrs["value"], n)
+        if n.op in (Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.RESHAPE):
+            return self.val(n.srcs[0], self.index_map(n, idx))
+        if n.op == Op.PAD:
+            return self._pad(n, idx)
+        if n.op == Op.CONCAT:
+            return self._concat(n, idx)
+        if n.op == Op.GATHER:
+            return self._gather(n, idx)
+        if n.op in ELEMENTWISE:
+            tl_dtype(n.dtype)
+            args = [self.val(s, idx) for s in n.srcs]
+            self.fused.append(n.op.name.lower())
+            return self.tmp(formula(n.op, n.dtype, [s.dtype for s in n.srcs], args, n.attrs))
+        raise Unsupported(f"the Triton renderer cannot inline {n.op.name.lower()} (created at {n.loc})")
+
+    def _reg(self, n: Node, idx: tuple[str, ...]) -> str:
+        """A value a persistent kernel holds in registers, at its own index (or, for a value with one element
+        per row, any index of the same row: it broadcasts along the columns)."""
+        name, own = self.ctx.reg[id(n)]
+        if idx == own or (idx[:1] == own[:1] and all(int(d) == 1 for d in n.shape[1:])):
+            return name
+        raise Unsupported(f"{n.op.name.lower()} at {n.loc} is held in registers and read through a view "
+                          f"(index {list(idx)}); this slice reads step values only element by element")
+
+    def index_map(self, n: Node, idx: tuple[str, ...]) -> tuple[str, ...]:
+        """The index into ``n.srcs[0]`` that index ``idx`` of movement node ``n`` reads."""
+        src, sz = n.srcs[0], self.sz
+        if n.op == Op.PERMUTE:
+            out = ["0"] * len(idx)
+            for i, p in enumerate(n.attrs["perm"]):
+                out[p] = idx[i]
+            return tuple(out)
+        if n.op == Op.EXPAND:
+            return tuple("0" if int(s) == 1 and int(d) != 1 else i for i, s, d in zip(idx, src.shape, n.shape))
+        if n.op == Op.SLICE:
+            return tuple(sliced(i, sz(a), s) for i, a, s in zip(idx, n.attrs["starts"], n.attrs["steps"]))
+        # reshape: one that only adds or drops size-1 axes keeps the other indices; any other regroups the
+        # row-major offset
+        a = [k for k, d in enumerate(n.shape) if int(d) != 1]
+        b = [k for k, d in enumerate(src.shape) if int(d) != 1]
+        if [int(n.shape[k]) for k in a] == [int(src.shape[k]) for k in b] and all(
+                sz.is_static(n.shape[k]) == sz.is_static(src.shape[j]) for k, j in zip(a, b)):
+            out = ["0"] * src.ndim
+            for k, j in zip(a, b):
+                out[j] = idx[k]
+            return tuple(out)
+        lin = self.tmp(flat(idx, [sz(d) for d in n.shape]) or "0", "o")
+        return self.unflatten(lin, [sz(d) for d in src.shape])
+
+    def unflatten(self, lin: str, shape: Sequence[str]) -> tuple[str, ...]:
+        """The multi-index of row-major offset ``lin`` in ``shape``."""
+        out: list[str] = []
+        stride = "1"
+        for k in range(len(shape) - 1, -1, -1):
+            q = lin if stride == "1" else f"({lin}) // ({stride})"
+            out.append(q if k == 0 else f"({q}) % ({shape[k]})")
+            stride = shape[k] if stride == "1" else f"{stride} * {shape[k]}"
+        return tuple(self.tmp(e, "i") if e != lin else e for e in reversed(out))
+
+    def _pad(self, n: Node, idx: tuple[str, ...]) -> str:
+        sz = self.sz
+        src = n.srcs[0]
+        conds, inner = [], []
+        for i, (lo, hi), d in zip(idx, n.attrs["pads"], src.shape):
+            if int(d) == 0:
+                return self.const(n.attrs["value"], n)
+            if int(lo) == 0 and int(hi) == 0:
+                inner.append(i)
+                continue
+            j = self.tmp(f"({i}) - {sz(lo)}", "i")
+            conds.append(f"({j} >= 0) & ({j} < {sz(d)})")
+            inner.append(self.tmp(f"tl.minimum(tl.maximum({j}, 0), {sz(d)} - 1)", "i"))
+        v = self.val(src, inner)
+        if not conds:
+            return v
+        fill = self.const(n.attrs["value"], n)
+        return self.tmp(f"tl.where({' & '.join(conds)}, {v}, {fill})")
+
+    def _concat(self, n: Node, idx: tuple[str, ...]) -> str:
+        sz = self.sz
+        axis = n.attrs["axis"]
+        parts: list[tuple[str, str]] = []
+        start = "0"
+        for s in n.srcs:
+            if int(s.shape[axis]) == 0:
+                continue
+            d = sz(s.shape[axis])
+            j = idx[axis] if start == "0" else f"({idx[axis]}) - ({start})"
+            clamped = self.tmp(f"tl.minimum(tl.maximum({j}, 0), {d} - 1)", "i")
+            v = self.val(s, (*idx[:axis], clamped, *idx[axis + 1:]))
+            end = d if start == "0" else f"{start} + {d}"
+            parts.append((f"({idx[axis]}) < ({end})", v))
+            start = end
+        expr = parts[-1][1]
+        for cond, v in reversed(parts[:-1]):
+            expr = f"tl.where({cond}, {v}, {expr})"
+        return self.tmp(expr)
+
+    def _gather(self, n: Node, idx: tuple[str, ...]) -> str:
+        """A load at a computed index; an index out of range reads NaN (0 for integers), as the C backend does."""
+        x, index = n.srcs
+        axis = n.attrs["axis"]
+        self.fused.append("gather")
+        j, d = self.val(index, idx), self.sz(x.shape[axis])
+        ok = self.tmp(f"({j} >= 0) & ({j} < {d})", "g")
+        clamped = self.tmp(f"tl.minimum(tl.maximum({j}, 0), {d} - 1).to(tl.int64)", "i")
+        v = self.val(x, (*idx[:axis], clamped, *idx[axis + 1:]))
+        bad = self.const(float("nan") if n.dtype.is_float else 0, n)
+        return self.tmp(f"tl.where({ok}, {v}, {bad})")

@@ -1,0 +1,377 @@
+"""A row-split ``Loop`` as one persistent Triton kernel: no Python, and no launch, per time step.
+
+The schedule splits the loop's batch rows among workers (``Loop.parallel``). Here a worker is a Triton program:
+program ``pid`` owns rows ``[pid * ROWS, pid * ROWS + ROWS)`` of the batch for all T steps, with no
+synchronization with other programs (the rows are independent). Inside the kernel:
+
+* the carries are register tiles ``[ROWS, width]`` (columns padded to a power of two, at least 16 so a carry can
+  be the left operand of ``tl.dot``), loaded once from the scan's initial values and stored once at the end;
+* the recurrent weights (GEMM operands the schedule marks ``b_resident``) are loaded once, before the time loop,
+  into register tiles; so is everything else that does not change across steps (biases);
+* T is a run-time argument of the kernel (``range(0, T)``), never a ``tl.constexpr``: a new sequence length
+  runs the same compiled kernel; a reverse scan walks ``tt = T - 1 - t``;
+* each step reads its slice of the scanned inputs (or of the chunk buffer its chunked input projection is
+  computed into, every ``steps`` steps, by each program for its own rows), evaluates the body's kernels in order
+  on register tiles — a ``SlicedGemm`` as one ``tl.dot`` per gate slice with the cell update on the tiles, the
+  gate matrix never stored — and writes this step's rows of the stacked outputs.
+
+Loops the slice cannot render raise ``Unsupported`` with the reason: loops not split by rows, bodies with
+nested loops, scatter-adds or batched products, step values read through views, run-time widths.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...ir.node import Node
+from ...ir.ops import Op
+from ...schedule import (
+    Buf,
+    ChunkedInput,
+    Copy,
+    Elementwise,
+    Gemm,
+    Loop,
+    Reduce,
+    SlicedGemm,
+    Unsupported,
+    stored_node,
+)
+from .evaluate import Ctx, Emitter, Eval
+from .render import dot
+from .texpr import flat, sliced, tl_dtype
+
+if TYPE_CHECKING:
+    from .render import Renderer
+
+
+def _pad(width: int) -> int:
+    """Columns of a register tile holding ``width`` values per row: 1, or a power of two of 16 at least."""
+    if width == 1:
+        return 1
+    return max(16, 1 << (width - 1).bit_length())
+
+
+class ScanKernel:
+    """The state of one persistent kernel being rendered (see the module docstring)."""
+
+    def __init__(self, r: Renderer, loop: Loop, ctx: Ctx, results: list[str]):
+        self.r, self.loop, self.outer, self.results = r, loop, ctx, results
+        self.sz = r.sz
+        self.em = Emitter(hoist=True)
+        self.em.variant |= {"t", "tt", "clo"}
+        n = loop.node
+        self.nc, self.nx = n.attrs["n_carry"], n.attrs["n_xs"]
+        self.batch = int(loop.parallel.batch)  # type: ignore[union-attr]
+        self.prologue = ["pid = tl.program_id(0).to(tl.int64)", "r0 = pid * ROWS",
+                         "r = tl.arange(0, ROWS)[:, None]", "gr = r0 + r", f"rmask = gr < {self.batch}"]
+        self.widths: dict[int, str] = {}
+        self.idents: dict[tuple, tuple[str, ...]] = {}
+        self.outer_evals: dict[tuple[str, str | None], Eval] = {}
+
+    # ---- tiles --------------------------------------------------------------------------------------------
+    def width(self, n: Node) -> int:
+        """Values per row of a body value ``[ROWS, ...]`` (a compile-time number)."""
+        if not n.shape or n.shape[0] is None:
+            raise Unsupported(f"{n.op.name.lower()} at {n.loc} in a row-split body has no batch axis")
+        rest = n.shape[1:]
+        if not all(self.sz.is_static(d) for d in rest):
+            raise Unsupported(f"{n.op.name.lower()} at {n.loc}: a run-time width inside a persistent scan")
+        w = 1
+        for d in rest:
+            w *= int(d)
+        return w
+
+    def cols(self, w: int) -> str:
+        """The column index tensor ``[1, pad(w)]`` of a tile of width ``w`` (defined once, with its mask)."""
+        if w not in self.widths:
+            c = f"c{w}"
+            self.prologue += [f"{c} = tl.arange(0, {_pad(w)})[None, :]", f"m{w} = rmask & ({c} < {w})"]
+            self.widths[w] = c
+        return self.widths[w]
+
+    def krows(self, k: int) -> str:
+        """The row index tensor ``[pad(k), 1]`` of a weight tile with ``k`` rows (defined once)."""
+        name = f"k{k}"
+        if not any(line.startswith(f"{name} =") for line in self.prologue):
+            self.prologue.append(f"{name} = tl.arange(0, {_pad(k)})[:, None]")
+        return name
+
+    def mask(self, w: int) -> str:
+        self.cols(w)
+        return f"m{w}"
+
+    def ident(self, n: Node) -> tuple[str, ...]:
+        """The index of a body value's own tile: the local row ``r``, its columns split into its axes."""
+        w = self.width(n)
+        key = tuple(int(d) for d in n.shape[1:])
+        if key not in self.idents:
+            c = self.cols(w)
+            out: list[str] = []
+            stride = 1
+            for d in reversed(key):
+                q = c if stride == 1 else f"{c} // {stride}"
+                out.append(q if len(out) == len(key) - 1 else f"({q}) % {d}")
+                stride *= d
+            rest = tuple(reversed(out))
+            names = []
+            for k, e in enumerate(rest):
+                if e == c:
+                    names.append(c)
+                else:
+                    name = f"c{w}_{k}"
+                    self.prologue.append(f"{name} = {e}")
+                    names.append(name)
+            self.idents[key] = ("r", *names)
+        return self.idents[key]
+
+    # ---- reads of the body's inputs -----------------------------------------------------------------------
+    def outer_eval(self, mask: str | None, scope: str) -> Eval:
+        """An evaluator of the enclosing graph's nodes (the loop's sources) under ``mask``, one per code scope
+        (the step, or the chunk loop), so a value is never used outside the block that computed it."""
+        key = (scope, mask)
+        if key not in self.outer_evals:
+            self.outer_evals[key] = Eval(self.em, self.outer, self.sz, mask, 2)
+        return self.outer_evals[key]
+
+    @staticmethod
+    def global_row(i: str) -> str:
+        return "gr" if i == "r" else f"r0 + ({i})"
+
+    def bind_inputs(self, body: Ctx) -> list[str]:
+        """The body's inputs: carries as registers (returned: their names), scanned inputs as this step's
+        slice (of the source, or of a chunk buffer), loop invariants read from the loop's sources."""
+        loop, n = self.loop, self.loop.node
+        split = loop.parallel
+        inputs = body.graph.inputs
+        chunked = {c.k: c for c in loop.chunked}
+        carries = []
+        for k in range(self.nc):
+            x = inputs[k]
+            name = f"h{k}"
+            tl_dtype(x.dtype)
+            init = self.outer_eval(self.mask(self.width(x)), "pre").val(
+                n.srcs[k], (self.global_row("r"), *self.ident(x)[1:]))
+            self.em.pre.append(f"{name} = tl.broadcast_to({init}, (ROWS, {_pad(self.width(x))}))")
+            self.em.variant.add(name)
+            body.reg[id(x)] = (name, self.ident(x))
+            carries.append(name)
+        for k in range(self.nx):
+            x, src = inputs[self.nc + k], n.srcs[self.nc + k]
+            if k in chunked:
+                body.leaf[id(x)] = self.chunk_reader(chunked[k])
+            else:
+                body.leaf[id(x)] = self.step_reader(src)
+        for j in range(self.nc + self.nx, len(n.srcs)):
+            body.leaf[id(inputs[j])] = self.invariant_reader(n.srcs[j], j in split.per_row)  # type: ignore
+        return carries
+
+    def step_reader(self, src: Node):
+        def read(ev: Eval, idx: tuple[str, ...]) -> str:
+            return self.outer_eval(ev.mask, "step").val(src, ("tt", self.global_row(idx[0]), *idx[1:]))
+        return read
+
+    def invariant_reader(self, src: Node, per_row: bool):
+        def read(ev: Eval, idx: tuple[str, ...]) -> str:
+            at = (self.global_row(idx[0]), *idx[1:]) if per_row else idx
+            return self.outer_eval(ev.mask, "step").val(src, at)
+        return read
+
+    def chunk_reader(self, c: ChunkedInput):
+        width = "*".join(self.sz(d) for d in c.view.shape[2:]) or "1"
+
+        def read(ev: Eval, idx: tuple[str, ...]) -> str:
+            row = f"(tt - clo) * {self.batch} + {self.global_row(idx[0])}"
+            rest = flat(idx[1:], [self.sz(d) for d in c.view.shape[2:]]) if len(idx) > 1 else "0"
+            mask = f", mask={ev.mask}, other=0" if ev.mask else ""
+            return ev.tmp(f"tl.load({c.gemm.out.name} + ({row}) * ({width}) + ({rest}){mask})", "x")
+        return read
+
+    # ---- the kernel ---------------------------------------------------------------------------------------
+    def render(self) -> None:
+        loop, em = self.loop, self.em
+        n = loop.node
+        body_block = loop.body
+        if any(isinstance(k, Loop) for k in body_block.kernels):
+            raise Unsupported("a loop nested in a persistent scan's body")
+        body = Ctx(body_block.graph, body_block.grouping)
+        carries = self.bind_inputs(body)
+        length = self.sz(loop.length)
+        em.open(f"for t in range(0, {length}):")
+        em.line(f"tt = {length} - 1 - t" if loop.reverse else "tt = t")
+        for c in loop.chunked:
+            self.chunk(c, length)
+        nxt: dict[int, str] = {}
+        for k in body_block.kernels:
+            self.body_kernel(k, body, nxt)  # type: ignore[arg-type]
+        for c in body_block.copies:
+            v = Eval(em, body, self.sz, self.mask(self.width(c.node)), 2).val(c.node, self.ident(c.node))
+            self.deliver(c.node, v, c.out, (), body, nxt)
+        for k, name in enumerate(carries):
+            if k not in nxt:
+                raise Unsupported(f"carry {k} of the scan is not computed by its body")
+            w = _pad(self.width(body.graph.inputs[k]))
+            em.line(f"{name} = tl.broadcast_to({nxt[k]}, (ROWS, {w}))")
+        em.close()
+        for k, name in enumerate(carries):
+            x = body.graph.inputs[k]
+            self.store(self.results[k], n.types[k][0], (self.global_row("r"), *self.ident(x)[1:]), name,
+                       self.mask(self.width(x)))
+        kinds = [kk.kind for kk in body_block.kernels]
+        kind = "+".join(dict.fromkeys(["scan", *(s for kk in kinds for s in kk.split("+"))]))
+        grid = [f"triton.cdiv({self.batch}, {self.r.tiles.scan_rows})"]
+        self.r.emit(kind, em, grid, {"ROWS": self.r.tiles.scan_rows}, self.prologue)
+
+    def store(self, ptr: str, shape: tuple, idx: tuple[str, ...], value: str, mask: str) -> None:
+        self.em.line(f"tl.store({ptr} + ({flat(idx, [self.sz(d) for d in shape])}), {value}, mask={mask})")
+
+    def deliver(self, node: Node, value: str, buf: Buf, also: tuple[int, ...], body: Ctx,
+                nxt: dict[int, str]) -> None:
+        """A body value computed into registers: later kernels of the step read it there; a body result is the
+        next carry or stored into this step's row of the stacked output (scratch gets no memory)."""
+        body.reg[id(node)] = (value, self.ident(node))
+        positions = ([buf.output] if buf.output is not None else []) + list(also)
+        for pos in positions:
+            if pos < self.nc:
+                nxt[pos] = value
+            else:
+                shape = self.loop.node.types[pos][0]
+                self.store(self.results[pos], shape, ("tt", self.global_row("r"), *self.ident(node)[1:]), value,
+                           self.mask(self.width(node)))
+
+    def body_kernel(self, k, body: Ctx, nxt: dict[int, str]) -> None:
+        em, sz = self.em, self.sz
+        if isinstance(k, SlicedGemm):
+            self.sliced(k, body, nxt)
+        elif isinstance(k, Gemm):
+            p, root = k.node, k.epilogue
+            acc = self.product(p, body, [(p.shape[-1], "0")], k.b_resident)[0]
+            w = self.width(p)
+            idx = ("r", self.cols(w))
+            value = acc
+            if root is not None:
+                value = Eval(em, body, sz, self.mask(w), 2, root=root, overrides={(id(p), idx): acc}).val(root, idx)
+            self.deliver(stored_node(k), value, k.out, k.also, body, nxt)
+        elif isinstance(k, Reduce):
+            self.row_reduce(k, body, nxt)
+        elif isinstance(k, Elementwise | Copy):
+            n = k.node
+            v = Eval(em, body, sz, self.mask(self.width(n)), 2, root=n).val(n, self.ident(n))
+            self.deliver(n, v, k.out, k.also, body, nxt)
+        else:
+            raise Unsupported(f"{type(k).__name__} inside a persistent scan is not rendered by this slice")
+
+    def product(self, p: Node, body: Ctx, columns: list[tuple[object, str]], resident: bool) -> list[str]:
+        """``A @ B[:, off:off + width]`` for each (width, off) of ``columns``: A is this step's ``[ROWS, K]``
+        tile (a register value or a load), B's tiles are loaded before the time loop when the schedule marks
+        them resident, else each step."""
+        em, sz = self.em, self.sz
+        a, b = p.srcs
+        if p.ndim != 2:
+            raise Unsupported("a batched matmul inside a persistent scan")
+        if not all(sz.is_static(d) for d in b.shape):
+            raise Unsupported("a matmul with a run-time width inside a persistent scan")
+        K = int(b.shape[0])
+        ck = self.cols(K)
+        va = Eval(em, body, sz, self.mask(K), 2).val(a, ("r", ck))
+        ta = em.tmp(f"tl.where({ck} < {K}, {va}, 0)", "a")
+        kk = self.krows(K)
+        accs = []
+        for width, off in columns:
+            w = int(width)  # type: ignore[call-overload]
+            cw = self.cols(w)
+            mb = f"({kk} < {K}) & ({cw} < {w})"
+            vb = Eval(em, body, sz, mb, 2, hoist=resident).val(b, (kk, sliced(cw, off)))
+            tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=resident)
+            if resident and em.is_variant(tb):
+                raise Unsupported(f"matmul at {p.loc}: B is marked resident but changes across steps")
+            accs.append(em.tmp(dot(ta, tb, p.dtype), "acc"))
+        return accs
+
+    def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str]) -> None:
+        """One ``tl.dot`` per column slice (gate) on the step's A tile, the GEMM's epilogue on each gate tile,
+        then the member kernels (the cell update) on the tiles: the gate matrix is never stored."""
+        em, sz = self.em, self.sz
+        sg = k.group
+        p, root = sg.gemm, sg.root
+        w = int(sg.width)
+        cw = self.cols(w)
+        accs = self.product(p, body, [(w, str(o)) for o in sg.offsets], k.b_resident)
+        tiles: dict[tuple[int, tuple[str, ...]], str] = {}
+        for off, acc in zip(sg.offsets, accs):
+            idx = ("r", sliced(cw, str(off)))
+            value = acc
+            if root is not p:
+                value = Eval(em, body, sz, self.mask(w), 2, root=root, overrides={(id(p), idx): acc}).val(root, idx)
+            tiles[(id(root), idx)] = value
+        ev = Eval(em, body, sz, self.mask(w), 2, overrides=tiles)
+        for m, out, more in zip(sg.members, k.outs, k.also_of):
+            ev.root = m
+            v = ev.val(m, self.ident(m))
+            self.deliver(m, v, out, more, body, nxt)
+
+    def row_reduce(self, k: Reduce, body: Ctx, nxt: dict[int, str]) -> None:
+        """A sum or max over all of a row's values (a layer norm's statistics): one reduction of the tile."""
+        p, root = k.node, k.epilogue
+        src = p.srcs[0]
+        if tuple(p.attrs["axes"]) != tuple(range(1, src.ndim)) or not p.dtype.is_float:
+            raise Unsupported("a reduction inside a persistent scan other than a float sum or max over each row")
+        em, sz = self.em, self.sz
+        ws = self.width(src)
+        mask = self.mask(ws)
+        v = Eval(em, body, sz, mask, 2).val(src, self.ident(src))
+        if p.op == Op.SUM:
+            res = em.tmp(f"tl.sum(tl.where({mask}, {v}, 0), axis=1)[:, None]", "s")
+        else:
+            res = em.tmp(f"tl.max(tl.where({mask}, {v}, -float(\"inf\")), axis=1)[:, None]", "s")
+        idx = self.ident(p)
+        value = res
+        if root is not None:
+            value = Eval(em, body, sz, self.mask(1), 2, root=root, overrides={(id(p), idx): res}).val(root, idx)
+        self.deliver(stored_node(k), value, k.out, (), body, nxt)
+
+    def chunk(self, c: ChunkedInput, length: str) -> None:
+        """Every ``c.steps`` steps, the projection of this program's rows for the next chunk of steps (in the
+        scan's direction) into the chunk buffer, between barriers (the program's threads write rows that other
+        threads of it read)."""
+        em, sz = self.em, self.sz
+        steps = c.steps
+        p = c.gemm.node
+        root = c.gemm.epilogue or p
+        em.line(f"cstart = (t // {steps}) * {steps}")
+        em.line(f"ccount = tl.minimum({length} - cstart, {steps})")
+        em.line(f"clo = {length} - cstart - ccount" if self.loop.reverse else "clo = cstart")
+        em.variant |= {"cstart", "ccount", "s", "grow"}
+        em.open(f"if t % {steps} == 0:")
+        em.line("tl.debug_barrier()")
+        em.open("for s in range(0, ccount):")
+        em.line(f"grow = (clo + s) * {self.batch} + gr")
+        a, b = p.srcs
+        K, N = int(b.shape[0]), int(b.shape[1])
+        ck, cn = self.cols(K), self.cols(N)
+        kk = self.krows(K)
+        outer = self.outer
+        va = Eval(em, outer, sz, self.mask(K), 2).val(a, ("grow", ck))
+        ta = em.tmp(f"tl.where({ck} < {K}, {va}, 0)", "a")
+        mb = f"({kk} < {K}) & ({cn} < {N})"
+        vb = Eval(em, outer, sz, mb, 2, hoist=c.gemm.b_resident).val(b, (kk, cn))
+        tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=c.gemm.b_resident)
+        acc = em.tmp(dot(ta, tb, p.dtype), "acc")
+        idx = ("grow", cn)
+        value = acc
+        if root is not p:
+            value = Eval(em, outer, sz, self.mask(N), 2, root=root, overrides={(id(p), idx): acc}).val(root, idx)
+        em.line(f"tl.store({c.gemm.out.name} + (s * {self.batch} + gr) * {N} + {cn}, {value}, mask={self.mask(N)})")
+        em.close()
+        em.line("tl.debug_barrier()")
+        em.close()
+
+
+def render_loop(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
+    """The persistent kernel of a row-split loop (see the module docstring); ``Unsupported`` for other loops."""
+    if loop.parallel is None:
+        raise Unsupported(f"{loop.kind} at {loop.node.loc} is not split by rows (the schedule keeps it "
+                          "work-shared): this slice renders only persistent row-split scans")
+    if loop.node.op != Op.SCAN:
+        raise Unsupported("nf.loop is not rendered by this slice")
+    ScanKernel(r, loop, ctx, results).render()

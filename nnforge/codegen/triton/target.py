@@ -1,0 +1,60 @@
+"""The GPU backend's ``Target`` and the tile sizes its renderer prints.
+
+Every value here is an **unmeasured placeholder**: no GPU has run this backend yet. Each is chosen from what the
+hardware offers (an H100-class part: 132 SMs, 256 KB of registers and up to 228 KB of shared memory per SM, 50 MB
+of L2) and from the form of the code the renderer prints, not from a timing. Replace them with measured values,
+and write the measurements into docs/benchmarks.md, once a GPU run exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...schedule import Target
+
+
+def triton_target() -> Target:
+    """The thresholds the shared passes and the scheduler take for Triton kernels (placeholders, see the module).
+
+    * ``min_split_rows`` 1: a row-split loop is one persistent kernel whose programs each own a block of rows for
+      all steps; the alternative, a launch (or a grid-wide barrier) per step, costs microseconds per step whatever
+      the batch, so even one row is worth a persistent program.
+    * ``max_split_weight_bytes`` 256 KiB: each program keeps the recurrent weights on chip across steps (the
+      renderer loads them once into registers before the time loop); beyond about one SM's register file they
+      would spill every step. Loops with larger weights are not split (and this first slice then raises
+      ``Unsupported``: a per-step fused kernel is the full backend's job).
+    * ``reduction_hoist_bytes`` 0: every weight-gradient sum of a scan leaves the loop as one GEMM after it (a
+      persistent program cannot sum across programs without atomics, and one large GEMM suits tensor cores).
+    * ``chunk_bytes`` 256 KiB, ``max_chunk_steps`` 16: a chunked input projection is computed by each program for
+      its own rows, 16 steps at a time, into a chunk buffer that stays in L2 until the steps read it.
+    * ``row_block`` 0: the body runs on all of a program's rows at once (they are one register tile).
+    """
+    return Target(name="triton", min_split_rows=1, max_split_weight_bytes=256 * 1024, reduction_hoist_bytes=0,
+                  chunk_bytes=256 * 1024, max_chunk_steps=16, row_split=True, row_block=0)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Block sizes the renderer prints (placeholders until tuned on a GPU; no schedule record holds them yet).
+
+    ``flat``: elements per program of an elementwise, copy or concat kernel. ``gemm_m``, ``gemm_n``, ``gemm_k``:
+    a GEMM program's output tile and K step (``tl.dot`` needs 16 at least in each). ``reduce_rows`` /
+    ``reduce_cols``: a reduction program's outputs and the reduced elements it reads per iteration.
+    ``scan_rows``: batch rows per program of a persistent scan kernel (at least 16: the rows are the M side of the
+    step's ``tl.dot``)."""
+
+    flat: int = 1024
+    gemm_m: int = 32
+    gemm_n: int = 32
+    gemm_k: int = 32
+    reduce_rows: int = 16
+    reduce_cols: int = 128
+    scan_rows: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("flat", "gemm_m", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"Tiles.{name} must be a power of two, got {v}")
+        if min(self.gemm_m, self.gemm_n, self.gemm_k, self.scan_rows) < 16:
+            raise ValueError("tl.dot needs tiles of 16 at least")

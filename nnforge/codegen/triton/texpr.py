@@ -1,0 +1,222 @@
+"""Triton spellings of dtypes, sizes, literals and elementwise op formulas: one row per op.
+
+Operands are already-evaluated Triton values (names of SSA temporaries); a formula returns the expression of the
+op's result in the node's dtype. Math functions that the Triton interpreter does not provide (``libdevice`` is
+not patched under ``TRITON_INTERPRET=1``) are small ``@triton.jit`` helpers in ``PRELUDE``, so the source that
+runs on a GPU is the source the CPU-only tests check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from ...dtypes import DType
+from ...ir.dims import Dim
+from ...ir.ops import Op
+from ...passes.rows import ROWS
+from ...schedule import Unsupported
+
+TL_DTYPE = {DType.bool: "tl.int1", DType.int32: "tl.int32", DType.int64: "tl.int64", DType.float32: "tl.float32",
+            DType.float64: "tl.float64"}
+TORCH_DTYPE = {DType.bool: "torch.bool", DType.int32: "torch.int32", DType.int64: "torch.int64",
+               DType.float32: "torch.float32", DType.float64: "torch.float64"}
+
+
+def tl_dtype(dt: DType) -> str:
+    if dt not in TL_DTYPE:
+        raise Unsupported(f"the Triton renderer has no {dt.value} support yet (float16 and bfloat16 come with "
+                          "float32 accumulation in a later slice)")
+    return TL_DTYPE[dt]
+
+
+PRELUDE = '''\
+@triton.jit
+def nf_tanh(x):
+    """float32: the rational fit of the C prelude (max relative error 2.7e-7, clamped at 9, NaN kept); float64:
+    from exp(-2|x|), whose cancellation near 0 stays far below float64 tolerances."""
+    if x.dtype == tl.float32:
+        c = tl.minimum(tl.maximum(x, -9.0), 9.0)
+        c = tl.where(x != x, x, c)
+        s = c * c
+        p = (((1.3737804e-08 * s + 2.0890167e-05) * s + 0.003512878) * s + 0.13395657) * s + 1.0
+        q = (((7.9347086e-07 * s + 0.00033137616) * s + 0.025942983) * s + 0.46728981) * s + 1.0
+        return c * p / q
+    else:
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def nf_sigmoid(x):
+    """1 / (1 + e^-x) without overflow: e^-|x| on both sides."""
+    e = tl.exp(-tl.abs(x))
+    return tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+@triton.jit
+def nf_pow(a, b):
+    """numpy's float power from exp and log: a negative base takes an integer exponent's sign, else NaN."""
+    r = tl.exp(b * tl.log(tl.abs(a)))
+    whole = tl.floor(b) == b
+    odd = whole & (tl.floor(b * 0.5) * 2.0 != b)
+    r = tl.where(a < 0, tl.where(whole, tl.where(odd, -r, r), float("nan")), r)
+    return tl.where(b == 0, 1.0, r)
+
+
+@triton.jit
+def nf_floordiv(a, b):
+    """Integer division rounding down (numpy), where Triton's ``//`` truncates toward zero."""
+    q = a // b
+    return q - ((a % b != 0) & ((a < 0) != (b < 0))).to(q.dtype)
+
+
+def nf_launch(kernel, grid, *args, **meta):
+    """Launch unless the grid is empty (a zero-size result)."""
+    if all(g > 0 for g in grid):
+        kernel[grid](*args, **meta)
+'''
+
+
+def literal(value: object, dt: DType) -> str:
+    """A Python literal Triton reads as a weak scalar of ``dt``'s kind."""
+    if dt == DType.bool:
+        return "1" if value else "0"
+    if dt.is_int:
+        return str(int(value))
+    v = float(value)
+    if math.isnan(v):
+        return 'float("nan")'
+    if math.isinf(v):
+        return 'float("inf")' if v > 0 else '-float("inf")'
+    return repr(v)
+
+
+class Sizes:
+    """Renders sizes: run-time symbols as the kernel (and launcher) arguments ``S0, S1, ...`` in ``dynamic``
+    order, the row-split batch symbol as ``rows`` (a persistent program's row block), everything else as
+    literals. Derived run-time sizes (``T * N``) are printed as expressions of those arguments."""
+
+    def __init__(self, dynamic: Sequence[str]):
+        self.dynamic = list(dynamic)
+        self.arg = {name: f"S{k}" for k, name in enumerate(self.dynamic)}
+
+    def __call__(self, d: object) -> str:
+        if isinstance(d, Dim):
+            if not self._dynamic(d.expr):
+                return str(int(d))
+            return self._r(d.expr)
+        return str(int(d))  # type: ignore[call-overload]
+
+    def is_static(self, d: object) -> bool:
+        return not (isinstance(d, Dim) and self._dynamic(d.expr))
+
+    def _dynamic(self, e: tuple) -> bool:
+        if e[0] == "sym":
+            return e[1] in self.arg or e[1] == ROWS
+        if e[0] == "const":
+            return False
+        return self._dynamic(e[1]) or self._dynamic(e[2])
+
+    def _r(self, e: tuple) -> str:
+        if e[0] == "const":
+            return str(e[1])
+        if e[0] == "sym":
+            if e[1] == ROWS:
+                return "rows"
+            return self.arg[e[1]] if e[1] in self.arg else str(e[2])
+        a, b = self._r(e[1]), self._r(e[2])
+        return f"({a} {dict(add='+', sub='-', mul='*', floordiv='//', mod='%')[e[0]]} {b})"
+
+    def prod(self, shape: Sequence[object]) -> str:
+        if all(self.is_static(d) for d in shape):
+            return str(math.prod(int(d) for d in shape))  # type: ignore[call-overload]
+        return " * ".join(f"({self(d)})" for d in shape)
+
+
+def mul(a: str, b: str) -> str:
+    if a == "0" or b == "0":
+        return "0"
+    if a == "1":
+        return b
+    if b == "1":
+        return a
+    return f"({a}) * ({b})"
+
+
+def add(a: str, b: str) -> str:
+    if a == "0":
+        return b
+    if b == "0":
+        return a
+    return f"{a} + {b}"
+
+
+def sliced(i: str, start: str, step: int = 1) -> str:
+    """The source index that index ``i`` of a slice (``start``, ``step``) reads (one spelling for every user, so
+    equal indices are equal strings)."""
+    return add(start, mul(i, str(step)))
+
+
+def flat(idx: Sequence[str], shape: Sequence[str]) -> str:
+    """Row-major offset of ``idx`` in a contiguous buffer of ``shape``."""
+    if not idx:
+        return "0"
+    out = idx[0]
+    for i, d in zip(idx[1:], shape[1:]):
+        out = i if out == "0" else f"({out}) * {d} + {i}"
+    return out
+
+
+_UNARY = {Op.EXP: "tl.exp({a})", Op.LOG: "tl.log({a})", Op.SQRT: "tl.sqrt({a})", Op.SIN: "tl.sin({a})",
+          Op.COS: "tl.cos({a})", Op.ERF: "tl.erf({a})", Op.TANH: "nf_tanh({a})", Op.SIGMOID: "nf_sigmoid({a})",
+          Op.NEG: "(-{a})", Op.RECIP: "(1.0 / {a})"}
+_COMPARE = {Op.LT: "<", Op.LE: "<=", Op.EQ: "==", Op.NE: "!="}
+
+
+def formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str], attrs: Mapping) -> str:
+    """The Triton expression of one elementwise op on evaluated operands, with the reference's semantics (NaN
+    propagating max/min, sign 0 at NaN, integer division rounding down, float -> int casts truncating)."""
+    a = args[0]
+    b = args[1] if len(args) > 1 else ""
+    fl = dt.is_float
+    if op in _UNARY:
+        if not fl and op != Op.NEG:
+            raise Unsupported(f"no Triton form of {op.name.lower()} on {dt.value}")
+        if op == Op.NEG and dt == DType.bool:
+            return a
+        return _UNARY[op].format(a=a)
+    if op == Op.ABS:
+        return a if dt == DType.bool else f"tl.abs({a})"
+    if op == Op.SIGN:
+        if dt == DType.bool:
+            return a
+        if fl:
+            return f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0)).to({tl_dtype(dt)})"
+        return f"(({a} > 0).to({tl_dtype(dt)}) - ({a} < 0).to({tl_dtype(dt)}))"
+    if op == Op.ADD:
+        return f"({a} | {b})" if dt == DType.bool else f"({a} + {b})"
+    if op == Op.SUB:
+        return f"({a} - {b})"
+    if op == Op.MUL:
+        return f"({a} & {b})" if dt == DType.bool else f"({a} * {b})"
+    if op == Op.DIV:
+        return f"({a} / {b})" if fl else f"nf_floordiv({a}, {b})"
+    if op == Op.POW:
+        if not fl:
+            raise Unsupported("no Triton form of integer pow yet")
+        return f"nf_pow({a}, {b})"
+    if op in (Op.MAX, Op.MIN):
+        cmp = ">" if op == Op.MAX else "<"
+        nan = f" | ({a} != {a})" if fl else ""
+        return f"tl.where(({a} {cmp} {b}){nan}, {a}, {b})"
+    if op in _COMPARE:
+        return f"({a} {_COMPARE[op]} {b})"
+    if op == Op.WHERE:
+        return f"tl.where({a}, {b}, {args[2]})"
+    if op == Op.CAST:
+        if dt == DType.bool:
+            return f"({a} != 0)"
+        return f"{a}.to({tl_dtype(dt)})"
+    raise Unsupported(f"no Triton formula for {op.name.lower()}")

@@ -1,0 +1,191 @@
+"""The first slice of the Triton renderer under the interpreter (``TRITON_INTERPRET=1``, CPU tensors): each
+kernel form against the reference interpreter, persistent scan kernels for LSTM / GRU layers (forward and
+reverse), one compile for every sequence length, and ``Unsupported`` for what the slice does not render.
+Structure is asserted on the schedule's records and the kernel list, never on substrings of kernel bodies."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (by the backend, lazily)
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import nnforge as nf
+from nnforge.codegen.triton import TritonBackend, Unsupported, lower, prepare, triton_target
+from nnforge.schedule import Loop, SlicedGemm
+
+pytestmark = [pytest.mark.triton,
+              pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # masked-off lanes compute garbage in numpy
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") in ("", "0"),
+                                 reason="these tests run the kernels under the Triton interpreter")]
+
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def _f32(rng: np.random.Generator, *shape: int, scale: float = 0.5) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _check(fn, *args, backend: TritonBackend | None = None):
+    """Build ``fn`` for Triton at ``args``, run it and compare with the reference interpreter element-wise;
+    returns the program."""
+    program = (backend or TritonBackend())(nf.compile(fn).trace(*args))
+    _agree(program, fn, args)
+    return program
+
+
+def _agree(program, fn, args) -> None:
+    want = nf.compile(fn)(*args)
+    want = list(want) if isinstance(want, tuple | list) else [want]
+    got = program(list(args))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, np.asarray(w), **TOL)
+
+
+def _scheduled(fn, *args):
+    return lower(prepare(nf.compile(fn).trace(*args)))
+
+
+# ---- kernels outside loops ------------------------------------------------------------------------------------
+
+
+def test_elementwise_chains_with_broadcasts_permutes_and_slices(rng: np.random.Generator):
+    def f(x, y, b):
+        z = nf.sigmoid(x * 2.0 + y.transpose(1, 0)) - nf.tanh(x[:, ::-1, 1:5]).sum(-1, keepdims=True)
+        w = nf.where(x > 0, x, b) * (x.maximum(b) - (-x).exp())
+        return z, w, z.reshape(2, 35)[:, 3:30:2], x.abs().sqrt() + b.sign()
+
+    _check(f, _f32(rng, 2, 7, 5), _f32(rng, 5, 7), _f32(rng, 5))
+
+
+def test_reduction_with_epilogue_and_over_leading_axes(rng: np.random.Generator):
+    def f(x, y):
+        m = x.max(axis=-1, keepdims=True)
+        e = (x - m).exp()
+        return e / e.sum(axis=-1, keepdims=True), y.sum(axis=(0, 1)), nf.sqrt(y.max(axis=(1, 2)) + 4.0)
+
+    _check(f, _f32(rng, 6, 33), _f32(rng, 5, 3, 130))
+
+
+def test_gemm_with_bias_and_activation_epilogue(rng: np.random.Generator):
+    def f(x, w, b, u, v):
+        return nf.tanh(x @ w.T + b), u @ v
+
+    program = _check(f, _f32(rng, 37, 20), _f32(rng, 18, 20), _f32(rng, 18), _f32(rng, 3, 5, 9), _f32(rng, 3, 9, 4))
+    assert program.kernels[0].startswith("k0_gemm_add_tanh")
+
+
+def test_concat_and_pad(rng: np.random.Generator):
+    def f(x, y):
+        c = nf.concat([nf.sigmoid(x), y * 2.0], axis=1)
+        return c, nf.pad(x, ((1, 0), (2, 3)), value=-1.0)
+
+    _check(f, _f32(rng, 4, 3), _f32(rng, 4, 6))
+
+
+# ---- persistent scan kernels ----------------------------------------------------------------------------------
+
+
+def lstm(x, h0, c0, w_ih, w_hh, b, reverse=False):
+    def cell(carry, x_t):
+        h, c = carry
+        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
+        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+        h = nf.sigmoid(o) * nf.tanh(c)
+        return (h, c), h
+
+    (h, c), ys = nf.scan(cell, (h0, c0), x, reverse=reverse)
+    return ys, h, c
+
+
+def reverse_lstm(*args):
+    return lstm(*args, reverse=True)
+
+
+def lstm_args(rng: np.random.Generator, T: int, N: int = 3, I: int = 5, H: int = 8) -> list[np.ndarray]:
+    return [_f32(rng, *s) for s in [(T, N, I), (N, H), (N, H), (4 * H, I), (4 * H, H), (4 * H,)]]
+
+
+def gru(x, h0, w_ih, w_hh, b_ih, b_hh):
+    """A GRU layer as a user writes it (torch's gate order, ``b_hn`` inside the reset product)."""
+    def cell(h, x_t):
+        ir, iz, i_n = (x_t @ w_ih.T + b_ih).chunk(3, axis=-1)
+        hr, hz, h_n = (h @ w_hh.T + b_hh).chunk(3, axis=-1)
+        r, z = nf.sigmoid(ir + hr), nf.sigmoid(iz + hz)
+        n = nf.tanh(i_n + r * h_n)
+        h = (1.0 - z) * n + z * h
+        return h, h
+
+    h, ys = nf.scan(cell, h0, x)
+    return ys, h
+
+
+@pytest.mark.parametrize("fn", [lstm, reverse_lstm])
+def test_lstm_layer_is_one_persistent_kernel(fn, rng: np.random.Generator):
+    """N = 20 rows: two programs of 16 rows, the second partly masked; T = 13 steps in one chunk."""
+    args = lstm_args(rng, T=13, N=20)
+    program, rendered = _scheduled(fn, *args)
+    (loop,) = program.loops()
+    assert loop.parallel is not None and loop.reverse == (fn is reverse_lstm)
+    assert [type(k) for k in loop.body.kernels] == [SlicedGemm]
+    assert len(rendered.kernels) == 1 and rendered.kernels[0].startswith("k0_scan_gemm_add_sigmoid_mul_tanh")
+    _check(fn, *args)
+
+
+def test_gru_cell_through_the_persistent_scan(rng: np.random.Generator):
+    H, I, N = 8, 4, 5
+    args = [_f32(rng, *s) for s in [(11, N, I), (N, H), (3 * H, I), (3 * H, H), (3 * H,), (3 * H,)]]
+    program, rendered = _scheduled(gru, *args)
+    assert isinstance(program.block.kernels[0], Loop) and len(rendered.kernels) == 1
+    _check(gru, *args)
+
+
+def test_two_sequence_lengths_share_one_compile(rng: np.random.Generator):
+    """One program serves T = 3, 16 and 0; a trace at another T renders the same source, which the backend does
+    not load again: T is a run-time argument of the kernel, not a constexpr, and never specialized on."""
+    backend = TritonBackend()
+    program = _check(lstm, *lstm_args(rng, T=3), backend=backend)
+    for T in (16, 0):
+        _agree(program, lstm, lstm_args(rng, T=T))
+    again = backend(nf.compile(lstm).trace(*lstm_args(rng, T=9)))
+    assert backend.loads == 1 and again.source == program.source and again.module is program.module
+    kernel = getattr(program.module, program.kernels[0])
+    signature = inspect.signature(getattr(kernel, "fn", kernel))
+    assert signature.parameters["S0"].annotation is inspect.Parameter.empty
+    assert "S0" in kernel.kwargs["do_not_specialize"]
+
+
+@pytest.mark.parametrize("fn", [lstm, reverse_lstm])
+def test_chunked_input_projection_crosses_chunks(fn, rng: np.random.Generator):
+    """A target with 4-step chunks: T = 11 runs chunks of 4, 4 and 3 steps, in the scan's direction."""
+    backend = TritonBackend(target=dataclasses.replace(triton_target(), max_chunk_steps=4))
+    args = lstm_args(rng, T=11, N=4)
+    program, _ = lower(prepare(nf.compile(fn).trace(*args), backend.target), target=backend.target)
+    assert [c.steps for c in program.loops()[0].chunked] == [4]
+    _check(fn, *args, backend=backend)
+
+
+def test_what_the_slice_does_not_render_raises_unsupported(rng: np.random.Generator):
+    def batch_mixing_scan(x, h0, w):
+        def cell(h, x_t):
+            h = nf.tanh(h @ w + x_t + h.sum(axis=0, keepdims=True))  # rows depend on each other: not split
+            return h, h
+
+        return nf.scan(cell, h0, x)
+
+    with pytest.raises(Unsupported, match="not split by rows"):
+        TritonBackend()(nf.compile(batch_mixing_scan).trace(_f32(rng, 4, 3, 5), _f32(rng, 3, 5), _f32(rng, 5, 5)))
+
+    def scatter(x, i):
+        return nf.scatter_add(nf.zeros((4, 3)), 0, i, x)
+
+    with pytest.raises(Unsupported, match="scatter_add"):
+        TritonBackend()(nf.compile(scatter).trace(_f32(rng, 2, 3), np.array([[0, 1, 3], [3, 2, 0]])))
