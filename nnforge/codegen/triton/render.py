@@ -283,6 +283,8 @@ class Renderer:
         """``tl.dot`` over K blocks into a ``BM`` x ``BN`` accumulator (one program per output tile and batch
         index), then the epilogue on the accumulator and the stores."""
         p, root = k.node, k.epilogue
+        if k.pack_a or k.k_split:
+            raise Unsupported("a GEMM scheduled with packed A or a K split (CPU forms) has no Triton spelling")
         a, b = p.srcs
         sz = self.sz
         M, K, N = sz(p.shape[-2]), sz(a.shape[-1]), sz(p.shape[-1])

@@ -28,9 +28,12 @@ def triton_target() -> Target:
     * ``chunk_bytes`` 256 KiB, ``max_chunk_steps`` 16: a chunked input projection is computed by each program for
       its own rows, 16 steps at a time, into a chunk buffer that stays in L2 until the steps read it.
     * ``row_block`` 0: the body runs on all of a program's rows at once (they are one register tile).
+    * ``pack_a_min_k`` / ``pack_a_min_m`` None, ``k_slice`` 0: no packed A, no K split (CPU forms); a Triton GEMM
+      reads its operands through their strides into tiles.
     """
     return Target(name="triton", min_split_rows=1, max_split_weight_bytes=256 * 1024, reduction_hoist_bytes=0,
-                  chunk_bytes=256 * 1024, max_chunk_steps=16, row_split=True, row_block=0)
+                  chunk_bytes=256 * 1024, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
+                  pack_a_min_m=None, k_slice=0)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """The first slice of the Triton renderer under the interpreter (``TRITON_INTERPRET=1``, CPU tensors): each
 kernel form against the reference interpreter, persistent scan kernels for LSTM / GRU layers (forward and
 reverse), one compile for every sequence length, and ``Unsupported`` for what the slice does not render.
-Structure is asserted on the schedule's records and the kernel list, never on substrings of kernel bodies."""
+Structure is asserted on the schedule's records and the kernel list, never on substrings of kernel bodies.
+
+With ``TRITON_INTERPRET=0`` set before the run and a CUDA device, the same tests compile and launch real kernels
+(and the ``gpu`` test counts the compiles)."""
 
 from __future__ import annotations
 
@@ -23,8 +26,7 @@ from nnforge.schedule import Loop, SlicedGemm
 
 pytestmark = [pytest.mark.triton,
               pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # masked-off lanes compute garbage in numpy
-              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") in ("", "0"),
-                                 reason="these tests run the kernels under the Triton interpreter")]
+              pytest.mark.skipif(not TritonBackend().available, reason="TRITON_INTERPRET=0 and no CUDA device")]
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -160,7 +162,11 @@ def test_two_sequence_lengths_share_one_compile(rng: np.random.Generator):
     kernel = getattr(program.module, program.kernels[0])
     signature = inspect.signature(getattr(kernel, "fn", kernel))
     assert signature.parameters["S0"].annotation is inspect.Parameter.empty
-    assert "S0" in kernel.kwargs["do_not_specialize"]
+    params = getattr(kernel, "params", None)  # a compiling JITFunction; the interpreter keeps jit's arguments
+    if params is not None:
+        assert any(p.name == "S0" and p.do_not_specialize and not p.is_constexpr for p in params)
+    else:
+        assert "S0" in kernel.kwargs["do_not_specialize"]
 
 
 @pytest.mark.parametrize("fn", [lstm, reverse_lstm])
@@ -189,3 +195,14 @@ def test_what_the_slice_does_not_render_raises_unsupported(rng: np.random.Genera
 
     with pytest.raises(Unsupported, match="scatter_add"):
         TritonBackend()(nf.compile(scatter).trace(_f32(rng, 2, 3), np.array([[0, 1, 3], [3, 2, 0]])))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(TritonBackend().device != "cuda", reason="needs a CUDA device (TRITON_INTERPRET=0)")
+def test_new_sequence_lengths_do_not_recompile_on_the_gpu(rng: np.random.Generator):
+    """Compiled for real: the persistent kernel is compiled once for T = 3, 7, 16 and 40."""
+    program = _check(lstm, *lstm_args(rng, T=3))
+    for T in (7, 16, 40):
+        _agree(program, lstm, lstm_args(rng, T=T))
+    kernel = getattr(program.module, program.kernels[0])
+    assert sum(len(cache[0]) for cache in kernel.device_caches.values()) == 1
