@@ -1,0 +1,162 @@
+"""Two revisions of nnforge timed against each other in one interleaved run: the cells of ``bench/cells_cpu.py``
+(an LSTM layer at its three shapes, a layer-norm LSTM and a Cho GRU at the first), inference and a training step
+(forward + backward to the weights), float32, plus the compile time of a 5-layer LSTM stack at T = 2000.
+
+Each revision is checked out in a git worktree and served by a worker process of its own that imports nnforge from
+there (its own empty shared-object cache). Every round times each cell once in each worker, the order A, B / B, A
+alternating by round, so the machine's drift cancels in the per-round ratio B / A (each turn's figure is the median
+of its calls). Printed per cell: the median ratio over rounds and the middle half of the rounds. Compile time:
+trace + passes + schedule + C generation, and the C compiler's run, both revisions in fresh caches.
+
+    .venv/bin/python bench/revisions_cpu.py REV_A REV_B [--rounds 7] [--calls 5] [--t-div 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+WORKER = r"""
+import json, os, sys, time
+sys.path.insert(0, "bench")
+import numpy as np
+import nnforge as nf
+from cells_cpu import SHAPES, nf_gru_cho, nf_ln_lstm
+from lstm_cpu import lstm
+from nnforge.codegen import BACKENDS
+try:
+    from nnforge.codegen.c import lower, prepare
+except ImportError:  # revisions before the scheduler named the pass pipeline ``schedule``
+    from nnforge.codegen.c import lower, schedule as prepare
+
+T_DIV = int(sys.argv[1])
+rng = np.random.default_rng(0)
+
+def a(*s):
+    return (rng.standard_normal(s) * 0.3).astype(np.float32)
+
+def training(fn, argnums):
+    def loss(*x):
+        return (fn(*x)[0] ** 2).sum()
+    return nf.grad(loss, argnums=argnums)
+
+cells = {}
+for k, (T, N, I, H) in enumerate(SHAPES):
+    T = max(T // T_DIV, 2)
+    la = [a(T, N, I), a(N, H), a(N, H), a(4 * H, I), a(4 * H, H), a(4 * H)]
+    shape = f"{T},{N},{I},{H}"
+    cells[f"lstm {shape} inference"] = (nf.compile(lstm, backend="cpu"), la)
+    cells[f"lstm {shape} training"] = (nf.compile(training(lstm, (3, 4, 5)), backend="cpu"), la)
+    if k == 0:
+        cells[f"ln-lstm {shape} inference"] = (nf.compile(nf_ln_lstm, backend="cpu"), la)
+        cells[f"ln-lstm {shape} training"] = (nf.compile(training(nf_ln_lstm, (3, 4, 5)), backend="cpu"), la)
+        ga = [a(T, N, I), a(N, H), a(3 * H, I), a(2 * H, H), a(H, H), a(3 * H)]
+        cells[f"gru {shape} inference"] = (nf.compile(nf_gru_cho, backend="cpu"), ga)
+        cells[f"gru {shape} training"] = (nf.compile(training(nf_gru_cho, (2, 3, 4, 5)), backend="cpu"), ga)
+
+def stack_compile():
+    T, N, H, L = 2000, 8, 64, 5
+    def stack(x, *ws):
+        for k in range(L):
+            w_ih, w_hh, b = ws[3 * k: 3 * k + 3]
+            h0 = nf.zeros((x.shape[1], H))
+            def cell(carry, x_t, w_ih=w_ih, w_hh=w_hh, b=b):
+                h, c = carry
+                i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
+                c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+                return (nf.sigmoid(o) * nf.tanh(c), c), nf.sigmoid(o) * nf.tanh(c)
+            _, x = nf.scan(cell, (h0, h0), x)
+        return x
+    ws = [w for _ in range(L) for w in (a(4 * H, H) * 0.3, a(4 * H, H) * 0.3, a(4 * H))]
+    x = a(T, N, H)
+    fn = nf.compile(stack, backend="cpu")
+    t0 = time.perf_counter(); g = fn.trace(x, *ws); trace_s = time.perf_counter() - t0
+    t0 = time.perf_counter(); lower(prepare(g)); gen_s = time.perf_counter() - t0
+    fn(x, *ws)  # builds the shared object (cold cache)
+    cc_s = BACKENDS["cpu"].toolchain.last_compile_s
+    return {"compile_s": trace_s + gen_s + cc_s, "python_s": trace_s + gen_s, "cc_s": cc_s}
+
+print(json.dumps({"cells": list(cells), **stack_compile()}), flush=True)
+for name, (fn, args) in cells.items():
+    fn(*args)  # compile and warm up before any timing
+print("ready", flush=True)
+for line in sys.stdin:
+    name, calls = line.rstrip("\n").rsplit(" ", 1)
+    fn, args = cells[name]
+    times = []
+    for _ in range(int(calls)):
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    print(sorted(times)[len(times) // 2], flush=True)  # the median call: a call another process slowed is dropped
+"""
+
+
+def worktree(repo: Path, rev: str, where: Path) -> Path:
+    path = where / rev.replace("/", "_")
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "-f", str(path), rev], check=True,
+                   capture_output=True)
+    return path
+
+
+def start(path: Path, t_div: int, cache: Path) -> tuple[subprocess.Popen, dict]:
+    env = {**os.environ, "PYTHONPATH": str(path), "NNFORGE_CACHE_DIR": str(cache)}
+    p = subprocess.Popen([sys.executable, "-c", WORKER, str(t_div)], cwd=path, env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    head = json.loads(p.stdout.readline())
+    return p, head
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rev_a")
+    ap.add_argument("rev_b")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--t-div", type=int, default=10)
+    args = ap.parse_args()
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        paths = [worktree(repo, rev, tmp_path) for rev in (args.rev_a, args.rev_b)]
+        try:
+            workers, heads = [], []
+            for k, path in enumerate(paths):  # one after the other: each compiles alone
+                w, head = start(path, args.t_div, tmp_path / f"cache{k}")
+                assert w.stdout.readline().strip() == "ready"
+                workers.append(w)
+                heads.append(head)
+            for rev, head in zip((args.rev_a, args.rev_b), heads):
+                print(f"{rev}: 5-layer stack T=2000 compile {head['compile_s']:.2f} s = trace, passes, schedule and C "
+                      f"generation {head['python_s']:.3f} s + C compiler {head['cc_s']:.2f} s")
+            cells = heads[0]["cells"]
+            ratios: dict[str, list[float]] = {c: [] for c in cells}
+            for r in range(args.rounds):
+                for c in cells:
+                    t = [0.0, 0.0]
+                    for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+                        workers[k].stdin.write(f"{c} {args.calls}\n")
+                        workers[k].stdin.flush()
+                        t[k] = float(workers[k].stdout.readline())
+                    ratios[c].append(t[1] / t[0])
+            print(f"\n{'cell':40s} {'B / A median':>12s}  middle half of {args.rounds} rounds")
+            for c in cells:
+                q = statistics.quantiles(ratios[c], n=4)
+                print(f"{c:40s} {statistics.median(ratios[c]):12.3f}  {q[0]:.3f} .. {q[2]:.3f}")
+            for w in workers:
+                w.stdin.close()
+                w.wait(timeout=60)
+        finally:
+            for path in paths:
+                subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(path)],
+                               capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
