@@ -1,9 +1,10 @@
 """The GPU backend's ``Target`` and the tile sizes its renderer prints.
 
-Every value here is an **unmeasured placeholder**: no GPU has run this backend yet. Each is chosen from what the
-hardware offers (an H100-class part: 132 SMs, 256 KB of registers and up to 228 KB of shared memory per SM, 50 MB
-of L2) and from the form of the code the renderer prints, not from a timing. Replace them with measured values,
-and write the measurements into docs/benchmarks.md, once a GPU run exists.
+Every value here is an **unmeasured placeholder**: the renderer's tests have run compiled on an H200, but nothing
+of it has been timed yet. Each is chosen from what the hardware offers (an H100-class part: 132 SMs, 256 KB of
+registers and up to 228 KB of shared memory per SM, 50 MB of L2) and from the form of the code the renderer prints,
+not from a timing. Replace them with measured values, and write the measurements into docs/benchmarks.md, once a
+GPU timing exists.
 """
 
 from __future__ import annotations
