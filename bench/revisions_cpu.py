@@ -8,7 +8,7 @@ alternating by round, so the machine's drift cancels in the per-round ratio B / 
 of its calls). Printed per cell: the median ratio over rounds and the middle half of the rounds. Compile time:
 trace + passes + schedule + C generation, and the C compiler's run, both revisions in fresh caches.
 
-    .venv/bin/python bench/revisions_cpu.py REV_A REV_B [--rounds 7] [--calls 5] [--t-div 10]
+    .venv/bin/python bench/revisions_cpu.py REV_A REV_B [--rounds 7] [--calls 5] [--t-div 10] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--t-div", type=int, default=10)
+    ap.add_argument("--only", default="", help="time only the cells whose name contains this")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +136,7 @@ def main() -> None:
             for rev, head in zip((args.rev_a, args.rev_b), heads):
                 print(f"{rev}: 5-layer stack T=2000 compile {head['compile_s']:.2f} s = trace, passes, schedule and C "
                       f"generation {head['python_s']:.3f} s + C compiler {head['cc_s']:.2f} s")
-            cells = heads[0]["cells"]
+            cells = [c for c in heads[0]["cells"] if args.only in c]
             ratios: dict[str, list[float]] = {c: [] for c in cells}
             for r in range(args.rounds):
                 for c in cells:
