@@ -109,7 +109,7 @@ def _expr(x: int) -> tuple:
 
 _OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
         "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
-_SYMS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
+SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
 
 
 def _eval(expr: tuple, env: Mapping[str, int]) -> int:
@@ -179,7 +179,7 @@ def render(x: int) -> str:
             return str(e[1])
         if e[0] == "sym":
             return e[1]
-        return f"({r(e[1])}{_SYMS[e[0]]}{r(e[2])})"
+        return f"({r(e[1])}{SYMBOLS[e[0]]}{r(e[2])})"
 
     s = r(x.expr)
     return s[1:-1] if s.startswith("(") else s

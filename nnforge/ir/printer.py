@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .dims import Dim, symbol_name
+from .dims import SYMBOLS, Dim, free_symbols, symbol_name
 from .lengths import loop_length_symbols
 from .ops import Op
 
@@ -19,10 +19,23 @@ if TYPE_CHECKING:  # node imports this module for Graph.__repr__
 
 
 def render(d: int, names: dict[str, str] | None = None) -> str:
-    """A size as printed: a loop-length symbol by its name (T, T1, ...), anything else by its value."""
+    """A size as printed: a loop-length symbol by its name (T, T1, ...), a size computed from them as that
+    expression (``T*64``, ``((T+18)//5)+1``: it changes with T, so its value at trace time would mislead), anything
+    else by its value."""
     if names and symbol_name(d) in names:
         return names[symbol_name(d)]
+    if names and isinstance(d, Dim) and free_symbols(d) & names.keys():
+        return _expr(d.expr, names, top=True)
     return str(int(d))
+
+
+def _expr(e: tuple, names: dict[str, str], top: bool = False) -> str:
+    if e[0] == "const":
+        return str(e[1])
+    if e[0] == "sym":
+        return names.get(e[1], str(e[2]))
+    text = f"{_expr(e[1], names)}{SYMBOLS[e[0]]}{_expr(e[2], names)}"
+    return text if top else f"({text})"
 
 
 def fmt_type(shape: tuple | None, dtype: Any, names: dict[str, str] | None = None) -> str:

@@ -58,7 +58,7 @@ def test_ir_before_and_after():
     text = repr(after_g)
     tail = text.rsplit("    }\n  }", 1)[1]  # after the scan
     assert "matmul(" in tail and "sum(" in tail and "axes=(0)" in tail  # one GEMM (K = T*N) and one sum
-    assert "reshape(" in tail and "shape=(15, 7)" in tail  # [T*N, Q]: all steps' d_t as one GEMM operand
+    assert "reshape(" in tail and "shape=(T*3, 7)" in tail  # [T*N, Q]: all steps' d_t as one GEMM operand
 
 
 @pytest.mark.parametrize("dt", [np.float64, np.float32])
