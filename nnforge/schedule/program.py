@@ -52,17 +52,22 @@ class Kernel:
 
 @dataclass(frozen=True)
 class Elementwise(Kernel):
-    """A loop nest over ``out``'s elements evaluating the fused body (no elementwise op inlined: a copy)."""
+    """A loop nest over ``out``'s elements evaluating the fused body (no elementwise op inlined: a copy).
+    ``lanes``: elements of the last axis computed at once (a vector; 1: one at a time)."""
+
+    lanes: int = 1
 
 
 @dataclass(frozen=True)
 class Reduce(Kernel):
     """A sum or max over ``node``'s axes, then ``epilogue`` (the elementwise root computed from each sum; None:
     the sums are stored). ``leading``: a float sum over the leading axes of a stored buffer, run with the outputs
-    innermost (unit-stride reads)."""
+    innermost (unit-stride reads). ``lanes``: a float sum over the last axis reads that many columns at once
+    (vector partial sums; 1: one at a time)."""
 
     epilogue: Node | None = field(default=None, compare=False, repr=False)
     leading: bool = False
+    lanes: int = 1
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,8 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
         notes.append("B resident across steps")
     if isinstance(k, Gemm) and k.pack_a:
         notes.append("A packed" + (" in K slices" if k.k_split else ""))
+    if isinstance(k, Elementwise) and k.lanes > 1:
+        notes.append(f"{k.lanes} columns at a time")
     if isinstance(k, Reduce) and k.leading:
         notes.append("leading axes, outputs innermost")
     if isinstance(k, Copy):

@@ -23,14 +23,14 @@ from collections.abc import Iterator
 
 from ..dtypes import DType
 from ..ir.dims import free_symbols, symbol_name
-from ..ir.expr import ONE, Expr
+from ..ir.expr import ONE, Expr, coefficient, depends, row_major, var
 from ..ir.expr import size as size_expr
-from ..ir.index import strided
+from ..ir.index import index_map, strided
 from ..ir.lengths import loop_length_symbols
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, REDUCE, Op
 from ..passes.fuse import STRIDED, Grouping, group
-from ..passes.rows import NotSeparable, RowSplit, is_rows, worth_splitting
+from ..passes.rows import ROWS, NotSeparable, RowSplit, is_rows, worth_splitting
 from .program import (
     Block,
     Buf,
@@ -127,19 +127,85 @@ class _Scheduler:
         if n.op == Op.MATMUL:
             return Gemm(n, out, ("gemm",), also, None, _resident(n, g, resident), *self.packing(n, None, g, top))
         if n.op in REDUCE:
-            return Reduce(n, out, (_name(n),), (), None, _leading_sum(n, g))
+            return Reduce(n, out, (_name(n),), (), None, _leading_sum(n, g), self.sum_lanes(n, g))
         if id(n) in g.prologue:
             p = next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
             if p.op == Op.MATMUL:
                 return Gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident), *self.packing(p, n, g, top))
-            return Reduce(p, out, _fuses(g, n, p), (), n)
+            return Reduce(p, out, _fuses(g, n, p), (), n, False, self.sum_lanes(p, g))
         if n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
             raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
         if n.op == Op.CONCAT:
             return Concat(n, out, ("concat", *_inlined(g, n)))
         if n.op == Op.SCATTER_ADD:
             return ScatterAdd(n, out, ("scatter_add", *_inlined(g, n)))
-        return Elementwise(n, out, _inlined(g, n, root=n), also)
+        return Elementwise(n, out, _inlined(g, n, root=n), also, self.vector_lanes(n, g))
+
+    def vector_lanes(self, n: Node, g: Grouping) -> int:
+        """Elements of ``n``'s last axis an elementwise kernel computes at once: the target's lanes for its dtype
+        when it has two axes or more, a static width of a vector at least, and a body that vectorizes along the
+        last axis (``_vectorizes``)."""
+        lanes = dict(self.target.vector_lanes).get(n.dtype, 1)
+        if lanes == 1 or n.ndim < 2 or not self._wide(n.shape[-1], lanes):
+            return 1
+        idx = (*(var(f"i{k}") for k in range(n.ndim - 1)), var("lane"))
+        return lanes if self._vectorizes(n, idx, n, g, lanes) else 1
+
+    def sum_lanes(self, p: Node, g: Grouping) -> int:
+        """Columns a float sum over the last axis reads at once (vector partial sums): as for an elementwise
+        kernel, of the summed values along the reduced axis (1: the scalar loop)."""
+        src = p.srcs[0]
+        lanes = dict(self.target.vector_lanes).get(p.dtype, 1)
+        if (p.op != Op.SUM or lanes == 1 or src.dtype != p.dtype or tuple(p.attrs["axes"]) != (src.ndim - 1,)
+                or not self._wide(src.shape[-1], lanes)):
+            return 1
+        idx = (*(var(f"i{k}") for k in range(src.ndim - 1)), var("lane"))
+        return lanes if self._vectorizes(src, idx, None, g, lanes) else 1
+
+    def _wide(self, width: object, lanes: int) -> bool:
+        return not free_symbols(width) & (self.dynamic | {ROWS}) and int(width) >= lanes
+
+    def _vectorizes(self, start: Node, idx: tuple[Expr, ...], root: Node | None, g: Grouping, lanes: int) -> bool:
+        """Whether ``start`` at ``idx`` can be evaluated ``lanes`` values of the index variable ``lane`` at once
+        (``root``: the kernel's own node, computed not loaded): every value has a vector form (its dtype's lanes,
+        an op with a vector spelling; no pad, concat or gather) and every read of a buffer is contiguous or
+        constant along the lane (its coefficient in the read's index is 1 or 0)."""
+        t = self.target
+        widths = dict(t.vector_lanes)
+        dynamic = self.dynamic | {ROWS}
+
+        def size(d: object) -> Expr:
+            return size_expr(d if free_symbols(d) & dynamic else int(d))
+
+        def fits(dt: DType) -> bool:
+            return widths.get(dt) == lanes
+
+        def read(m: Node, at: tuple[Expr, ...]) -> bool:
+            e = row_major(at, [size(d) for d in m.shape])
+            return fits(m.dtype) and (not depends(e, "lane") or coefficient(e, "lane") == ONE)
+
+        seen: dict[tuple, bool] = {}
+
+        def ok(m: Node, at: tuple[Expr, ...]) -> bool:
+            key = (id(m), at)
+            if key not in seen:
+                seen[key] = one(m, at)
+            return seen[key]
+
+        def one(m: Node, at: tuple[Expr, ...]) -> bool:
+            if m is not root and _has_buffer(m, g):
+                return read(m, at)
+            if m.op == Op.CONST:
+                return fits(m.dtype)
+            if m.op == Op.RESHAPE and _has_buffer(m.srcs[0], g):
+                return read(m, at)
+            if m.op in STRIDED:
+                return ok(m.srcs[0], tuple(index_map(m, at, size)))
+            if m.op not in ELEMENTWISE or m.op not in t.vector_ops or not fits(m.dtype):
+                return False
+            return all(s.dtype == m.dtype for s in m.srcs) and all(ok(s, at) for s in m.srcs)
+
+        return ok(start, idx)
 
     def loop(self, n: Node, graph: Graph, g: Grouping, dest: dict[int, int], split: RowSplit | None,
              chunked: tuple[tuple[Node, int, Node, Node, Node], ...]) -> Loop:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..dtypes import DType
 from ..errors import NNForgeError
+from ..ir.ops import Op
 
 
 class Unsupported(NNForgeError):
@@ -36,6 +38,9 @@ class Target:
     ``pack_a_min_k``: a GEMM outside loops whose A is read down its columns (a weight gradient's xᵀ) is run with
     A packed per worker in K slices from this K (None: never); ``pack_a_min_m``: likewise any GEMM from this many
     rows (None: never); ``k_slice``: K per slice of a packed-A GEMM storing its own sums (0: no K split).
+    ``vector_lanes`` / ``vector_ops``: the elements per vector by dtype and the elementwise ops with a vector
+    spelling; an elementwise kernel whose every value has one and whose reads are contiguous or constant along
+    its last axis runs that axis a vector at a time (none given: every kernel element by element).
     """
 
     name: str
@@ -49,6 +54,8 @@ class Target:
     pack_a_min_k: int | None = None
     pack_a_min_m: int | None = None
     k_slice: int = 0
+    vector_lanes: tuple[tuple[DType, int], ...] = ()
+    vector_ops: frozenset[Op] = frozenset()
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",

@@ -128,3 +128,37 @@ def test_weight_gradient_gemms_pack_a_in_k_slices(rng: np.random.Generator) -> N
     assert not any(isinstance(k, Gemm) and k.pack_a for k in never)
     whole = schedule(g, replace(hoist, k_slice=0)).kernels()
     assert any(isinstance(k, Gemm) and k.pack_a and not k.k_split for k in whole)
+
+
+def test_elementwise_kernels_take_vector_lanes_where_every_read_allows(rng: np.random.Generator) -> None:
+    """8 float32 lanes on the CPU target: contiguous and broadcast reads along the last axis vectorize; a
+    transposed read, a cast, a pad or a width below one vector keep the element-by-element loop; float64 has no
+    vector form here. (Each kernel's tanh keeps it an elementwise kernel rather than a copy.)"""
+    x, y = rng.standard_normal((6, 16)).astype(np.float32), rng.standard_normal((16, 16)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    cases = {
+        "contiguous": (lambda x, y, b: nf.tanh(x * 2.0), 8),
+        "broadcast row": (lambda x, y, b: nf.tanh(x + b), 8),
+        "broadcast column": (lambda x, y, b: nf.tanh(x + x.sum(-1, keepdims=True)), 8),
+        "transposed": (lambda x, y, b: nf.tanh(y.T + 1.0), 1),
+        "cast": (lambda x, y, b: nf.tanh((x > 0).cast(nf.float32)), 1),
+        "pad": (lambda x, y, b: nf.tanh(x.pad(((0, 0), (1, 0)))), 1),
+        "narrow": (lambda x, y, b: nf.tanh(x[:, :5]), 1),
+    }
+    for name, (fn, lanes) in cases.items():
+        (k,) = [k for k in _program(fn, (x, y, b)).kernels() if isinstance(k, Elementwise) and "tanh" in k.fuses]
+        assert k.lanes == lanes, name
+        got = nf.compile(fn, backend="cpu")(x, y, b)  # and the C renders what was chosen, with the same values
+        np.testing.assert_allclose(got, nf.compile(fn)(x, y, b), rtol=2e-6, atol=2e-6)
+    (k,) = [k for k in _program(lambda x: nf.tanh(x * 2.0), (x.astype(np.float64),)).kernels()
+            if isinstance(k, Elementwise)]
+    assert k.lanes == 1
+
+
+def test_row_sums_read_vectors_where_the_row_is_contiguous(rng: np.random.Generator) -> None:
+    y = rng.standard_normal((16, 24)).astype(np.float32)
+    for fn, lanes in ((lambda y: (y * y).sum(-1), 8), (lambda y: (y.T * 2.0).sum(-1), 1),
+                      (lambda y: y.sum(0), 1)):
+        (k,) = [k for k in _program(fn, (y,)).kernels() if isinstance(k, Reduce)]
+        assert k.lanes == lanes
+        np.testing.assert_allclose(nf.compile(fn, backend="cpu")(y), nf.compile(fn)(y), rtol=1e-5, atol=1e-5)

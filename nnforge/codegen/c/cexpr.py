@@ -281,6 +281,10 @@ _VECTOR = {Op.ADD: "({a} + {b})", Op.SUB: "({a} - {b})", Op.MUL: "({a} * {b})", 
            Op.SQRT: "nf_vsqrtf({a})"}
 
 
+VECTOR_OPS = frozenset(_VECTOR)
+"""The elementwise ops with a vector spelling (what the C target tells the scheduler)."""
+
+
 def vector_formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str]) -> str:
     """The vector form of ``formula`` (operands are vectors of ``LANES[dt]``); ``Unsupported`` for an op or dtype
     without one, and the caller then keeps the scalar loop. Same results as the scalar forms: the arithmetic is

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ...dtypes import DType
+from ...errors import NNForgeError
 from ...ir.expr import ZERO, Expr, clamp, row_major, var
 from ...ir.index import index_map, sliced_index, strided
 from ...ir.node import Graph, Node
@@ -450,13 +451,13 @@ class Lowering:
         elif isinstance(k, Reduce) and k.leading:
             self.kernel_leading_sum(k.node, ctx, out, code, ind, listing)
         elif isinstance(k, Reduce):
-            self.kernel_reduce(k.node, k.epilogue, ctx, out, code, ind, listing)
+            self.kernel_reduce(k.node, k.epilogue, ctx, out, code, ind, listing, k.lanes)
         elif isinstance(k, Concat):
             self.kernel_concat(k.node, ctx, out, code, ind, listing)
         elif isinstance(k, ScatterAdd):
             self.kernel_scatter_add(k.node, ctx, out, code, ind, listing)
         elif isinstance(k, Elementwise):
-            self.kernel_pointwise(k.node, ctx, out, code, ind, listing, also=also)
+            self.kernel_pointwise(k.node, ctx, out, code, ind, listing, also=also, lanes=k.lanes)
         else:
             raise Unsupported(f"no C form of kernel {type(k).__name__}")
 
@@ -482,11 +483,14 @@ class Lowering:
         return idx, ind + "    "
 
     def kernel_pointwise(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                         listing: list[KernelInfo], kind: str = "elementwise", also: Sequence[str] = ()) -> None:
-        """``n`` element by element into ``out`` (and into each buffer of ``also``, of the same layout)."""
+                         listing: list[KernelInfo], kind: str = "elementwise", also: Sequence[str] = (),
+                         lanes: int = 1) -> None:
+        """``n`` element by element into ``out`` (and into each buffer of ``also``, of the same layout), or
+        ``lanes`` elements of the last axis at a time where the schedule says so."""
         self.stats["kernels"] += 1
         shape = [self.sizes(d) for d in n.shape]
-        if kind != "copy" and self._vector_pointwise(n, ctx, [out, *also], shape, code, ind, listing):
+        if lanes > 1:
+            self._vector_pointwise(n, ctx, [out, *also], shape, code, ind, listing, lanes)
             return
         names, inner = self._loops(shape, code, ind, "i")
         idx = [var(i) for i in names]
@@ -501,21 +505,12 @@ class Lowering:
                                   fmt_type(n.shape, n.dtype), sc.fused, [f"{st} = {_last(sc)}" for st in stores],
                                   sc.loads))
 
-    def _row_lanes(self, dt: DType, width: object) -> int:
-        """Columns a vector loop over rows of ``width`` handles at once: ``LANES[dt]``, or 1 (keep the scalar loop)
-        for a dtype without a vector form, a run-time width or one narrower than a vector."""
-        lanes = LANES.get(dt, 1)
-        return lanes if self.sizes.is_static(width) and int(width) >= lanes else 1
-
     def _vector_pointwise(self, n: Node, ctx: GraphCtx, outs: list[str], shape: list[str], code: list[str],
-                          ind: str, listing: list[KernelInfo]) -> bool:
+                          ind: str, listing: list[KernelInfo], lanes: int) -> None:
         """``kernel_pointwise`` with its innermost loop in vector form (``lanes`` columns at a time, then a scalar
-        loop for the rest), when the kernel has one (float32, reads contiguous or constant along that axis, ops
-        with vector forms) and at least two axes, the outer ones work-shared as in the scalar form. False, with
-        nothing emitted, otherwise."""
-        lanes = self._row_lanes(n.dtype, n.shape[-1]) if len(shape) >= 2 else 1
-        if lanes == 1:
-            return False
+        loop for the rest), the outer axes work-shared as in the scalar form. The schedule chose it
+        (``Elementwise.lanes``: every value has a vector form, every read is contiguous or constant along the
+        last axis); a body that cannot be spelled so is a bug of that choice, raised as such."""
         idx = [self.fresh("i") for _ in shape]
         width = int(n.shape[-1])
         inner = ind + "        "
@@ -526,10 +521,12 @@ class Lowering:
         for sc in (vector, scalar):
             try:
                 v = sc.val(n, at)
-                bodies.append([*sc.stmts, *(sc.store(n.dtype, o, flat, v) for o in outs)])
             except Unsupported as e:
-                log.debug("elementwise kernel at %s kept scalar: %s", n.loc, e)
-                return False
+                if sc is scalar:
+                    raise
+                raise NNForgeError(f"the schedule chose {lanes} lanes for the elementwise kernel at {n.loc}, which "
+                                   f"has no vector form: {e}") from e
+            bodies.append([*sc.stmts, *(sc.store(n.dtype, o, flat, v) for o in outs)])
         pre = vector.pre  # the scalar form hoists nothing
         code += self.omp_for(ind, len(shape) - 1 if len(shape) >= 3 else 0)
         code += [f"{ind}for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx[:-1], shape[:-1])]
@@ -550,7 +547,6 @@ class Lowering:
                                   fmt_type(n.shape, n.dtype), scalar.fused,
                                   [st.rstrip(";") for st in bodies[1][-len(outs):]], scalar.loads,
                                   note=f"{lanes} columns at a time"))
-        return True
 
     def kernel_concat(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
                       listing: list[KernelInfo]) -> None:
@@ -618,7 +614,7 @@ class Lowering:
                                   [f"{store} += {v}"], sc.loads, note=f"axis {axis}, one line per thread"))
 
     def kernel_reduce(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                      listing: list[KernelInfo]) -> None:
+                      listing: list[KernelInfo], lanes: int = 1) -> None:
         self.stats["kernels"] += 1
         sz = self.sizes
         src = p.srcs[0]
@@ -643,7 +639,7 @@ class Lowering:
             init = {DType.int32: "INT32_MIN", DType.int64: "INT64_MIN", DType.bool: "0"}[p.dtype]
         acc = self.fresh("acc")
         code.append(f"{inner}{acc_t} {acc} = {init};")
-        vector = self._vector_sum(p, ctx, full, acc, inner)
+        vector = self._vector_sum(p, ctx, full, acc, inner, lanes) if lanes > 1 else None
         start = 0
         if vector is not None:
             code += vector[0]
@@ -684,20 +680,17 @@ class Lowering:
                                   [p.op.name.lower(), *sc.fused, *ep.fused], [store], sc.loads + ep.loads,
                                   note=f"axes={tuple(axes)}"))
 
-    def _vector_sum(self, p: Node, ctx: GraphCtx, full: list[Expr], acc: str,
-                    ind: str) -> tuple[list[str], int] | None:
+    def _vector_sum(self, p: Node, ctx: GraphCtx, full: list[Expr], acc: str, ind: str,
+                    lanes: int) -> tuple[list[str], int]:
         """The vector loops of a float32 sum over the last axis: 32 columns per iteration in four independent
         8-lane vectors, added pairwise and widened into two float64 accumulators, then 8 columns at a time.
 
-        Returns (statements, the first column left to the scalar loop), or None where there is
-        no vector form (other sums, a read that is not contiguous along the row, an op without a vector form).
+        Returns (statements, the first column left to the scalar loop). The schedule chose it (``Reduce.lanes``:
+        the summed values vectorize along the row); a body that cannot be spelled so is a bug of that choice.
         The scalar ``#pragma omp simd`` loop converts every element to double and chains its adds on one or two
         accumulators: latency-bound at 3 cycles per 8 elements; the three row sums of a layer norm were a
         quarter of a layer-norm LSTM step's elementwise time."""
         src = p.srcs[0]
-        lanes = self._row_lanes(p.dtype, src.shape[-1])
-        if p.op != Op.SUM or lanes == 1 or src.dtype != p.dtype or tuple(p.attrs["axes"]) != (src.ndim - 1,):
-            return None
         width = int(src.shape[-1])
         wide, narrow = width - width % (4 * lanes), width - width % lanes
         r = self.fresh("r")
@@ -709,8 +702,8 @@ class Lowering:
             single = Scalar(self, ctx, lanes=lanes, lane=r) if narrow > wide else None
             one = single.val(src, [*full[:-1], var(r)]) if single else ""
         except Unsupported as e:
-            log.debug("sum at %s kept scalar: %s", p.loc, e)
-            return None
+            raise NNForgeError(f"the schedule chose {lanes} lanes for the sum at {p.loc}, which has no vector "
+                               f"form: {e}") from e
         lo, hi, vt = self.fresh("lo"), self.fresh("hi"), VTYPE[p.dtype]
         assert vt == "nf_v8f32", vt  # nf_vacc_f64 widens eight float32 lanes
         body = ind + "    "
