@@ -9,7 +9,7 @@ mixes Dims stays symbolic; anything else (``float()``, comparisons) uses the con
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 # While a function is traced for nf.compile, the symbols of sizes that leave the symbolic world through float
 # arithmetic (``1.0 / x.shape[0]``, ``float(T)``) are collected here: such a size is baked into the trace, so it
@@ -107,8 +107,9 @@ def _expr(x: int) -> tuple:
     return x.expr if isinstance(x, Dim) else ("const", int(x))
 
 
-_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-        "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
+SIZE_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+            "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
+"""The arithmetic of size (and index) expressions; floor division and its remainder, as Python's."""
 SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
 
 
@@ -118,7 +119,7 @@ def _eval(expr: tuple, env: Mapping[str, int]) -> int:
         return expr[1]
     if kind == "sym":
         return env[expr[1]] if expr[1] in env else expr[2]
-    return _OPS[kind](_eval(expr[1], env), _eval(expr[2], env))
+    return SIZE_OPS[kind](_eval(expr[1], env), _eval(expr[2], env))
 
 
 def _make(expr: tuple, env: Mapping[str, int]) -> int:
@@ -169,16 +170,18 @@ def free_symbols(x: object) -> set[str]:
     return out
 
 
-def render(x: int) -> str:
-    """Human-readable form: plain ints as digits, symbolic sizes by their name (``T``, ``x.0+1``)."""
+def render(x: int, symbol: Callable[[str, int], str] | None = None) -> str:
+    """Human-readable form: plain ints as digits, symbolic sizes by their name (``T``, ``x.0+1``); ``symbol``
+    spells a symbol from its name and current value instead (the IR printer's ``T``, or a value)."""
     if not isinstance(x, Dim):
         return str(int(x))
+    spell = symbol or (lambda name, _value: name)
 
     def r(e: tuple) -> str:
         if e[0] == "const":
             return str(e[1])
         if e[0] == "sym":
-            return e[1]
+            return spell(e[1], e[2])
         return f"({r(e[1])}{SYMBOLS[e[0]]}{r(e[2])})"
 
     s = r(x.expr)

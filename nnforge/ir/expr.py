@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .dims import Dim
+from .dims import SIZE_OPS, Dim
 
 _LEAVES = ("const", "var", "size")
 _BINARY = ("add", "sub", "mul", "floordiv", "mod")
@@ -199,14 +199,7 @@ def evaluate(e: Expr, env: Mapping[str, int]) -> int:
     if op == "clamp":
         x, n = evaluate(args[0], env), evaluate(args[1], env)
         return 0 if x < 0 else n - 1 if x >= n else x
-    a, b = evaluate(args[0], env), evaluate(args[1], env)
-    if op == "add":
-        return a + b
-    if op == "sub":
-        return a - b
-    if op == "mul":
-        return a * b
-    return a // b if op == "floordiv" else a % b
+    return SIZE_OPS[op](evaluate(args[0], env), evaluate(args[1], env))
 
 
 def depends(e: Expr, name: str) -> bool:

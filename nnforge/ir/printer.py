@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .dims import SYMBOLS, Dim, free_symbols, symbol_name
+from .dims import Dim, free_symbols, symbol_name
+from .dims import render as render_size
 from .lengths import loop_length_symbols
 from .ops import Op
 
@@ -25,17 +26,8 @@ def render(d: int, names: dict[str, str] | None = None) -> str:
     if names and symbol_name(d) in names:
         return names[symbol_name(d)]
     if names and isinstance(d, Dim) and free_symbols(d) & names.keys():
-        return _expr(d.expr, names, top=True)
+        return render_size(d, lambda name, value: names.get(name, str(value)))
     return str(int(d))
-
-
-def _expr(e: tuple, names: dict[str, str], top: bool = False) -> str:
-    if e[0] == "const":
-        return str(e[1])
-    if e[0] == "sym":
-        return names.get(e[1], str(e[2]))
-    text = f"{_expr(e[1], names)}{SYMBOLS[e[0]]}{_expr(e[2], names)}"
-    return text if top else f"({text})"
 
 
 def fmt_type(shape: tuple | None, dtype: Any, names: dict[str, str] | None = None) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...dtypes import DType
-from ...ir.dims import Dim
+from ...ir.dims import SIZE_OPS, Dim
 from ...ir.expr import ONE, Expr, coefficient, depends, size_of
 from ...ir.expr import size as size_expr
 from ...ir.ops import Op
@@ -89,7 +89,7 @@ class Sizes:
             return e
         a, b = self._fold(e[1]), self._fold(e[2])
         if a[0] == b[0] == "const":
-            return ("const", _SIZE_OPS[e[0]](a[1], b[1]))
+            return ("const", SIZE_OPS[e[0]](a[1], b[1]))
         if e[0] in ("add", "sub") and (b[0] == "const" or (e[0] == "add" and a[0] == "const")):
             x, c = (a, b[1]) if b[0] == "const" else (b, a[1])
             base, offset = _affine(x)
@@ -164,8 +164,6 @@ class Sizes:
         return f"({text})"
 
 
-_SIZE_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-             "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
 
 
 def _affine(e: tuple) -> tuple[tuple, int]:
