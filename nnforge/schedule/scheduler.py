@@ -62,12 +62,14 @@ def schedule(graph: Graph, target: Target) -> Program:
 
 
 class _Scheduler:
-    """The state of one ``schedule`` call: the target, the run-time size symbols and the buffer name counter."""
+    """The state of one ``schedule`` call: the target, the run-time size symbols, the buffer name counter and the
+    fusion groupings made so far (by graph)."""
 
     def __init__(self, target: Target, dynamic: set[str], names: Iterator[int]):
         self.target = target
         self.dynamic = dynamic
         self.names = names
+        self.groupings: dict[int, tuple[Graph, Grouping]] = {}  # the graph is kept: its id stays its own
 
     def buf(self, n: Node, output: int | None = None) -> Buf:
         """The buffer of node ``n``: result ``output`` of its graph, or scratch."""
@@ -80,7 +82,7 @@ class _Scheduler:
     def block(self, graph: Graph, top: bool, resident: frozenset[int]) -> Block:
         """The kernels of ``graph``; ``resident``: ids of its inputs that do not change across the steps of the
         enclosing loop (none at the top level)."""
-        g = group(graph)
+        g = self.grouping(graph)
         splits = {id(n): self.row_split(n) for n in graph.order if top and n.op == Op.SCAN}
         chunked = find_chunked(graph, g, splits) if top else {}
         sliced = {id(sg.root): sg for sg in g.sliced}
@@ -259,6 +261,12 @@ class _Scheduler:
         holds_sums = epilogue is None or epilogue.dtype == p.dtype
         return pack, pack and holds_sums and t.k_slice > 0 and t.k_slice < K
 
+    def grouping(self, graph: Graph) -> Grouping:
+        """The fusion grouping of ``graph``, made once (the row-split checks and the block read the same one)."""
+        if id(graph) not in self.groupings:
+            self.groupings[id(graph)] = (graph, group(graph))
+        return self.groupings[id(graph)][1]
+
     def row_split(self, n: Node) -> RowSplit | None:
         """``n``'s row-local body when splitting its batch rows among workers is possible and worth it: the body
         is row-separable, ``passes.rows.worth_splitting`` with the target agrees (batch and weight size), the
@@ -273,7 +281,7 @@ class _Scheduler:
         elif free_symbols(split.batch) & self.dynamic:
             why = f"batch {split.batch} is a run-time size"
         else:
-            g = group(split.body)
+            g = self.grouping(split.body)
             for m in split.body.order:
                 if m.op in (Op.INPUT, Op.DATA, Op.PROJ) or id(m) in g.alias or not g.is_stored(m):
                     continue
@@ -289,7 +297,7 @@ class _Scheduler:
         """Rows per pass through a row-split body (0: all of a worker's rows at once). A body of several kernels
         (a layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) runs one ``target.row_block``
         of rows at a time, so what one kernel writes the next reads from L1; one fused kernel gains nothing."""
-        g = group(split.body)
+        g = self.grouping(split.body)
         kernels = [m for m in split.body.order if m.op not in (Op.INPUT, Op.DATA, Op.PROJ) and id(m) not in g.alias
                    and g.is_stored(m)]
         return self.target.row_block if len(kernels) > 1 else 0
