@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ...ir.dims import symbol_name
 from ...ir.expr import Expr, var
-from ...schedule import ChunkedInput
+from ...schedule import ChunkedInput, stored_node
 from .cexpr import Sizes
 from .gemm import emit_gemm, pack_panels
 
@@ -23,7 +23,7 @@ def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str
     in the scan's direction) into ``chunk``, work-shared among the threads between two barriers. The weights are
     packed once, by code added to ``before`` (what runs before the time loop)."""
     sz = low.sizes
-    p, root, steps = c.gemm.node, c.gemm.epilogue or c.gemm.node, c.steps
+    p, root, steps = c.gemm.node, stored_node(c.gemm), c.steps
     batch = sz(c.view.shape[1])
     views = low.operand_views(p, ctx)
     (pa, oa, sa), vb = views

@@ -37,6 +37,7 @@ from ...schedule import (
     Reduce,
     ScatterAdd,
     SlicedGemm,
+    stored_node,
 )
 from ...schedule.memory import Slot, lifetimes, plan
 from .cexpr import (
@@ -406,9 +407,9 @@ class Lowering:
         at: dict[int, Kernel | Loop] = {}
         chunked: set[int] = set()
         for k in block.kernels:
-            at[id(_stored_node(k))] = k
+            at[id(stored_node(k))] = k
             if isinstance(k, Loop):
-                chunked |= {id(c.gemm.epilogue or c.gemm.node) for c in k.chunked}
+                chunked |= {id(stored_node(c.gemm)) for c in k.chunked}
 
         def place(buf: Buf) -> str:
             return outs[buf.output] if buf.output is not None else self.alloc(buf.dtype, buf.shape, buf)
@@ -1018,15 +1019,6 @@ class Lowering:
         i = self.fresh("i")
         code += self.omp_for(ind)
         code.append(f"{ind}for (int64_t {i} = 0; {i} < {n}; {i}++) {dst}[{i}] = {src}[{i}];")
-
-
-def _stored_node(k: Kernel | Loop) -> Node:
-    """The node whose buffer a kernel fills (a GEMM's or reduction's epilogue root; a sliced GEMM's root)."""
-    if isinstance(k, SlicedGemm):
-        return k.group.root
-    if isinstance(k, Gemm | Reduce) and k.epilogue is not None:
-        return k.epilogue
-    return k.node
 
 
 def _sum(a: Expr, b: Expr) -> Expr:

@@ -99,7 +99,7 @@ class Renderer:
 
     def block(self, block: Block, ctx: Ctx) -> None:
         """The kernels of the top-level block in order, then its copies into the results."""
-        chunked = {id(c.gemm.epilogue or c.gemm.node) for k in block.kernels if isinstance(k, Loop)
+        chunked = {id(stored_node(c.gemm)) for k in block.kernels if isinstance(k, Loop)
                    for c in k.chunked}
         for k in block.kernels:
             if isinstance(k, Loop):
