@@ -46,6 +46,7 @@ from .program import (
     ScatterAdd,
     SlicedGemm,
 )
+from .registers import register_body_refusal
 from .target import Target, Unsupported
 
 log = logging.getLogger("nnforge.schedule")
@@ -288,6 +289,9 @@ class _Scheduler:
                 if not (m.shape and is_rows(m.shape[0])):
                     why = f"{m.op.name.lower()} at {m.loc} in the body has no batch axis (it would run per worker)"
                     break
+            if why is None and self.target.steps_in_registers:
+                why = register_body_refusal(split.body, g, n.attrs["n_carry"] if n.op == Op.SCAN else
+                                            n.attrs["n_state"])
         if why is not None:
             log.debug("scan at %s not split by rows: %s", n.loc, why)
             return None

@@ -41,6 +41,8 @@ class Target:
     ``vector_lanes`` / ``vector_ops``: the elements per vector by dtype and the elementwise ops with a vector
     spelling; an elementwise kernel whose every value has one and whose reads are contiguous or constant along
     its last axis runs that axis a vector at a time (none given: every kernel element by element).
+    ``steps_in_registers``: a row-split loop keeps each step's values in registers (a GPU's persistent program),
+    so only bodies that ``registers.register_body_refusal`` accepts are split.
     """
 
     name: str
@@ -56,6 +58,7 @@ class Target:
     k_slice: int = 0
     vector_lanes: tuple[tuple[DType, int], ...] = ()
     vector_ops: frozenset[Op] = frozenset()
+    steps_in_registers: bool = False
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",

@@ -22,8 +22,8 @@ def triton_target() -> Target:
       the batch, so even one row is worth a persistent program.
     * ``max_split_weight_bytes`` 256 KiB: each program keeps the recurrent weights on chip across steps (the
       renderer loads them once into registers before the time loop); beyond about one SM's register file they
-      would spill every step. Loops with larger weights are not split (and this first slice then raises
-      ``Unsupported``: a per-step fused kernel is the full backend's job).
+      would spill every step. Loops with larger weights are not split: they run as a host loop launching one
+      fused GEMM + cell kernel per step (``steps.py``).
     * ``reduction_hoist_bytes`` 0: every weight-gradient sum of a scan leaves the loop as one GEMM after it (a
       persistent program cannot sum across programs without atomics, and one large GEMM suits tensor cores).
     * ``chunk_bytes`` 256 KiB, ``max_chunk_steps`` 16: a chunked input projection is computed by each program for
@@ -31,10 +31,13 @@ def triton_target() -> Target:
     * ``row_block`` 0: the body runs on all of a program's rows at once (they are one register tile).
     * ``pack_a_min_k`` / ``pack_a_min_m`` None, ``k_slice`` 0: no packed A, no K split (CPU forms); a Triton GEMM
       reads its operands through their strides into tiles.
+    * ``steps_in_registers``: a persistent program holds a step's values as register tiles; a body that reads one
+      at another element (a shifted slice of a carry, as a CTC lattice does) stays a host loop of per-step
+      launches (``steps.py``).
     """
     return Target(name="triton", min_split_rows=1, max_split_weight_bytes=256 * 1024, reduction_hoist_bytes=0,
                   chunk_bytes=256 * 1024, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
-                  pack_a_min_m=None, k_slice=0)
+                  pack_a_min_m=None, k_slice=0, steps_in_registers=True)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,62 @@
+"""Which row-split bodies a target that keeps a step's values in registers can run (``Target.steps_in_registers``).
+
+On a GPU a row-split loop is one persistent program per block of rows: the carries and every value a step
+computes are register tiles ``[rows, width]``, element ``(r, c)`` held by one thread. Such a tile can be read
+at its own element, or a per-row value along the row; a read at another element (a shifted slice of a carry, a
+transpose, a gather) or a kernel form the program has no register spelling for would need shared memory. The
+scheduler asks ``register_body_refusal`` and keeps such a loop work-shared (stepped by the host): the decision is
+made here, once, not by a renderer falling back.
+"""
+
+from __future__ import annotations
+
+from ..ir.node import Graph, Node
+from ..ir.ops import ELEMENTWISE, Op
+from ..passes.fuse import Grouping
+
+_VIEWS = (Op.SLICE, Op.PERMUTE, Op.PAD, Op.CONCAT, Op.GATHER, Op.RESHAPE, Op.EXPAND)
+_NESTED = (Op.SCAN, Op.LOOP, Op.SCATTER_ADD)
+
+
+def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
+    """Why ``body`` (a row-split loop body, batch rows first, its first ``n_carry`` inputs the carries) cannot
+    keep its step values in registers; None when it can."""
+    tiled = {id(sg.root) for sg in g.sliced}  # read through its slices on the gate tiles, never as a whole
+    held = {id(x) for x in body.inputs[:n_carry]}
+    held |= {id(m) for m in body.order
+             if g.is_stored(m) and m.op not in (Op.INPUT, Op.DATA, Op.PROJ, Op.CONST) and id(m) not in tiled}
+    for m in body.order:
+        where = f"{m.op.name.lower()} at {m.loc}"
+        if m.op in _NESTED:
+            return f"{where} in the body has no register form"
+        if m.op == Op.CONCAT and g.is_stored(m):
+            return f"{where} is a stored concat"
+        if m.op == Op.MATMUL and m.ndim != 2:
+            return f"{where} is a batched product"
+        if m.op in (Op.SUM, Op.REDUCE_MAX) and tuple(m.attrs["axes"]) != tuple(range(1, m.srcs[0].ndim)):
+            return f"{where} reduces other than each row's values"
+        if m.op in _VIEWS and not _in_place(m) and _reaches(m.srcs[0], held, g, set()):
+            return f"{where} reads a value of the step at another element"
+    return None
+
+
+def _in_place(m: Node) -> bool:
+    """A view that reads each element of its source's tile at its own place: an expand of a per-row value along
+    the row, or a reshape that changes nothing."""
+    src = m.srcs[0]
+    if m.op == Op.EXPAND:
+        return all(int(d) == 1 for d in src.shape[1:])
+    if m.op == Op.RESHAPE:
+        return tuple(map(int, m.shape)) == tuple(map(int, src.shape))
+    return False
+
+
+def _reaches(n: Node, held: set[int], g: Grouping, seen: set[int]) -> bool:
+    """Whether reading ``n`` at some index reads a held value (through inlined elementwise ops and views)."""
+    if id(n) in held:
+        return True
+    if id(n) in seen or (n.op not in ELEMENTWISE and n.op not in _VIEWS):
+        return False
+    seen.add(id(n))
+    srcs = n.srcs[:1] if n.op == Op.GATHER else n.srcs
+    return any(_reaches(s, held, g, seen) for s in srcs)

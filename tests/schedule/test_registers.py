@@ -1,0 +1,61 @@
+"""Which row-split bodies a target that keeps step values in registers accepts (``schedule.registers``): the same
+scan is split for the CPU and kept a host loop for Triton exactly when its body reads a value of the step at
+another element, and the reason names the op and the user's line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge.codegen.c import prepare
+from nnforge.codegen.c.target import cpu_target
+from nnforge.schedule import schedule
+
+N, H, T = 16, 8, 5
+
+
+def _cell_scan(cell):
+    def f(h0, x, w):
+        return nf.scan(lambda h, x_t: cell(h, x_t, w), h0, x)
+    return f
+
+
+def _elementwise(h, x_t, w):
+    h = nf.tanh(h @ w + x_t)
+    return h, h
+
+
+def _shifted(h, x_t, w):
+    h = nf.tanh(h @ w + x_t + nf.concat([h[:, :1], h[:, :-1]], axis=1))  # the carry one column over
+    return h, h
+
+
+def _transposed(h, x_t, w):
+    s = h.reshape(N, 2, H // 2).transpose(1, 2).reshape(N, H)  # the carry's columns reordered
+    h = nf.tanh(s @ w + x_t)
+    return h, h
+
+
+def _loop(cell, rng: np.random.Generator, steps_in_registers: bool):
+    args = (rng.standard_normal((N, H)).astype(np.float32), rng.standard_normal((T, N, H)).astype(np.float32),
+            rng.standard_normal((H, H)).astype(np.float32) * 0.3)
+    target = dataclasses.replace(cpu_target(), min_split_rows=1, steps_in_registers=steps_in_registers)
+    program = schedule(prepare(nf.compile(_cell_scan(cell)).trace(*args)), target)
+    (loop,) = program.loops()
+    return loop
+
+
+@pytest.mark.parametrize("cell", [_shifted, _transposed])
+def test_off_element_reads_of_the_step_keep_the_loop_out_of_registers(cell, rng: np.random.Generator,
+                                                                      caplog: pytest.LogCaptureFixture):
+    assert _loop(cell, rng, steps_in_registers=False).parallel is not None
+    with caplog.at_level("DEBUG", logger="nnforge.schedule"):
+        assert _loop(cell, rng, steps_in_registers=True).parallel is None
+    assert "reads a value of the step at another element" in caplog.text and "test_registers.py" in caplog.text
+
+
+def test_element_by_element_bodies_stay_split(rng: np.random.Generator):
+    assert _loop(_elementwise, rng, steps_in_registers=True).parallel is not None
