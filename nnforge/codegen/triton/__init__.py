@@ -12,6 +12,7 @@ slice does not render raises ``nnforge.schedule.Unsupported`` with the reason.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -44,8 +45,12 @@ def lower(graph: Graph, tiles: Tiles | None = None, target: Target | None = None
     """The program scheduled for the GPU target (of a graph after ``prepare`` with the same target) and its
     Triton module source; raises ``Unsupported``."""
     program = schedule(graph, target or triton_target())
-    rendered = Renderer(program, Sizes(sorted(loop_length_symbols(graph))), tiles).render()
-    return program, rendered
+    return program, render(program, graph, tiles)
+
+
+def render(program: Program, graph: Graph, tiles: Tiles | None = None) -> Rendered:
+    """The Triton module of a scheduled program; raises ``Unsupported`` for what the renderer cannot spell."""
+    return Renderer(program, Sizes(sorted(loop_length_symbols(graph))), tiles).render()
 
 
 def interpreted() -> bool:
@@ -63,9 +68,10 @@ class TritonBackend:
     tiles: Tiles = field(default_factory=Tiles)
     target: Target = field(default_factory=triton_target)
     _modules: dict[str, ModuleType] = field(default_factory=dict)
+    _warned: set[str] = field(default_factory=set)  # fallback reasons already reported
     loads: int = 0
 
-    @property
+    @functools.cached_property
     def available(self) -> bool:
         """Triton imports and kernels can run: under the interpreter, or with a CUDA device."""
         try:
@@ -86,7 +92,18 @@ class TritonBackend:
         if not self.available:
             raise Unsupported("Triton needs a CUDA device or TRITON_INTERPRET=1")
         graph = prepare(graph, self.target)
-        _, rendered = lower(graph, self.tiles, self.target)
+        try:
+            program = schedule(graph, self.target)
+        except Unsupported as e:  # the shared policy: effects and random numbers run on the interpreter
+            from ...trace import session
+            from ..reference import ReferenceProgram
+
+            if str(e) not in self._warned:
+                self._warned.add(str(e))
+                log.warning("backend 'triton': %s; this graph runs on the reference interpreter (numpy), not as "
+                            "Triton kernels", e)
+            return ReferenceProgram(graph, session().rng)
+        rendered = render(program, graph, self.tiles)
         if debug_level() >= 3:
             log.debug("generated Triton:\n%s", rendered.source)
         key = source_key(rendered.source)

@@ -21,6 +21,7 @@ from ...schedule import Unsupported
 from .texpr import Sizes, flat, formula, literal, sliced, tl_dtype
 
 _TOKEN = re.compile(r"[A-Za-z_]\w*")
+_SCALAR = re.compile(r"S\d+|t\d+")  # run-time sizes and host loop counters: the same in every lane
 
 
 class Emitter:
@@ -36,6 +37,7 @@ class Emitter:
         self.code: list[str] = []
         self.ind = ""
         self.variant: set[str] = set()
+        self.scalars: set[str] = set()  # the kernel's own scalar names (its step counters): the same in every lane
         self.counter = 0
         self._pre_names: dict[str, str] = {}
 
@@ -125,12 +127,18 @@ class Eval:
     def load(self, ptr: str, n: Node, idx: tuple[str, ...]) -> str:
         shape = tuple(self.sz(d) for d in n.shape)
         offset = self.flat_hint.get((idx, shape)) or flat(idx, shape)
-        mask = f", mask={self.mask}, other=0" if self.mask else ""
+        scalar = all(_SCALAR.fullmatch(tok) or tok in self.em.scalars for tok in _TOKEN.findall(offset))
+        # a scalar offset (a 0-d value, a broadcast element, a step's row) is in range whenever the kernel runs,
+        # and Triton takes no block mask for a scalar pointer
+        mask = f", mask={self.mask}, other=0" if self.mask and not scalar else ""
         return self.tmp(f"tl.load({ptr} + ({offset}){mask})", "x")
 
     def const(self, value: object, n: Node) -> str:
         shape = ", ".join(["1"] * max(self.rank, 1))
-        return self.tmp(f"tl.full([{shape}], {literal(value, n.dtype)}, {tl_dtype(n.dtype)})", "k")
+        dt = tl_dtype(n.dtype)
+        if not self.sz.is_static(value):  # a size used as a value (x.shape[0]) may be a run-time trip count
+            return self.tmp(f"tl.full([{shape}], 0, {dt}) + ({self.sz(value)})", "k")
+        return self.tmp(f"tl.full([{shape}], {literal(value, n.dtype)}, {dt})", "k")
 
     def _val(self, n: Node, idx: tuple[str, ...]) -> str:
         ctx = self.ctx

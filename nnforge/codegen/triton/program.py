@@ -17,6 +17,7 @@ from types import ModuleType
 
 import numpy as np
 
+from ...dtypes import DType
 from ...ir.node import Graph
 from ...runtime.program import CompiledProgram
 
@@ -61,8 +62,9 @@ class TritonProgram(CompiledProgram):
         self.source = source
         self.kernels = list(kernels)
         self.device = device
+        self.data = [np.asarray(d) for d in data]  # the constants, as saved with the program
         self._torch = torch
-        self._data = [torch.as_tensor(np.ascontiguousarray(d), device=device) for d in data]
+        self._data = [host_tensor(np.ascontiguousarray(d)).to(device) for d in data]
         super().__init__(graph, dynamic)
 
     def workspace_need(self, sizes: object) -> int:
@@ -71,14 +73,23 @@ class TritonProgram(CompiledProgram):
     def launch(self, inputs: list[np.ndarray], outputs: list[np.ndarray], workspace: np.ndarray,
                sizes: object) -> None:
         torch = self._torch
+        ins = [host_tensor(a if a.flags.writeable else a.copy()) for a in inputs]
         if self.device == "cpu":
-            ins = [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in inputs]
-            outs = [torch.from_numpy(o) for o in outputs]
+            outs = [host_tensor(o) for o in outputs]
             self.module.run(ins, self._data, outs, list(sizes), self.device)  # type: ignore[call-overload]
             return
-        ins = [torch.as_tensor(a, device=self.device) for a in inputs]
-        outs = [torch.empty(o.shape, dtype=torch.from_numpy(o[:0].reshape(-1)).dtype, device=self.device)
+        ins = [t.to(self.device) for t in ins]
+        outs = [torch.empty(o.shape, dtype=host_tensor(o[:0].reshape(-1)).dtype, device=self.device)
                 for o in outputs]
         self.module.run(ins, self._data, outs, list(sizes), self.device)  # type: ignore[call-overload]
         for o, t in zip(outputs, outs):
-            o[...] = t.cpu().numpy()
+            host_tensor(o).copy_(t)
+
+
+def host_tensor(a: np.ndarray):
+    """A torch tensor sharing ``a``'s memory (bfloat16 through its bits: torch does not take ml_dtypes' arrays)."""
+    import torch
+
+    if a.dtype == DType.bfloat16.np:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)

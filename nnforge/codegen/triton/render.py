@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...dtypes import DType
+from ...ir.node import Node
 from ...ir.ops import Op
 from ...schedule import (
     Block,
@@ -36,8 +37,10 @@ from ...schedule import (
     stored_node,
 )
 from .evaluate import Ctx, Emitter, Eval
+from .scan import render_loop
+from .steps import render_steps
 from .target import Tiles
-from .texpr import PRELUDE, TORCH_DTYPE, Sizes, flat, tl_dtype
+from .texpr import HALF, PRELUDE, TORCH_DTYPE, Sizes, acc_dtype, dot, flat, rounded, sliced, tl_dtype
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
@@ -48,16 +51,6 @@ class Rendered:
 
     source: str
     kernels: list[str] = field(default_factory=list)
-
-
-def dot(a: str, b: str, dt: DType) -> str:
-    """``tl.dot`` accumulating in ``dt``'s accumulator type; float32 in IEEE precision (TF32 would miss float32
-    tolerances)."""
-    if dt == DType.float32:
-        return f"tl.dot({a}, {b}, input_precision=\"ieee\")"
-    if dt == DType.float64:
-        return f"tl.dot({a}, {b}, out_dtype=tl.float64)"
-    raise Unsupported(f"no Triton GEMM on {dt.value} yet")
 
 
 class Renderer:
@@ -71,7 +64,10 @@ class Renderer:
         self.kernels: list[str] = []
         self.names: list[str] = []
         self.run: list[str] = []
+        self.ind = "    "  # of the next line of ``run`` (host loops nest it)
         self.buffers: list[str] = []  # every buffer name of the program, in the order kernels take them
+        self.scalars: list[str] = []  # host loop counters in scope (kernel arguments when a kernel reads them)
+        self.tags = 0  # host loops rendered (their buffers' names)
 
     # ---- the module ---------------------------------------------------------------------------------------
     def render(self) -> Rendered:
@@ -103,21 +99,23 @@ class Renderer:
                    for c in k.chunked}
         for k in block.kernels:
             if isinstance(k, Loop):
-                from .scan import render_loop
-
                 for c in k.chunked:
                     self.alloc(c.gemm.out)
                 results = [self.place(b) for b in k.results]
-                render_loop(self, k, ctx, results)
-                projs = {m.attrs["index"]: m for m in ctx.graph.order if m.op == Op.PROJ and m.srcs[0] is k.node}
-                for i, m in projs.items():
-                    ctx.buffers[id(m)] = results[i]
+                if k.parallel is not None:
+                    render_loop(self, k, ctx, results)
+                else:
+                    render_steps(self, k, ctx, results)
+                bind_results(ctx, k, results)
                 continue
             if id(stored_node(k)) in chunked:
                 continue
             if isinstance(k, SlicedGemm):
-                raise Unsupported("a sliced GEMM outside a row-split loop (its column tiles at top level) is not "
-                                  "rendered by this slice")
+                outs = [[self.place(o), *(f"out{i}" for i in more)] for o, more in zip(k.outs, k.also_of)]
+                self.sliced(k, ctx, outs)
+                for m, o in zip(k.group.members, outs):
+                    ctx.buffers[id(m)] = o[0]
+                continue
             out = self.place(k.out)
             self.kernel(k, ctx, [out, *(f"out{i}" for i in k.also)])
             ctx.buffers[id(stored_node(k))] = out
@@ -132,7 +130,7 @@ class Renderer:
 
     def alloc(self, buf: Buf) -> str:
         shape = ", ".join(self.sz(d) for d in buf.shape)
-        self.run.append(f"    {buf.name} = torch.empty(({shape}{',' if len(buf.shape) == 1 else ''}), "
+        self.run.append(f"{self.ind}{buf.name} = torch.empty(({shape}{',' if len(buf.shape) == 1 else ''}), "
                         f"dtype={TORCH_DTYPE.get(buf.dtype) or tl_dtype(buf.dtype)}, device=dev)")
         self.buffers.append(buf.name)
         return buf.name
@@ -145,7 +143,7 @@ class Renderer:
         elif isinstance(k, Concat):
             self.concat(k, ctx, outs)
         elif isinstance(k, ScatterAdd):
-            raise Unsupported("scatter_add is not rendered by this slice of the Triton backend")
+            self.scatter_add(k, ctx, outs)
         elif isinstance(k, Elementwise | Copy):
             self.elementwise(k, ctx, outs)
         else:
@@ -154,20 +152,21 @@ class Renderer:
     def emit(self, kind: str, em: Emitter, grid: Sequence[str], consts: dict[str, int],
              prologue: Sequence[str] = ()) -> str:
         """Add one ``@triton.jit`` kernel named after what it fuses and its launch; returns the name. Its
-        arguments are the buffers its code names, then every run-time size (never specialized on: a new
-        sequence length reuses the compiled kernel), then the block sizes."""
+        arguments are the buffers its code names, the host loop counters it reads, then every run-time size
+        (counters and sizes never specialized on: a new step or sequence length reuses the compiled kernel),
+        then the block sizes."""
         name = f"k{len(self.names)}_{kind.replace('+', '_')}"
         body = [*prologue, *em.pre, *em.code]
         used = {tok for line in body for tok in _NAME.findall(line)}
         bufs = [b for b in dict.fromkeys(self.buffers) if b in used]
-        syms = [f"S{k}" for k in range(len(self.sz.dynamic))]
+        syms = [s for s in self.scalars if s in used] + [f"S{k}" for k in range(len(self.sz.dynamic))]
         params = [*bufs, *syms, *(f"{c}: tl.constexpr" for c in consts)]
         nospec = f"(do_not_specialize={syms!r})" if syms else ""
         text = [f"@triton.jit{nospec}", f"def {name}({', '.join(params)}):", *("    " + line for line in body)]
         self.kernels.append("\n".join(text))
         self.names.append(name)
         meta = "".join(f", {c}={v}" for c, v in consts.items())
-        self.run.append(f"    nf_launch({name}, ({', '.join(grid)},), {', '.join([*bufs, *syms])}{meta})")
+        self.run.append(f"{self.ind}nf_launch({name}, ({', '.join(grid)},), {', '.join([*bufs, *syms])}{meta})")
         return name
 
     # ---- kernels over the flat output index ---------------------------------------------------------------
@@ -181,17 +180,21 @@ class Renderer:
 
     def elementwise(self, k: Elementwise | Copy, ctx: Ctx, outs: list[str]) -> None:
         """``k.node`` element by element into ``outs`` (a copy loads the node's buffer, or its view)."""
-        n = k.node
+        copy = isinstance(k, Copy)
+        self.fill(k.node, ctx, outs, "copy" if copy else k.kind, copy)
+
+    def fill(self, n: Node, ctx: Ctx, outs: list[str], kind: str = "copy", copy: bool = True) -> None:
+        """Node ``n`` of ``ctx``'s graph evaluated element by element into ``outs``: loaded from its buffer
+        (or through its view) when ``copy``, else computed from its sources."""
         em = Emitter()
         numel = self.sz.prod(n.shape)
         prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)",
                     f"m = offs < {numel}"]
         idx, dims = self.flat_index(em, n.shape)
-        ev = Eval(em, ctx, self.sz, "m", 1, root=None if isinstance(k, Copy) else n, flat_hint={(idx, dims): "offs"})
+        ev = Eval(em, ctx, self.sz, "m", 1, root=None if copy else n, flat_hint={(idx, dims): "offs"})
         v = ev.val(n, idx)
         for o in outs:
             em.line(f"tl.store({o} + offs, {v}, mask=m)")
-        kind = "copy" if isinstance(k, Copy) else k.kind
         self.emit(kind, em, [f"triton.cdiv({numel}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat}, prologue)
 
     def concat(self, k: Concat, ctx: Ctx, outs: list[str]) -> None:
@@ -221,6 +224,45 @@ class Renderer:
         biggest = sizes[0] if len(sizes) == 1 else f"max({', '.join(sizes)})"
         self.emit(k.kind, em, [f"triton.cdiv({biggest}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat}, prologue)
 
+    def scatter_add(self, k: ScatterAdd, ctx: Ctx, outs: list[str]) -> None:
+        """``out[.., index[.., r, ..], ..] += x[.., r, ..]``: each lane owns one line of ``out`` along the axis,
+        zeroes it and adds the values in order of ``r`` (no atomics: the sums are deterministic, as on the CPU).
+        An out-of-range index adds nothing (the reference backend raises)."""
+        n = k.node
+        x, index = n.srcs
+        axis = n.attrs["axis"]
+        if n.dtype in HALF:
+            raise Unsupported(f"scatter_add at {n.loc} in {n.dtype.value} (it would need float32 lines)")
+        sz = self.sz
+        em = Emitter()
+        lines = [d for a, d in enumerate(x.shape) if a != axis]
+        n_lines, width, length = sz.prod(lines), sz(n.shape[axis]), sz(x.shape[axis])
+        prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)",
+                    f"m = offs < {n_lines}"]
+        line = Eval(em, ctx, sz, None, 1, hoist=False).unflatten("offs", [sz(d) for d in lines]) if lines else ()
+        oshape = [sz(d) for d in n.shape]
+
+        def at(i: str) -> str:  # a block pointer offset even when the lines are one (0-d)
+            return f"{flat((*line[:axis], i, *line[axis:]), oshape)}{'' if lines else ' + offs * 0'}"
+
+        em.open(f"for z in range(0, {width}):")
+        em.line(f"tl.store({outs[0]} + ({at('z')}), tl.zeros([BLOCK], {tl_dtype(n.dtype)}), mask=m)")
+        em.close()
+        em.open(f"for r in range(0, {length}):")
+        read = (*line[:axis], "(r + offs * 0)", *line[axis:])  # a block index: a broadcast read stays a block
+        v, j = Eval(em, ctx, sz, "m", 1).val(x, read), Eval(em, ctx, sz, "m", 1).val(index, read)
+        ok = em.tmp(f"m & ({j} >= 0) & ({j} < {width})", "g")
+        jj = em.tmp(f"tl.minimum(tl.maximum({j}, 0), {width} - 1).to(tl.int64)", "i")
+        ptr = em.tmp(f"{outs[0]} + ({at(jj)})", "p")
+        em.line(f"tl.store({ptr}, tl.load({ptr}, mask={ok}, other=0) + {v}, mask={ok})")
+        em.close()
+        for o in outs[1:]:
+            em.open(f"for z in range(0, {width}):")
+            em.line(f"tl.store({o} + ({at('z')}), tl.load({outs[0]} + ({at('z')}), mask=m), mask=m)")
+            em.close()
+        self.emit(k.kind, em, [f"triton.cdiv({n_lines}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat},
+                  prologue)
+
     # ---- reductions ---------------------------------------------------------------------------------------
     def reduce(self, k: Reduce, ctx: Ctx, outs: list[str]) -> None:
         """Outputs by reduced elements, ``BO`` x ``BR`` at a time, accumulated element-wise and reduced at the
@@ -230,7 +272,7 @@ class Renderer:
         axes = tuple(p.attrs["axes"])
         if p.dtype == DType.bool or not (p.dtype.is_float or p.dtype.is_int):
             raise Unsupported(f"no Triton reduction on {p.dtype.value}")
-        acc_t = tl_dtype(p.dtype)
+        acc_t = acc_dtype(p.dtype)
         is_sum = p.op == Op.SUM
         init = "0" if is_sum else ('-float("inf")' if p.dtype.is_float else str(-(2 ** 63) if p.dtype ==
                                                                                    DType.int64 else -(2 ** 31)))
@@ -268,6 +310,8 @@ class Renderer:
                     f"tl.max(acc, axis={axis}))")
         else:
             em.line(f"res = tl.max(acc, axis={axis})")
+        if p.dtype in HALF:
+            em.line(f"res = {rounded('res', p.dtype)}")
         value = "res"
         if root is not None:  # at the result's index over p's shape (its flat offset is ``offs``)
             idx, dims = self.flat_index(em, p.shape)
@@ -292,7 +336,7 @@ class Renderer:
         em = Emitter()
         prologue = ["pid_m = tl.program_id(0).to(tl.int64)", "pid_n = tl.program_id(1).to(tl.int64)",
                     "rm = (pid_m * BM + tl.arange(0, BM))[:, None]", "rn = (pid_n * BN + tl.arange(0, BN))[None, :]",
-                    f"acc = tl.zeros([BM, BN], {_acc(p.dtype)})"]
+                    f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
         bidx: tuple[str, ...] = ()
         if batch:
             prologue.append("pid_b = tl.program_id(2).to(tl.int64)")
@@ -308,7 +352,7 @@ class Renderer:
         em.close()
         em.line(f"mo = (rm < {M}) & (rn < {N})")
         idx = (*bidx, "rm", "rn")
-        value = "acc"
+        value = "acc" if p.dtype not in HALF else em.tmp(rounded("acc", p.dtype), "acc")
         if root is not None:
             value = Eval(em, ctx, sz, "mo", 2, root=root, overrides={(id(p), idx): "acc"}).val(root, idx)
         node = root if root is not None else p
@@ -322,10 +366,54 @@ class Renderer:
         self.emit(k.kind, em, grid, {"BM": t.gemm_m, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
 
 
-def _acc(dt: DType) -> str:
-    """The accumulator type of a product in ``dt``."""
-    if dt == DType.float32:
-        return "tl.float32"
-    if dt == DType.float64:
-        return "tl.float64"
-    raise Unsupported(f"no Triton GEMM on {dt.value} yet")
+    def sliced(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]]) -> None:
+        """A GEMM read only through column slices (an RNN's gates): one program per tile of rows and of the
+        slice width, one ``tl.dot`` accumulator per slice, the GEMM's epilogue on each, then the member kernels
+        (the cell update) on the tiles, stored into ``outs`` (one list per member). The product itself is never
+        stored: a recurrent step is this one kernel."""
+        sg = k.group
+        p, root = sg.gemm, sg.root
+        if p.ndim != 2 or any(m.ndim != 2 for m in sg.members):
+            raise Unsupported(f"a sliced GEMM at {p.loc} on more than two axes is not rendered")
+        a, b = p.srcs
+        sz = self.sz
+        M, K, W = sz(p.shape[0]), sz(a.shape[-1]), sz(sg.width)
+        em = Emitter()
+        prologue = ["pid_m = tl.program_id(0).to(tl.int64)", "pid_n = tl.program_id(1).to(tl.int64)",
+                    "rm = (pid_m * BM + tl.arange(0, BM))[:, None]", "rn = (pid_n * BN + tl.arange(0, BN))[None, :]",
+                    *(f"acc{g} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})" for g in range(len(sg.offsets)))]
+        em.open(f"for k0 in range(0, {K}, BK):")
+        em.line("ka = (k0 + tl.arange(0, BK))[None, :]")
+        em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
+        em.line(f"ma = (rm < {M}) & (ka < {K})")
+        em.line(f"mb = (kb < {K}) & (rn < {W})")
+        va = Eval(em, ctx, sz, "ma", 2).val(a, ("rm", "ka"))
+        ta = em.tmp(f"tl.where(ma, {va}, 0)", "a")
+        for g, off in enumerate(sg.offsets):
+            vb = Eval(em, ctx, sz, "mb", 2).val(b, ("kb", sliced("rn", str(off))))
+            em.line(f"acc{g} += {dot(ta, f'tl.where(mb, {vb}, 0)', p.dtype)}")
+        em.close()
+        em.line(f"mo = (rm < {M}) & (rn < {W})")
+        tiles: dict[tuple[int, tuple[str, ...]], str] = {}
+        for g, off in enumerate(sg.offsets):
+            idx = ("rm", sliced("rn", str(off)))
+            value = f"acc{g}" if p.dtype not in HALF else em.tmp(rounded(f"acc{g}", p.dtype), "acc")
+            if root is not p:
+                value = Eval(em, ctx, sz, "mo", 2, root=root, overrides={(id(p), idx): value}).val(root, idx)
+            tiles[(id(root), idx)] = value
+        ev = Eval(em, ctx, sz, "mo", 2, overrides=tiles)
+        for m, dests in zip(sg.members, outs):
+            ev.root = m
+            v = ev.val(m, ("rm", "rn"))
+            for o in dests:
+                em.line(f"tl.store({o} + ({flat(('rm', 'rn'), [M, W])}), {v}, mask=mo)")
+        t = self.tiles
+        grid = [f"triton.cdiv({M}, {t.gemm_m})", f"triton.cdiv({W}, {t.gemm_n})"]
+        self.emit(k.kind, em, grid, {"BM": t.gemm_m, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
+
+
+def bind_results(ctx: Ctx, loop: Loop, results: Sequence[str]) -> None:
+    """Later kernels read a loop's results (its ``PROJ`` nodes) from the buffers it wrote."""
+    for m in ctx.graph.order:
+        if m.op == Op.PROJ and m.srcs[0] is loop.node:
+            ctx.buffers[id(m)] = results[m.attrs["index"]]

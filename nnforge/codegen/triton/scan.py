@@ -38,8 +38,7 @@ from ...schedule import (
     stored_node,
 )
 from .evaluate import Ctx, Emitter, Eval
-from .render import dot
-from .texpr import flat, sliced, tl_dtype
+from .texpr import acc_dtype, dot, flat, rounded, sliced, tl_dtype
 
 if TYPE_CHECKING:
     from .render import Renderer
@@ -60,6 +59,7 @@ class ScanKernel:
         self.sz = r.sz
         self.em = Emitter(hoist=True)
         self.em.variant |= {"t", "tt", "clo"}
+        self.em.scalars |= {"pid", "r0", "t", "tt", "clo", "cstart", "ccount", "s"}
         n = loop.node
         self.nc, self.nx = n.attrs["n_carry"], n.attrs["n_xs"]
         self.batch = int(loop.parallel.batch)  # type: ignore[union-attr]
@@ -136,6 +136,10 @@ class ScanKernel:
 
     @staticmethod
     def global_row(i: str) -> str:
+        """The batch row of the loop's sources that a body value's row ``i`` reads: the program's own rows, or
+        row 0 of a source broadcast along the batch (``i`` is then ``0``)."""
+        if i == "0":
+            return "0"
         return "gr" if i == "r" else f"r0 + ({i})"
 
     def bind_inputs(self, body: Ctx) -> list[str]:
@@ -285,7 +289,7 @@ class ScanKernel:
             tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=resident)
             if resident and em.is_variant(tb):
                 raise Unsupported(f"matmul at {p.loc}: B is marked resident but changes across steps")
-            accs.append(em.tmp(dot(ta, tb, p.dtype), "acc"))
+            accs.append(em.tmp(rounded(dot(ta, tb, p.dtype), p.dtype), "acc"))
         return accs
 
     def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str]) -> None:
@@ -320,10 +324,12 @@ class ScanKernel:
         ws = self.width(src)
         mask = self.mask(ws)
         v = Eval(em, body, sz, mask, 2).val(src, self.ident(src))
+        wide = f"{v}.to({acc_dtype(p.dtype)})"
         if p.op == Op.SUM:
-            res = em.tmp(f"tl.sum(tl.where({mask}, {v}, 0), axis=1)[:, None]", "s")
+            res = em.tmp(rounded(f"tl.sum(tl.where({mask}, {wide}, 0), axis=1)[:, None]", p.dtype), "s")
         else:
-            res = em.tmp(f"tl.max(tl.where({mask}, {v}, -float(\"inf\")), axis=1)[:, None]", "s")
+            res = em.tmp(rounded(f"tl.max(tl.where({mask}, {wide}, -float(\"inf\")), axis=1)[:, None]", p.dtype),
+                         "s")
         idx = self.ident(p)
         value = res
         if root is not None:
@@ -356,7 +362,7 @@ class ScanKernel:
         mb = f"({kk} < {K}) & ({cn} < {N})"
         vb = Eval(em, outer, sz, mb, 2, hoist=c.gemm.b_resident).val(b, (kk, cn))
         tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=c.gemm.b_resident)
-        acc = em.tmp(dot(ta, tb, p.dtype), "acc")
+        acc = em.tmp(rounded(dot(ta, tb, p.dtype), p.dtype), "acc")
         idx = ("grow", cn)
         value = acc
         if root is not p:

@@ -17,17 +17,26 @@ from ...ir.ops import Op
 from ...passes.rows import ROWS
 from ...schedule import Unsupported
 
-TL_DTYPE = {DType.bool: "tl.int1", DType.int32: "tl.int32", DType.int64: "tl.int64", DType.float32: "tl.float32",
-            DType.float64: "tl.float64"}
+TL_DTYPE = {DType.bool: "tl.int1", DType.int32: "tl.int32", DType.int64: "tl.int64", DType.float16: "tl.float16",
+            DType.bfloat16: "tl.bfloat16", DType.float32: "tl.float32", DType.float64: "tl.float64"}
 TORCH_DTYPE = {DType.bool: "torch.bool", DType.int32: "torch.int32", DType.int64: "torch.int64",
-               DType.float32: "torch.float32", DType.float64: "torch.float64"}
+               DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16", DType.float32: "torch.float32",
+               DType.float64: "torch.float64"}
+HALF = (DType.float16, DType.bfloat16)
+"""Half precision: every op computes in float32 and rounds its result once (the reference's semantics, PyTorch's
+on CPUs); products and sums accumulate in float32 and round the result."""
 
 
 def tl_dtype(dt: DType) -> str:
     if dt not in TL_DTYPE:
-        raise Unsupported(f"the Triton renderer has no {dt.value} support yet (float16 and bfloat16 come with "
-                          "float32 accumulation in a later slice)")
+        raise Unsupported(f"the Triton renderer has no {dt.value} support")
     return TL_DTYPE[dt]
+
+
+def rounded(expr: str, dt: DType) -> str:
+    """A float32 result (of a product, a sum, a half op computed wide) in ``dt``: rounded once for half
+    precision, as it is elsewhere."""
+    return f"({expr}).to({tl_dtype(dt)})" if dt in HALF else expr
 
 
 PRELUDE = '''\
@@ -57,12 +66,30 @@ def nf_sigmoid(x):
 
 @triton.jit
 def nf_pow(a, b):
-    """numpy's float power from exp and log: a negative base takes an integer exponent's sign, else NaN."""
+    """C's pow from exp and log: a negative base takes an integer exponent's sign (else NaN), a signed zero
+    keeps its sign under an odd exponent, and pow(1, y), pow(x, 0), pow(-1, +-inf) are 1 even at NaN."""
+    a, b = tl.broadcast(a, b)  # one shape for every mask below (a scalar exponent, a block of bases)
     r = tl.exp(b * tl.log(tl.abs(a)))
     whole = tl.floor(b) == b
     odd = whole & (tl.floor(b * 0.5) * 2.0 != b)
-    r = tl.where(a < 0, tl.where(whole, tl.where(odd, -r, r), float("nan")), r)
-    return tl.where(b == 0, 1.0, r)
+    negative = (a < 0) | ((a == 0) & (1.0 / a < 0))
+    r = tl.where(negative & odd, -r, r)
+    r = tl.where((a < 0) & ~whole, float("nan"), r)
+    r = tl.where((tl.abs(a) == 1.0) & (tl.abs(b) == float("inf")), 1.0, r)
+    return tl.where((b == 0) | (a == 1.0), 1.0, r)
+
+
+@triton.jit
+def nf_ipow(a, b):
+    """Integer power by squaring (wrapping on overflow, as numpy's); exponents are at most 63 bits."""
+    r = a * 0 + 1
+    base = a
+    e = b
+    for _ in tl.static_range(63):
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    return r
 
 
 @triton.jit
@@ -178,6 +205,9 @@ _COMPARE = {Op.LT: "<", Op.LE: "<=", Op.EQ: "==", Op.NE: "!="}
 def formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str], attrs: Mapping) -> str:
     """The Triton expression of one elementwise op on evaluated operands, with the reference's semantics (NaN
     propagating max/min, sign 0 at NaN, integer division rounding down, float -> int casts truncating)."""
+    if dt in HALF and op not in (Op.CAST, Op.WHERE, Op.NEG, Op.ABS):
+        wide = [f"{x}.to(tl.float32)" if s in HALF else x for x, s in zip(args, src_dts)]
+        return rounded(formula(op, DType.float32, [DType.float32] * len(args), wide, attrs), dt)
     a = args[0]
     b = args[1] if len(args) > 1 else ""
     fl = dt.is_float
@@ -204,9 +234,7 @@ def formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str], at
     if op == Op.DIV:
         return f"({a} / {b})" if fl else f"nf_floordiv({a}, {b})"
     if op == Op.POW:
-        if not fl:
-            raise Unsupported("no Triton form of integer pow yet")
-        return f"nf_pow({a}, {b})"
+        return f"nf_pow({a}, {b})" if fl else f"nf_ipow({a}, {b})"
     if op in (Op.MAX, Op.MIN):
         cmp = ">" if op == Op.MAX else "<"
         nan = f" | ({a} != {a})" if fl else ""
@@ -220,3 +248,26 @@ def formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str], at
             return f"({a} != 0)"
         return f"{a}.to({tl_dtype(dt)})"
     raise Unsupported(f"no Triton formula for {op.name.lower()}")
+
+
+def dot(a: str, b: str, dt: DType) -> str:
+    """``tl.dot`` of ``dt`` operands accumulating in ``acc_dtype(dt)``: float32 in IEEE precision (TF32 would miss
+    float32 tolerances), half precision on tensor cores into float32 (``rounded`` makes the result ``dt``)."""
+    if dt == DType.float32:
+        return f"tl.dot({a}, {b}, input_precision=\"ieee\")"
+    if dt == DType.float64:
+        return f"tl.dot({a}, {b}, out_dtype=tl.float64)"
+    if dt in HALF:
+        return f"tl.dot({a}, {b}, out_dtype=tl.float32)"
+    raise Unsupported(f"no Triton GEMM on {dt.value}")
+
+
+def acc_dtype(dt: DType) -> str:
+    """The accumulator type of a product or sum in ``dt``."""
+    if dt in (DType.float32, *HALF):
+        return "tl.float32"
+    if dt == DType.float64:
+        return "tl.float64"
+    if dt.is_int:
+        return tl_dtype(dt)
+    raise Unsupported(f"no Triton accumulation in {dt.value}")

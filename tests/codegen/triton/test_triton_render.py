@@ -179,22 +179,38 @@ def test_chunked_input_projection_crosses_chunks(fn, rng: np.random.Generator):
     _check(fn, *args, backend=backend)
 
 
-def test_what_the_slice_does_not_render_raises_unsupported(rng: np.random.Generator):
+def test_a_scan_whose_rows_depend_on_each_other_runs_one_launch_per_step(rng: np.random.Generator):
+    """Not split by rows (a sum over the batch each step): a host loop launching the body's kernels per step,
+    forward and backward, one compiled module for every sequence length."""
     def batch_mixing_scan(x, h0, w):
         def cell(h, x_t):
-            h = nf.tanh(h @ w + x_t + h.sum(axis=0, keepdims=True))  # rows depend on each other: not split
+            h = nf.tanh(h @ w + x_t + h.sum(axis=0, keepdims=True))
             return h, h
 
         return nf.scan(cell, h0, x)
 
-    with pytest.raises(Unsupported, match="not split by rows"):
-        TritonBackend()(nf.compile(batch_mixing_scan).trace(_f32(rng, 4, 3, 5), _f32(rng, 3, 5), _f32(rng, 5, 5)))
+    args = (_f32(rng, 4, 3, 5), _f32(rng, 3, 5), _f32(rng, 5, 5))
+    program, _ = _scheduled(batch_mixing_scan, *args)
+    assert [loop.parallel for loop in program.loops()] == [None]
+    backend = TritonBackend()
+    compiled = _check(batch_mixing_scan, *args, backend=backend)
+    _agree(compiled, batch_mixing_scan, (_f32(rng, 7, 3, 5), *args[1:]))
+    assert backend.loads == 1
 
+    def loss(x, h0, w):
+        h, ys = batch_mixing_scan(x, h0, w)
+        return (ys * ys).sum() + h.sum()
+
+    _check(nf.grad(loss, argnums=(0, 1, 2)), *args)
+
+
+def test_what_the_renderer_cannot_spell_raises_unsupported(rng: np.random.Generator):
     def scatter(x, i):
-        return nf.scatter_add(nf.zeros((4, 3)), 0, i, x)
+        return nf.scatter_add(nf.zeros((4, 3), dtype=nf.float16), 0, i, x)
 
-    with pytest.raises(Unsupported, match="scatter_add"):
-        TritonBackend()(nf.compile(scatter).trace(_f32(rng, 2, 3), np.array([[0, 1, 3], [3, 2, 0]])))
+    x = _f32(rng, 2, 3).astype(np.float16)
+    with pytest.raises(Unsupported, match=r"scatter_add .* in float16"):
+        TritonBackend()(nf.compile(scatter).trace(x, np.array([[0, 1, 3], [3, 2, 0]])))
 
 
 @pytest.mark.gpu
