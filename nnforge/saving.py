@@ -3,7 +3,8 @@
 A saved program is a zip file: ``manifest.json`` (format, the nnforge build that wrote it, the machine and
 toolchain a binary was built for, a SHA-256 per member), ``program.pkl`` (every traced signature: its optimized
 graph and, per program, the scheduled graph, the size slots and the constants), ``src/<key>.c`` (the generated
-C) and ``lib/<key>.so`` (the built binary). Tensors the function captured (parameters, optimizer state) are
+C) and ``lib/<key>.so`` (the built binary), or ``src/<key>.py`` (a generated Triton module, whose kernels Triton
+compiles for the device at their first launch). Tensors the function captured (parameters, optimizer state) are
 saved with their values at save time; the loaded function owns copies of them (``captured``) and updates them
 in place as the original would.
 
@@ -158,6 +159,19 @@ class SavedC:
 
 
 @dataclass(frozen=True)
+class SavedTriton:
+    """A Triton program: its scheduled graph, kernel names, run-time size symbols and constants; the generated
+    module by key (``src/<key>.py``). Triton compiles its kernels for the device they first run on (and caches
+    them itself), so nothing device-specific is saved."""
+
+    graph: FlatGraph
+    key: str
+    kernels: tuple[str, ...]
+    dynamic: tuple[str, ...]
+    data: tuple[np.ndarray, ...]
+
+
+@dataclass(frozen=True)
 class SavedReference:
     """A program the reference interpreter runs (the reference backend, or a graph the C backend does not cover)."""
 
@@ -203,6 +217,7 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
     captured: dict[int, int] = {}
     tensors: list[SavedTensor] = []
     binaries: dict[str, tuple[str, bytes]] = {}
+    modules: dict[str, str] = {}  # generated Triton modules by key
 
     def capture(ref: weakref.ref) -> int:
         t = ref()
@@ -216,10 +231,15 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
     def program(p: Any) -> Any:
         from .codegen.c.program import CProgram
         from .codegen.reference import ReferenceProgram
+        from .codegen.triton.program import TritonProgram, source_key
 
         if isinstance(p, CProgram):
             binaries[p.key] = (p.source, p.library_bytes())
             return SavedC(flatten_graph(p.graph), p.key, p.sizes, tuple(p.data), p.listing)
+        if isinstance(p, TritonProgram):
+            key = source_key(p.source)
+            modules[key] = p.source
+            return SavedTriton(flatten_graph(p.graph), key, tuple(p.kernels), tuple(p.dynamic), tuple(p.data))
         if isinstance(p, ReferenceProgram):
             return SavedReference(flatten_graph(p.graph))
         raise NNForgeError(f"save: programs of type {type(p).__name__} cannot be saved")
@@ -247,6 +267,8 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
     for key, (source, lib) in binaries.items():
         members[f"src/{key}.c"] = source.encode()
         members[f"lib/{key}.so"] = lib
+    for key, source in modules.items():
+        members[f"src/{key}.py"] = source.encode()
     manifest = {
         "format": FORMAT,
         "nnforge": forge_build(),
@@ -314,6 +336,8 @@ def load(path: str | os.PathLike) -> CompiledFunction:
         graph = unflatten_graph(p.graph)
         if isinstance(p, SavedReference):
             return ReferenceProgram(graph, session().rng)
+        if isinstance(p, SavedTriton):
+            return _triton_program(path, p, graph, members)
         if p.key not in libraries:
             libraries[p.key] = _library(path, p.key, members, reason, manifest)
         lib, key, source = libraries[p.key]
@@ -402,6 +426,22 @@ def _read_members(path: Path) -> dict[str, bytes]:
         if hashlib.sha256(members[name]).hexdigest() != want:
             raise LoadError(f"{path}: {name} does not match its checksum (the file was altered or damaged)")
     return members
+
+
+def _triton_program(path: Path, p: SavedTriton, graph: Graph, members: dict[str, bytes]) -> Any:
+    """The saved Triton module imported from the cache (written there from the file) behind a program for this
+    machine's device: no trace, pass or render; Triton compiles (or finds in its cache) each kernel at its first
+    launch."""
+    from .codegen import BACKENDS
+    from .codegen.triton.program import TritonProgram, load_module
+
+    backend = BACKENDS["triton"]
+    if not backend.available:  # type: ignore[attr-defined]
+        raise LoadError(f"{path}: a Triton program, and Triton cannot run here (it needs a CUDA device or "
+                        "TRITON_INTERPRET=1)")
+    source = members[f"src/{p.key}.py"].decode()
+    return TritonProgram(graph, load_module(source), source, p.kernels, p.dynamic, p.data,
+                         backend.device)  # type: ignore[attr-defined]
 
 
 def _library(path: Path, key: str, members: dict[str, bytes], reason: str | None, manifest: dict) -> tuple:
