@@ -13,7 +13,8 @@ import pytest
 import nnforge as nf
 from nnforge.trace import fresh_session
 
-BACKENDS = [b for b in ("reference", "cpu") if b in nf.available_backends()]
+os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on the CPU, unless a GPU run sets 0
+BACKENDS = [b for b in ("reference", "cpu", "triton") if b in nf.available_backends()]
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,14 @@ def _cpu_backend() -> Callable[[Graph], Callable]:
     return CpuBackend()
 
 
-BACKENDS: dict[str, Callable[[Graph], Callable]] = {"reference": _reference, "cpu": _cpu_backend()}
+def _triton_backend() -> Callable[[Graph], Callable]:
+    from .triton import TritonBackend
+
+    return TritonBackend()
+
+
+BACKENDS: dict[str, Callable[[Graph], Callable]] = {"reference": _reference, "cpu": _cpu_backend(),
+                                                    "triton": _triton_backend()}
 
 
 def build_program(backend: str, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
@@ -30,5 +37,6 @@ def build_program(backend: str, graph: Graph) -> Callable[[Sequence[np.ndarray]]
 
 
 def available_backends() -> list[str]:
-    """Backends that can run on this machine ("cpu" only where a C compiler with OpenMP works)."""
+    """Backends that can run on this machine ("cpu" only where a C compiler with OpenMP works, "triton" where
+    Triton imports and a CUDA device or its interpreter, ``TRITON_INTERPRET=1``, can run kernels)."""
     return sorted(name for name, b in BACKENDS.items() if getattr(b, "available", True))

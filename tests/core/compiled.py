@@ -43,11 +43,14 @@ class Fallback(AssertionError):
 
 def unsupported_reason(backend: str, graph: Any) -> str | None:
     """Why ``backend`` would run ``graph`` (an optimized graph) on the interpreter; None when it compiles it."""
-    if backend != "cpu":
-        return None
-    from nnforge.codegen.c import lower, prepare
-    from nnforge.codegen.c.cexpr import Unsupported
+    from nnforge.schedule import Unsupported
 
+    if backend == "cpu":
+        from nnforge.codegen.c import lower, prepare
+    elif backend == "triton":
+        from nnforge.codegen.triton import lower, prepare
+    else:
+        return None
     try:
         lower(prepare(graph))
     except Unsupported as e:
@@ -57,14 +60,16 @@ def unsupported_reason(backend: str, graph: Any) -> str | None:
 
 def fallback_reason(cf: nf.compile, backend: str) -> str | None:
     """None when every program ``cf`` built is compiled code for ``backend``, else why not."""
-    if backend != "cpu":
+    if backend == "reference":
         return None
     from nnforge.codegen.c.program import CProgram
+    from nnforge.codegen.triton.program import TritonProgram
 
+    compiled = {"cpu": CProgram, "triton": TritonProgram}[backend]
     # CompiledFunction keeps its programs per traced signature (as tests/codegen/test_recycle.py reads them).
     for entry in cf._entries:
         for program in entry.programs.values():
-            if not isinstance(program, CProgram):
+            if not isinstance(program, compiled):
                 return unsupported_reason(backend, program.graph) or f"{type(program).__name__} is not compiled"
     return None
 
@@ -181,3 +186,12 @@ def expect_fallback(reason: str | None, check: Callable[[], Any]) -> Any:
     except Fallback as e:
         pytest.skip(f"not compiled: {e}")
     pytest.fail(f"ran compiled although listed as falling back ({reason}): update the list")
+
+
+def skip_where_unrunnable(backend: str, *dtypes: str) -> None:
+    """Skips a case on a backend that cannot check it here: bfloat16 on Triton's interpreter, whose bfloat16
+    arithmetic is wrong (numpy has no bfloat16; the case runs on a GPU, with ``TRITON_INTERPRET=0``)."""
+    import pytest
+
+    if backend == "triton" and "bfloat16" in dtypes and os.environ.get("TRITON_INTERPRET", "") not in ("", "0"):
+        pytest.skip("bfloat16 arithmetic is wrong in Triton's interpreter: checked on a GPU only")

@@ -20,7 +20,7 @@ from conftest import BACKENDS  # tests/conftest.py: the backends of the ``backen
 
 import nnforge as nf
 
-from .compiled import Fallback, Groups, Member
+from .compiled import Fallback, Groups, Member, skip_where_unrunnable
 from .utils import (
     ALL_DTYPES,
     FD_STEP,
@@ -579,6 +579,7 @@ def check_op(case: OpCase, mode: str, dtype: str, backend: str = "reference") ->
 
 @pytest.mark.parametrize(("case", "mode", "dtype", "backend"), list(_params()))
 def test_op(case: OpCase, mode: str, dtype: str, backend: str) -> None:
+    skip_where_unrunnable(backend, dtype, *(["bfloat16"] if case.name.endswith("_bfloat16") else []))
     reason = _falls_back(backend, case, mode, dtype)
     if reason is None:
         check_op(case, mode, dtype, backend)
