@@ -113,7 +113,7 @@ class CompiledFunction:
             elif isinstance(v, Tensor):
                 arrays.append(v.numpy())
             else:
-                a = to_numpy(v)
+                a = _stand_in(v) if _on_gpu(v) else to_numpy(v)
                 try:
                     from_numpy(a.dtype)
                 except TypeError:
@@ -135,14 +135,19 @@ class CompiledFunction:
             if t is None:
                 raise NNForgeError("a tensor captured by the compiled function no longer exists")
             implicit.append(t.numpy())
-        outs = program([a for a in arrays if a is not None] + implicit)
+        tensors = _on_device(program, leaves, arrays)
+        if tensors is not None:  # torch tensors where the program runs: passed and returned without host copies
+            outs = program.call_tensors(tensors + implicit)
+        else:
+            host = [to_numpy(v) if _on_gpu(v) else a for v, a in zip(leaves, arrays) if a is not None]
+            outs = program(host + implicit)
         for ref, i in entry.state:
             t = ref()
             if t is not None:
-                t._rebind(adopt(outs[i], self._loc))
+                t._rebind(adopt(to_numpy(outs[i]), self._loc))
         outs = outs[:entry.n_out]
         as_torch = any(is_torch(v) for v in leaves)
-        return unflatten(entry.out_def, [to_torch(o) if as_torch else o for o in outs])
+        return unflatten(entry.out_def, [o if is_torch(o) else to_torch(o) if as_torch else o for o in outs])
 
     def vjp_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
         """The compiled pullback used by torch autograd (``interop.autograd``), one per argument structure."""
@@ -255,6 +260,29 @@ class Traced(NamedTuple):
     state: list[tuple[weakref.ref, int]]     # tensors written back from output index
     n_out: int                               # outputs the caller sees (state outputs follow)
     baked: set[str]                          # size symbols used as Python floats during the trace
+
+
+def _stand_in(t: Any) -> np.ndarray:
+    """An array with a device tensor's shape and dtype and no memory of its own (every stride 0): what tracing
+    and the signature cache read, without copying the tensor to the host."""
+    dt = to_numpy(t.new_empty((0,))).dtype
+    return np.lib.stride_tricks.as_strided(np.empty(1, dt), tuple(t.shape), (0,) * t.dim(), writeable=False)
+
+
+def _on_gpu(v: Any) -> bool:
+    return is_torch(v) and v.device.type != "cpu"
+
+
+def _on_device(program: Any, leaves: list, arrays: list) -> list | None:
+    """The call's tensors when the program takes tensors (``call_tensors``) and every array argument is a torch
+    tensor on the program's device; else None (the call goes through numpy)."""
+    device = getattr(program, "device", None)
+    if device is None or not hasattr(program, "call_tensors"):
+        return None
+    tensors = [v for v, a in zip(leaves, arrays) if a is not None]
+    if not tensors or not all(is_torch(t) and t.device.type == device for t in tensors):
+        return None
+    return tensors
 
 
 def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Traced:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class CompiledProgram(ABC):
         env = env or {}
         return int(self.workspace_need(self.pack_sizes([int(env.get(name, 0)) for name in self.dynamic])))
 
-    def _env(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
+    def _env(self, arrays: Sequence[Any]) -> dict[str, int]:
         env: dict[str, int] = {}
         for slots, a in zip(self._sym_slots, arrays):
             for axis, name in slots:
@@ -83,6 +84,19 @@ class CompiledProgram(ABC):
             env.setdefault(name, 0)
         return env
 
+    def checked_sizes(self, arrays: Sequence[Any]) -> dict[str, int]:
+        """The run-time sizes read off the inputs' shapes (numpy arrays or tensors), every input's shape checked
+        against its plan."""
+        env = self._env(arrays)
+        for n, plan, a in zip(self.graph.inputs, self._in_plans, arrays):
+            want = _shape(plan, env)
+            if tuple(a.shape) != want:
+                raise NNForgeError(f"input {n.attrs.get('name')!r} has shape {list(a.shape)}, expected {list(want)}")
+        return env
+
+    def output_shapes(self, env: Mapping[str, int]) -> list[tuple[int, ...]]:
+        return [_shape(plan, env) for plan, _ in self._out_plans]
+
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         g = self.graph
         if len(inputs) != len(g.inputs):
@@ -90,11 +104,7 @@ class CompiledProgram(ABC):
         # np.asarray(order="C"), not np.ascontiguousarray: that one turns a 0-d input (an optimizer's step counter)
         # into shape [1]
         arrays = [np.asarray(a, dtype=dt, order="C") for dt, a in zip(self._in_dtypes, inputs)]
-        env = self._env(arrays)
-        for n, plan, a in zip(g.inputs, self._in_plans, arrays):
-            want = _shape(plan, env)
-            if a.shape != want:
-                raise NNForgeError(f"input {n.attrs.get('name')!r} has shape {list(a.shape)}, expected {list(want)}")
+        env = self.checked_sizes(arrays)
         outs = [self.outputs.empty(_shape(plan, env), dt) for plan, dt in self._out_plans]
         sizes = self.pack_sizes([env[name] for name in self.dynamic])
         need = self.workspace_need(sizes)

@@ -1,9 +1,11 @@
 """The executable form of a program rendered for Triton: the generated module's ``run`` behind the backend-neutral
 call path (``runtime.program.CompiledProgram``: sizes from the input shapes, input checks, output pool).
 
-Arrays cross into torch without a copy on the CPU (``torch.from_numpy``: the Triton interpreter runs kernels on
-CPU tensors); on a GPU the inputs are copied to the device and the results back, a stopgap until the runtime
-takes and returns device tensors (issue 14).
+Two ways in. Torch tensors already on the program's device (CUDA tensors; CPU tensors under the interpreter) go
+through ``call_tensors``: no host copy either way, results returned as tensors on the device, kernels launched
+on torch's current stream. Numpy arrays go through ``CompiledProgram.__call__``: on the CPU (the interpreter)
+they cross into torch without a copy (``torch.from_numpy``); on a GPU they are copied to the device and the
+results back.
 """
 
 from __future__ import annotations
@@ -84,6 +86,29 @@ class TritonProgram(CompiledProgram):
         self.module.run(ins, self._data, outs, list(sizes), self.device)  # type: ignore[call-overload]
         for o, t in zip(outputs, outs):
             host_tensor(o).copy_(t)
+
+
+    def call_tensors(self, tensors: Sequence[object]) -> list[object]:
+        """Run on torch tensors (the device's, or host arrays for captured values) and return torch tensors on
+        the device: no copy through the host for inputs already there, launched on torch's current stream (where
+        Triton launches), so the program composes with the torch code around it."""
+        torch = self._torch
+        g = self.graph
+        if len(tensors) != len(g.inputs):
+            from ...errors import NNForgeError
+
+            raise NNForgeError(f"program takes {len(g.inputs)} inputs, got {len(tensors)}")
+        ins = []
+        for n, t in zip(g.inputs, tensors):
+            if not isinstance(t, torch.Tensor):
+                t = host_tensor(np.asarray(t, dtype=n.dtype.np, order="C"))
+            ins.append(t.to(device=self.device, dtype=getattr(torch, n.dtype.value)).contiguous())
+        env = self.checked_sizes(ins)
+        outs = [torch.empty(shape, dtype=getattr(torch, o.dtype.value), device=self.device)
+                for shape, o in zip(self.output_shapes(env), g.outputs)]
+        self.module.run(ins, self._data, outs, [env[name] for name in self.dynamic],  # type: ignore[attr-defined]
+                        self.device)
+        return outs
 
 
 def host_tensor(a: np.ndarray):

@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import nnforge as nf
-from nnforge.codegen.triton import TritonBackend, Unsupported, lower, prepare, triton_target
+from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lower, prepare, triton_target
 from nnforge.schedule import Loop, SlicedGemm
 
 pytestmark = [pytest.mark.triton,
@@ -202,6 +202,35 @@ def test_a_scan_whose_rows_depend_on_each_other_runs_one_launch_per_step(rng: np
         return (ys * ys).sum() + h.sum()
 
     _check(nf.grad(loss, argnums=(0, 1, 2)), *args)
+
+
+def test_torch_tensors_on_the_device_go_in_and_come_out_as_tensors(rng: np.random.Generator,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    """Tensors on the program's device (CPU tensors under the interpreter, CUDA tensors on a GPU) skip numpy both
+    ways: the numpy call path is never taken, results stay on the device; a scan takes a new length too."""
+    import torch
+
+    device = TritonBackend().device
+    f = nf.compile(lambda x, w: (nf.sigmoid(x @ w), x.sum()), backend="triton")
+    g = nf.compile(lstm, backend="triton")
+
+    def numpy_path(*_a, **_k):
+        raise AssertionError("the numpy call path was taken")
+
+    monkeypatch.setattr(TritonProgram, "__call__", numpy_path)
+    x, w = _f32(rng, 5, 3), _f32(rng, 3, 4)
+    y, s = f(torch.tensor(x, device=device), torch.tensor(w, device=device))
+    assert isinstance(y, torch.Tensor) and y.device.type == device and s.shape == ()
+    np.testing.assert_allclose(y.cpu().numpy(), 1 / (1 + np.exp(-(x @ w))), **TOL)
+    np.testing.assert_allclose(float(s), x.sum(), rtol=1e-5)
+    for T in (4, 7):
+        args = lstm_args(rng, T=T)
+        got = g(*(torch.tensor(a, device=device) for a in args))
+        want = nf.compile(lstm)(*args)
+        for a, b in zip(got, want):
+            assert a.device.type == device
+            np.testing.assert_allclose(a.cpu().numpy(), np.asarray(b), **TOL)
+    assert g.trace_count == 1
 
 
 def test_what_the_renderer_cannot_spell_raises_unsupported(rng: np.random.Generator):
