@@ -209,7 +209,10 @@ def test_nnforge_host_backends_skip_cuda_cells_with_the_reason() -> None:
     for b in (NnforgeReference(), NnforgeCpu()):
         reason = b.skip_reason(ctx)
         assert reason is not None and "not on cuda" in reason, reason
-    assert NnforgeTriton().skip_reason(ctx)  # no triton target in this nnforge, or (later) a GPU target
+    with pytest.MonkeyPatch.context() as mp:  # the test suite runs Triton under its interpreter
+        mp.setenv("TRITON_INTERPRET", "1")
+        reason = NnforgeTriton().skip_reason(ctx)
+    assert reason is not None and "interpreter" in reason, reason
 
 
 def test_onnxruntime_on_cuda_skips_what_its_binding_cannot_type(monkeypatch: pytest.MonkeyPatch) -> None:

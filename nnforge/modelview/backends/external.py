@@ -6,6 +6,7 @@ import collections
 import contextlib
 import importlib
 import io
+import os
 import warnings
 from typing import Any
 
@@ -254,3 +255,10 @@ class NnforgeTriton(_Nnforge):
     description = "nnforge, generated Triton kernels"
     target = "triton"
     devices = ("cuda",)
+
+    def skip_reason(self, ctx: Context) -> str | None:
+        reason = super().skip_reason(ctx)
+        if reason is None and os.environ.get("TRITON_INTERPRET", "") not in ("", "0"):
+            # the kernels would run on the host, one program after another: not a GPU measurement
+            return "Triton runs under its interpreter here (TRITON_INTERPRET=1): unset it to measure on the GPU"
+        return reason
