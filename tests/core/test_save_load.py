@@ -63,6 +63,7 @@ def _batches(rng: np.random.Generator, steps: int, batch: int = 4):
     return [synthetic_reads(rng, batch, 60, 5) for _ in range(steps)]
 
 
+@pytest.mark.whole_model
 def test_a_saved_training_step_runs_in_a_fresh_process_without_compiling(backend: str, rng: np.random.Generator,
                                                                         tmp_path: Path) -> None:
     model, step = _model_and_step(backend)

@@ -4,6 +4,7 @@ agree step by step (same seed, same synthetic reads)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from nnforge.demo import synthetic_reads, train
 
@@ -15,6 +16,7 @@ def test_synthetic_reads_hold_their_labels(rng: np.random.Generator) -> None:
     assert np.abs(signal[0, 0, :5].mean() - [-1.2, -0.4, 0.4, 1.2][targets[0, 0] - 1]) < 0.3
 
 
+@pytest.mark.whole_model
 def test_the_demo_training_step_agrees_across_backends(backend: str) -> None:
     kw = dict(steps=4, batch=4, samples=60, bases=5, hidden=8, layers=2, log_every=100, compare_torch=False)
     ours = train(backend=backend, **kw)

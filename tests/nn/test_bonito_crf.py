@@ -5,6 +5,7 @@ the CTC-CRF loss: every loss and every weight matches a plain-torch port of the 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch_crf import ctc_crf_loss as torch_ctc_crf_loss
 
@@ -88,6 +89,7 @@ def load_bonito(model: Model, sd: dict) -> None:
                                                   "encoder.2.conv.": "conv.4.", "encoder.9.linear.": "head."}))
 
 
+@pytest.mark.whole_model
 def test_bonito_crf_model_trains_like_its_torch_port(backend, rng):
     torch.manual_seed(int(rng.integers(1 << 31)))
     t_model, n_model = TorchModel(), Model()
