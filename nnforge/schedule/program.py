@@ -75,12 +75,14 @@ class Gemm(Kernel):
     """A matrix product, then ``epilogue`` on each accumulator (None: the products are stored).
     ``b_resident``: B does not change inside the enclosing loop (a recurrent weight): packed once before the
     loop on a CPU, kept on chip on a GPU. ``pack_a``: A is packed per worker (a large GEMM outside loops, or an
-    A read down its columns); ``k_split``: then also in K slices, partial sums kept in the result."""
+    A read down its columns); ``k_split``: then also in K slices, partial sums kept in the result. ``lanes``:
+    columns of a tile the epilogue (or the plain store) computes at once (a vector; 1: one at a time)."""
 
     epilogue: Node | None = field(default=None, compare=False, repr=False)
     b_resident: bool = False
     pack_a: bool = False
     k_split: bool = False
+    lanes: int = 1
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,13 @@ class SlicedGemm(Kernel):
     """A GEMM whose result is read only through column slices (an RNN's gates ``i, f, g, o``), computed tile by
     tile with the slices' reader kernels (``group.members``) run on each tile while it is in cache: one kernel,
     no buffer for the GEMM result. ``outs``: the members' buffers (``out`` is the last), ``also_of`` their extra
-    stores."""
+    stores. ``lanes``: columns of a tile the epilogue and the members compute at once (1: one at a time)."""
 
     group: SlicedGroup = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     outs: tuple[Buf, ...] = ()
     also_of: tuple[tuple[int, ...], ...] = ()
     b_resident: bool = False
+    lanes: int = 1
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,8 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
         notes.append("B resident across steps")
     if isinstance(k, Gemm) and k.pack_a:
         notes.append("A packed" + (" in K slices" if k.k_split else ""))
+    if isinstance(k, Gemm | SlicedGemm) and k.lanes > 1:
+        notes.append(f"tiles {k.lanes} columns at a time")
     if isinstance(k, Elementwise) and k.lanes > 1:
         notes.append(f"{k.lanes} columns at a time")
     if isinstance(k, Reduce) and k.leading:

@@ -10,7 +10,8 @@ Taken here, from the graph, its fusion grouping (``passes.fuse``) and the backen
   plus the conditions of a split body: static batch, every kernel on rows), and how many rows a pass of the body
   runs on;
 * which hoisted input projections are computed inside their row-split loop a chunk of steps at a time;
-* which GEMM operands are loop-invariant (B resident across steps).
+* which GEMM operands are loop-invariant (B resident across steps);
+* which kernels run a vector of the last axis at a time (elementwise kernels, row sums, GEMM epilogue tiles).
 
 A renderer walks the ``Program`` and spells these decisions; it decides none of them.
 """
@@ -25,11 +26,11 @@ from ..dtypes import DType
 from ..ir.dims import free_symbols, symbol_name
 from ..ir.expr import ONE, Expr, coefficient, depends, row_major, var
 from ..ir.expr import size as size_expr
-from ..ir.index import index_map, strided
+from ..ir.index import index_map, sliced_index, strided
 from ..ir.lengths import loop_length_symbols
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, REDUCE, Op
-from ..passes.fuse import STRIDED, Grouping, group
+from ..passes.fuse import STRIDED, Grouping, SlicedGroup, group
 from ..passes.rows import ROWS, NotSeparable, RowSplit, is_rows, worth_splitting
 from .program import (
     Block,
@@ -114,7 +115,7 @@ class _Scheduler:
                 outs = tuple(self.buf(m, dest.get(id(m))) for m in sg.members)
                 kernels.append(SlicedGemm(sg.gemm, outs[-1], _fuses(g, sg.root, sg.gemm, sg.members), (), sg,
                                           outs, tuple(tuple(extra.get(id(m), ())) for m in sg.members),
-                                          _resident(sg.gemm, g, resident)))
+                                          _resident(sg.gemm, g, resident), self.sliced_lanes(sg, g)))
             else:
                 k = self.kernel(n, g, self.buf(n, dest.get(id(n))), tuple(extra.get(id(n), ())), resident, top)
                 if isinstance(k, Elementwise | Gemm):
@@ -128,13 +129,13 @@ class _Scheduler:
         """The kernel computing stored node ``n``. Only an elementwise kernel and a GEMM store into ``also``
         themselves (the others' extra results are copied after them)."""
         if n.op == Op.MATMUL:
-            return Gemm(n, out, ("gemm",), also, None, _resident(n, g, resident), *self.packing(n, None, g, top))
+            return self.gemm(n, out, ("gemm",), also, None, _resident(n, g, resident), g, top)
         if n.op in REDUCE:
             return Reduce(n, out, (_name(n),), (), None, _leading_sum(n, g), self.sum_lanes(n, g))
         if id(n) in g.prologue:
             p = next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
             if p.op == Op.MATMUL:
-                return Gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident), *self.packing(p, n, g, top))
+                return self.gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident), g, top)
             return Reduce(p, out, _fuses(g, n, p), (), n, False, self.sum_lanes(p, g))
         if n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
             raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
@@ -165,14 +166,49 @@ class _Scheduler:
         idx = (*(var(f"i{k}") for k in range(src.ndim - 1)), var("lane"))
         return lanes if self._vectorizes(src, idx, None, g, lanes) else 1
 
+    def tile_lanes(self, p: Node, epilogue: Node | None, g: Grouping) -> int:
+        """Columns of a GEMM tile whose epilogue (None: the plain store) runs at once: the target's lanes for the
+        product's dtype when the epilogue vectorizes along the columns, the accumulator a vector there. (The
+        tile is a whole number of vectors wide; a partial tile runs element by element whatever this says.)"""
+        lanes = dict(self.target.vector_lanes).get(p.dtype, 1)
+        if lanes == 1:
+            return 1
+        idx = (*(var(f"i{k}") for k in range(p.ndim - 1)), var("lane"))
+        if epilogue is None:
+            return lanes
+        return lanes if self._vectorizes(epilogue, idx, epilogue, g, lanes, frozenset({(id(p), idx)})) else 1
+
+    def sliced_lanes(self, sg: SlicedGroup, g: Grouping) -> int:
+        """Columns of a sliced GEMM's tiles its epilogue and member kernels compute at once (as ``tile_lanes``):
+        each slice's epilogue at its columns, then each member at the tile's, given the values before it."""
+        p = sg.gemm
+        lanes = dict(self.target.vector_lanes).get(p.dtype, 1)
+        if lanes == 1:
+            return 1
+        row, lane = var("i"), var("lane")
+        given: set[tuple[int, tuple[Expr, ...]]] = set()
+        for off in sg.offsets:
+            at = (row, sliced_index(lane, size_expr(int(off))))
+            if sg.root is not p and not self._vectorizes(sg.root, at, sg.root, g, lanes,
+                                                         frozenset({(id(p), at)})):
+                return 1
+            given.add((id(sg.root), at))
+        for m in sg.members:
+            if not self._vectorizes(m, (row, lane), m, g, lanes, frozenset(given)):
+                return 1
+            given.add((id(m), (row, lane)))
+        return lanes
+
     def _wide(self, width: object, lanes: int) -> bool:
         return not free_symbols(width) & (self.dynamic | {ROWS}) and int(width) >= lanes
 
-    def _vectorizes(self, start: Node, idx: tuple[Expr, ...], root: Node | None, g: Grouping, lanes: int) -> bool:
+    def _vectorizes(self, start: Node, idx: tuple[Expr, ...], root: Node | None, g: Grouping, lanes: int,
+                    given: frozenset[tuple[int, tuple[Expr, ...]]] = frozenset()) -> bool:
         """Whether ``start`` at ``idx`` can be evaluated ``lanes`` values of the index variable ``lane`` at once
         (``root``: the kernel's own node, computed not loaded): every value has a vector form (its dtype's lanes,
         an op with a vector spelling; no pad, concat or gather) and every read of a buffer is contiguous or
-        constant along the lane (its coefficient in the read's index is 1 or 0)."""
+        constant along the lane (its coefficient in the read's index is 1 or 0). ``given``: (id(node), index)
+        of values the kernel already holds as vectors (a GEMM tile's accumulators)."""
         t = self.target
         widths = dict(t.vector_lanes)
         dynamic = self.dynamic | {ROWS}
@@ -191,6 +227,8 @@ class _Scheduler:
 
         def ok(m: Node, at: tuple[Expr, ...]) -> bool:
             key = (id(m), at)
+            if key in given:
+                return fits(m.dtype)
             if key not in seen:
                 seen[key] = one(m, at)
             return seen[key]
@@ -239,7 +277,14 @@ class _Scheduler:
         out = self.scratch(view.dtype, (steps * int(view.shape[1]), *view.shape[2:]))
         fuses = _fuses(g, root, p) if root is not p else ("gemm",)
         epilogue = root if root is not p else None
-        return Gemm(p, out, fuses, (), epilogue, True, *self.packing(p, epilogue, g, True))
+        return self.gemm(p, out, fuses, (), epilogue, True, g, True)
+
+    def gemm(self, p: Node, out: Buf, fuses: tuple[str, ...], also: tuple[int, ...], epilogue: Node | None,
+             resident: bool, g: Grouping, top: bool) -> Gemm:
+        """The GEMM record of matmul ``p``: its packing (``packing``) and its epilogue tile's vector form."""
+        pack_a, k_split = self.packing(p, epilogue, g, top)
+        lanes = 1 if pack_a else self.tile_lanes(p, epilogue, g)
+        return Gemm(p, out, fuses, also, epilogue, resident, pack_a, k_split, lanes)
 
     def packing(self, p: Node, epilogue: Node | None, g: Grouping, top: bool) -> tuple[bool, bool]:
         """(pack_a, k_split) of matmul ``p``: A packed per worker for a 2-D GEMM outside loops whose A is read down

@@ -32,7 +32,8 @@ def test_an_lstm_layer_prints_its_decisions(rng: np.random.Generator) -> None:
     lines = text.splitlines()
     assert lines[0] == "program for target cpu"
     assert lines[1].startswith("  scan over T steps, rows split among workers (batch 16, 6 rows per pass) -> (")
-    assert lines[2] == "    every 64 steps, input 0: gemm+add -> b0: f32[1024, 32]  [B resident across steps]"
+    assert lines[2] == ("    every 64 steps, input 0: gemm+add -> b0: f32[1024, 32]  [B resident across steps; tiles 8 "
+                        "columns at a time]")
     assert lines[3].startswith("    gemm+add+sigmoid+mul+tanh -> out1: f32[16, 8], out0: f32[16, 8] (and out2)  "
                                "[column tiles of 4 slices at ")
     assert lines[4] == "  }" and len(lines) == 5
@@ -162,3 +163,30 @@ def test_row_sums_read_vectors_where_the_row_is_contiguous(rng: np.random.Genera
         (k,) = [k for k in _program(fn, (y,)).kernels() if isinstance(k, Reduce)]
         assert k.lanes == lanes
         np.testing.assert_allclose(nf.compile(fn, backend="cpu")(y), nf.compile(fn)(y), rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_tiles_take_vector_lanes_where_the_epilogue_allows(rng: np.random.Generator) -> None:
+    """A GEMM's tile runs 8 float32 columns at a time when its epilogue vectorizes along the columns (a plain
+    product, a bias); a transposed read in the epilogue, float64, or packed-A loops keep it element by element.
+    An LSTM step's sliced GEMM runs its cell update on vectors of the tiles."""
+    x, w = rng.standard_normal((6, 16)).astype(np.float32), rng.standard_normal((16, 16)).astype(np.float32)
+    b, y = rng.standard_normal(16).astype(np.float32), rng.standard_normal((16, 6)).astype(np.float32)
+    cases = {
+        "plain": (lambda x, w, b, y: x @ w, 8),
+        "bias": (lambda x, w, b, y: nf.tanh(x @ w + b), 8),
+        "transposed": (lambda x, w, b, y: nf.tanh(x @ w + y.T), 1),
+    }
+    for name, (fn, lanes) in cases.items():
+        (k,) = [k for k in _program(fn, (x, w, b, y)).kernels() if isinstance(k, Gemm)]
+        assert k.lanes == lanes, name
+        np.testing.assert_allclose(nf.compile(fn, backend="cpu")(x, w, b, y), nf.compile(fn)(x, w, b, y),
+                                   rtol=2e-5, atol=2e-5)
+    (k,) = [k for k in _program(lambda x, w: x @ w, (x.astype(np.float64), w.astype(np.float64))).kernels()
+            if isinstance(k, Gemm)]
+    assert k.lanes == 1
+    packed = replace(cpu_target(), pack_a_min_m=1)
+    (k,) = [k for k in _program(lambda x, w: x @ w, (x, w), packed).kernels() if isinstance(k, Gemm)]
+    assert k.pack_a and k.lanes == 1
+    (k,) = [k for k in _program(lstm, _lstm_args(rng, 5, 16, 5, 8)).kernels() if isinstance(k, SlicedGemm)]
+    assert k.lanes == 8
+
