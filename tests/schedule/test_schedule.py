@@ -190,3 +190,18 @@ def test_gemm_tiles_take_vector_lanes_where_the_epilogue_allows(rng: np.random.G
     (k,) = [k for k in _program(lstm, _lstm_args(rng, 5, 16, 5, 8)).kernels() if isinstance(k, SlicedGemm)]
     assert k.lanes == 8
 
+
+def test_the_c_renderer_refuses_a_gemm_tile_vector_form_it_cannot_spell(rng: np.random.Generator) -> None:
+    """Told to run a transposed epilogue read 8 columns at a time, the renderer raises instead of falling back."""
+    from nnforge.codegen.c.cexpr import Sizes
+    from nnforge.codegen.c.lower import Lowering
+    from nnforge.errors import NNForgeError
+
+    x, w = rng.standard_normal((6, 16)).astype(np.float32), rng.standard_normal((16, 16)).astype(np.float32)
+    y = rng.standard_normal((16, 6)).astype(np.float32)
+    g = prepare(nf.compile(lambda x, w, y: nf.tanh(x @ w + y.T)).trace(x, w, y))
+    p = schedule(g, cpu_target())
+    forced = replace(p, block=replace(p.block, kernels=tuple(replace(k, lanes=8) if isinstance(k, Gemm) else k
+                                                             for k in p.block.kernels)))
+    with pytest.raises(NNForgeError, match="no vector form"):
+        Lowering(forced, Sizes([])).source()

@@ -48,7 +48,8 @@ def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str
     low.sizes = _with_steps(outer, length_dim, count)
     try:
         text, _ = emit_gemm(low, p, [a_view, vb], chunk, buf, buf,
-                            global_rows if epilogue else None, ind + "    ", c.gemm.pack_a, c.gemm.k_split)
+                            global_rows if epilogue else None, ind + "    ", c.gemm.pack_a, c.gemm.k_split,
+                            lanes=c.gemm.lanes)
     finally:
         low.sizes = outer
     lines += text

@@ -19,8 +19,9 @@ Why this shape of code:
   those kernels on the tiles right away: a recurrent step becomes one kernel with one barrier, and its gate
   matrix is never stored (see ``passes.fuse.sliced_groups``).
 * The elementwise work on a tile (epilogue, fused kernels) runs eight float32 columns at a time in explicit vector
-  code when it has a vector form (``lower.Scalar`` with lanes, ``prelude.h``'s ``nf_v*``): gcc's own
-  vectorization of the scalar transcendentals was measured 25 % slower. A partial tile keeps the scalar loop.
+  code where the schedule says it has a vector form (``Gemm.lanes``; ``lower.Scalar`` with lanes, ``prelude.h``'s
+  ``nf_v*``): gcc's own vectorization of the scalar transcendentals was measured 25 % slower. A partial tile keeps
+  the scalar loop.
 
 Tile sizes come from ``GemmConfig`` (defaults measured on AVX2; ``nnforge.tune`` searches MC and NC).
 """
@@ -33,9 +34,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...dtypes import DType
+from ...errors import NNForgeError
 from ...ir.expr import Expr, row_major, var
 from ...ir.node import Node
-from .cexpr import LANES, Sizes, Unsupported, byte_size, ctype, store
+from .cexpr import Sizes, Unsupported, byte_size, ctype, store
 
 if TYPE_CHECKING:
     from .lower import Lowering
@@ -246,13 +248,15 @@ def pack_panels(low: Lowering, dt: DType, K: str, src: tuple[str, str, str], col
 
 def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]], out: str,
               packed: str | None, scratch: str, epilogue: Epilogue | None, ind: str,
-              pack_a: bool = False, k_split: bool = False, also: Sequence[str] = ()) -> tuple[list[str], str]:
+              pack_a: bool = False, k_split: bool = False, also: Sequence[str] = (),
+              lanes: int = 1) -> tuple[list[str], str]:
     """C lines computing ``out = epilogue(A @ B)`` for matmul node ``p``, also stored to each buffer in ``also``
     (same layout); returns (lines, store text).
 
     ``packed`` names B already packed (panels of all N columns, before the loop); otherwise B is packed into
     ``scratch`` here (per batch index). ``pack_a`` / ``k_split``: the schedule's choice of the packed-A loops
-    (``schedule.Gemm``), the partial sums over K slices then kept in ``out``."""
+    (``schedule.Gemm``), the partial sums over K slices then kept in ``out``; ``lanes``: its choice of the
+    epilogue's vector form (``Gemm.lanes``)."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
     ct, sfx = ctype(p.dtype), _sfx(p.dtype)
@@ -313,7 +317,7 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
         return pre, lines
 
     lines += _for_tile(low, c3, nr, [acc], "mr_", "nr_", lambda r: f"{i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
-                       element, LANES.get(p.dtype, 1))
+                       element, lanes)
     lines.append(f"{c2}}}")
     lines.append(f"{cur}}}")
     for _ in batch:
@@ -343,8 +347,9 @@ def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, 
               lanes: int = 1) -> list[str]:
     """Loops over the ``rows`` x ``cols`` elements of micro-kernel tiles ``accs`` (NR wide, one per GEMM column
     slice): ``body(i, j, values, lanes)`` gives the statements for the element at matrix row ``i = row_of(r)``,
-    column ``j = col_of(c)``. With ``lanes`` > 1 and a vector form of the body, a full tile (``cols`` == NR)
-    runs ``lanes`` columns at a time and the scalar loop is kept for a partial one."""
+    column ``j = col_of(c)``. With ``lanes`` > 1 (the schedule's ``Gemm.lanes``) a full tile (``cols`` == NR)
+    runs ``lanes`` columns at a time and the scalar loop is kept for a partial one; a body that cannot be
+    spelled so is a bug of that choice, raised as such."""
 
     def loops(width: int) -> list[str]:
         r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
@@ -363,13 +368,15 @@ def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, 
         return [*lines, "    }", "}"]
 
     scalar = [ind + line for line in loops(1)]
-    if lanes == 1 or nr % lanes:
+    if lanes == 1:
         return scalar
+    if nr % lanes:
+        raise NNForgeError(f"the schedule chose {lanes}-column GEMM tiles, which do not divide NR = {nr}")
     try:
         vector = loops(lanes)
     except Unsupported as e:
-        log.debug("tile loop kept scalar: %s", e)
-        return scalar
+        raise NNForgeError(f"the schedule chose {lanes} columns at a time for a GEMM tile, which has no vector "
+                           f"form: {e}") from e
     return [f"{ind}if ({cols} == {nr}) {{", *(f"{ind}    {line}" for line in vector), f"{ind}}} else {{",
             *(f"    {line}" for line in scalar), f"{ind}}}"]
 
@@ -437,12 +444,12 @@ def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: st
 
 
 def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], packed: str, offsets: Sequence[str],
-                width: str, body: TileBody, ind: str) -> list[str]:
+                width: str, body: TileBody, ind: str, lanes: int = 1) -> list[str]:
     """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
     columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), each into its
     own register tile, then ``body(i, u, values, lanes)`` (the epilogue and the consumer kernels) on the same rows
-    and columns, ``values`` the slices' tile values there. The GEMM result itself is never stored: its tiles
-    are consumed while they are in L1."""
+    and columns, ``values`` the slices' tile values there, ``lanes`` columns at a time where the schedule says so
+    (``SlicedGemm.lanes``). The GEMM result itself is never stored: its tiles are consumed while they are in L1."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
     ct, sfx = ctype(p.dtype), _sfx(p.dtype)
@@ -468,7 +475,7 @@ def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], pack
         L.append(f"{c2}nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
                  f"{packed} + ({ub} * {G} + {g}) * ({K}) * {nr}, {acc}, {nr});")
     L += _for_tile(low, c2, nr, accs, "mr_", "nu_", lambda r: f"{i0} + {r}", lambda c: f"u0_ + {c}", body,
-                   LANES.get(p.dtype, 1))
+                   lanes)
     L.append(f"{c1}}}")
     L.append(f"{ind}}}")
     return L

@@ -813,7 +813,7 @@ class Lowering:
         epilogue = self.gemm_epilogue(p, root, ctx, ep_info)
         buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind, k.b_resident)
         text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind, k.pack_a, k.k_split,
-                                also)
+                                also, k.lanes)
         code.extend(text)
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
         listing.append(KernelInfo(k.kind, ", ".join([out, *also]), fmt_type((root or p).shape, (root or p).dtype),
@@ -869,7 +869,8 @@ class Lowering:
                 body_info.append(sc)
             return sc.pre, sc.stmts
 
-        code.extend(emit_sliced(self, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), body, ind))
+        code.extend(emit_sliced(self, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), body, ind,
+                                k.lanes))
         for m, o in zip(sg.members, outs):
             ctx.ptr[id(m)] = o
         fused = ["matmul"] + (ep_info[0].fused if ep_info else []) + body_info[0].fused
