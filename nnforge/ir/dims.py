@@ -170,6 +170,35 @@ def free_symbols(x: object) -> set[str]:
     return out
 
 
+def fold(e: tuple, keep: Callable[[str], bool]) -> tuple:
+    """Size expression ``e`` with the symbols ``keep`` refuses as their values, constant operations evaluated and
+    the constants of sums and differences gathered into one: how a backend prints a size it knows only partly
+    (equal folded expressions print alike)."""
+    if e[0] == "sym":
+        return e if keep(e[1]) else ("const", e[2])
+    if e[0] == "const":
+        return e
+    a, b = fold(e[1], keep), fold(e[2], keep)
+    if a[0] == b[0] == "const":
+        return ("const", SIZE_OPS[e[0]](a[1], b[1]))
+    if e[0] in ("add", "sub") and (b[0] == "const" or (e[0] == "add" and a[0] == "const")):
+        x, c = (a, b[1]) if b[0] == "const" else (b, a[1])
+        base, offset = _affine(x)
+        return _offset(base, offset + (c if e[0] == "add" else -c))
+    return (e[0], a, b)
+
+
+def _affine(e: tuple) -> tuple[tuple, int]:
+    """(x, c) with e = x + c for a folded size expression."""
+    if e[0] in ("add", "sub") and e[2][0] == "const":
+        return e[1], e[2][1] if e[0] == "add" else -e[2][1]
+    return e, 0
+
+
+def _offset(x: tuple, c: int) -> tuple:
+    return x if c == 0 else ("add", x, ("const", c)) if c > 0 else ("sub", x, ("const", -c))
+
+
 def render(x: int, symbol: Callable[[str, int], str] | None = None) -> str:
     """Human-readable form: plain ints as digits, symbolic sizes by their name (``T``, ``x.0+1``); ``symbol``
     spells a symbol from its name and current value instead (the IR printer's ``T``, or a value)."""

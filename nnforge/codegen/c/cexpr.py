@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...dtypes import DType
-from ...ir.dims import SIZE_OPS, Dim
+from ...ir.dims import Dim, fold
 from ...ir.expr import ONE, Expr, coefficient, depends, size_of
 from ...ir.expr import size as size_expr
 from ...ir.ops import Op
@@ -82,19 +82,8 @@ class Sizes:
 
     def _fold(self, e: tuple) -> tuple:
         """``e`` with static symbols as constants, constant operations evaluated and the constants of sums and
-        differences gathered into one."""
-        if e[0] == "sym":
-            return e if e[1] in self.slot or e[1] in self.local else ("const", e[2])
-        if e[0] == "const":
-            return e
-        a, b = self._fold(e[1]), self._fold(e[2])
-        if a[0] == b[0] == "const":
-            return ("const", SIZE_OPS[e[0]](a[1], b[1]))
-        if e[0] in ("add", "sub") and (b[0] == "const" or (e[0] == "add" and a[0] == "const")):
-            x, c = (a, b[1]) if b[0] == "const" else (b, a[1])
-            base, offset = _affine(x)
-            return _offset(base, offset + (c if e[0] == "add" else -c))
-        return (e[0], a, b)
+        differences gathered into one (``dims.fold``)."""
+        return fold(e, lambda name: name in self.slot or name in self.local)
 
     def _r(self, e: tuple) -> str:
         if e[0] == "const":
@@ -164,17 +153,6 @@ class Sizes:
         return f"({text})"
 
 
-
-
-def _affine(e: tuple) -> tuple[tuple, int]:
-    """(x, c) with e = x + c for a folded size expression."""
-    if e[0] in ("add", "sub") and e[2][0] == "const":
-        return e[1], e[2][1] if e[0] == "add" else -e[2][1]
-    return e, 0
-
-
-def _offset(x: tuple, c: int) -> tuple:
-    return x if c == 0 else ("add", x, ("const", c)) if c > 0 else ("sub", x, ("const", -c))
 
 
 def _is_number(s: str) -> bool:
