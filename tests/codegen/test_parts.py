@@ -1,4 +1,5 @@
-"""Top-level code cut into C functions; parts that differ only in their buffers are emitted once."""
+"""Top-level code cut into C functions; steps whose records say they differ only in their buffers are emitted
+once."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import pytest
 
 import nnforge as nf
 from nnforge.codegen.c.parts import canonical, part_functions, split_parts
+from nnforge.errors import NNForgeError
+from nnforge.schedule import Loop
+from nnforge.schedule.identical import step_keys
 
 needs_cpu = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
 
 def test_split_parts_drops_empty():
     body = ["a", "b", "c", "d"]
-    assert split_parts(body, [1, 1, 3]) == [["a"], ["b", "c"], ["d"]]
+    assert split_parts(body, [1, 1, 3]) == [(0, ["a"]), (2, ["b", "c"]), (3, ["d"])]
     assert split_parts([], []) == []
 
 
@@ -26,14 +30,24 @@ def test_canonical_renames_locals_and_turns_buffers_into_parameters():
     assert params == [("float*", "((float*)args[3])"), ("float*", "b2"), ("double*", "b9")]
 
 
-def test_identical_parts_share_one_function():
+_BUFFERS = [("b1", "float"), ("b2", "float"), ("b3", "float"), ("b4", "float")]
+
+
+def test_parts_of_one_key_share_one_function():
     a = ["    b1[0] = b2[0] + S[0];"]
     b = ["    b3[0] = b4[0] + S[0];"]
-    c = ["    b3[0] = b3[0] + S[0];"]  # same buffer twice: a different function
-    calls, fns, _ = part_functions([a, b, c], [("b1", "float"), ("b2", "float"), ("b3", "float"), ("b4", "float")],
-                                {"b1", "b2", "b3", "b4"})
+    c = ["    b3[0] = b3[0] + S[0];"]  # same buffer twice: the records give it another key
+    calls, fns, _ = part_functions([("k", a), ("k", b), ("k2", c)], _BUFFERS, {"b1", "b2", "b3", "b4"})
     assert calls == ["nf_part0(S, b1, b2);", "nf_part0(S, b3, b4);", "nf_part1(S, b3);"]
     assert sum(line.startswith("__attribute__") for line in fns) == 2
+
+
+def test_parts_of_one_key_must_print_alike():
+    """Equal records printed as different C is a decision of the renderer the records do not show: an error."""
+    a = ["    b1[0] = b2[0] + S[0];"]
+    c = ["    b3[0] = b3[0] + S[0];"]
+    with pytest.raises(NNForgeError, match="equal records"):
+        part_functions([("k", a), ("k", c)], _BUFFERS, {"b1", "b2", "b3", "b4"})
 
 
 def stack(x, *ws):
@@ -70,14 +84,15 @@ def test_stack_scans_share_one_function_and_match_reference(N):
 
     args = stack_args(N=N)
     low = lower(prepare(nf.compile(stack).trace(*args)))
-    assert ("nf_team()" in low.text) == (N >= 12)
+    assert all((k.parallel is not None) == (N >= 12) for k in low.program.loops())
+    keys = step_keys(low.program)
+    scans = [i for i, k in enumerate(low.program.block.kernels) if isinstance(k, Loop)]
+    assert len(scans) == 3 and len({keys[i] for i in scans}) == 1, "the records say the three scans are alike"
     main = low.text[low.text.index("void nf_main"):]
     calls = re.findall(r"(nf_part\d+)\(", main)
     defined = re.findall(r"void (nf_part\d+)\(.*\) \{$", low.text, re.M)
-    assert len(set(calls)) == len(defined) < len(calls)
-    scan_fns = [f for f in defined if "for (int64_t" in low.text.split(f"void {f}(")[1].split("\n}")[0]
-                and "S[0]; " in low.text.split(f"void {f}(")[1].split("\n}")[0]]
-    assert len(scan_fns) == 1 and calls.count(scan_fns[0]) == 3, "the three scans share one function"
+    assert len(calls) == len(keys) and len(set(calls)) == len(defined) == len(set(keys))  # a function per key
+    assert len({calls[i] for i in scans}) == 1, "the three scans share one function"
     assert "#pragma omp parallel" not in low.text.split("void nf_main")[0]  # orphaned constructs only
     want = nf.compile(stack, backend="reference")(*args)
     got = nf.compile(stack, backend="cpu")(*args)

@@ -39,6 +39,7 @@ from ...schedule import (
     SlicedGemm,
     stored_node,
 )
+from ...schedule.identical import step_keys
 from ...schedule.memory import Slot, lifetimes, plan
 from .cexpr import (
     LANES,
@@ -352,8 +353,12 @@ class Lowering:
         ins = [f"(({ctype(n.dtype)}*)args[{k}])" for k, n in enumerate(g.inputs)]
         outs = [f"(({ctype(n.dtype)}*)args[{n_in + len(self.data) + k}])" for k, n in enumerate(g.outputs)]
         body: list[str] = []
+        first = len(self.marks)
         self.lower_block(self.program.block, ins, outs, body, "    ", self.listing)
-        parts = split_parts(body, self.marks)
+        keys = step_keys(self.program)
+        marks = self.marks[first:]
+        assert len(marks) == len(self.program.block.kernels), "one mark per top-level step"
+        parts = [(keys[step], lines) for step, lines in split_parts(body, marks)]
         # Scratch buffers live in one workspace the caller owns and reuses across calls (``nf_workspace`` says
         # how many bytes at these sizes): no malloc, free or first-touch page faults per call.
         n_ws = n_in + len(self.data) + len(g.outputs)

@@ -4,29 +4,33 @@ Why: gcc's time grows with the size of the one OpenMP-outlined function that use
 program (a 5-layer LSTM stack: 3.3 s, nearly all of it per-function optimisation and RTL generation). Each
 top-level kernel or scan becomes its own function, called in order from the single parallel region; its
 ``omp for`` / ``omp single`` constructs are orphaned, which binds them to that region exactly as before
-(same barriers, same thread-private locals). A part is then written in a canonical form (its generated names
-renumbered, its buffers and argument pointers turned into parameters), so parts that differ only in which
-buffers they touch (the layers of a stack, forward and backward of repeated blocks) are compiled once and called
-with different pointers, the way a kernel cache reuses one kernel for same-shaped work.
+(same barriers, same thread-private locals). Steps the schedule's records say are the same computation on other
+buffers (``schedule.identical.step_keys``: the layers of a stack, forward and backward of repeated blocks) share
+one function, compiled once and called with different pointers, the way a kernel cache reuses one kernel for
+same-shaped work. The function is spelled from the part's C with its generated names renumbered and its buffers
+and argument pointers turned into parameters (``canonical``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+
+from ...errors import NNForgeError
 
 # an argument pointer (with its cast, so the parameter gets the element type), or a name
 _TOKEN = re.compile(r"\(\((\w+)\*\)args\[\d+\]\)|\bargs\[\d+\]|\b[A-Za-z_][A-Za-z_0-9]*\b")
 
 
-def split_parts(body: list[str], marks: Sequence[int]) -> list[list[str]]:
-    """The top-level code cut at kernel / scan boundaries (``marks``: line indices after each top-level node);
-    empty parts are dropped."""
-    parts: list[list[str]] = []
+def split_parts(body: list[str], marks: Sequence[int]) -> list[tuple[int, list[str]]]:
+    """The top-level code cut at kernel / scan boundaries (``marks``: line indices after each top-level step) as
+    (step, lines), the code after the last mark being step ``len(marks)`` (the copies into the results); empty
+    parts are dropped."""
+    parts: list[tuple[int, list[str]]] = []
     start = 0
-    for m in [*marks, len(body)]:
+    for step, m in enumerate([*marks, len(body)]):
         if m > start:
-            parts.append(body[start:m])
+            parts.append((step, body[start:m]))
             start = m
     return parts
 
@@ -70,21 +74,24 @@ PART_ATTRS = '__attribute__((noinline, visibility("hidden")))'
 # slower per core (32.1-32.4 vs 30.3-30.8 ms, 2026-11-22).
 
 
-def part_functions(parts: Sequence[list[str]], buffers: Sequence[tuple[str, str]],
+def part_functions(parts: Sequence[tuple[Hashable, list[str]]], buffers: Sequence[tuple[str, str]],
                    names: set[str]) -> tuple[list[str], list[str], list[str]]:
-    """(calls in order, function definitions, prototypes): one function per distinct canonical part, each
-    definition preceded by ``UNIT_MARK``."""
+    """(calls in order, function definitions, prototypes) for (key, lines) parts: one function per distinct key,
+    each definition preceded by ``UNIT_MARK``. Parts of one key must spell the same canonical C: a difference is
+    a decision the renderer took that the records do not show, raised as such."""
     btypes = dict(buffers)
     fns: list[str] = []
-    seen: dict[str, str] = {}
+    seen: dict[Hashable, tuple[str, str]] = {}
     calls: list[str] = []
     protos: list[str] = []
-    for part in parts:
+    for key, part in parts:
         text, params = canonical(part, btypes, names)
-        fn = seen.get(text)
+        fn, first = seen.get(key, (None, text))
+        if first != text:
+            raise NNForgeError(f"two steps with equal records printed different C ({fn}):\n{first}\n---\n{text}")
         if fn is None:
             fn = f"nf_part{len(seen)}"
-            seen[text] = fn
+            seen[key] = fn, text
             sig = ", ".join(["const int64_t* S", *(f"{ct} p{k}" for k, (ct, _) in enumerate(params))])
             protos.append(f"{PART_ATTRS} void {fn}({sig});")
             fns.append(UNIT_MARK)
