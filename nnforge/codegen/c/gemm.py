@@ -14,6 +14,13 @@ Why this shape of code:
 * One work-sharing loop over (MC-row block, NC-column group) items: a small-M GEMM (a recurrent step, M = batch)
   splits columns among threads, a large-M one (all time steps at once) splits rows; each item keeps its B panels
   in L1 across its row blocks. One barrier per GEMM.
+* A large-M GEMM (or one whose A is read down its columns) may pack A too, BLIS-style (``Gemm.pack_a``): per
+  (MCA-row block, NC-column group) item and KC slice, A is packed into the thread's buffer and each of the group's
+  B panel slices (KC x NR) is applied to all of the block's micro-panels (A is packed once per column group: M * K
+  copies against M * K * NC multiply-adds). Partial sums over KC slices go through the result (the epilogue runs
+  on the last), so the K split (``Gemm.k_split``) needs the result stored in the GEMM's own dtype.
+* The three forms (plain, packed A, sliced) are one loop nest (``Nest``, ``_nest``) with parameters naming how
+  they differ.
 * ``emit_sliced`` computes a GEMM only on the columns that a group of elementwise kernels reads through column
   slices (an LSTM's four gates), column tile by column tile, each slice into its own register tile, and runs
   those kernels on the tiles right away: a recurrent step becomes one kernel with one barrier, and its gate
@@ -259,8 +266,7 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     epilogue's vector form (``Gemm.lanes``)."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
-    ct, sfx = ctype(p.dtype), _sfx(p.dtype)
-    mr, nr = cfg.mr, cfg.nr(p.dtype)
+    nr = cfg.nr(p.dtype)
     batch = p.shape[:-2]
     M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
     (pa, oa, sa), (pb, ob, sb) = views
@@ -273,57 +279,158 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     aoff = " + ".join([oa] + [f"{b} * ({s})" for b, s in zip(bidx, sa[:-2])])
     boff = " + ".join([ob] + [f"{b} * ({s})" for b, s in zip(bidx, sb[:-2])])
     A = low.fresh("A")
-    sam, sak = sa[-2], sa[-1]
-    lines.append(f"{cur}const {ct}* {A} = {pa} + ({aoff});")
+    lines.append(f"{cur}const {ctype(p.dtype)}* {A} = {pa} + ({aoff});")
     npan = low.fresh("np")
     lines.append(f"{cur}const int64_t {npan} = ({N} + {nr - 1}) / {nr};")
     if packed is None:
         lines += pack_panels(low, p.dtype, K, (f"({pb} + ({boff}))", sb[-2], sb[-1]), [("0", N)], scratch, cur)
         packed = scratch
-    if not batch and pack_a:
-        body, store = _packed_a_loops(low, p, A, sam, sak, npan, packed, out, epilogue, cur, k_split, also)
-        return lines + body, store
-    ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
-    ngp = max(1, cfg.nc // nr)
-    lines += low.omp_for(cur, collapse=2)
-    lines.append(f"{cur}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {cfg.mc})")
-    lines.append(f"{cur}for (int64_t {jg} = 0; {jg} < {npan}; {jg} += {ngp}) {{")
-    c2 = cur + "    "
-    lines.append(f"{c2}const int64_t ie_ = {ic} + {cfg.mc} < {M} ? {ic} + {cfg.mc} : {M};")
-    lines.append(f"{c2}const int64_t je_ = {jg} + {ngp} < {npan} ? {jg} + {ngp} : {npan};")
-    lines.append(f"{c2}for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
-    lines.append(f"{c2}for (int64_t {i0} = {ic}; {i0} < ie_; {i0} += {mr}) {{")
-    c3 = c2 + "    "
-    acc = low.fresh("tile")
-    lines.append(f"{c3}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));")
-    lines.append(f"{c3}const int mr_ = ie_ - {i0} < {mr} ? (int)(ie_ - {i0}) : {mr};")
-    lines.append(f"{c3}const int nr_ = {N} - {jp} * {nr} < {nr} ? (int)({N} - {jp} * {nr}) : {nr};")
-    call = f"nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, {packed} + ({jp}) * ({K}) * {nr}, "
-    if epilogue is None and not also:
-        # A plain product (``out`` then holds the sums): a full tile goes straight to ``out``, not through the
-        # register tile and a copy loop (12 loads and 12 stores per 6 x 16 tile; a layer-norm LSTM step took 1.1 %
-        # less).
-        # ``jp * nr`` is the tile's first column, spelled as a whole (not analysed, only printed)
-        at = sz.index(row_major([*map(var, bidx), var(i0), var(f"{jp} * {nr}")], [sz.expr(d) for d in p.shape]))
-        exact = " || ".join(f"mr_ == {m}" for m in _row_kernels(mr))
-        lines.append(f"{c3}if (nr_ == {nr} && ({exact})) {{ {call}&{out}[{at}], {N}); continue; }}")
-    lines.append(f"{c3}{call}{acc}, {nr});")
+    pack_a = pack_a and not batch
+    rows = max(cfg.mr, cfg.mca // cfg.mr * cfg.mr) if pack_a else cfg.mc
+    nest = Nest(p.dtype, M, K, A, sa[-2], sa[-1], packed, N, npan, rows, max(1, cfg.nc // nr),
+                pack_a=pack_a, k_split=pack_a and k_split)
+    dims = [sz.expr(d) for d in p.shape]
     stored: list[str] = []
 
-    def element(i: str, j: str, values: list[str], lanes: int) -> tuple[list[str], list[str]]:
-        pre, lines, store = _epilogue_store(sz, epilogue, out, [*map(var, bidx), var(i), var(j)],
-                                            [sz.expr(d) for d in p.shape], values[0], lanes, also)
+    def element(i: str, j: str, values: list[str], width: int) -> tuple[list[str], list[str]]:
+        pre, stmts, store = _epilogue_store(sz, epilogue, out, [*map(var, bidx), var(i), var(j)], dims, values[0],
+                                            width, also)
         stored.append(store)
-        return pre, lines
+        return pre, stmts
 
-    lines += _for_tile(low, c3, nr, [acc], "mr_", "nr_", lambda r: f"{i0} + {r}", lambda c: f"{jp} * {nr} + {c}",
-                       element, lanes)
-    lines.append(f"{c2}}}")
-    lines.append(f"{cur}}}")
+    def partial_sums(pc: str, nk: str) -> TileBody:
+        """Partial sums over K slices ``pc`` of ``nk`` accumulate in ``out``; the epilogue runs on the last."""
+
+        def element(i: str, j: str, values: list[str], _lanes: int) -> tuple[list[str], list[str]]:
+            value = values[0]
+            idx = [var(i), var(j)]
+            store = f"{out}[{sz.index(row_major(idx, dims))}]"
+            lines = [f"if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}"]
+            _, last, assign = _epilogue_store(sz, epilogue, out, idx, dims, f"(({pc} ? {store} : 0) + {value})",
+                                              also=also)
+            stored.append(assign)
+            return [], [*lines, *last]
+
+        return element
+
+    def direct(i0: str, jp: str) -> str:
+        # ``jp * nr`` is the tile's first column, spelled as a whole (not analysed, only printed)
+        return f"&{out}[{sz.index(row_major([*map(var, bidx), var(i0), var(f'{jp} * {nr}')], dims))}]"
+
+    # A plain product (``out`` then holds the sums): a full tile goes straight to ``out``, not through the register
+    # tile and a copy loop (12 loads and 12 stores per 6 x 16 tile; a layer-norm LSTM step took 1.1 % less).
+    plain = epilogue is None and not also and not pack_a
+    lines += _nest(low, cur, nest, partial_sums if pack_a else (lambda _pc, _nk: element), lanes,
+                   direct if plain else None)
     for _ in batch:
         cur = cur[:-4]
         lines.append(f"{cur}}}")
     return lines, stored[0]
+
+
+@dataclass(frozen=True)
+class Nest:
+    """The one GEMM loop nest, and what its uses change in it.
+
+    The product: ``M`` rows, ``K``, A read in place at ``A`` (strides ``sam``, ``sak``), B packed at ``packed`` in
+    ``npan`` panels of NR of its ``width`` columns (a sliced GEMM: per slice, the slices' panels interleaved).
+    How threads share it: work items of ``rows`` rows by ``group`` panels (``rows`` None: an item is one column
+    tile of every slice, over all rows: a sliced GEMM's rows are few); ``slices`` register tiles per item. Whether
+    A is packed per work item (``pack_a``: the large-M / xᵀ form), and then in K slices (``k_split``)."""
+
+    dtype: DType
+    M: str
+    K: str
+    A: str
+    sam: str
+    sak: str
+    packed: str
+    width: str
+    npan: str
+    rows: int | None
+    group: int = 1
+    slices: int = 1
+    pack_a: bool = False
+    k_split: bool = False
+
+
+def _nest(low: Lowering, ind: str, n: Nest, body: Callable[[str, str], TileBody], lanes: int,
+          direct: Callable[[str, str], str] | None = None) -> list[str]:
+    """The loops of GEMM ``n``: work items shared among the threads; in each, per column panel and MR-row block,
+    the micro-kernel into the register tiles (one per slice), then the tile body (``_for_tile``, ``lanes``
+    columns at a time on a full tile). ``body(pc, nk)`` gives it, given the C names of the K slice and the slice
+    count (packed A only). ``direct(i0, jp)``: where the micro-kernel stores a full tile itself (a plain product)."""
+    cfg, sfx = low.gemm, _sfx(n.dtype)
+    ct, mr, nr = ctype(n.dtype), cfg.mr, cfg.nr(n.dtype)
+    M, K, A, sam, sak = n.M, n.K, n.A, n.sam, n.sak
+    L: list[str] = []
+    pc = nk = mine = ""
+    if n.pack_a:
+        assert n.rows is not None and n.slices == 1
+        kc = low.program.target.k_slice
+        nk, ap, mine = low.fresh("nk"), low.fresh("ap"), low.fresh("apt")
+        low.add_alloc(ap, ct, byte_size(n.rows, kc if n.k_split else K, "nf_nthreads()", n.dtype.itemsize))
+        # K in nk equal slices of at most KC (384 -> 2 x 192, not 256 + 128)
+        L.append(f"{ind}const int64_t {nk} = " + (f"(({K}) + {kc - 1}) / {kc};" if n.k_split else "1;"))
+        L.append(f"{ind}{ct}* {mine} = {ap} + (int64_t)nf_thread() * {n.rows} * ((({K}) + {nk} - 1) / {nk});")
+        pc = low.fresh("pc")
+    if n.rows is None:  # an item: one column tile of every slice, all rows
+        jp, i0 = low.fresh("ub"), low.fresh("i0")
+        L += low.omp_for(ind)
+        L.append(f"{ind}for (int64_t {jp} = 0; {jp} < {n.npan}; {jp}++) {{")
+        c1 = ind + "    "
+        L.append(f"{c1}const int64_t u0_ = {jp} * {nr};")
+        L.append(f"{c1}const int nu_ = {n.width} - u0_ < {nr} ? (int)({n.width} - u0_) : {nr};")
+        at, first, end, cols, col0 = c1, "0", M, "nu_", "u0_"
+        closing = [f"{c1}}}", f"{ind}}}"]
+    else:  # an item: ``rows`` rows by ``group`` panels
+        ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
+        L += low.omp_for(ind, collapse=2)
+        L.append(f"{ind}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {n.rows})")
+        L.append(f"{ind}for (int64_t {jg} = 0; {jg} < {n.npan}; {jg} += {n.group}) {{")
+        at = ind + "    "
+        if n.pack_a:  # the item's rows ic .. ic + mb_, numbered from 0 in the packed A
+            L.append(f"{at}const int64_t mb_ = {M} - {ic} < {n.rows} ? {M} - {ic} : {n.rows};")
+            first, end = "0", "mb_"
+        else:
+            L.append(f"{at}const int64_t ie_ = {ic} + {n.rows} < {M} ? {ic} + {n.rows} : {M};")
+            first, end = ic, "ie_"
+        L.append(f"{at}const int64_t je_ = {jg} + {n.group} < {n.npan} ? {jg} + {n.group} : {n.npan};")
+        closing = [f"{ind}}}"]
+        if n.pack_a:
+            L.append(f"{at}for (int64_t {pc} = 0; {pc} < {nk}; {pc}++) {{")
+            closing.insert(0, f"{at}}}")
+            at += "    "
+            step = f"((({K}) + {nk} - 1) / {nk})"
+            L.append(f"{at}const int64_t k0_ = {pc} * {step};")
+            L.append(f"{at}const int64_t k1_ = k0_ + {step} < ({K}) ? k0_ + {step} : ({K});")
+            L.append(f"{at}nf_packa_{sfx}(mb_, k1_ - k0_, {A} + {ic} * ({sam}) + k0_ * ({sak}), {sam}, {sak}, "
+                     f"{mine});")
+        L.append(f"{at}for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
+        cols, col0 = "nr_", f"{jp} * {nr}"
+        closing.insert(0, f"{at}}}")
+    L.append(f"{at}for (int64_t {i0} = {first}; {i0} < {end}; {i0} += {mr}) {{")
+    tile = at + "    "
+    accs = [low.fresh("tile") for _ in range(n.slices)]
+    L += [f"{tile}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));" for acc in accs]
+    L.append(f"{tile}const int mr_ = {end} - {i0} < {mr} ? (int)({end} - {i0}) : {mr};")
+    if n.rows is not None:
+        L.append(f"{tile}const int nr_ = {n.width} - {jp} * {nr} < {nr} ? (int)({n.width} - {jp} * {nr}) : {nr};")
+    if n.pack_a:
+        L.append(f"{tile}nf_ukrp_{sfx}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), "
+                 f"{n.packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {accs[0]});")
+    else:
+        call = f"nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
+        panels = [f"({jp})"] if n.rows is not None else [f"({jp} * {n.slices} + {g})" for g in range(n.slices)]
+        if direct is not None:
+            exact = " || ".join(f"mr_ == {m}" for m in _row_kernels(mr))
+            L.append(f"{tile}if (nr_ == {nr} && ({exact})) {{ {call}{n.packed} + {panels[0]} * ({K}) * {nr}, "
+                     f"{direct(i0, jp)}, {n.width}); continue; }}")
+        L += [f"{tile}{call}{n.packed} + {q} * ({K}) * {nr}, {acc}, {nr});" for q, acc in zip(panels, accs)]
+    row0 = f"{ic} + {i0}" if n.pack_a else i0
+    L += _for_tile(low, tile, nr, accs, "mr_", cols, lambda r: f"{row0} + {r}", lambda c: f"{col0} + {c}",
+                   body(pc, nk), lanes)
+    return L + closing
 
 
 def _epilogue_store(sz: Sizes, epilogue: Epilogue | None, out: str, idx: list[Expr], dims: Sequence[Expr],
@@ -381,68 +488,6 @@ def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, 
             *(f"    {line}" for line in scalar), f"{ind}}}"]
 
 
-def _packed_a_loops(low: Lowering, p: Node, A: str, sam: str, sak: str, npan: str, packed: str, out: str,
-                    epilogue: Epilogue | None, ind: str, split: bool,
-                    also: Sequence[str] = ()) -> tuple[list[str], str]:
-    """BLIS loops: threads share (MCA-row block, NC-column group) items; per item and KC slice, A is packed
-    into this thread's buffer and each of the group's B panel slices (KC x NR, from the panels packed for all
-    of K) is applied to all of the block's micro-panels (A is packed once per column group: M * K copies
-    against M * K * NC multiply-adds). Partial sums over KC slices go through ``out`` (the epilogue runs on the
-    last), so the K split (``split``, decided by the schedule) needs the result stored in the GEMM's own dtype."""
-    sz, cfg = low.sizes, low.gemm
-    ct, sfx = ctype(p.dtype), _sfx(p.dtype)
-    mr, nr = cfg.mr, cfg.nr(p.dtype)
-    M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
-    mca = max(mr, cfg.mca // mr * mr)
-    kc = low.program.target.k_slice
-    nk, ap, mine = low.fresh("nk"), low.fresh("ap"), low.fresh("apt")
-    low.add_alloc(ap, ct, byte_size(mca, kc if split else K, "nf_nthreads()", p.dtype.itemsize))
-    # K in nk equal slices of at most KC (384 -> 2 x 192, not 256 + 128)
-    L = [f"{ind}const int64_t {nk} = " + (f"(({K}) + {kc - 1}) / {kc};" if split else "1;")]
-    ic, pc, jp, i0 = low.fresh("ic"), low.fresh("pc"), low.fresh("jp"), low.fresh("i0")
-    L.append(f"{ind}{ct}* {mine} = {ap} + (int64_t)nf_thread() * {mca} * ((({K}) + {nk} - 1) / {nk});")
-    jg = low.fresh("jg")
-    ngp = max(1, cfg.nc // nr)
-    L += low.omp_for(ind, collapse=2)
-    L.append(f"{ind}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {mca})")
-    L.append(f"{ind}for (int64_t {jg} = 0; {jg} < {npan}; {jg} += {ngp}) {{")
-    c1 = ind + "    "
-    L.append(f"{c1}const int64_t mb_ = {M} - {ic} < {mca} ? {M} - {ic} : {mca};")
-    L.append(f"{c1}const int64_t je_ = {jg} + {ngp} < {npan} ? {jg} + {ngp} : {npan};")
-    L.append(f"{c1}for (int64_t {pc} = 0; {pc} < {nk}; {pc}++) {{")
-    c2 = c1 + "    "
-    L.append(f"{c2}const int64_t k0_ = {pc} * ((({K}) + {nk} - 1) / {nk});")
-    L.append(f"{c2}const int64_t k1_ = k0_ + ((({K}) + {nk} - 1) / {nk}) < ({K}) ? "
-             f"k0_ + ((({K}) + {nk} - 1) / {nk}) : ({K});")
-    L.append(f"{c2}nf_packa_{sfx}(mb_, k1_ - k0_, {A} + {ic} * ({sam}) + k0_ * ({sak}), {sam}, {sak}, {mine});")
-    L.append(f"{c2}for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
-    L.append(f"{c2}for (int64_t {i0} = 0; {i0} < mb_; {i0} += {mr}) {{")
-    c3 = c2 + "    "
-    acc = low.fresh("tile")
-    L.append(f"{c3}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));")
-    L.append(f"{c3}const int mr_ = mb_ - {i0} < {mr} ? (int)(mb_ - {i0}) : {mr};")
-    L.append(f"{c3}const int nr_ = {N} - {jp} * {nr} < {nr} ? (int)({N} - {jp} * {nr}) : {nr};")
-    L.append(f"{c3}nf_ukrp_{sfx}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), "
-             f"{packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {acc});")
-    stored: list[str] = []
-
-    def element(i: str, j: str, values: list[str], _lanes: int) -> tuple[list[str], list[str]]:
-        """Partial sums over K slices accumulate in ``out``; the epilogue runs on the last slice."""
-        value = values[0]
-        idx, dims = [var(i), var(j)], [sz.expr(p.shape[-2]), sz.expr(p.shape[-1])]
-        store = f"{out}[{sz.index(row_major(idx, dims))}]"
-        lines = [f"if ({pc} + 1 < {nk}) {{ {store} = ({pc} ? {store} : 0) + {value}; continue; }}"]
-        _, last, assign = _epilogue_store(sz, epilogue, out, idx, dims, f"(({pc} ? {store} : 0) + {value})",
-                                          also=also)
-        stored.append(assign)
-        return [], [*lines, *last]
-
-    L += _for_tile(low, c3, nr, [acc], "mr_", "nr_", lambda r: f"{ic} + {i0} + {r}",
-                   lambda c: f"{jp} * {nr} + {c}", element)
-    L += [f"{c2}}}", f"{c1}}}", f"{ind}}}"]
-    return L, stored[0]
-
-
 def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], packed: str, offsets: Sequence[str],
                 width: str, body: TileBody, ind: str, lanes: int = 1) -> list[str]:
     """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
@@ -451,31 +496,9 @@ def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], pack
     and columns, ``values`` the slices' tile values there, ``lanes`` columns at a time where the schedule says so
     (``SlicedGemm.lanes``). The GEMM result itself is never stored: its tiles are consumed while they are in L1."""
     check_dtype(p)
-    sz, cfg = low.sizes, low.gemm
-    ct, sfx = ctype(p.dtype), _sfx(p.dtype)
-    mr, nr = cfg.mr, cfg.nr(p.dtype)
-    M, K = sz(p.shape[-2]), sz(p.srcs[0].shape[-1])
+    sz, nr = low.sizes, low.gemm.nr(p.dtype)
     pa, oa, sa = a_view
-    sam, sak = sa[-2], sa[-1]
-    G = len(offsets)
-    ub, i0 = low.fresh("ub"), low.fresh("i0")
     A = low.fresh("A")
-    L = [f"{ind}const {ct}* {A} = {pa} + ({oa});",
-         *low.omp_for(ind),
-         f"{ind}for (int64_t {ub} = 0; {ub} < ({width} + {nr - 1}) / {nr}; {ub}++) {{"]
-    c1 = ind + "    "
-    L.append(f"{c1}const int64_t u0_ = {ub} * {nr};")
-    L.append(f"{c1}const int nu_ = {width} - u0_ < {nr} ? (int)({width} - u0_) : {nr};")
-    L.append(f"{c1}for (int64_t {i0} = 0; {i0} < {M}; {i0} += {mr}) {{")
-    c2 = c1 + "    "
-    accs = [low.fresh("tile") for _ in offsets]
-    L += [f"{c2}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));" for acc in accs]
-    L.append(f"{c2}const int mr_ = {M} - {i0} < {mr} ? (int)({M} - {i0}) : {mr};")
-    for g, acc in enumerate(accs):
-        L.append(f"{c2}nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
-                 f"{packed} + ({ub} * {G} + {g}) * ({K}) * {nr}, {acc}, {nr});")
-    L += _for_tile(low, c2, nr, accs, "mr_", "nu_", lambda r: f"{i0} + {r}", lambda c: f"u0_ + {c}", body,
-                   lanes)
-    L.append(f"{c1}}}")
-    L.append(f"{ind}}}")
-    return L
+    nest = Nest(p.dtype, sz(p.shape[-2]), sz(p.srcs[0].shape[-1]), A, sa[-2], sa[-1], packed, width,
+                f"({width} + {nr - 1}) / {nr}", None, slices=len(offsets))
+    return [f"{ind}const {ctype(p.dtype)}* {A} = {pa} + ({oa});", *_nest(low, ind, nest, lambda _pc, _nk: body, lanes)]
