@@ -112,6 +112,13 @@ class Sizes:
             return str(math.prod(int(d) for d in shape))
         return " * ".join(f"({self(d)})" for d in shape)
 
+    def count(self, shape: Sequence[int]) -> Expr:
+        """The number of elements of ``shape`` as an index expression (a row's, for a buffer's ``shape[1:]``)."""
+        out = ONE
+        for d in shape:
+            out = out * self.expr(d)
+        return out
+
     def is_static(self, d: int) -> bool:
         return not (isinstance(d, Dim) and self._dynamic(d.expr))
 

@@ -24,10 +24,7 @@ def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str
     packed once, by code added to ``before`` (what runs before the time loop)."""
     sz = low.sizes
     p, root, steps = c.gemm.node, stored_node(c.gemm), c.steps
-    batch = sz(c.view.shape[1])
-    views = low.operand_views(p, ctx)
-    (pa, oa, sa), vb = views
-    a_view = (pa, f"({oa}) + {lo} * ({batch}) * ({sa[-2]})", sa)
+    a_view, vb = low.operand_views(p, ctx, a_row=var(lo) * sz.expr(c.view.shape[1]))  # the chunk's first row
     length_dim = c.view.shape[0]
     lines = [f"{ind}if ({t} % {steps} == 0) {{",
              f"{ind}    {count} = {length} - {t} < {steps} ? {length} - {t} : {steps};",

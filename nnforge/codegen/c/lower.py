@@ -327,7 +327,7 @@ class Lowering:
         life = self.lifetimes.get(buf.name) if buf is not None else None
         if rows is not None and shape and is_rows(shape[0]):
             self.add_alloc(name, ctype(dt), self._bytes(dt, [rows.batch, *shape[1:]]), life)
-            return f"({name} + {rows.r0} * ({self.sizes.prod(shape[1:])}))"
+            return f"({rows.thread_rows(name, shape, self.sizes)})"
         self.add_alloc(name, ctype(dt), self._bytes(dt, shape), life)
         return name
 
@@ -757,16 +757,19 @@ class Lowering:
                                   [f"{buf}[r * {nout} + o]"], note=f"leading axes {tuple(range(k))}, outputs "
                                                                    "innermost"))
 
-    def operand_views(self, p: Node, ctx: GraphCtx) -> list[tuple[str, str, list[str]]]:
+    def operand_views(self, p: Node, ctx: GraphCtx, a_row: Expr = ZERO) -> list[tuple[str, str, list[str]]]:
         """The operands of matmul ``p`` as strided views of their buffers: (pointer, offset, strides), printed for
-        the GEMM code (which computes with them only in its own loops' C)."""
+        the GEMM code (which computes with them only in its own loops' C); A from its row ``a_row`` (a chunk's
+        first row)."""
         views = []
         sz = self.sizes
-        for s in p.srcs:
+        for k, s in enumerate(p.srcs):
             v = strided(s, ctx.buffer, sz.expr)
             if v is None:
                 raise Unsupported(f"matmul operand {s.op.name.lower()} is not a strided view (created at {s.loc})")
             ptr, off, st = v
+            if k == 0:
+                off = off + a_row * st[-2]
             views.append((ptr, sz.index(off), [sz.index(t) for t in st]))
         return views
 
@@ -942,7 +945,7 @@ class Lowering:
 
         def step(buf: str, shape: Sequence[int]) -> str:
             """This step's slice of a stacked [T, batch, ...] buffer (the current rows of it)."""
-            base = f"({buf} + {tt} * ({sz.prod(shape[1:])}))"
+            base = f"({buf} + {sz.index(var(tt) * sz.count(shape[1:]))})"
             return rows.current_rows(base, shape[1:], sz) if rows else base
 
         ins = []
@@ -965,7 +968,7 @@ class Lowering:
                 continue
             ins.append(step(ctx.buffer(x), x.shape))
             if rows is not None:
-                code += rows.prefetch_next_step(ctx.buffer(x), x, t, length, rev, sz, inner)
+                code += rows.prefetch_next_step(ctx.buffer(x), x, t, sz.expr(loop.length), rev, sz, inner)
         for k, s in enumerate(srcs[nc + nx:], start=nc + nx):
             own_rows = rows is not None and k in split.per_row
             ins.append(rows.current_rows(ctx.buffer(s), s.shape, sz) if own_rows else ctx.buffer(s))
@@ -1013,7 +1016,7 @@ class Lowering:
         before.append(f"int64_t {lo} = 0, {count} = 0;")
         code += emit_chunk(self, c, ctx, chunk, t, length, rev, lo, count, inner, before)
         info.note += f", input projection computed {steps} steps at a time"
-        at = f"({chunk} + ({tt} - {lo}) * ({sz.prod(view.shape[1:])}))"
+        at = f"({chunk} + {sz.index((var(tt) - var(lo)) * sz.count(view.shape[1:]))})"
         return rows.current_rows(at, view.shape[1:], sz)
 
     def _copy(self, src: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...ir.expr import Expr, var
 from ...ir.node import Node
 from ...passes.rows import RowSplit
 from .cexpr import Sizes, ctype
@@ -63,15 +64,17 @@ class RowScope:
 
     def thread_rows(self, ptr: str, shape: Sequence[int], sz: Sizes) -> str:
         """A [batch, ...] buffer at this thread's first row."""
-        return f"{ptr} + {self.r0} * ({sz.prod(shape[1:])})"
+        return f"{ptr} + {sz.index(var(self.r0) * sz.count(shape[1:]))}"
 
     def current_rows(self, ptr: str, shape: Sequence[int], sz: Sizes) -> str:
         """A [batch, ...] buffer at the first row the body runs on now."""
-        return f"({ptr} + {self.row} * ({sz.prod(shape[1:])}))"
+        return f"({ptr} + {sz.index(var(self.row) * sz.count(shape[1:]))})"
 
     def block_of_thread_rows(self, ptr: str, shape: Sequence[int], sz: Sizes) -> str:
         """A buffer already at this thread's rows (a carry), moved to the current row block."""
-        return f"({ptr} + ({self.row} - {self.r0}) * ({sz.prod(shape[1:])}))" if self.block else ptr
+        if not self.block:
+            return ptr
+        return f"({ptr} + {sz.index((var(self.row) - var(self.r0)) * sz.count(shape[1:]))})"
 
     def open_block_loop(self, rb: str, ind: str) -> list[str]:
         """``for`` over this thread's row blocks, defining the current rows (closed by the caller)."""
@@ -80,22 +83,23 @@ class RowScope:
                 f"{ind}    const int64_t {self.count} = {self.nrow} - {rb} < {self.block} ? "
                 f"{self.nrow} - {rb} : {self.block};"]
 
-    def prefetch_next_step(self, buf: str, x: Node, t: str, length: str, rev: bool, sz: Sizes,
+    def prefetch_next_step(self, buf: str, x: Node, t: str, length: Expr, rev: bool, sz: Sizes,
                            ind: str) -> list[str]:
         """Touch this thread's rows of the next step's slice of a scanned input while this step computes: the
         slice (e.g. the hoisted input projection, [T, batch, 4H], far bigger than any cache) is read in column
         tiles with a row stride the hardware prefetcher does not follow, so without this every step starts with
         cache misses (measured: the premul loads took ~1/4 of an LSTM step's cell-update time at H = 96)."""
-        nxt = f"{length} - 2 - {t}" if rev else f"{t} + 1"
-        rest = sz.prod(x.shape[2:])
+        nxt = length - 2 - var(t) if rev else var(t) + 1
+        rest = sz.count(x.shape[2:])
         o = self.temps[3]
-        base = f"(const char*)({buf} + ({nxt}) * ({sz.prod(x.shape[1:])}) + {self.r0} * ({rest}))"
-        return [f"{ind}if ({t} + 1 < {length})",
-                f"{ind}    for (int64_t {o} = 0; {o} < {self.nrow} * ({rest}) * (int64_t)sizeof({ctype(x.dtype)}); "
-                f"{o} += 64) __builtin_prefetch({base} + {o});"]
+        at = nxt * sz.count(x.shape[1:]) + var(self.r0) * rest
+        return [f"{ind}if ({t} + 1 < {sz.index(length)})",
+                f"{ind}    for (int64_t {o} = 0; {o} < {sz.index(var(self.nrow) * rest)} * "
+                f"(int64_t)sizeof({ctype(x.dtype)}); {o} += 64) __builtin_prefetch((const char*)({buf} + "
+                f"{sz.index(at)}) + {o});"]
 
     def copy_out(self, cur: str, result: str, shape: Sequence[int], i: str, sz: Sizes, ind: str) -> list[str]:
         """A carry's final value (at this thread's rows) into the scan's result: each thread its own rows."""
-        rest = sz.prod(shape[1:])
-        return [f"{ind}for (int64_t {i} = 0; {i} < {self.nrow} * ({rest}); {i}++) "
-                f"{result}[{self.r0} * ({rest}) + {i}] = {cur}[{i}];"]
+        rest = sz.count(shape[1:])
+        return [f"{ind}for (int64_t {i} = 0; {i} < {sz.index(var(self.nrow) * rest)}; {i}++) "
+                f"{result}[{sz.index(var(self.r0) * rest + var(i))}] = {cur}[{i}];"]
