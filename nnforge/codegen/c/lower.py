@@ -294,7 +294,7 @@ class Lowering:
         self.stats = {"kernels": 0, "gemm": 0, "fused_gemm": 0, "scans": 0, "sliced": 0, "vector": 0}
         self.scopes: list[LoopScope] = []
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
-        self.names: set[str] = set()  # every name ``fresh`` made (the part deduplication renames them)
+        self.names: set[str] = set()  # every name ``fresh`` made (the shared part functions rename them)
         self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
         self.workspace_slots: list[Slot] = []  # the workspace's slots (``memplan``), set by source()
 

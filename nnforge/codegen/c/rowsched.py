@@ -39,7 +39,7 @@ class RowScope:
     @staticmethod
     def new(low: Lowering, split: RowSplit, blk: int) -> RowScope:
         """One thread's rows of ``split``, the body run ``blk`` rows at a time (0: all at once). Every C name from
-        ``low.fresh``, so the part deduplication can tell identical layers' loops apart only by their buffers."""
+        ``low.fresh``, so identical layers' loops (one key, ``schedule.identical``) print the same C up to names."""
         r0, nrow = low.fresh("r0"), low.fresh("nrow")
         row, count = (low.fresh("row"), low.fresh("nb")) if blk else (r0, nrow)
         temps = (low.fresh("npair"), low.fresh("b0"), low.fresh("b1"), low.fresh("pf"))
