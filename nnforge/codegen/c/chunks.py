@@ -39,8 +39,7 @@ def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str
 
     columns = [("0", sz(p.shape[-1]))]
     buf, _ = low.packed_b(p, vb, columns, lines, ind, resident=False)
-    before += pack_panels(low, p.dtype, sz(p.srcs[0].shape[-1]), (f"({vb[0]} + ({vb[1]}))", vb[2][-2], vb[2][-1]),
-                          columns, buf, "", shared=True)
+    before += pack_panels(low, p.dtype, sz(p.srcs[0].shape[-1]), vb, columns, buf, "", shared=True)
     outer = low.sizes
     low.sizes = _with_steps(outer, length_dim, count)
     try:

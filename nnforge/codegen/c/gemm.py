@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from ...dtypes import DType
 from ...errors import NNForgeError
-from ...ir.expr import Expr, row_major, var
+from ...ir.expr import ZERO, Expr, row_major, var
 from ...ir.node import Node
 from .cexpr import Sizes, Unsupported, byte_size, ctype, store
 
@@ -211,16 +211,9 @@ TileBody = Callable[[str, str, list[str], int], tuple[list[str], list[str]]]
 each tile's value there; with ``lanes`` > 1 for ``lanes`` consecutive columns from j (may raise ``Unsupported``)."""
 
 
-@dataclass(frozen=True)
-class Operands:
-    """A GEMM's operands as strided views: A is read in place, B is packed (``b_packed`` when it already is)."""
-
-    a_ptr: str
-    sam: str
-    sak: str
-    b_ptr: str
-    sbk: str
-    sbn: str
+View = tuple[str, Expr, list[Expr]]
+"""A GEMM operand as a strided view of a buffer: (pointer, offset, stride per axis), index expressions that the
+GEMM code prints where it uses them."""
 
 
 def check_dtype(p: Node) -> None:
@@ -228,14 +221,16 @@ def check_dtype(p: Node) -> None:
         raise Unsupported(f"matmul in {p.dtype} runs on the reference backend")
 
 
-def pack_panels(low: Lowering, dt: DType, K: str, src: tuple[str, str, str], columns: Sequence[tuple[str, str]],
+def pack_panels(low: Lowering, dt: DType, K: str, src: View, columns: Sequence[tuple[str, str]],
                 dst: str, ind: str, shared: bool = False) -> list[str]:
-    """Loop packing panels: panel q holds ``columns[q % len]`` shifted by ``(q // len) * NR``; ``columns`` are
-    (first column, width) pairs of C expressions, all of one width. Work-shared among the threads unless the code
-    around it runs on one thread's rows (``low.serial``); ``shared`` forces sharing (packing before a loop)."""
+    """Loop packing panels of the B view ``src`` ([K, N] in its last two axes): panel q holds ``columns[q % len]``
+    shifted by ``(q // len) * NR``; ``columns`` are (first column, width) pairs of C expressions, all of one width.
+    Work-shared among the threads unless the code around it runs on one thread's rows (``low.serial``); ``shared``
+    forces sharing (packing before a loop)."""
     nr = low.gemm.nr(dt)
     sfx = _sfx(dt)
-    b, sbk, sbn = src
+    sz = low.sizes
+    b, off, (sbk, sbn) = src[0], src[1], src[2][-2:]
     q = low.fresh("q")
     per = len(columns)
     lines = [f"{ind}#pragma omp for schedule(static)"] if shared else low.omp_for(ind)
@@ -247,13 +242,14 @@ def pack_panels(low: Lowering, dt: DType, K: str, src: tuple[str, str, str], col
     widths = ", ".join(w for _, w in columns)
     lines.append(f"{ind}    const int64_t c0s[{per}] = {{{starts}}}, wid[{per}] = {{{widths}}};")
     lines.append(f"{ind}    const int64_t left = wid[g] - blk * {nr};")
-    lines.append(f"{ind}    nf_pack_{sfx}({K}, {b} + (c0s[g] + blk * {nr}) * ({sbn}), {sbk}, {sbn}, "
+    first = off + (var("c0s[g]") + var("blk") * nr) * sbn  # the panel's first column (C temporaries)
+    lines.append(f"{ind}    nf_pack_{sfx}({K}, {b} + {sz.index(first)}, {sz.index(sbk)}, {sz.index(sbn)}, "
                  f"left < {nr} ? left : {nr}, {dst} + {q} * ({K}) * {nr});")
     lines.append(f"{ind}}}")
     return lines
 
 
-def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]], out: str,
+def emit_gemm(low: Lowering, p: Node, views: Sequence[View], out: str,
               packed: str | None, scratch: str, epilogue: Epilogue | None, ind: str,
               pack_a: bool = False, k_split: bool = False, also: Sequence[str] = (),
               lanes: int = 1) -> tuple[list[str], str]:
@@ -276,14 +272,14 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
     for b, d in zip(bidx, batch):
         lines.append(f"{cur}for (int64_t {b} = 0; {b} < {sz(d)}; {b}++) {{")
         cur += "    "
-    aoff = " + ".join([oa] + [f"{b} * ({s})" for b, s in zip(bidx, sa[:-2])])
-    boff = " + ".join([ob] + [f"{b} * ({s})" for b, s in zip(bidx, sb[:-2])])
+    for b, s, t in zip(bidx, sa[:-2], sb[:-2]):  # this batch index's matrices
+        oa, ob = oa + var(b) * s, ob + var(b) * t
     A = low.fresh("A")
-    lines.append(f"{cur}const {ctype(p.dtype)}* {A} = {pa} + ({aoff});")
+    lines.append(f"{cur}const {ctype(p.dtype)}* {A} = {pa} + ({sz.index(oa)});")
     npan = low.fresh("np")
     lines.append(f"{cur}const int64_t {npan} = ({N} + {nr - 1}) / {nr};")
     if packed is None:
-        lines += pack_panels(low, p.dtype, K, (f"({pb} + ({boff}))", sb[-2], sb[-1]), [("0", N)], scratch, cur)
+        lines += pack_panels(low, p.dtype, K, (pb, ob, sb), [("0", N)], scratch, cur)
         packed = scratch
     pack_a = pack_a and not batch
     rows = max(cfg.mr, cfg.mca // cfg.mr * cfg.mr) if pack_a else cfg.mc
@@ -332,7 +328,8 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[tuple[str, str, list[str]]
 class Nest:
     """The one GEMM loop nest, and what its uses change in it.
 
-    The product: ``M`` rows, ``K``, A read in place at ``A`` (strides ``sam``, ``sak``), B packed at ``packed`` in
+    The product: ``M`` rows, ``K``, A read in place at ``A`` (strides ``sam``, ``sak``: index expressions), B packed
+    at ``packed`` in
     ``npan`` panels of NR of its ``width`` columns (a sliced GEMM: per slice, the slices' panels interleaved).
     How threads share it: work items of ``rows`` rows by ``group`` panels (``rows`` None: an item is one column
     tile of every slice, over all rows: a sliced GEMM's rows are few); ``slices`` register tiles per item. Whether
@@ -342,8 +339,8 @@ class Nest:
     M: str
     K: str
     A: str
-    sam: str
-    sak: str
+    sam: Expr
+    sak: Expr
     packed: str
     width: str
     npan: str
@@ -362,7 +359,13 @@ def _nest(low: Lowering, ind: str, n: Nest, body: Callable[[str, str], TileBody]
     count (packed A only). ``direct(i0, jp)``: where the micro-kernel stores a full tile itself (a plain product)."""
     cfg, sfx = low.gemm, _sfx(n.dtype)
     ct, mr, nr = ctype(n.dtype), cfg.mr, cfg.nr(n.dtype)
-    M, K, A, sam, sak = n.M, n.K, n.A, n.sam, n.sak
+    M, K, A = n.M, n.K, n.A
+    sam, sak = low.sizes.index(n.sam), low.sizes.index(n.sak)
+
+    def a_at(*terms: Expr) -> str:
+        """A at an index expression (rows and k)."""
+        return f"{A} + {low.sizes.index(sum(terms, ZERO))}"
+
     L: list[str] = []
     pc = nk = mine = ""
     if n.pack_a:
@@ -404,8 +407,8 @@ def _nest(low: Lowering, ind: str, n: Nest, body: Callable[[str, str], TileBody]
             step = f"((({K}) + {nk} - 1) / {nk})"
             L.append(f"{at}const int64_t k0_ = {pc} * {step};")
             L.append(f"{at}const int64_t k1_ = k0_ + {step} < ({K}) ? k0_ + {step} : ({K});")
-            L.append(f"{at}nf_packa_{sfx}(mb_, k1_ - k0_, {A} + {ic} * ({sam}) + k0_ * ({sak}), {sam}, {sak}, "
-                     f"{mine});")
+            L.append(f"{at}nf_packa_{sfx}(mb_, k1_ - k0_, {a_at(var(ic) * n.sam, var('k0_') * n.sak)}, {sam}, "
+                     f"{sak}, {mine});")
         L.append(f"{at}for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
         cols, col0 = "nr_", f"{jp} * {nr}"
         closing.insert(0, f"{at}}}")
@@ -420,7 +423,7 @@ def _nest(low: Lowering, ind: str, n: Nest, body: Callable[[str, str], TileBody]
         L.append(f"{tile}nf_ukrp_{sfx}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), "
                  f"{n.packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {accs[0]});")
     else:
-        call = f"nf_ukr_{sfx}({K}, {A} + {i0} * ({sam}), {sam}, {sak}, mr_, "
+        call = f"nf_ukr_{sfx}({K}, {a_at(var(i0) * n.sam)}, {sam}, {sak}, mr_, "
         panels = [f"({jp})"] if n.rows is not None else [f"({jp} * {n.slices} + {g})" for g in range(n.slices)]
         if direct is not None:
             exact = " || ".join(f"mr_ == {m}" for m in _row_kernels(mr))
@@ -488,7 +491,7 @@ def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, 
             *(f"    {line}" for line in scalar), f"{ind}}}"]
 
 
-def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], packed: str, offsets: Sequence[str],
+def emit_sliced(low: Lowering, p: Node, a_view: View, packed: str, offsets: Sequence[str],
                 width: str, body: TileBody, ind: str, lanes: int = 1) -> list[str]:
     """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
     columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), each into its
@@ -501,4 +504,5 @@ def emit_sliced(low: Lowering, p: Node, a_view: tuple[str, str, list[str]], pack
     A = low.fresh("A")
     nest = Nest(p.dtype, sz(p.shape[-2]), sz(p.srcs[0].shape[-1]), A, sa[-2], sa[-1], packed, width,
                 f"({width} + {nr - 1}) / {nr}", None, slices=len(offsets))
-    return [f"{ind}const {ctype(p.dtype)}* {A} = {pa} + ({oa});", *_nest(low, ind, nest, lambda _pc, _nk: body, lanes)]
+    return [f"{ind}const {ctype(p.dtype)}* {A} = {pa} + ({sz.index(oa)});",
+            *_nest(low, ind, nest, lambda _pc, _nk: body, lanes)]

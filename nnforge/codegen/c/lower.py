@@ -57,7 +57,7 @@ from .cexpr import (
     vector_formula,
 )
 from .chunks import emit_chunk
-from .gemm import Epilogue, GemmConfig, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
+from .gemm import Epilogue, GemmConfig, View, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import slot_bytes_function
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope
@@ -757,10 +757,9 @@ class Lowering:
                                   [f"{buf}[r * {nout} + o]"], note=f"leading axes {tuple(range(k))}, outputs "
                                                                    "innermost"))
 
-    def operand_views(self, p: Node, ctx: GraphCtx, a_row: Expr = ZERO) -> list[tuple[str, str, list[str]]]:
-        """The operands of matmul ``p`` as strided views of their buffers: (pointer, offset, strides), printed for
-        the GEMM code (which computes with them only in its own loops' C); A from its row ``a_row`` (a chunk's
-        first row)."""
+    def operand_views(self, p: Node, ctx: GraphCtx, a_row: Expr = ZERO) -> list[View]:
+        """The operands of matmul ``p`` as strided views of their buffers (``gemm.View``); A from its row ``a_row``
+        (a chunk's first row)."""
         views = []
         sz = self.sizes
         for k, s in enumerate(p.srcs):
@@ -770,7 +769,7 @@ class Lowering:
             ptr, off, st = v
             if k == 0:
                 off = off + a_row * st[-2]
-            views.append((ptr, sz.index(off), [sz.index(t) for t in st]))
+            views.append((ptr, off, st))
         return views
 
     def gemm_epilogue(self, p: Node, root: Node | None, ctx: GraphCtx, ep_info: list[Scalar]) -> Epilogue | None:
@@ -789,7 +788,7 @@ class Lowering:
 
         return epilogue
 
-    def packed_b(self, p: Node, view: tuple[str, str, list[str]], columns: Sequence[tuple[str, str]],
+    def packed_b(self, p: Node, view: View, columns: Sequence[tuple[str, str]],
                  code: list[str], ind: str, resident: bool) -> tuple[str, bool]:
         """B of matmul ``p`` packed into panels of ``columns``; packed once before the innermost loop when the
         schedule says B is resident there (weights in a scan), else here. Returns (buffer, hoisted)."""
@@ -805,8 +804,7 @@ class Lowering:
         self.add_alloc(name, ct, byte_size(len(columns), ceil_div(columns[0][1], nr), K, nr, p.dtype.itemsize))
         if scope is None:
             return name, False
-        scope.pre.extend(pack_panels(self, p.dtype, K, (f"({ptr} + ({off}))", st[-2], st[-1]), columns, name,
-                                     scope.ind, shared=True))
+        scope.pre.extend(pack_panels(self, p.dtype, K, view, columns, name, scope.ind, shared=True))
         scope.packed[key] = name
         return name, True
 
@@ -829,10 +827,11 @@ class Lowering:
                                   self._gemm_loads(views, ep_info),
                                   note="B packed before the loop" if hoisted else "B packed"))
 
-    @staticmethod
-    def _gemm_loads(views: Sequence[tuple[str, str, list[str]]], ep_info: list[Scalar]) -> list[str]:
-        loads = [f"{views[0][0]}[{views[0][1]} + i*{views[0][2][-2]} + k*{views[0][2][-1]}]",
-                 f"{views[1][0]}[{views[1][1]} + k*{views[1][2][-2]} + j*{views[1][2][-1]}]"]
+    def _gemm_loads(self, views: Sequence[View], ep_info: list[Scalar]) -> list[str]:
+        (pa, oa, sa), (pb, ob, sb) = views
+        i, j, k = var("i"), var("j"), var("k")
+        loads = [f"{pa}[{self.sizes.index(oa + i * sa[-2] + k * sa[-1])}]",
+                 f"{pb}[{self.sizes.index(ob + k * sb[-2] + j * sb[-1])}]"]
         return loads + [ld for sc in ep_info[:1] for ld in sc.loads]
 
     def kernel_sliced(self, k: SlicedGemm, ctx: GraphCtx, place: Callable[[Buf], str], extra: list[list[str]],
@@ -850,8 +849,7 @@ class Lowering:
         columns = [(str(o), str(sg.width)) for o in sg.offsets]
         buf, hoisted = self.packed_b(p, views[1], columns, code, ind, k.b_resident)
         if not hoisted:
-            code.extend(pack_panels(self, p.dtype, sz(p.srcs[0].shape[-1]), (f"({views[1][0]} + ({views[1][1]}))",
-                                    views[1][2][-2], views[1][2][-1]), columns, buf, ind))
+            code.extend(pack_panels(self, p.dtype, sz(p.srcs[0].shape[-1]), views[1], columns, buf, ind))
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root if root is not p else None, ctx, ep_info)
         outs = [place(b) for b in k.outs]
