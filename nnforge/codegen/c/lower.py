@@ -681,7 +681,7 @@ class Lowering:
         store = f"{out}[{sz.index(row_major(idx, [sz.expr(d) for d in p.shape]))}]"
         code.append(f"{inner}{store} = {value};")
         code.append(f"{ind}}}")
-        kind = "ReduceElwFuse" if root is not None else "reduce"
+        kind = "+".join(dict.fromkeys([p.op.name.lower(), *sc.fused, *ep.fused])) if root is not None else "reduce"
         listing.append(KernelInfo(kind, out, fmt_type((root or p).shape, (root or p).dtype),
                                   [p.op.name.lower(), *sc.fused, *ep.fused], [store], sc.loads + ep.loads,
                                   note=f"axes={tuple(axes)}"))
