@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import nnforge as nf
+from nnforge.codegen.triton import interpreted
 from nnforge.trace import fresh_session
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on the CPU, unless a GPU run sets 0
@@ -47,7 +48,6 @@ def _cache_dir(tmp_path_factory: pytest.TempPathFactory):
 def backend(request: pytest.FixtureRequest) -> str:
     """Each backend in turn: the same test matrix runs on all of them (a ``whole_model`` test on Triton only where
     kernels run on a GPU: its interpreter runs one program after another, minutes per training step)."""
-    interpreted = os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
-    if request.param == "triton" and interpreted and request.node.get_closest_marker("whole_model"):
+    if request.param == "triton" and interpreted() and request.node.get_closest_marker("whole_model"):
         pytest.skip("a whole model on Triton's interpreter takes minutes: checked on a GPU")
     return request.param

@@ -193,5 +193,7 @@ def skip_where_unrunnable(backend: str, *dtypes: str) -> None:
     arithmetic is wrong (numpy has no bfloat16; the case runs on a GPU, with ``TRITON_INTERPRET=0``)."""
     import pytest
 
-    if backend == "triton" and "bfloat16" in dtypes and os.environ.get("TRITON_INTERPRET", "") not in ("", "0"):
+    from nnforge.codegen.triton import interpreted
+
+    if backend == "triton" and "bfloat16" in dtypes and interpreted():
         pytest.skip("bfloat16 arithmetic is wrong in Triton's interpreter: checked on a GPU only")

@@ -85,6 +85,12 @@ class Ctx:
     reg: dict[int, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     leaf: dict[int, Callable[[Eval, tuple[str, ...]], str]] = field(default_factory=dict)
 
+    def bind_results(self, loop: Node, results: Sequence[str]) -> None:
+        """Later kernels read a loop's results (its ``PROJ`` nodes) from the buffers it wrote."""
+        for m in self.graph.order:
+            if m.op == Op.PROJ and m.srcs[0] is loop:
+                self.buffers[id(m)] = results[m.attrs["index"]]
+
     def buffer(self, n: Node) -> str | None:
         if id(n) in self.buffers:
             return self.buffers[id(n)]

@@ -106,7 +106,7 @@ class Renderer:
                     render_loop(self, k, ctx, results)
                 else:
                     render_steps(self, k, ctx, results)
-                bind_results(ctx, k, results)
+                ctx.bind_results(k.node, results)
                 continue
             if id(stored_node(k)) in chunked:
                 continue
@@ -410,10 +410,3 @@ class Renderer:
         t = self.tiles
         grid = [f"triton.cdiv({M}, {t.gemm_m})", f"triton.cdiv({W}, {t.gemm_n})"]
         self.emit(k.kind, em, grid, {"BM": t.gemm_m, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
-
-
-def bind_results(ctx: Ctx, loop: Loop, results: Sequence[str]) -> None:
-    """Later kernels read a loop's results (its ``PROJ`` nodes) from the buffers it wrote."""
-    for m in ctx.graph.order:
-        if m.op == Op.PROJ and m.srcs[0] is loop.node:
-            ctx.buffers[id(m)] = results[m.attrs["index"]]

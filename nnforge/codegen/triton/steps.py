@@ -86,12 +86,10 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
                     render_loop(r, k, body, inner)
                 else:
                     render_steps(r, k, body, inner)
-                for m in block.graph.order:
-                    if m.op == Op.PROJ and m.srcs[0] is k.node:
-                        body.buffers[id(m)] = inner[m.attrs["index"]]
-                        b = k.results[m.attrs["index"]]
-                        if b.output is not None:
-                            r.fill(m, body, dests(b, ()))
+                body.bind_results(k.node, inner)
+                for m in block.graph.order:  # results that are also the body's outputs
+                    if m.op == Op.PROJ and m.srcs[0] is k.node and k.results[m.attrs["index"]].output is not None:
+                        r.fill(m, body, dests(k.results[m.attrs["index"]], ()))
                 continue
             if isinstance(k, SlicedGemm):
                 outs = [dests(o, more) for o, more in zip(k.outs, k.also_of)]

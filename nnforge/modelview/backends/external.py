@@ -6,7 +6,6 @@ import collections
 import contextlib
 import importlib
 import io
-import os
 import warnings
 from typing import Any
 
@@ -258,7 +257,9 @@ class NnforgeTriton(_Nnforge):
 
     def skip_reason(self, ctx: Context) -> str | None:
         reason = super().skip_reason(ctx)
-        if reason is None and os.environ.get("TRITON_INTERPRET", "") not in ("", "0"):
+        from ...codegen.triton import interpreted
+
+        if reason is None and interpreted():
             # the kernels would run on the host, one program after another: not a GPU measurement
             return "Triton runs under its interpreter here (TRITON_INTERPRET=1): unset it to measure on the GPU"
         return reason
