@@ -81,7 +81,7 @@ class TritonProgram(CompiledProgram):
             self.module.run(ins, self._data, outs, list(sizes), self.device)  # type: ignore[call-overload]
             return
         ins = [t.to(self.device) for t in ins]
-        outs = [torch.empty(o.shape, dtype=host_tensor(o[:0].reshape(-1)).dtype, device=self.device)
+        outs = [torch.empty(o.shape, dtype=host_tensor(o.reshape(-1)[:0]).dtype, device=self.device)
                 for o in outputs]
         self.module.run(ins, self._data, outs, list(sizes), self.device)  # type: ignore[call-overload]
         for o, t in zip(outputs, outs):
