@@ -62,7 +62,11 @@ def forge_build() -> str:
         rel = p.relative_to(root).as_posix()
         if p.suffix in (".py", ".h") and not rel.startswith("modelview/") and "__pycache__" not in rel:
             h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
-    return f"{importlib.metadata.version('nnforge')}+{h.hexdigest()[:16]}"
+    try:
+        version = importlib.metadata.version("nnforge")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree on PYTHONPATH, not installed
+        version = "source"
+    return f"{version}+{h.hexdigest()[:16]}"
 
 
 def machine() -> dict[str, Any]:

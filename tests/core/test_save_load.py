@@ -169,6 +169,19 @@ def test_a_program_saved_by_another_build_is_refused(rng: np.random.Generator, t
         nf.load(path)
 
 
+def test_a_source_tree_that_is_not_installed_still_names_its_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On PYTHONPATH without pip install (as on a lent GPU machine) there is no package metadata: the build is
+    'source' plus the same hash of the sources."""
+    import importlib.metadata
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    installed = saving.forge_build.__wrapped__()
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert saving.forge_build.__wrapped__() == "source+" + installed.split("+")[1]
+
+
 cpu_only = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
 
