@@ -246,6 +246,11 @@ def formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str], at
     if op == Op.CAST:
         if dt == DType.bool:
             return f"({a} != 0)"
+        if src_dts[0].is_float and dt in (DType.int32, DType.int64):
+            # out of range (NaN, +-inf, |a| >= 2^(bits-1)) gives the lowest integer, as x86 (numpy, the C
+            # backend) does; a GPU's conversion would saturate +inf to the highest
+            bits = 8 * dt.itemsize - 1
+            return f"tl.where({a} < {float(2 ** bits)!r}, {a}.to({tl_dtype(dt)}), {1 - 2 ** bits} - 1)"
         return f"{a}.to({tl_dtype(dt)})"
     raise Unsupported(f"no Triton formula for {op.name.lower()}")
 
