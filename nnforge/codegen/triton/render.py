@@ -162,7 +162,10 @@ class Renderer:
         syms = [s for s in self.scalars if s in used] + [f"S{k}" for k in range(len(self.sz.dynamic))]
         params = [*bufs, *syms, *(f"{c}: tl.constexpr" for c in consts)]
         nospec = f"(do_not_specialize={syms!r})" if syms else ""
-        text = [f"@triton.jit{nospec}", f"def {name}({', '.join(params)}):", *("    " + line for line in body)]
+        # counters and sizes arrive as int32: offsets built from them (a step times a step's size) pass 2^31
+        wide = [f"{s} = {s}.to(tl.int64)" for s in syms]
+        text = [f"@triton.jit{nospec}", f"def {name}({', '.join(params)}):",
+                *("    " + line for line in [*wide, *body])]
         self.kernels.append("\n".join(text))
         self.names.append(name)
         meta = "".join(f", {c}={v}" for c, v in consts.items())
