@@ -67,17 +67,18 @@ def worth_splitting(scan: Node, target: Target) -> RowSplit | NotSeparable:
         return split
     if int(split.batch) < target.min_split_rows:
         return NotSeparable(f"batch {int(split.batch)} is too small to split among threads")
-    w = step_weight_bytes(scan)
+    w = step_weight_bytes(scan, pow2=target.pow2_weights)
     if w > target.max_split_weight_bytes:
         return NotSeparable(f"its weights ({w // 1024} KB) exceed {target.max_split_weight_bytes // 1024} KB: every "
                             "thread would stream all of them from L3 each step, where work-shared steps read half each")
     return split
 
 
-def step_weight_bytes(scan: Node) -> int:
+def step_weight_bytes(scan: Node, pow2: bool = False) -> int:
     """Bytes of the matrices the loop must read every step: right operands of matmuls whose left operand depends
     on a carry (``h @ W_hh``). A matmul of step inputs only (``x_t @ W_ih``) does not count: hoisting takes it
-    out of the loop, so the answer is the same before and after that pass."""
+    out of the loop, so the answer is the same before and after that pass. ``pow2``: each operand's sides
+    rounded up to powers of two (the blocks a Triton program holds them in)."""
     body: Graph = scan.attrs["body"]
     nc = scan.attrs["n_carry"]
     dep = {id(c) for c in body.inputs[:nc]}
@@ -89,7 +90,12 @@ def step_weight_bytes(scan: Node) -> int:
                 w = n.srcs[1]
                 while w.op in (Op.PERMUTE, Op.RESHAPE, Op.EXPAND, Op.SLICE) and w.op != Op.INPUT:
                     w = w.srcs[0]
-                seen[id(w)] = math.prod(int(d) for d in w.shape) * w.dtype.itemsize
+                if pow2:
+                    dims = [int(d) for d in n.srcs[1].shape]
+                    dims[-2:] = [1 << max(d - 1, 0).bit_length() for d in dims[-2:]]
+                    seen[id(n.srcs[1])] = math.prod(dims) * w.dtype.itemsize
+                else:
+                    seen[id(w)] = math.prod(int(d) for d in w.shape) * w.dtype.itemsize
     return sum(seen.values())
 
 

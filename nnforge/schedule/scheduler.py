@@ -86,7 +86,7 @@ class _Scheduler:
         enclosing loop (none at the top level)."""
         g = self.grouping(graph)
         splits = {id(n): self.row_split(n) for n in graph.order if top and n.op == Op.SCAN}
-        chunked = find_chunked(graph, g, splits) if top else {}
+        chunked = find_chunked(graph, g, splits) if top and self.target.chunk_bytes else {}
         sliced = {id(sg.root): sg for sg in g.sliced}
         member_of = {id(m) for sg in sliced.values() for m in sg.members}
         dest: dict[int, int] = {}

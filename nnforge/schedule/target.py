@@ -31,7 +31,10 @@ class Target:
     ``reduction_hoist_bytes``: weight-gradient accumulators of a scan at least this large become one GEMM after
     the loop (from half of it when that makes the loop row-separable).
     ``chunk_bytes`` / ``max_chunk_steps``: a row-split loop's hoisted input projection is computed inside the loop,
-    a chunk of steps of about this size at a time (at most this many steps).
+    a chunk of steps of about this size at a time (at most this many steps); ``chunk_bytes`` 0: never, the
+    projection is one GEMM before the loop.
+    ``pow2_weights``: a row-split worker holds each weight in a block whose sides are powers of two (Triton's
+    tensor shapes), so ``max_split_weight_bytes`` counts the weights padded so.
     ``row_split``: whether loops may be split by rows at all (off: every loop work-shared, for comparisons).
     ``row_block``: rows per pass through a row-split body of several kernels (what one kernel writes, the next
     reads from the nearest cache); 0 runs a worker's rows at once.
@@ -59,6 +62,7 @@ class Target:
     vector_lanes: tuple[tuple[DType, int], ...] = ()
     vector_ops: frozenset[Op] = frozenset()
     steps_in_registers: bool = False
+    pow2_weights: bool = False
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",

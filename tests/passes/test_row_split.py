@@ -134,6 +134,8 @@ def test_step_weights_count_only_what_the_loop_reads_each_step(rng: np.random.Ge
     args = _args(rng, N=16, I=5, H=6)
     for cpu in (False, True):
         assert step_weight_bytes(_scan_of(lstm, *args, cpu=cpu)) == 4 * 6 * 6 * 4
+        # a GPU program holds W_hh.T (6 x 24) as an 8 x 32 block
+        assert step_weight_bytes(_scan_of(lstm, *args, cpu=cpu), pow2=True) == 8 * 32 * 4
 
 
 @pytest.mark.parametrize("N,split", [(16, True), (3, False)])

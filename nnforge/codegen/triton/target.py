@@ -1,7 +1,7 @@
 """The GPU backend's ``Target`` and the tile sizes its renderer prints.
 
-Every value here is an **unmeasured placeholder**: the renderer's tests have run compiled on an H200, but nothing
-of it has been timed yet. Each is chosen from what the hardware offers (an H100-class part: 132 SMs, 256 KB of
+Every value here is an **untimed placeholder** (the renderer's tests run compiled on an H200; no timing chose
+them). Each is chosen from what the hardware offers (an H100-class part: 132 SMs, 256 KB of
 registers and up to 228 KB of shared memory per SM, 50 MB of L2) and from the form of the code the renderer prints,
 not from a timing. Replace them with measured values, and write the measurements into docs/benchmarks.md, once a
 GPU timing exists.
@@ -20,14 +20,18 @@ def triton_target() -> Target:
     * ``min_split_rows`` 1: a row-split loop is one persistent kernel whose programs each own a block of rows for
       all steps; the alternative, a launch (or a grid-wide barrier) per step, costs microseconds per step whatever
       the batch, so even one row is worth a persistent program.
-    * ``max_split_weight_bytes`` 256 KiB: each program keeps the recurrent weights on chip across steps (the
-      renderer loads them once into registers before the time loop); beyond about one SM's register file they
-      would spill every step. Loops with larger weights are not split: they run as a host loop launching one
-      fused GEMM + cell kernel per step (``steps.py``).
+    * ``max_split_weight_bytes`` 160 KiB, counted in power-of-two blocks (``pow2_weights``): each program keeps
+      the recurrent weights on chip across steps, and every ``tl.dot`` reads its B operand from shared memory, so
+      the padded weights (an LSTM's 96 x 384 as 128 x 512) must fit one program's shared memory (227 KiB on an
+      H100/H200) beside the A tiles and layout conversions. Measured on an H200: an H = 96 float16 LSTM whose
+      kernel also held its input projection's weights asked for 272 KiB and did not launch. Loops with larger
+      weights are not split: they run as a host loop launching one fused GEMM + cell kernel per step
+      (``steps.py``).
     * ``reduction_hoist_bytes`` 0: every weight-gradient sum of a scan leaves the loop as one GEMM after it (a
       persistent program cannot sum across programs without atomics, and one large GEMM suits tensor cores).
-    * ``chunk_bytes`` 256 KiB, ``max_chunk_steps`` 16: a chunked input projection is computed by each program for
-      its own rows, 16 steps at a time, into a chunk buffer that stays in L2 until the steps read it.
+    * ``chunk_bytes`` 0: the input projection is one GEMM over all steps before the loop (the tensor cores at
+      full height, where a program computing its own rows' chunk would run them 16 rows at a time and hold a
+      second weight matrix in shared memory); it costs one write and one read of the projection.
     * ``row_block`` 0: the body runs on all of a program's rows at once (they are one register tile).
     * ``pack_a_min_k`` / ``pack_a_min_m`` None, ``k_slice`` 0: no packed A, no K split (CPU forms); a Triton GEMM
       reads its operands through their strides into tiles.
@@ -35,9 +39,9 @@ def triton_target() -> Target:
       at another element (a shifted slice of a carry, as a CTC lattice does) stays a host loop of per-step
       launches (``steps.py``).
     """
-    return Target(name="triton", min_split_rows=1, max_split_weight_bytes=256 * 1024, reduction_hoist_bytes=0,
-                  chunk_bytes=256 * 1024, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
-                  pack_a_min_m=None, k_slice=0, steps_in_registers=True)
+    return Target(name="triton", min_split_rows=1, max_split_weight_bytes=160 * 1024, reduction_hoist_bytes=0,
+                  chunk_bytes=0, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
+                  pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True)
 
 
 @dataclass(frozen=True)

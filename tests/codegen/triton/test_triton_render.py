@@ -22,7 +22,7 @@ pytest.importorskip("triton")
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lower, prepare, triton_target
-from nnforge.schedule import Loop, SlicedGemm
+from nnforge.schedule import Gemm, Loop, SlicedGemm
 
 pytestmark = [pytest.mark.triton,
               pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # masked-off lanes compute garbage in numpy
@@ -132,21 +132,32 @@ def gru(x, h0, w_ih, w_hh, b_ih, b_hh):
 
 @pytest.mark.parametrize("fn", [lstm, reverse_lstm])
 def test_lstm_layer_is_one_persistent_kernel(fn, rng: np.random.Generator):
-    """N = 20 rows: two programs of 16 rows, the second partly masked; T = 13 steps in one chunk."""
+    """N = 20 rows: two programs of 16 rows, the second partly masked; the input projection of all 13 steps is
+    one GEMM before the loop (the GPU target chunks nothing)."""
     args = lstm_args(rng, T=13, N=20)
     program, rendered = _scheduled(fn, *args)
     (loop,) = program.loops()
-    assert loop.parallel is not None and loop.reverse == (fn is reverse_lstm)
+    assert loop.parallel is not None and loop.reverse == (fn is reverse_lstm) and loop.chunked == ()
     assert [type(k) for k in loop.body.kernels] == [SlicedGemm]
-    assert len(rendered.kernels) == 1 and rendered.kernels[0].startswith("k0_scan_gemm_add_sigmoid_mul_tanh")
+    assert rendered.kernels == ["k0_gemm_add", "k1_scan_gemm_add_sigmoid_mul_tanh"]
     _check(fn, *args)
+
+
+@pytest.mark.parametrize("dtype,split", [("float16", True), ("float32", False)])
+def test_recurrent_weights_split_by_rows_only_where_they_fit_shared_memory(rng: np.random.Generator, dtype: str,
+                                                                          split: bool):
+    """H = 96: W_hh.T (96 x 384) is held as a 128 x 512 block, 128 KiB in float16 (a persistent kernel) and 256 KiB
+    in float32, over the GPU target's budget: a host loop of per-step launches."""
+    args = [a.astype(dtype) for a in lstm_args(rng, T=2, N=4, I=8, H=96)]
+    program, _ = _scheduled(lstm, *args)
+    assert (program.loops()[0].parallel is not None) == split
 
 
 def test_gru_cell_through_the_persistent_scan(rng: np.random.Generator):
     H, I, N = 8, 4, 5
     args = [_f32(rng, *s) for s in [(11, N, I), (N, H), (3 * H, I), (3 * H, H), (3 * H,), (3 * H,)]]
     program, rendered = _scheduled(gru, *args)
-    assert isinstance(program.block.kernels[0], Loop) and len(rendered.kernels) == 1
+    assert [type(k) for k in program.block.kernels] == [Gemm, Loop] and len(rendered.kernels) == 2
     _check(gru, *args)
 
 
@@ -171,8 +182,9 @@ def test_two_sequence_lengths_share_one_compile(rng: np.random.Generator):
 
 @pytest.mark.parametrize("fn", [lstm, reverse_lstm])
 def test_chunked_input_projection_crosses_chunks(fn, rng: np.random.Generator):
-    """A target with 4-step chunks: T = 11 runs chunks of 4, 4 and 3 steps, in the scan's direction."""
-    backend = TritonBackend(target=dataclasses.replace(triton_target(), max_chunk_steps=4))
+    """A target with 4-step chunks (not the GPU's default, which chunks nothing): T = 11 runs chunks of 4, 4 and 3
+    steps, in the scan's direction."""
+    backend = TritonBackend(target=dataclasses.replace(triton_target(), chunk_bytes=256 * 1024, max_chunk_steps=4))
     args = lstm_args(rng, T=11, N=4)
     program, _ = lower(prepare(nf.compile(fn).trace(*args), backend.target), target=backend.target)
     assert [c.steps for c in program.loops()[0].chunked] == [4]
