@@ -1,17 +1,22 @@
 """One LSTM layer on a GPU: nnforge backend="triton" against cuDNN (torch.nn.LSTM, one single-layer module: only
-then can cuDNN pick its persistent kernels), measured in the same process, interleaved. (FlashRNN, TorchScript
-and torch.compile anchors are not in it yet.)
+then can cuDNN pick its persistent kernels), measured in the same process, interleaved; with
+``--cells``, custom cells against TorchScript and torch.compile loops. (No FlashRNN anchor: the GPU
+machines we are lent do not have it.)
 
 Per shape (T, batch, hidden; input size = hidden, input projection included) and mode (inference: forward;
 training: forward + backward of ``(ys * cot).sum()`` into the weights), each round times every candidate once
 with CUDA events after a warm-up; the table shows the median time per call, microseconds per step, achieved
 TFLOP/s and the ratio anchor time / nnforge time (> 1: nnforge faster). Also printed: the device's name and its
-measured dense-GEMM peak in the dtype. Record results in docs/benchmarks.md with the device and date.
+measured dense-GEMM peak in the dtype, and per hidden size the error of nnforge and of cuDNN against a float64
+reference (cuDNN's LSTM in float64 on the same weights; ``|out - ref| / |ref|`` over all elements, at the
+smallest batch of that hidden size; in training of the weight gradients too). An anchor that fails at a shape
+is reported with its error. Record results in docs/benchmarks.md with the device and date.
 
-Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024] [--batch 128 1024] [--steps 2000] [--dtype float16]
-[--mode inference training] [--rounds 5]``. ``--smoke`` runs tiny shapes on the CPU under Triton's interpreter
-(with ``TRITON_INTERPRET=1`` set by the script, anchors on the CPU): it proves the script runs, its times mean
-nothing.
+Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024 --batch 128 1024] [--steps 2000] [--dtype float16]
+[--mode inference training] [--rounds 5] [--cells BATCH HIDDEN]``; without ``--hidden``/``--batch`` the shapes of
+issue 14's table (H 96 at batch 1024 and 8448 = 64 per SM of a 132-SM part; H 384 and 1024 at 128 and 1024).
+``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with ``TRITON_INTERPRET=1`` set by the script,
+anchors on the CPU): it proves the script runs, its times mean nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ SMOKE = "--smoke" in sys.argv
 if SMOKE:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 
-import lstm_cpu  # noqa: E402  (this folder, on sys.path when run as a script)
+import cells_cpu  # noqa: E402  (this folder, on sys.path when run as a script)
+import lstm_cpu  # noqa: E402
 import torch  # noqa: E402
 
 import nnforge as nf  # noqa: E402
@@ -36,6 +42,9 @@ import nnforge as nf  # noqa: E402
 def lstm(x, h0, c0, w_ih, w_hh, b):
     """bench/lstm_cpu.py's layer, its stacked outputs only."""
     return lstm_cpu.lstm(x, h0, c0, w_ih, w_hh, b)[0]
+
+
+TABLE = [(96, 1024), (96, 8448), (384, 128), (384, 1024), (1024, 128), (1024, 1024)]  # (hidden, batch)
 
 
 def flops(T: int, N: int, H: int, training: bool) -> float:
@@ -106,6 +115,44 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
     return out
 
 
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref).norm() / ref.norm())
+
+
+def accuracy(T: int, H: int, dtype: torch.dtype, device: str, training: bool, N: int) -> None:
+    """Error of nnforge and of cuDNN in ``dtype`` against the same layer in float64 (forward outputs; in training
+    also the gradients of the weights): a fast kernel must also compute the same function."""
+    torch.manual_seed(1)
+    ref = torch.nn.LSTM(H, H).to(device=device, dtype=torch.float64)
+    x = torch.randn(T, N, H, device=device, dtype=torch.float64)
+    h0, c0 = (torch.randn(N, H, device=device, dtype=torch.float64) * 0.1 for _ in range(2))
+    cot = torch.randn(T, N, H, device=device, dtype=torch.float64)
+    ws = [ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0 + ref.bias_hh_l0]
+    ys64, _ = ref(x, (h0[None], c0[None]))
+    low = torch.nn.LSTM(H, H).to(device=device, dtype=dtype)
+    low.load_state_dict(ref.state_dict())
+    cast = [t.to(dtype) for t in (x, h0, c0)]
+    if not training:
+        with torch.no_grad():
+            got = nf.compile(lstm, backend="triton")(*cast, *(w.detach().to(dtype) for w in ws))
+            cudnn, _ = low(cast[0], (cast[1][None], cast[2][None]))
+        print(f"  error vs float64 (N={N}): nnforge {rel(got, ys64.detach()):.2e}  "
+              f"cudnn {rel(cudnn, ys64.detach()):.2e}")
+        return
+    g64 = torch.autograd.grad((ys64 * cot).sum(), [ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0])
+
+    def loss(x, h0, c0, w_ih, w_hh, b, cot):
+        return (lstm(x, h0, c0, w_ih, w_hh, b) * cot).sum()
+
+    mine = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton")(
+        *cast, *(w.detach().to(dtype) for w in ws), cot.to(dtype))
+    ys, _ = low(cast[0], (cast[1][None], cast[2][None]))
+    theirs = torch.autograd.grad((ys * cot.to(dtype)).sum(), [low.weight_ih_l0, low.weight_hh_l0, low.bias_ih_l0])
+    names = ("w_ih", "w_hh", "b")
+    print(f"  gradient error vs float64 (N={N}): " + "  ".join(
+        f"{n} nnforge {rel(m, g):.2e} cudnn {rel(t, g):.2e}" for n, m, t, g in zip(names, mine, theirs, g64)))
+
+
 def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool, rounds: int,
           clock: Clock) -> None:
     fns = candidates(T, N, H, dtype, device, training)
@@ -114,8 +161,15 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
     if device == "cuda":
         torch.cuda.synchronize()
     first = time.perf_counter() - t0
-    for fn in fns.values():
-        fn()
+    failed = {}
+    for name, fn in list(fns.items()):
+        try:
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except RuntimeError as e:  # an anchor that cannot run this shape (cuDNN at batch 8448) is reported
+            failed[name] = str(e).splitlines()[0]
+            del fns[name]
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -128,20 +182,75 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
         ratio = "" if name == "nnforge.triton" else f"  {name} / nnforge = {t / mine:.2f}"
         print(f"  {name:16s} {t * 1e3:9.3f} ms  {t / T * 1e6:8.2f} us/step  "
               f"{flops(T, N, H, training) / t / 1e12:7.2f} TFLOP/s{ratio}")
+    for name, why in failed.items():
+        print(f"  {name:16s} failed: {why}")
+
+
+def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds: int, clock: Clock) -> None:
+    """Cells cuDNN cannot run (layer-norm LSTM, GRU with the reset gate before its matmul), inference: nnforge
+    against the same cell as a TorchScript loop and as a Python loop of a ``torch.compile``-d cell (bench/
+    cells_cpu.py's definitions, input projection hoisted), and cuDNN's standard LSTM at the same shape (what a
+    custom cell should come close to)."""
+    torch.manual_seed(2)
+    s = 1.0 / H ** 0.5
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device=device) * s).to(dtype)
+
+    x, h0, c0 = torch.randn(T, N, H, device=device, dtype=dtype), rnd(N, H), rnd(N, H)
+    cudnn = torch.nn.LSTM(H, H).to(device=device, dtype=dtype)
+    models = {
+        "layer-norm LSTM": (cells_cpu.nf_ln_lstm, cells_cpu.t_ln_lstm_loop, "t_ln_lstm_cell",
+                            (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H))),
+        "GRU (reset before matmul)": (cells_cpu.nf_gru_cho, cells_cpu.t_gru_cho_loop, "t_gru_cho_cell",
+                                      (x, h0, rnd(3 * H, H), rnd(2 * H, H), rnd(H, H), rnd(3 * H))),
+    }
+    for name, (nf_model, loop, cell, args) in models.items():
+        fwd = nf.compile(nf_model, backend="triton")
+        scripted = torch.jit.script(loop)
+        compiled, _ = cells_cpu.compiled_loop(loop, cell)
+        with torch.no_grad():
+            want = loop(*(a.double() for a in args))
+            eager = rel(loop(*args), want)
+            t0 = time.perf_counter()
+            compiled(*args)
+            torch.cuda.synchronize() if device == "cuda" else None
+            first = time.perf_counter() - t0
+            err = rel(fwd(*args)[0], want)
+
+            fns = {"nnforge.triton": lambda f=fwd, a=args: f(*a), "TorchScript": lambda f=scripted, a=args: f(*a),
+                   "torch.compile": lambda f=compiled, a=args: f(*a),
+                   "cuDNN std LSTM": lambda: cudnn(x, (h0[None], c0[None]))}
+            times: dict[str, list[float]] = {k: [] for k in fns}
+            for fn in fns.values():
+                fn()
+            for _ in range(rounds):
+                for k, fn in fns.items():
+                    times[k].append(clock(fn))
+        med = {k: statistics.median(ts) for k, ts in times.items()}
+        mine = med["nnforge.triton"]
+        print(f"{name} T={T} N={N} H={H} {str(dtype).removeprefix('torch.')} inference "
+              f"(error vs float64: nnforge {err:.2e}, the eager loop {eager:.2e}; "
+              f"torch.compile first call {first:.1f} s)")
+        for k, t in med.items():
+            ratio = "" if k == "nnforge.triton" else f"  {k} / nnforge = {t / mine:.2f}"
+            print(f"  {k:16s} {t * 1e3:9.3f} ms  {t / T * 1e6:8.2f} us/step{ratio}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, nargs="+", default=[96, 384, 1024])
-    p.add_argument("--batch", type=int, nargs="+", default=[128, 1024])
+    p.add_argument("--hidden", type=int, nargs="+", help="with --batch: every pair (default: the issue's table)")
+    p.add_argument("--batch", type=int, nargs="+")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--mode", nargs="+", default=["inference", "training"], choices=["inference", "training"])
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--cells", type=int, nargs=2, metavar=("BATCH", "HIDDEN"),
+                   help="also time the custom cells (layer-norm LSTM, GRU) at this shape, inference")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     a = p.parse_args()
     if a.smoke:
-        a.hidden, a.batch, a.steps, a.rounds, a.dtype = [16], [4], 3, 1, "float32"
+        a.hidden, a.batch, a.steps, a.rounds, a.dtype, a.cells = [16], [4], 3, 1, "float32", (4, 16)
     device = "cpu" if a.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench/lstm_gpu.py needs a CUDA device (or --smoke)")
@@ -149,10 +258,14 @@ def main() -> None:
     clock = Clock(device)
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreter, smoke run)"
     print(f"device: {name}; dense {a.dtype} GEMM peak measured {gemm_peak(device, dtype, clock):.1f} TFLOP/s")
+    shapes = [(H, N) for H in a.hidden or [96, 384, 1024] for N in a.batch or []] or list(TABLE)
     for mode in a.mode:
-        for H in a.hidden:
-            for N in a.batch:
+        for H in dict.fromkeys(H for H, _ in shapes):
+            for N in (N for h, N in shapes if h == H):
                 bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock)
+            accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H))
+    if a.cells:
+        bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock)
 
 
 if __name__ == "__main__":
