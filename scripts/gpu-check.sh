@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The checks a lent GPU runs, in one go, each under its own time limit so that one hang costs only its share:
+# the device and its software; the Triton renderer's own tests; bench/lstm_gpu.py (times against cuDNN, errors
+# against float64); the backend-parametrized test matrix on backend "triton" with real kernels; the whole-model
+# tests. Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
+#
+#   scripts/gpu-check.sh                    # everything
+#   BENCH="--hidden 96 --batch 128" scripts/gpu-check.sh   # bench/lstm_gpu.py's arguments
+#   BENCH_S=300 MATRIX_S=300 scripts/gpu-check.sh           # the limits, in seconds
+#   STEPS="render bench" scripts/gpu-check.sh               # some of the steps
+#   ONLY=ids.txt scripts/gpu-check.sh       # the matrix step runs only these test ids (one per line)
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export NNFORGE_CACHE_DIR=${NNFORGE_CACHE_DIR:-/tmp/nnforge-gpu-cache}
+PY=${PY:-python3}
+JOBS=${JOBS:-$(nproc)}
+DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
+
+STEPS=${STEPS:-render bench matrix whole_model cells}
+TESTS=$DIRS
+[[ -n "${ONLY:-}" ]] && TESTS=$(cat "$ONLY")
+
+step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
+    local name=$1 limit=$2
+    [[ " $STEPS " == *" $name "* ]] || return 0
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
+}
+
+{
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+    $PY -c "import sys, torch, triton; print(sys.version.split()[0], 'torch', torch.__version__, 'triton',
+triton.__version__, torch.cuda.get_device_name())"
+} >"$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+step render "${RENDER_S:-120}" $PY -m pytest -q -p no:cacheprovider tests/codegen/triton
+tail -3 "$OUT/render.txt" 2>/dev/null
+# shellcheck disable=SC2086  # BENCH is a list of arguments
+step bench "${BENCH_S:-240}" $PY bench/lstm_gpu.py ${BENCH:-}
+cat "$OUT/bench.txt" 2>/dev/null
+# shellcheck disable=SC2086
+step matrix "${MATRIX_S:-300}" $PY -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadgroup -k triton \
+    -m "not timing and not whole_model" --maxfail=300 --junitxml="$OUT/matrix.xml" $TESTS
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/matrix.txt" 2>/dev/null | cut -c1-300 | tail -40
+# shellcheck disable=SC2086
+step whole_model "${WHOLE_S:-240}" $PY -m pytest -q -p no:cacheprovider -n 3 -k triton -m whole_model $DIRS tests/demo
+tail -5 "$OUT/whole_model.txt" 2>/dev/null | cut -c1-300
+# shellcheck disable=SC2086  # CELLS is "BATCH HIDDEN"
+step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 \
+    --cells ${CELLS:-1024 96}
+grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
+cat "$OUT/summary.txt"
