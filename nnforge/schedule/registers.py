@@ -3,7 +3,9 @@
 On a GPU a row-split loop is one persistent program per block of rows: the carries and every value a step
 computes are register tiles ``[rows, width]``, element ``(r, c)`` held by one thread. Such a tile can be read
 at its own element, or a per-row value along the row; a read at another element (a shifted slice of a carry, a
-transpose, a gather) or a kernel form the program has no register spelling for would need shared memory. The
+transpose, a gather) or a kernel form the program has no register spelling for would need shared memory. A
+concat of tiles along the row stays a list of tiles when only products read it (the gate gradients that an
+LSTM's backward step multiplies by its weights). The
 scheduler asks ``register_body_refusal`` and keeps such a loop work-shared (stepped by the host): the decision is
 made here, once, not by a renderer falling back.
 """
@@ -25,18 +27,40 @@ def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
     held = {id(x) for x in body.inputs[:n_carry]}
     held |= {id(m) for m in body.order
              if g.is_stored(m) and m.op not in (Op.INPUT, Op.DATA, Op.PROJ, Op.CONST) and id(m) not in tiled}
+    readers: dict[int, list[Node]] = {}
+    for m in body.order:
+        for s in m.srcs:
+            readers.setdefault(id(s), []).append(m)
+    carried = {id(o) for o in body.outputs[:n_carry]}
     for m in body.order:
         where = f"{m.op.name.lower()} at {m.loc}"
         if m.op in _NESTED:
             return f"{where} in the body has no register form"
         if m.op == Op.CONCAT and g.is_stored(m):
-            return f"{where} is a stored concat"
+            why = _tile_concat_refusal(m, readers.get(id(m), []), id(m) in carried)
+            if why:
+                return f"{where} is a stored concat that {why}"
+            continue
         if m.op == Op.MATMUL and m.ndim != 2:
             return f"{where} is a batched product"
         if m.op in (Op.SUM, Op.REDUCE_MAX) and tuple(m.attrs["axes"]) != tuple(range(1, m.srcs[0].ndim)):
             return f"{where} reduces other than each row's values"
         if m.op in _VIEWS and not _in_place(m) and _reaches(m.srcs[0], held, g, set()):
             return f"{where} reads a value of the step at another element"
+    return None
+
+
+def _tile_concat_refusal(m: Node, readers: list[Node], carried: bool) -> str | None:
+    """A stored concat of tiles along the row (the gate gradients of an LSTM's backward step) stays a list of
+    tiles: stored part by part, and read only as the left operand of products (one ``tl.dot`` per part, summed).
+    Why ``m`` is not such a concat; None when it is."""
+    if m.ndim != 2 or m.attrs["axis"] != 1:
+        return "joins other than the values of a row"
+    if carried:
+        return "is carried to the next step"
+    for r in readers:
+        if r.op != Op.MATMUL or r.srcs[0] is not m or r.srcs[1] is m:
+            return f"is read by {r.op.name.lower()} at {r.loc}, not as a product's left operand"
     return None
 
 

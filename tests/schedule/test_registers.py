@@ -59,3 +59,25 @@ def test_off_element_reads_of_the_step_keep_the_loop_out_of_registers(cell, rng:
 
 def test_element_by_element_bodies_stay_split(rng: np.random.Generator):
     assert _loop(_elementwise, rng, steps_in_registers=True).parallel is not None
+
+
+
+def _joined_product(h, x_t, w):
+    z = nf.concat([nf.tanh(h), nf.sigmoid(h)], axis=1)  # [N, 2H], stored as a step output
+    return z @ nf.concat([w, w], axis=0) + x_t, z
+
+
+def _joined_elementwise(h, x_t, w):
+    z = nf.concat([nf.tanh(h), nf.sigmoid(h)], axis=1)
+    return z @ nf.concat([w, w], axis=0) + x_t, z * 2.0  # also read element by element
+
+
+@pytest.mark.parametrize("cell,split", [(_joined_product, True), (_joined_elementwise, False)])
+def test_a_stored_concat_stays_tiles_only_where_products_read_it(cell, split: bool, rng: np.random.Generator,
+                                                                  caplog: pytest.LogCaptureFixture):
+    """An LSTM's backward step joins its gate gradients and multiplies them by W_hh: kept as tiles, one dot each.
+    Read element by element it would need its columns moved: a host loop, and the log says why."""
+    with caplog.at_level("DEBUG", logger="nnforge.schedule"):
+        assert (_loop(cell, rng, steps_in_registers=True).parallel is not None) == split
+    if not split:
+        assert "stored concat that is read by mul" in caplog.text and "test_registers.py" in caplog.text

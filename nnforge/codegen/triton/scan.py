@@ -28,6 +28,7 @@ from ...ir.ops import Op
 from ...schedule import (
     Buf,
     ChunkedInput,
+    Concat,
     Copy,
     Elementwise,
     Gemm,
@@ -68,6 +69,7 @@ class ScanKernel:
         self.widths: dict[int, str] = {}
         self.idents: dict[tuple, tuple[str, ...]] = {}
         self.outer_evals: dict[tuple[str, str | None], Eval] = {}
+        self.parts: dict[int, list[tuple[str, int, int]]] = {}  # a concat's tiles: (value, column offset, width)
 
     # ---- tiles --------------------------------------------------------------------------------------------
     def width(self, n: Node) -> int:
@@ -258,6 +260,8 @@ class ScanKernel:
             self.deliver(stored_node(k), value, k.out, k.also, body, nxt)
         elif isinstance(k, Reduce):
             self.row_reduce(k, body, nxt)
+        elif isinstance(k, Concat):
+            self.concat(k, body)
         elif isinstance(k, Elementwise | Copy):
             n = k.node
             v = Eval(em, body, sz, self.mask(self.width(n)), 2, root=n).val(n, self.ident(n))
@@ -276,21 +280,55 @@ class ScanKernel:
         if not all(sz.is_static(d) for d in b.shape):
             raise Unsupported("a matmul with a run-time width inside a persistent scan")
         K = int(b.shape[0])
-        ck = self.cols(K)
-        va = Eval(em, body, sz, self.mask(K), 2).val(a, ("r", ck))
-        ta = em.tmp(f"tl.where({ck} < {K}, {va}, 0)", "a")
-        kk = self.krows(K)
+        if id(a) in self.parts:  # A is a concat of tiles: one dot per tile against its rows of B, summed
+            pieces = self.parts[id(a)]
+        else:
+            ck = self.cols(K)
+            va = Eval(em, body, sz, self.mask(K), 2).val(a, ("r", ck))
+            pieces = [(va, 0, K)]
+        tas = []
+        for va, k0, kw in pieces:
+            ck = self.cols(kw)
+            tas.append((em.tmp(f"tl.where({ck} < {kw}, {va}, 0)", "a"), k0, kw))
         accs = []
         for width, off in columns:
             w = int(width)  # type: ignore[call-overload]
             cw = self.cols(w)
-            mb = f"({kk} < {K}) & ({cw} < {w})"
-            vb = Eval(em, body, sz, mb, 2, hoist=resident).val(b, (kk, sliced(cw, off)))
-            tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=resident)
-            if resident and em.is_variant(tb):
-                raise Unsupported(f"matmul at {p.loc}: B is marked resident but changes across steps")
-            accs.append(em.tmp(rounded(dot(ta, tb, p.dtype), p.dtype), "acc"))
+            terms = []
+            for ta, k0, kw in tas:
+                kk = self.krows(kw)
+                mb = f"({kk} < {kw}) & ({cw} < {w})"
+                vb = Eval(em, body, sz, mb, 2, hoist=resident).val(b, (sliced(kk, str(k0)), sliced(cw, off)))
+                tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=resident)
+                if resident and em.is_variant(tb):
+                    raise Unsupported(f"matmul at {p.loc}: B is marked resident but changes across steps")
+                terms.append(dot(ta, tb, p.dtype))
+            accs.append(em.tmp(rounded(" + ".join(terms), p.dtype), "acc"))
         return accs
+
+    def concat(self, k: Concat, body: Ctx) -> None:
+        """A concat of tiles along the row, kept as its tiles (``schedule/registers.py`` admits it only when
+        products alone read it): each stored into its columns of this step's output row, each multiplied by its
+        rows of a product's B (``product``)."""
+        n = k.node
+        if n.attrs["axis"] != n.ndim - 1 or n.ndim != 2:
+            raise Unsupported(f"concat at {n.loc}: inside a persistent scan only a concat along the row")
+        parts, off = [], 0
+        for src in n.srcs:
+            w = self.width(src)
+            if w:
+                v = Eval(self.em, body, self.sz, self.mask(w), 2, root=n).val(src, self.ident(src))
+                parts.append((v, off, w))
+            off += w
+        self.parts[id(n)] = parts
+        positions = ([k.out.output] if k.out.output is not None else []) + list(k.also)
+        for pos in positions:
+            if pos < self.nc:
+                raise Unsupported(f"concat at {n.loc} is carried to the next step")
+            shape = self.loop.node.types[pos][0]
+            for v, o, w in parts:
+                self.store(self.results[pos], shape, ("tt", self.global_row("r"), sliced(self.cols(w), str(o))), v,
+                           self.mask(w))
 
     def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str]) -> None:
         """One ``tl.dot`` per column slice (gate) on the step's A tile, the GEMM's epilogue on each gate tile,

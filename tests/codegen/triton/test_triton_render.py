@@ -143,6 +143,22 @@ def test_lstm_layer_is_one_persistent_kernel(fn, rng: np.random.Generator):
     _check(fn, *args)
 
 
+@pytest.mark.parametrize("fn", [lstm, reverse_lstm])
+def test_lstm_backward_through_time_is_a_persistent_kernel_too(fn, rng: np.random.Generator):
+    """The gradient's reversed scan joins the four gate gradients (a concat read only by ``@ W_hh`` and stored for
+    the weight-gradient GEMM after the loop): kept as four tiles, one dot each, so the backward loop is split by
+    rows like the forward one. N = 20: two programs, the second partly masked."""
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        ys, h, c = fn(x, h0, c0, w_ih, w_hh, b)
+        return (ys * ys).sum() + (h * c).sum()
+
+    grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    args = lstm_args(rng, T=7, N=20)
+    program, _ = _scheduled(grads, *args)
+    assert [loop.parallel is not None for loop in program.loops()] == [True, True]
+    _check(grads, *args)
+
+
 @pytest.mark.parametrize("dtype,split", [("float16", True), ("float32", False)])
 def test_recurrent_weights_split_by_rows_only_where_they_fit_shared_memory(rng: np.random.Generator, dtype: str,
                                                                           split: bool):
