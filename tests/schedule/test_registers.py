@@ -81,3 +81,23 @@ def test_a_stored_concat_stays_tiles_only_where_products_read_it(cell, split: bo
         assert (_loop(cell, rng, steps_in_registers=True).parallel is not None) == split
     if not split:
         assert "stored concat that is read by mul" in caplog.text and "test_registers.py" in caplog.text
+
+
+def _gates_of_a_product(h, x_t, w):
+    """As a GRU with its reset gate before the matmul: one half of ``h @ [w w]`` feeds the second product's
+    epilogue, so the halves are no sliced GEMM's gates."""
+    a, b = (h @ nf.concat([w, w], axis=1)).chunk(2, axis=-1)
+    h = nf.tanh((nf.sigmoid(a) * h) @ w + b + x_t)
+    return h, h
+
+
+def _gates_and_the_whole_product(h, x_t, w):
+    p = h @ nf.concat([w, w], axis=1)
+    a, b = p.chunk(2, axis=-1)
+    return nf.tanh((nf.sigmoid(a) * h) @ w + b + x_t), p  # the product is also a step output, whole
+
+
+@pytest.mark.parametrize("cell,split", [(_gates_of_a_product, True), (_gates_and_the_whole_product, False)])
+def test_a_product_read_through_column_slices_is_computed_slice_by_slice(cell, split: bool,
+                                                                         rng: np.random.Generator):
+    assert (_loop(cell, rng, steps_in_registers=True).parallel is not None) == split

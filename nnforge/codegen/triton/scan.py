@@ -249,6 +249,11 @@ class ScanKernel:
         em, sz = self.em, self.sz
         if isinstance(k, SlicedGemm):
             self.sliced(k, body, nxt)
+        elif isinstance(k, Gemm) and (slices := self.column_slices(k, body)):
+            cols = list(dict.fromkeys((w, off) for _, off, w in slices))
+            accs = dict(zip(cols, self.product(k.node, body, [(w, str(off)) for w, off in cols], k.b_resident)))
+            for m, off, w in slices:
+                body.reg[id(m)] = (accs[(w, off)], self.ident(m))
         elif isinstance(k, Gemm):
             p, root = k.node, k.epilogue
             acc = self.product(p, body, [(p.shape[-1], "0")], k.b_resident)[0]
@@ -305,6 +310,22 @@ class ScanKernel:
                 terms.append(dot(ta, tb, p.dtype))
             accs.append(em.tmp(rounded(" + ".join(terms), p.dtype), "acc"))
         return accs
+
+    def column_slices(self, k: Gemm, body: Ctx) -> list[tuple[Node, int, int]]:
+        """(slice, column offset, width) of each reader of a product that is read only through column slices and
+        is no output of the step (``schedule/registers.py`` admits such a body): computed one slice per dot."""
+        p = k.node
+        if k.epilogue is not None or k.out.output is not None or k.also or p.ndim != 2:
+            return []
+        readers = [m for m in body.graph.order if any(s is p for s in m.srcs)]
+        out = []
+        for m in readers:
+            a = m.attrs
+            if (m.op != Op.SLICE or tuple(a["steps"]) != (1, 1) or int(a["starts"][0]) != 0
+                    or m.shape[0] != p.shape[0]):
+                return []
+            out.append((m, int(a["starts"][1]), self.width(m)))
+        return out
 
     def concat(self, k: Concat, body: Ctx) -> None:
         """A concat of tiles along the row, kept as its tiles (``schedule/registers.py`` admits it only when

@@ -177,6 +177,29 @@ def test_gru_cell_through_the_persistent_scan(rng: np.random.Generator):
     _check(gru, *args)
 
 
+def gru_reset_before_matmul(x, h0, w_ih, w_hrz, w_hn, b):
+    """A GRU whose reset gate scales h before its matmul: ``h @ W_hrz`` is split into two gates by column slices
+    that are not a sliced GEMM's (the update gate feeds the second product's epilogue)."""
+    def cell(h, x_t):
+        xr, xz, xn = (x_t @ w_ih.T + b).chunk(3, axis=-1)
+        hr, hz = (h @ w_hrz.T).chunk(2, axis=-1)
+        r, z = nf.sigmoid(xr + hr), nf.sigmoid(xz + hz)
+        n = nf.tanh(xn + (r * h) @ w_hn.T)
+        h = (1.0 - z) * n + z * h
+        return h, h
+
+    h, ys = nf.scan(cell, h0, x)
+    return ys, h
+
+
+def test_a_product_read_through_column_slices_stays_in_the_persistent_kernel(rng: np.random.Generator):
+    H, I, N = 8, 4, 20
+    args = [_f32(rng, *s) for s in [(9, N, I), (N, H), (3 * H, I), (2 * H, H), (H, H), (3 * H,)]]
+    program, _ = _scheduled(gru_reset_before_matmul, *args)
+    assert [loop.parallel is not None for loop in program.loops()] == [True]
+    _check(gru_reset_before_matmul, *args)
+
+
 def test_two_sequence_lengths_share_one_compile(rng: np.random.Generator):
     """One program serves T = 3, 16 and 0; a trace at another T renders the same source, which the backend does
     not load again: T is a run-time argument of the kernel, not a constexpr, and never specialized on."""
