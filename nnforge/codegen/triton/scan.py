@@ -94,7 +94,7 @@ class ScanKernel:
 
     def krows(self, k: int) -> str:
         """The row index tensor ``[pad(k), 1]`` of a weight tile with ``k`` rows (defined once)."""
-        name = f"k{k}"
+        name = f"kr{k}"  # "k<n>" names the emitter's constants
         if not any(line.startswith(f"{name} =") for line in self.prologue):
             self.prologue.append(f"{name} = tl.arange(0, {_pad(k)})[:, None]")
         return name
