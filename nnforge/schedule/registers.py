@@ -13,6 +13,9 @@ made here, once, not by a renderer falling back.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from ..ir.node import Graph, Node
 from ..ir.ops import ELEMENTWISE, Op
 from ..passes.fuse import Grouping
@@ -34,6 +37,7 @@ def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
             readers.setdefault(id(s), []).append(m)
     carried = {id(o) for o in body.outputs[:n_carry]}
     outputs = {id(o) for o in body.outputs}
+    segs = row_segments(body)
     for m in body.order:
         where = f"{m.op.name.lower()} at {m.loc}"
         if m.op in _NESTED:
@@ -50,7 +54,93 @@ def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
         if m.op in _VIEWS and not _in_place(m) and _reaches(m.srcs[0], held, g, set()):
             if _sliced_product(m.srcs[0], readers.get(id(m.srcs[0]), []), outputs):
                 continue
-            return f"{where} reads a value of the step at another element"
+            if id(m) in segs.slices and (why := _segment_refusal(body, segs, held, readers, n_carry)) is None:
+                continue
+            return f"{where} reads a value of the step at another element" + (f" ({why})" if m.op == Op.SLICE
+                                                                              and id(m) in segs.slices else "")
+    return None
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Values of a row-split body computed segment by segment: the gates of a layer-norm LSTM are column slices of
+    a value normalized over the whole row, so that value (and the product it comes from) is never one register
+    tile but one tile per gate. ``widths``: for each row width, the column ranges (offset, width) its column
+    slices cut it into, when they partition it; ``nodes``: ids of the values evaluated at those ranges (the
+    sliced values and, through elementwise ops of the same width and row sums, what they are computed from);
+    ``slices``: ids of the column slices read through the ranges."""
+
+    widths: dict[int, tuple[tuple[int, int], ...]]
+    nodes: frozenset[int]
+    slices: frozenset[int]
+
+
+def row_width(n: Node) -> int | None:
+    """Values per row of a ``[rows, ...]`` body value (None: a run-time width)."""
+    try:
+        return math.prod(int(d) for d in n.shape[1:])
+    except TypeError:
+        return None
+
+
+def _column_range(m: Node) -> tuple[int, int] | None:
+    """(offset, width) of ``m = src[:, a:b]`` on a 2-D ``src``, else None."""
+    if m.op != Op.SLICE or m.ndim != 2 or m.srcs[0].ndim != 2:
+        return None
+    a = m.attrs
+    if tuple(a["steps"]) != (1, 1) or int(a["starts"][0]) != 0 or m.shape[0] != m.srcs[0].shape[0]:
+        return None
+    return int(a["starts"][1]), int(m.shape[1])
+
+
+def row_segments(body: Graph) -> Segments:
+    """The segments of ``body`` (see ``Segments``): one decision read by the scheduler's refusal and the renderer."""
+    ranges: dict[int, set[tuple[int, int]]] = {}
+    for m in body.order:
+        r = _column_range(m)
+        if r is not None and (w := row_width(m.srcs[0])) is not None:
+            ranges.setdefault(w, set()).add(r)
+    widths = {}
+    for w, rs in ranges.items():
+        cuts = sorted(rs)
+        ends = [0] + [a + b for a, b in cuts]
+        if len(cuts) > 1 and [a for a, _ in cuts] == ends[:-1] and ends[-1] == w:
+            widths[w] = tuple(cuts)
+    slices = {id(m) for m in body.order if _column_range(m) is not None and row_width(m.srcs[0]) in widths}
+    nodes: set[int] = set()
+    for m in reversed(body.order):
+        row_sum = m.op in (Op.SUM, Op.REDUCE_MAX) and m.srcs[0].ndim == 2 and row_width(m.srcs[0]) in widths
+        if id(m) in slices or row_sum:
+            nodes.add(id(m.srcs[0]))
+        if id(m) in nodes and m.op not in (Op.INPUT, Op.DATA, Op.CONST):
+            # through elementwise ops and views that keep the columns (a bias row broadcast along the batch);
+            # a per-row value broadcast along the row (a layer norm's mean) is read whole by every range
+            for s in m.srcs:
+                if s.ndim == m.ndim and row_width(s) == row_width(m) and (
+                        m.op in ELEMENTWISE or m.op == Op.EXPAND or _in_place(m)):
+                    nodes.add(id(s))
+    return Segments(widths, frozenset(nodes), frozenset(slices))
+
+
+def _segment_refusal(body: Graph, segs: Segments, held: set[int], readers: dict[int, list[Node]],
+                     n_carry: int) -> str | None:
+    """Why the values of ``segs`` cannot be computed range by range: a carry among them (it is one tile), or a
+    held one read otherwise than range by range (a product's operand, a view, an op of another width)."""
+    carries = {id(x) for x in body.inputs[:n_carry]}
+    by_id = {id(m): m for m in body.order}
+    for i in segs.nodes:
+        m = by_id.get(i)
+        if m is None or i not in held:
+            continue
+        if i in carries:
+            return f"the carry {m.op.name.lower()} would be cut into ranges"
+        if m.op not in ELEMENTWISE and m.op != Op.MATMUL:
+            return f"{m.op.name.lower()} at {m.loc} has no form by ranges"
+        for r in readers.get(i, []):
+            ok = (id(r) in segs.nodes and r.op in ELEMENTWISE) or id(r) in segs.slices or (
+                r.op in (Op.SUM, Op.REDUCE_MAX) and r.srcs[0] is m)
+            if not ok:
+                return f"{r.op.name.lower()} at {r.loc} reads {m.op.name.lower()} at {m.loc} whole"
     return None
 
 

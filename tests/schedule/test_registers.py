@@ -94,10 +94,48 @@ def _gates_of_a_product(h, x_t, w):
 def _gates_and_the_whole_product(h, x_t, w):
     p = h @ nf.concat([w, w], axis=1)
     a, b = p.chunk(2, axis=-1)
-    return nf.tanh((nf.sigmoid(a) * h) @ w + b + x_t), p  # the product is also a step output, whole
+    h = nf.tanh((nf.sigmoid(a) * h) @ w + b + x_t + p @ nf.concat([w, w], axis=0))  # p whole, as an operand
+    return h, h
 
 
 @pytest.mark.parametrize("cell,split", [(_gates_of_a_product, True), (_gates_and_the_whole_product, False)])
 def test_a_product_read_through_column_slices_is_computed_slice_by_slice(cell, split: bool,
                                                                          rng: np.random.Generator):
     assert (_loop(cell, rng, steps_in_registers=True).parallel is not None) == split
+
+
+def _normalized_gates(h, x_t, w):
+    p = h @ nf.concat([w, w], axis=1)  # [N, 2H], normalized over its whole row, then cut in two
+    d = p - p.mean(-1, keepdims=True)
+    a, b = (d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)).chunk(2, axis=-1)
+    h = nf.sigmoid(a + x_t) * nf.tanh(b)
+    return h, h
+
+
+def _normalized_gates_and_a_product_of_the_row(h, x_t, w):
+    p = h @ nf.concat([w, w], axis=1)
+    d = p - p.mean(-1, keepdims=True)
+    a, b = (d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)).chunk(2, axis=-1)
+    h = nf.sigmoid(a + x_t) * nf.tanh(b) + (d * d) @ nf.concat([w, w], axis=0)  # the row whole, as an operand
+    return h, h
+
+
+def _halves_of_the_carry(h, x_t, w):
+    a, b = h.chunk(2, axis=-1)
+    h = nf.tanh(nf.concat([b, a], axis=1) @ w + x_t)
+    return h, h
+
+
+@pytest.mark.parametrize("cell,split,why", [
+    (_normalized_gates, True, None),
+    (_normalized_gates_and_a_product_of_the_row, False, "whole)"),
+    (_halves_of_the_carry, False, "the carry input would be cut into ranges")])
+def test_a_row_cut_into_gates_is_held_one_tile_per_gate(cell, split: bool, why: str | None,
+                                                        rng: np.random.Generator, caplog: pytest.LogCaptureFixture):
+    """A layer-norm LSTM normalizes its gate row as a whole, then cuts it: held one tile per gate, where every
+    reader of the row takes it range by range (elementwise, row sums, the cuts); a product of the whole row or a
+    carry cut into ranges keeps the loop a host loop, with the reason."""
+    with caplog.at_level("DEBUG", logger="nnforge.schedule"):
+        assert (_loop(cell, rng, steps_in_registers=True).parallel is not None) == split
+    if why:
+        assert why in caplog.text

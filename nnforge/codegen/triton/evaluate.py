@@ -77,13 +77,15 @@ class Emitter:
 class Ctx:
     """How the nodes of one graph are read inside a kernel: ``buffers`` (id -> buffer name; a reshape that is an
     alias reads its source's buffer with its own shape), ``reg`` (id -> (register value, its index)), ``leaf``
-    (id -> a function of (evaluator, index) giving the value: a body input read from the enclosing graph)."""
+    (id -> a function of (evaluator, index) giving the value: a body input read from the enclosing graph),
+    ``ranges`` (id -> {index of a column range: register value}: a value held one tile per range)."""
 
     graph: Graph
     grouping: Grouping
     buffers: dict[int, str] = field(default_factory=dict)
     reg: dict[int, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     leaf: dict[int, Callable[[Eval, tuple[str, ...]], str]] = field(default_factory=dict)
+    ranges: dict[int, dict[tuple[str, ...], str]] = field(default_factory=dict)
 
     def bind_results(self, loop: Node, results: Sequence[str]) -> None:
         """Later kernels read a loop's results (its ``PROJ`` nodes) from the buffers it wrote."""
@@ -151,6 +153,11 @@ class Eval:
         if n is not self.root:
             if id(n) in ctx.reg:
                 return self._reg(n, idx)
+            if id(n) in ctx.ranges:
+                if idx not in ctx.ranges[id(n)]:
+                    raise Unsupported(f"{n.op.name.lower()} at {n.loc} is held one tile per column range and "
+                                      f"read at {list(idx)}, no range of it")
+                return ctx.ranges[id(n)][idx]
             if id(n) in ctx.leaf:
                 return ctx.leaf[id(n)](self, idx)
             ptr = ctx.buffer(n)

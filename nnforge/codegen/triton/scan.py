@@ -38,6 +38,7 @@ from ...schedule import (
     Unsupported,
     stored_node,
 )
+from ...schedule.registers import Segments, row_segments
 from .evaluate import Ctx, Emitter, Eval
 from .texpr import acc_dtype, dot, flat, rounded, sliced, tl_dtype
 
@@ -201,6 +202,7 @@ class ScanKernel:
         if any(isinstance(k, Loop) for k in body_block.kernels):
             raise Unsupported("a loop nested in a persistent scan's body")
         body = Ctx(body_block.graph, body_block.grouping)
+        self.segs: Segments = row_segments(body_block.graph)
         carries = self.bind_inputs(body)
         length = self.sz(loop.length)
         em.open(f"for t in range(0, {length}):")
@@ -211,6 +213,9 @@ class ScanKernel:
         for k in body_block.kernels:
             self.body_kernel(k, body, nxt)  # type: ignore[arg-type]
         for c in body_block.copies:
+            if c.node.op == Op.CONCAT:  # a step output joined from step values: stored source by source
+                self.concat(c, body)
+                continue
             v = Eval(em, body, self.sz, self.mask(self.width(c.node)), 2).val(c.node, self.ident(c.node))
             self.deliver(c.node, v, c.out, (), body, nxt)
         for k, name in enumerate(carries):
@@ -254,6 +259,8 @@ class ScanKernel:
             accs = dict(zip(cols, self.product(k.node, body, [(w, str(off)) for w, off in cols], k.b_resident)))
             for m, off, w in slices:
                 body.reg[id(m)] = (accs[(w, off)], self.ident(m))
+        elif isinstance(k, Gemm | Elementwise | Copy) and id(stored_node(k)) in self.segs.nodes:
+            self.by_ranges(k, body)
         elif isinstance(k, Gemm):
             p, root = k.node, k.epilogue
             acc = self.product(p, body, [(p.shape[-1], "0")], k.b_resident)[0]
@@ -311,6 +318,35 @@ class ScanKernel:
             accs.append(em.tmp(rounded(" + ".join(terms), p.dtype), "acc"))
         return accs
 
+    def ranges(self, n: Node) -> list[tuple[int, int, tuple[str, ...]]]:
+        """(offset, width, index) of each column range of ``n``'s width (``Segments``)."""
+        return [(off, w, ("r", sliced(self.cols(w), str(off)))) for off, w in self.segs.widths[self.width(n)]]
+
+    def by_ranges(self, k: Gemm | Elementwise | Copy, body: Ctx) -> None:
+        """A kernel whose value is held one tile per column range (a layer-norm LSTM's gate row): a product one
+        ``tl.dot`` per range, its epilogue or an elementwise body evaluated at each range's columns; stored
+        range by range where it is a step output."""
+        em, sz = self.em, self.sz
+        node = stored_node(k)
+        ranges = self.ranges(node)
+        tiles: dict[tuple[str, ...], str] = {}
+        if isinstance(k, Gemm):
+            p, root = k.node, k.epilogue
+            accs = self.product(p, body, [(w, str(off)) for off, w, _ in ranges], k.b_resident)
+            for (_, w, idx), acc in zip(ranges, accs):
+                tiles[idx] = acc if root is None else Eval(em, body, sz, self.mask(w), 2, root=root,
+                                                            overrides={(id(p), idx): acc}).val(root, idx)
+        else:
+            for _, w, idx in ranges:
+                tiles[idx] = Eval(em, body, sz, self.mask(w), 2, root=node).val(node, idx)
+        body.ranges[id(node)] = tiles
+        for pos in ([k.out.output] if k.out.output is not None else []) + list(k.also):
+            if pos < self.nc:
+                raise Unsupported(f"{node.op.name.lower()} at {node.loc}: a carry held by column ranges")
+            shape = self.loop.node.types[pos][0]
+            for _, w, idx in ranges:
+                self.store(self.results[pos], shape, ("tt", self.global_row("r"), idx[1]), tiles[idx], self.mask(w))
+
     def column_slices(self, k: Gemm, body: Ctx) -> list[tuple[Node, int, int]]:
         """(slice, column offset, width) of each reader of a product that is read only through column slices and
         is no output of the step (``schedule/registers.py`` admits such a body): computed one slice per dot."""
@@ -327,7 +363,7 @@ class ScanKernel:
             out.append((m, int(a["starts"][1]), self.width(m)))
         return out
 
-    def concat(self, k: Concat, body: Ctx) -> None:
+    def concat(self, k: Concat | Copy, body: Ctx) -> None:
         """A concat of tiles along the row, kept as its tiles (``schedule/registers.py`` admits it only when
         products alone read it): each stored into its columns of this step's output row, each multiplied by its
         rows of a product's B (``product``)."""
@@ -381,14 +417,23 @@ class ScanKernel:
             raise Unsupported("a reduction inside a persistent scan other than a float sum or max over each row")
         em, sz = self.em, self.sz
         ws = self.width(src)
-        mask = self.mask(ws)
-        v = Eval(em, body, sz, mask, 2).val(src, self.ident(src))
-        wide = f"{v}.to({acc_dtype(p.dtype)})"
+        parts = ([(self.mask(w), idx) for _, w, idx in self.ranges(src)] if id(src) in self.segs.nodes
+                 else [(self.mask(ws), self.ident(src))])  # a value held by column ranges: range by range
+        terms = []
+        for mask, idx in parts:
+            v = Eval(em, body, sz, mask, 2).val(src, idx)
+            wide = f"{v}.to({acc_dtype(p.dtype)})"
+            if p.op == Op.SUM:
+                terms.append(f"tl.sum(tl.where({mask}, {wide}, 0), axis=1)")
+            else:
+                terms.append(f"tl.max(tl.where({mask}, {wide}, -float(\"inf\")), axis=1)")
         if p.op == Op.SUM:
-            res = em.tmp(rounded(f"tl.sum(tl.where({mask}, {wide}, 0), axis=1)[:, None]", p.dtype), "s")
+            total = " + ".join(terms)
         else:
-            res = em.tmp(rounded(f"tl.max(tl.where({mask}, {wide}, -float(\"inf\")), axis=1)[:, None]", p.dtype),
-                         "s")
+            total = terms[0]
+            for t in terms[1:]:
+                total = f"tl.maximum({total}, {t}, propagate_nan=tl.PropagateNan.ALL)"
+        res = em.tmp(rounded(f"({total})[:, None]", p.dtype), "s")
         idx = self.ident(p)
         value = res
         if root is not None:

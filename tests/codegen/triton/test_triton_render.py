@@ -200,6 +200,56 @@ def test_a_product_read_through_column_slices_stays_in_the_persistent_kernel(rng
     _check(gru_reset_before_matmul, *args)
 
 
+def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
+    """Layer norm over each product's whole gate row, then the gates as slices of the normalized sum."""
+    def ln(v):
+        d = v - v.mean(-1, keepdims=True)
+        return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+
+    def cell(carry, x_t):
+        h, c = carry
+        i, f, g, o = (ln(x_t @ w_ih.T) + ln(h @ w_hh.T) + b).chunk(4, axis=-1)
+        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+        return (nf.sigmoid(o) * nf.tanh(ln(c)), c), nf.sigmoid(o) * nf.tanh(ln(c))
+
+    (h, c), ys = nf.scan(cell, (h0, c0), x)
+    return ys, h, c
+
+
+def test_a_layer_norm_lstm_holds_its_gate_row_one_tile_per_gate(rng: np.random.Generator):
+    """The gate row is normalized as a whole, then cut into gates: the persistent kernel computes it one tile per
+    gate (four dots, the row sums added over the tiles). Its gradient's scan stays a host loop (the reason is
+    logged); both agree with the reference. N = 20: two programs, the second partly masked."""
+    args = lstm_args(rng, T=5, N=20, I=6)
+    program, _ = _scheduled(layer_norm_lstm, *args)
+    assert [loop.parallel is not None for loop in program.loops()] == [True]
+    _check(layer_norm_lstm, *args)
+
+    def loss(*a):
+        ys, h, c = layer_norm_lstm(*a)
+        return (ys * ys).sum() + (h * c).sum()
+
+    _check(nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5)), *args)
+
+
+def test_a_row_held_by_gates_is_stored_gate_by_gate_as_a_step_output(rng: np.random.Generator):
+    """``h @ W`` cut into two gates (the second feeding the next product's epilogue) and also stacked as the
+    scan's output: held one tile per gate, stored into its columns of each step's row."""
+    def f(x, h0, w, v):
+        def cell(h, x_t):
+            p = h @ w
+            a, b = p.chunk(2, axis=-1)
+            return nf.tanh((nf.sigmoid(a) * h) @ v + b + x_t), p
+
+        return nf.scan(cell, h0, x)
+
+    H, N = 8, 20
+    args = [_f32(rng, *s) for s in [(6, N, H), (N, H), (H, 2 * H), (H, H)]]
+    program, _ = _scheduled(f, *args)
+    assert [loop.parallel is not None for loop in program.loops()] == [True]
+    _check(f, *args)
+
+
 def test_two_sequence_lengths_share_one_compile(rng: np.random.Generator):
     """One program serves T = 3, 16 and 0; a trace at another T renders the same source, which the backend does
     not load again: T is a run-time argument of the kernel, not a constexpr, and never specialized on."""
