@@ -8,7 +8,7 @@
 #   BENCH="--hidden 96 --batch 128" scripts/gpu-check.sh   # bench/lstm_gpu.py's arguments
 #   BENCH_S=300 MATRIX_S=300 scripts/gpu-check.sh           # the limits, in seconds
 #   STEPS="render bench" scripts/gpu-check.sh               # some of the steps
-#   ONLY=ids.txt scripts/gpu-check.sh       # the matrix step runs only these test ids (one per line)
+#   SELECT="cast_to_int or save" scripts/gpu-check.sh      # the matrix step runs only the triton cases matching
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -19,8 +19,7 @@ JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
 STEPS=${STEPS:-render bench matrix whole_model cells}
-TESTS=$DIRS
-[[ -n "${ONLY:-}" ]] && TESTS=$(cat "$ONLY")
+KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
     local name=$1 limit=$2
@@ -45,8 +44,8 @@ tail -3 "$OUT/render.txt" 2>/dev/null
 step bench "${BENCH_S:-240}" $PY bench/lstm_gpu.py ${BENCH:-}
 cat "$OUT/bench.txt" 2>/dev/null
 # shellcheck disable=SC2086
-step matrix "${MATRIX_S:-300}" $PY -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadgroup -k triton \
-    -m "not timing and not whole_model" --maxfail=300 --junitxml="$OUT/matrix.xml" $TESTS
+step matrix "${MATRIX_S:-300}" $PY -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadgroup -k "$KEYS" \
+    -m "not timing and not whole_model" --maxfail=300 --junitxml="$OUT/matrix.xml" $DIRS
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/matrix.txt" 2>/dev/null | cut -c1-300 | tail -40
 # shellcheck disable=SC2086
 step whole_model "${WHOLE_S:-240}" $PY -m pytest -q -p no:cacheprovider -n 3 -k triton -m whole_model $DIRS tests/demo
