@@ -62,7 +62,8 @@ class Renderer:
         self.sz = sizes
         self.tiles = tiles or Tiles()
         self.kernels: list[str] = []
-        self.names: list[str] = []
+        self.names: list[str] = []  # the kernel of each launch, in launch order
+        self.alike: dict[str, str] = {}  # kernel text (its name a placeholder) -> its name
         self.run: list[str] = []
         self.ind = "    "  # of the next line of ``run`` (host loops nest it)
         self.buffers: list[str] = []  # every buffer name of the program, in the order kernels take them
@@ -155,21 +156,31 @@ class Renderer:
         arguments are the buffers its code names, the host loop counters it reads, then every run-time size
         (counters and sizes never specialized on: a new step or sequence length reuses the compiled kernel),
         then the block sizes."""
-        name = f"k{len(self.names)}_{kind.replace('+', '_')}"
         body = [*prologue, *em.pre, *em.code]
-        used = {tok for line in body for tok in _NAME.findall(line)}
-        bufs = [b for b in dict.fromkeys(self.buffers) if b in used]
-        syms = [s for s in self.scalars if s in used] + [f"S{k}" for k in range(len(self.sz.dynamic))]
-        params = [*bufs, *syms, *(f"{c}: tl.constexpr" for c in consts)]
+        used = list(dict.fromkeys(tok for line in body for tok in _NAME.findall(line)))  # in order of first use
+        known = set(self.buffers)
+        bufs = [b for b in used if b in known]
+        counters = [s for s in used if s in self.scalars]
+        sizes = [f"S{k}" for k in range(len(self.sz.dynamic))]
+        # parameters named by position: kernels alike but for the buffers they are handed (the layers of a
+        # stack, each direction) are one kernel, compiled once
+        formal = {b: f"ptr{i}" for i, b in enumerate(bufs)} | {c: f"ctr{i}" for i, c in enumerate(counters)}
+        body = [_NAME.sub(lambda m: formal.get(m.group(0), m.group(0)), line) for line in body]
+        syms = [*(formal[c] for c in counters), *sizes]
+        params = [*(formal[b] for b in bufs), *syms, *(f"{c}: tl.constexpr" for c in consts)]
         nospec = f"(do_not_specialize={syms!r})" if syms else ""
         # counters and sizes arrive as int32: offsets built from them (a step times a step's size) pass 2^31
         wide = [f"{s} = {s}.to(tl.int64)" for s in syms]
-        text = [f"@triton.jit{nospec}", f"def {name}({', '.join(params)}):",
-                *("    " + line for line in [*wide, *body])]
-        self.kernels.append("\n".join(text))
+        text = "\n".join([f"@triton.jit{nospec}", f"def {{name}}({', '.join(params)}):",
+                          *("    " + line for line in [*wide, *body])])
+        name = self.alike.get(text) or f"k{len(self.kernels)}_{kind.replace('+', '_')}"
+        if text not in self.alike:
+            self.alike[text] = name
+            self.kernels.append(text.replace("{name}", name, 1))
         self.names.append(name)
         meta = "".join(f", {c}={v}" for c, v in consts.items())
-        self.run.append(f"{self.ind}nf_launch({name}, ({', '.join(grid)},), {', '.join([*bufs, *syms])}{meta})")
+        args = [*bufs, *counters, *sizes]
+        self.run.append(f"{self.ind}nf_launch({name}, ({', '.join(grid)},), {', '.join(args)}{meta})")
         return name
 
     # ---- kernels over the flat output index ---------------------------------------------------------------

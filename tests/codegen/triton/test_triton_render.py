@@ -250,6 +250,23 @@ def test_a_row_held_by_gates_is_stored_gate_by_gate_as_a_step_output(rng: np.ran
     _check(f, *args)
 
 
+def test_alike_layers_share_their_kernels(rng: np.random.Generator):
+    """Four LSTM layers of one width, alternating direction: eight launches of three kernels (the input
+    projection's GEMM, the forward and the reverse scan), each compiled once; parameters are named by position, so
+    the layers differ only in the buffers they are handed."""
+    def stack(x, h0, c0, *ws):
+        for k in range(4):
+            x = lstm(x, h0, c0, *ws[3 * k:3 * k + 3], reverse=k % 2 == 1)[0]
+        return x
+
+    H, N = 8, 20
+    args = [_f32(rng, *s) for s in [(5, N, H), (N, H), (N, H)] + [(4 * H, H), (4 * H, H), (4 * H,)] * 4]
+    _, rendered = _scheduled(stack, *args)
+    assert len(rendered.kernels) == 8 and len(set(rendered.kernels)) == 3
+    assert rendered.source.count("@triton.jit(") == 3  # the prelude's helpers are plain @triton.jit
+    _check(stack, *args)
+
+
 def test_two_sequence_lengths_share_one_compile(rng: np.random.Generator):
     """One program serves T = 3, 16 and 0; a trace at another T renders the same source, which the backend does
     not load again: T is a run-time argument of the kernel, not a constexpr, and never specialized on."""
