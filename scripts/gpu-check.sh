@@ -9,6 +9,7 @@
 #   BENCH_S=300 MATRIX_S=300 scripts/gpu-check.sh           # the limits, in seconds
 #   STEPS="render bench" scripts/gpu-check.sh               # some of the steps
 #   SELECT="cast_to_int or save" scripts/gpu-check.sh      # the matrix step runs only the triton cases matching
+#   STEPS="tune bench" scripts/gpu-check.sh  # tune the Triton tiles for this GPU first (opt-in: not in the default)
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -38,6 +39,8 @@ triton.__version__, torch.cuda.get_device_name())"
 } >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
+step tune "${TUNE_S:-300}" $PY -c "import nnforge.tune as t; print(t.tune_triton())"
+tail -3 "$OUT/tune.txt" 2>/dev/null
 step render "${RENDER_S:-120}" $PY -m pytest -q -p no:cacheprovider tests/codegen/triton
 tail -3 "$OUT/render.txt" 2>/dev/null
 # shellcheck disable=SC2086  # BENCH is a list of arguments

@@ -65,7 +65,7 @@ class TritonBackend:
     ``loads`` counts modules imported (the compiles this backend caused). ``target``: the thresholds handed to the
     passes and the scheduler (``triton_target()``; tests pass others to reach other schedules)."""
 
-    tiles: Tiles = field(default_factory=Tiles)
+    tiles: Tiles | None = None  # None: tuned tiles cached for this GPU (``nnforge.tune.tune_triton``), else defaults
     target: Target = field(default_factory=triton_target)
     _modules: dict[str, ModuleType] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)  # fallback reasons already reported
@@ -80,6 +80,20 @@ class TritonBackend:
         except ImportError:
             return False
         return interpreted() or bool(torch.cuda.is_available())
+
+    @functools.cached_property
+    def device_tiles(self) -> Tiles:
+        """Tiles ``tune_triton`` cached for this GPU (by its name); the defaults on the interpreter or untuned."""
+        if interpreted():
+            return Tiles()
+        import torch
+
+        from ...tune.triton import load_triton_tiles
+
+        tuned = load_triton_tiles(torch.cuda.get_device_name())
+        if tuned is not None:
+            log.info("backend 'triton': tiles tuned for %s: %s", torch.cuda.get_device_name(), tuned)
+        return tuned or Tiles()
 
     @property
     def device(self) -> str:
@@ -103,7 +117,7 @@ class TritonBackend:
                 log.warning("backend 'triton': %s; this graph runs on the reference interpreter (numpy), not as "
                             "Triton kernels", e)
             return ReferenceProgram(graph, session().rng)
-        rendered = render(program, graph, self.tiles)
+        rendered = render(program, graph, self.tiles or self.device_tiles)
         if debug_level() >= 3:
             log.debug("generated Triton:\n%s", rendered.source)
         key = source_key(rendered.source)

@@ -178,7 +178,9 @@ class Renderer:
             self.alike[text] = name
             self.kernels.append(text.replace("{name}", name, 1))
         self.names.append(name)
-        meta = "".join(f", {c}={v}" for c, v in consts.items())
+        t = self.tiles
+        warps = t.scan_warps if "ROWS" in consts else t.gemm_warps if "BM" in consts else t.warps
+        meta = "".join(f", {c}={v}" for c, v in consts.items()) + f", num_warps={warps}"
         args = [*bufs, *counters, *sizes]
         self.run.append(f"{self.ind}nf_launch({name}, ({', '.join(grid)},), {', '.join(args)}{meta})")
         return name

@@ -52,7 +52,9 @@ class Tiles:
     a GEMM program's output tile and K step (``tl.dot`` needs 16 at least in each). ``reduce_rows`` /
     ``reduce_cols``: a reduction program's outputs and the reduced elements it reads per iteration.
     ``scan_rows``: batch rows per program of a persistent scan kernel (at least 16: the rows are the M side of the
-    step's ``tl.dot``)."""
+    step's ``tl.dot``). ``scan_warps``, ``gemm_warps``, ``warps``: warps per program of a persistent scan, of a
+    GEMM, of any other kernel. ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per
+    device; ``TritonBackend`` then uses it there."""
 
     flat: int = 1024
     gemm_m: int = 32
@@ -61,9 +63,13 @@ class Tiles:
     reduce_rows: int = 16
     reduce_cols: int = 128
     scan_rows: int = 16
+    warps: int = 4
+    gemm_warps: int = 4
+    scan_warps: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("flat", "gemm_m", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows"):
+        for name in ("flat", "gemm_m", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows", "warps",
+                     "gemm_warps", "scan_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two, got {v}")

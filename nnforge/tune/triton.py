@@ -1,0 +1,140 @@
+"""Opt-in search of the Triton backend's block sizes and warps on a GPU, cached per device.
+
+``tune_triton()`` times an LSTM layer (inference and a training step, float16) at representative shapes with
+each candidate ``Tiles``, one axis at a time, and writes the fastest to ``<cache>/tune/triton-<device>.json``;
+``TritonBackend`` uses the cached tiles on a device of that name (``load_triton_tiles``) and the defaults
+elsewhere. Under Triton's interpreter it refuses: the interpreter runs programs one after another on the CPU, so
+its timings say nothing about a GPU. Tuning never runs implicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from ..codegen.c.toolchain import cache_dir
+from ..codegen.triton.target import Tiles
+from ..errors import NNForgeError
+
+log = logging.getLogger("nnforge.tune")
+
+AXES: dict[str, tuple[int, ...]] = {
+    "scan_rows": (16, 32, 64),    # batch rows per persistent program: fewer programs, wider tl.dot
+    "scan_warps": (4, 8),
+    "gemm_m": (32, 64, 128),      # the input projection's and the weight gradients' GEMM tiles
+    "gemm_n": (32, 64, 128),
+    "gemm_k": (32, 64),
+    "gemm_warps": (4, 8),
+    "flat": (512, 1024, 2048),    # elements per elementwise program
+    "warps": (4, 8),
+}
+
+# (T, batch, hidden): a basecaller's narrow layer in its persistent kernel, a wider one in its host loop
+SHAPES: tuple[tuple[int, int, int], ...] = ((2000, 1024, 96), (500, 256, 384))
+
+
+def _path(device: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower() or "device"
+    return cache_dir().parent / "tune" / f"triton-{slug}.json"
+
+
+def load_triton_tiles(device: str) -> Tiles | None:
+    """The tiles tuned on a device named ``device`` (``torch.cuda.get_device_name()``), or None."""
+    try:
+        data = json.loads(_path(device).read_text())
+        return Tiles(**data["tiles"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _time_tiles(tiles: Tiles, shapes: Sequence[tuple[int, int, int]], repeats: int) -> float:
+    """Seconds of one LSTM layer's forward plus one training step per shape, float16, each the best of
+    ``repeats`` calls timed with CUDA events after a warm-up (the first call compiles)."""
+    import numpy as np
+    import torch
+
+    from .. import compile as nf_compile
+    from .. import grad, scan, sigmoid, tanh
+    from ..codegen.triton import TritonBackend
+
+    def lstm(x, h0, c0, w_ih, w_hh, b):
+        def cell(carry, x_t):
+            h, c = carry
+            i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
+            c = sigmoid(f) * c + sigmoid(i) * tanh(g)
+            h = sigmoid(o) * tanh(c)
+            return (h, c), h
+
+        return scan(cell, (h0, c0), x)[1]
+
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        ys = lstm(x, h0, c0, w_ih, w_hh, b)
+        return (ys * ys).sum()
+
+    backend = TritonBackend(tiles=tiles)
+    rng = np.random.default_rng(0)
+    total = 0.0
+    for T, N, H in shapes:
+        host = [(rng.standard_normal(s) * 0.1).astype(np.float16)
+                for s in ((T, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
+        dev = [torch.from_numpy(a).cuda() for a in host]
+        for fn in (lstm, grad(loss, argnums=(3, 4, 5))):
+            program = backend(nf_compile(fn).trace(*host))
+            program.call_tensors(dev)  # type: ignore[attr-defined]
+            best = float("inf")
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                program.call_tensors(dev)  # type: ignore[attr-defined]
+                end.record()
+                end.synchronize()
+                best = min(best, start.elapsed_time(end) / 1e3)
+            total += best
+    return total
+
+
+def tune_triton(shapes: Sequence[tuple[int, int, int]] = SHAPES, axes: dict[str, Sequence[int]] | None = None,
+                repeats: int = 3, device: str | None = None,
+                timer: Callable[[Tiles], float] | None = None) -> Tiles:
+    """Coordinate search over ``axes`` (one axis at a time, keeping the best value so far), each candidate timed
+    by ``timer`` (default: ``_time_tiles`` on ``shapes`` on the current CUDA device); caches and returns the
+    fastest tiles for ``device`` (default: the current device's name). A candidate that fails (a tile too large
+    for the device's shared memory) is logged and skipped."""
+    from ..codegen.triton import interpreted
+
+    if timer is None:
+        import torch
+
+        if interpreted() or not torch.cuda.is_available():
+            raise NNForgeError("tune_triton times kernels on a CUDA GPU: none here, or TRITON_INTERPRET is set "
+                               "(the interpreter's timings say nothing about a GPU)")
+        device = device or torch.cuda.get_device_name()
+        timer = lambda tiles: _time_tiles(tiles, shapes, repeats)  # noqa: E731
+    if device is None:
+        raise NNForgeError("tune_triton with a timer of its own needs the device name to cache the result under")
+    results: dict[str, float] = {}
+
+    def timed(tiles: Tiles) -> float:
+        key = json.dumps(asdict(tiles), sort_keys=True)
+        if key not in results:
+            try:
+                results[key] = timer(tiles)
+            except Exception as e:  # a candidate the device cannot run loses; the search goes on
+                log.warning("tiles %s failed: %s", key, e)
+                results[key] = float("inf")
+            log.info("%s: %.3f ms", key, results[key] * 1e3)
+        return results[key]
+
+    best = Tiles()
+    for name, values in (axes or AXES).items():
+        best = min((replace(best, **{name: v}) for v in values), key=timed)
+    path = _path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"device": device, "tiles": asdict(best), "timings_s": results}))
+    tmp.replace(path)
+    return best

@@ -1,0 +1,85 @@
+"""The opt-in tile search (``nnforge.tune.tune_triton``): coordinate search over the axes with an injected timer
+(the real one needs a GPU), the winner cached per device name and used by ``TritonBackend`` on that device only;
+refused under the interpreter; the tiles it picks reach the generated launches."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge.codegen.triton import Tiles, TritonBackend
+from nnforge.errors import NNForgeError
+from nnforge.tune import load_triton_tiles, tune_triton
+
+pytestmark = pytest.mark.skipif(not TritonBackend().available, reason="Triton does not import here")
+
+
+def _cost(t: Tiles) -> float:
+    """A made-up timing with one best value per axis (64 rows, 8 warps, 64 x 32 GEMM tiles, 2048 elements)."""
+    return (abs(t.scan_rows - 64) + abs(t.scan_warps - 8) + abs(t.gemm_m - 64) + abs(t.gemm_n - 32)
+            + abs(t.gemm_k - 32) + abs(t.flat - 2048) / 64 + abs(t.warps - 4) + (t.gemm_warps == 8) * 1e6)
+
+
+def test_the_search_keeps_each_axis_best_and_caches_it_per_device(tmp_path, monkeypatch):
+    monkeypatch.setenv("NNFORGE_CACHE_DIR", str(tmp_path))
+    seen: list[Tiles] = []
+
+    def timer(t: Tiles) -> float:
+        seen.append(t)
+        return _cost(t)
+
+    best = tune_triton(timer=timer, device="NVIDIA H200")
+    assert best == Tiles(scan_rows=64, scan_warps=8, gemm_m=64, gemm_n=32, gemm_k=32, gemm_warps=4, flat=2048,
+                         warps=4)
+    assert len(seen) == len(set(seen)) < 3 * 8  # each candidate timed once, one axis at a time
+    assert load_triton_tiles("NVIDIA H200") == best and load_triton_tiles("NVIDIA H100 80GB HBM3") is None
+    saved = json.loads(next((tmp_path / "tune").glob("triton-*.json")).read_text())
+    assert saved["device"] == "NVIDIA H200" and len(saved["timings_s"]) == len(seen)
+
+
+def test_a_candidate_that_fails_loses_and_the_search_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("NNFORGE_CACHE_DIR", str(tmp_path))
+
+    def timer(t: Tiles) -> float:
+        if t.scan_rows == 64:
+            raise RuntimeError("out of resource: shared memory")
+        return _cost(t)
+
+    assert tune_triton(timer=timer, device="gpu", axes={"scan_rows": (16, 32, 64)}).scan_rows == 32
+
+
+def test_tuning_needs_a_gpu_not_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(NNForgeError, match=r"CUDA GPU.*interpreter"):
+        tune_triton()
+
+
+def test_chosen_tiles_reach_the_launches_and_compute_the_same(rng: np.random.Generator):
+    def f(x, w):
+        return nf.tanh(x @ w).sum(axis=1) + 1.0
+
+    args = [rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 48)).astype(np.float32)]
+    graph = nf.compile(f).trace(*args)
+    tiles = Tiles(gemm_m=64, gemm_n=16, gemm_k=16, gemm_warps=8, flat=256, warps=2, reduce_cols=32)
+    program = TritonBackend(tiles=tiles)(graph)
+    assert "BM=64, BN=16, BK=16, num_warps=8" in program.source and "num_warps=2" in program.source
+    np.testing.assert_allclose(program(args)[0], nf.compile(f)(*args), rtol=2e-5, atol=2e-5)
+
+
+def test_the_backend_uses_the_tiles_tuned_for_its_device(tmp_path, monkeypatch):
+    """On a GPU (stood in for: the interpreter off, the device's name) the backend renders with the tiles cached for
+    that device's name; another device, or the interpreter, gets the defaults."""
+    import torch
+
+    import nnforge.codegen.triton as nft
+
+    monkeypatch.setenv("NNFORGE_CACHE_DIR", str(tmp_path))
+    tuned = tune_triton(timer=_cost, device="NVIDIA H200")
+    assert TritonBackend().device_tiles == Tiles()  # this test run is under the interpreter
+    monkeypatch.setattr(nft, "interpreted", lambda: False)
+    for name, want in (("NVIDIA H200", tuned), ("NVIDIA A100-SXM4-80GB", Tiles())):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, n=name: n)
+        assert TritonBackend().device_tiles == want
