@@ -6,8 +6,9 @@ machines we are lent do not have it.)
 Per shape (T, batch, hidden; input size = hidden, input projection included) and mode (inference: forward;
 training: forward + backward of ``(ys * cot).sum()`` into the weights), each round times every candidate once
 with CUDA events after a warm-up; the table shows the median time per call, microseconds per step, achieved
-TFLOP/s and the ratio anchor time / nnforge time (> 1: nnforge faster). Also printed: the device's name and its
-measured dense-GEMM peak in the dtype, and per hidden size the error of nnforge and of cuDNN against a float64
+TFLOP/s and GB/s (the fewest bytes the layer must move, ``fewest_bytes``) and the ratio anchor time / nnforge time
+(> 1: nnforge faster). Also printed: the device's name, its measured dense-GEMM peak in the dtype and its copy
+bandwidth, and per hidden size the error of nnforge and of cuDNN against a float64
 reference (cuDNN's LSTM in float64 on the same weights; ``|out - ref| / |ref|`` over all elements, at the
 smallest batch of that hidden size; in training of the weight gradients too). An anchor that fails at a shape
 is reported with its error. Record results in docs/benchmarks.md with the device and date.
@@ -69,6 +70,23 @@ class Clock:
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
+
+
+def fewest_bytes(T: int, N: int, H: int, itemsize: int, training: bool) -> int:
+    """Bytes a layer must move at least: each input read once, each output written once (x, h0, c0, the weights
+    and bias in, ys out; in training also the cotangent in and the weight gradients out)."""
+    weights = 2 * 4 * H * H + 4 * H
+    io = 2 * T * N * H + 2 * N * H + weights
+    return itemsize * (io + T * N * H + weights if training else io)
+
+
+def copy_peak(device: str, clock: Clock) -> float:
+    """Device memory bandwidth measured as a large device-to-device copy (bytes read plus written), GB/s."""
+    n = 1 << 30 if device == "cuda" else 1 << 22
+    a = torch.empty(n, dtype=torch.uint8, device=device).random_()
+    b = torch.empty_like(a)
+    b.copy_(a)
+    return 2 * n / min(clock(lambda: b.copy_(a)) for _ in range(5)) / 1e9
 
 
 def gemm_peak(device: str, dtype: torch.dtype, clock: Clock) -> float:
@@ -181,7 +199,8 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
     for name, t in med.items():
         ratio = "" if name == "nnforge.triton" else f"  {name} / nnforge = {t / mine:.2f}"
         print(f"  {name:16s} {t * 1e3:9.3f} ms  {t / T * 1e6:8.2f} us/step  "
-              f"{flops(T, N, H, training) / t / 1e12:7.2f} TFLOP/s{ratio}")
+              f"{flops(T, N, H, training) / t / 1e12:7.2f} TFLOP/s  "
+              f"{fewest_bytes(T, N, H, dtype.itemsize, training) / t / 1e9:7.1f} GB/s{ratio}")
     for name, why in failed.items():
         print(f"  {name:16s} failed: {why}")
 
@@ -257,7 +276,8 @@ def main() -> None:
     dtype = getattr(torch, a.dtype)
     clock = Clock(device)
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (Triton interpreter, smoke run)"
-    print(f"device: {name}; dense {a.dtype} GEMM peak measured {gemm_peak(device, dtype, clock):.1f} TFLOP/s")
+    print(f"device: {name}; dense {a.dtype} GEMM peak measured {gemm_peak(device, dtype, clock):.1f} TFLOP/s, "
+          f"copy {copy_peak(device, clock):.0f} GB/s (read + write)")
     shapes = [(H, N) for H in a.hidden or [96, 384, 1024] for N in a.batch or []] or list(TABLE)
     for mode in a.mode:
         for H in dict.fromkeys(H for H, _ in shapes):
