@@ -5,10 +5,11 @@ computes are register tiles ``[rows, width]``, element ``(r, c)`` held by one th
 at its own element, or a per-row value along the row; a read at another element (a shifted slice of a carry, a
 transpose, a gather) or a kernel form the program has no register spelling for would need shared memory. A
 concat of tiles along the row stays a list of tiles when only products read it (the gate gradients that an
-LSTM's backward step multiplies by its weights), and a product read only through column slices is computed
-slice by slice (a GRU's reset and update gates). The
-scheduler asks ``register_body_refusal`` and keeps such a loop work-shared (stepped by the host): the decision is
-made here, once, not by a renderer falling back.
+LSTM's backward step multiplies by its weights); a product read only through column slices is computed slice by
+slice (a GRU's reset and update gates); a row cut into gates after being computed as a whole (a layer-norm
+LSTM's) is held one tile per gate (``row_segments``). The scheduler asks ``register_body_refusal`` and keeps a
+loop it refuses work-shared (stepped by the host): the decision is made here, once, not by a renderer falling
+back.
 """
 
 from __future__ import annotations
@@ -124,16 +125,16 @@ def row_segments(body: Graph) -> Segments:
 
 def _segment_refusal(body: Graph, segs: Segments, held: set[int], readers: dict[int, list[Node]],
                      n_carry: int) -> str | None:
-    """Why the values of ``segs`` cannot be computed range by range: a carry among them (it is one tile), or a
-    held one read otherwise than range by range (a product's operand, a view, an op of another width)."""
-    carries = {id(x) for x in body.inputs[:n_carry]}
+    """Why the values of ``segs`` cannot be computed range by range: a carry among them, in or out (it is one
+    tile), or a held one read otherwise than range by range (a view, an op of another width)."""
+    carries = {id(x) for x in body.inputs[:n_carry]} | {id(o) for o in body.outputs[:n_carry]}
     by_id = {id(m): m for m in body.order}
     for i in segs.nodes:
         m = by_id.get(i)
         if m is None or i not in held:
             continue
         if i in carries:
-            return f"the carry {m.op.name.lower()} would be cut into ranges"
+            return f"the carry {m.op.name.lower()} at {m.loc} would be cut into ranges"
         if m.op not in ELEMENTWISE and m.op != Op.MATMUL:
             return f"{m.op.name.lower()} at {m.loc} has no form by ranges"
         for r in readers.get(i, []):

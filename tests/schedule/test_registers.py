@@ -129,7 +129,7 @@ def _halves_of_the_carry(h, x_t, w):
 @pytest.mark.parametrize("cell,split,why", [
     (_normalized_gates, True, None),
     (_normalized_gates_and_a_product_of_the_row, False, "whole)"),
-    (_halves_of_the_carry, False, "the carry input would be cut into ranges")])
+    (_halves_of_the_carry, False, "would be cut into ranges")])
 def test_a_row_cut_into_gates_is_held_one_tile_per_gate(cell, split: bool, why: str | None,
                                                         rng: np.random.Generator, caplog: pytest.LogCaptureFixture):
     """A layer-norm LSTM normalizes its gate row as a whole, then cuts it: held one tile per gate, where every
@@ -139,3 +139,17 @@ def test_a_row_cut_into_gates_is_held_one_tile_per_gate(cell, split: bool, why: 
         assert (_loop(cell, rng, steps_in_registers=True).parallel is not None) == split
     if why:
         assert why in caplog.text
+
+
+
+def _row_cut_and_carried(h, x_t, w):
+    p = h @ w
+    d = p - p.mean(-1, keepdims=True) + x_t  # a whole row, cut in halves below
+    a, b = d.chunk(2, axis=-1)
+    return d, a * b  # and carried to the next step: a carry is one tile
+
+
+def test_a_carry_computed_by_ranges_is_refused(rng: np.random.Generator, caplog: pytest.LogCaptureFixture):
+    with caplog.at_level("DEBUG", logger="nnforge.schedule"):
+        assert _loop(_row_cut_and_carried, rng, steps_in_registers=True).parallel is None
+    assert "the carry add at" in caplog.text and "would be cut into ranges" in caplog.text
