@@ -5,9 +5,9 @@ computes are register tiles ``[rows, width]``, element ``(r, c)`` held by one th
 at its own element, or a per-row value along the row; a read at another element (a shifted slice of a carry, a
 transpose, a gather) or a kernel form the program has no register spelling for would need shared memory. A
 concat of tiles along the row stays a list of tiles when only products read it (the gate gradients that an
-LSTM's backward step multiplies by its weights); a product read only through column slices is computed slice by
-slice (a GRU's reset and update gates); a row cut into gates after being computed as a whole (a layer-norm
-LSTM's) is held one tile per gate (``row_segments``). The scheduler asks ``register_body_refusal`` and keeps a
+LSTM's backward step multiplies by its weights); a row cut into gates by column slices (a GRU's ``h @ W_hrz`` into
+its reset and update gates, a layer-norm LSTM's normalized gate row) is held one tile per gate
+(``row_segments``). The scheduler asks ``register_body_refusal`` and keeps a
 loop it refuses work-shared (stepped by the host): the decision is made here, once, not by a renderer falling
 back.
 """
@@ -37,7 +37,6 @@ def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
         for s in m.srcs:
             readers.setdefault(id(s), []).append(m)
     carried = {id(o) for o in body.outputs[:n_carry]}
-    outputs = {id(o) for o in body.outputs}
     segs = row_segments(body)
     for m in body.order:
         where = f"{m.op.name.lower()} at {m.loc}"
@@ -53,8 +52,6 @@ def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
         if m.op in (Op.SUM, Op.REDUCE_MAX) and tuple(m.attrs["axes"]) != tuple(range(1, m.srcs[0].ndim)):
             return f"{where} reduces other than each row's values"
         if m.op in _VIEWS and not _in_place(m) and _reaches(m.srcs[0], held, g, set()):
-            if _sliced_product(m.srcs[0], readers.get(id(m.srcs[0]), []), outputs):
-                continue
             if id(m) in segs.slices and (why := _segment_refusal(body, segs, held, readers, n_carry)) is None:
                 continue
             return f"{where} reads a value of the step at another element" + (f" ({why})" if m.op == Op.SLICE
@@ -157,22 +154,6 @@ def _tile_concat_refusal(m: Node, readers: list[Node], carried: bool) -> str | N
         if r.op != Op.MATMUL or r.srcs[0] is not m or r.srcs[1] is m:
             return f"is read by {r.op.name.lower()} at {r.loc}, not as a product's left operand"
     return None
-
-
-def _sliced_product(p: Node, readers: list[Node], outputs: set[int]) -> bool:
-    """Whether ``p`` is a stored product read only through column slices (a GRU's ``h @ W_hrz`` split into its
-    reset and update gates): it is then computed slice by slice, one ``tl.dot`` each, never held whole."""
-    if p.op != Op.MATMUL or p.ndim != 2 or id(p) in outputs:
-        return False
-    return all(_column_slice(r, p) for r in readers)
-
-
-def _column_slice(m: Node, src: Node) -> bool:
-    """``m`` is ``src[:, a:b]``: every row, a contiguous range of columns."""
-    if m.op != Op.SLICE or m.srcs[0] is not src:
-        return False
-    a = m.attrs
-    return tuple(a["steps"]) == (1, 1) and int(a["starts"][0]) == 0 and m.shape[0] == src.shape[0]
 
 
 def _in_place(m: Node) -> bool:

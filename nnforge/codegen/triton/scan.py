@@ -32,6 +32,7 @@ from ...schedule import (
     Copy,
     Elementwise,
     Gemm,
+    Kernel,
     Loop,
     Reduce,
     SlicedGemm,
@@ -70,7 +71,7 @@ class ScanKernel:
         self.widths: dict[int, str] = {}
         self.idents: dict[tuple, tuple[str, ...]] = {}
         self.outer_evals: dict[tuple[str, str | None], Eval] = {}
-        self.parts: dict[int, list[tuple[str, int, int]]] = {}  # a concat's tiles: (value, column offset, width)
+        self.pieces: dict[int, list[tuple[str, int, int]]] = {}  # values held by columns: (tile, offset, width)
 
     # ---- tiles --------------------------------------------------------------------------------------------
     def width(self, n: Node) -> int:
@@ -254,11 +255,6 @@ class ScanKernel:
         em, sz = self.em, self.sz
         if isinstance(k, SlicedGemm):
             self.sliced(k, body, nxt)
-        elif isinstance(k, Gemm) and (slices := self.column_slices(k, body)):
-            cols = list(dict.fromkeys((w, off) for _, off, w in slices))
-            accs = dict(zip(cols, self.product(k.node, body, [(w, str(off)) for w, off in cols], k.b_resident)))
-            for m, off, w in slices:
-                body.reg[id(m)] = (accs[(w, off)], self.ident(m))
         elif isinstance(k, Gemm | Elementwise | Copy) and id(stored_node(k)) in self.segs.nodes:
             self.by_ranges(k, body)
         elif isinstance(k, Gemm):
@@ -292,8 +288,8 @@ class ScanKernel:
         if not all(sz.is_static(d) for d in b.shape):
             raise Unsupported("a matmul with a run-time width inside a persistent scan")
         K = int(b.shape[0])
-        if id(a) in self.parts:  # A is a concat of tiles: one dot per tile against its rows of B, summed
-            pieces = self.parts[id(a)]
+        if id(a) in self.pieces:  # A is held by columns: one dot per tile against its rows of B, summed
+            pieces = self.pieces[id(a)]
         else:
             ck = self.cols(K)
             va = Eval(em, body, sz, self.mask(K), 2).val(a, ("r", ck))
@@ -339,29 +335,7 @@ class ScanKernel:
         else:
             for _, w, idx in ranges:
                 tiles[idx] = Eval(em, body, sz, self.mask(w), 2, root=node).val(node, idx)
-        body.ranges[id(node)] = tiles
-        for pos in ([k.out.output] if k.out.output is not None else []) + list(k.also):
-            if pos < self.nc:
-                raise Unsupported(f"{node.op.name.lower()} at {node.loc}: a carry held by column ranges")
-            shape = self.loop.node.types[pos][0]
-            for _, w, idx in ranges:
-                self.store(self.results[pos], shape, ("tt", self.global_row("r"), idx[1]), tiles[idx], self.mask(w))
-
-    def column_slices(self, k: Gemm, body: Ctx) -> list[tuple[Node, int, int]]:
-        """(slice, column offset, width) of each reader of a product that is read only through column slices and
-        is no output of the step (``schedule/registers.py`` admits such a body): computed one slice per dot."""
-        p = k.node
-        if k.epilogue is not None or k.out.output is not None or k.also or p.ndim != 2:
-            return []
-        readers = [m for m in body.graph.order if any(s is p for s in m.srcs)]
-        out = []
-        for m in readers:
-            a = m.attrs
-            if (m.op != Op.SLICE or tuple(a["steps"]) != (1, 1) or int(a["starts"][0]) != 0
-                    or m.shape[0] != p.shape[0]):
-                return []
-            out.append((m, int(a["starts"][1]), self.width(m)))
-        return out
+        self.hold_by_columns(node, k, [(tiles[idx], off, w) for off, w, idx in ranges], body)
 
     def concat(self, k: Concat | Copy, body: Ctx) -> None:
         """A concat of tiles along the row, kept as its tiles (``schedule/registers.py`` admits it only when
@@ -370,21 +344,27 @@ class ScanKernel:
         n = k.node
         if n.attrs["axis"] != n.ndim - 1 or n.ndim != 2:
             raise Unsupported(f"concat at {n.loc}: inside a persistent scan only a concat along the row")
-        parts, off = [], 0
+        pieces, off = [], 0
         for src in n.srcs:
             w = self.width(src)
             if w:
                 v = Eval(self.em, body, self.sz, self.mask(w), 2, root=n).val(src, self.ident(src))
-                parts.append((v, off, w))
+                pieces.append((v, off, w))
             off += w
-        self.parts[id(n)] = parts
-        positions = ([k.out.output] if k.out.output is not None else []) + list(k.also)
-        for pos in positions:
+        self.hold_by_columns(n, k, pieces, body)
+
+    def hold_by_columns(self, node: Node, k: Kernel, pieces: list[tuple[str, int, int]], body: Ctx) -> None:
+        """``node`` held as one tile per column range (tile, offset, width): read there by later kernels of the
+        step (``Ctx.ranges``) and by products (``product``), stored range by range where it is a step output;
+        never a carry (``schedule/registers.py`` refuses those)."""
+        self.pieces[id(node)] = pieces
+        body.ranges[id(node)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
+        for pos in ([k.out.output] if k.out.output is not None else []) + list(k.also):
             if pos < self.nc:
-                raise Unsupported(f"concat at {n.loc} is carried to the next step")
+                raise Unsupported(f"{node.op.name.lower()} at {node.loc}: a carry held by column ranges")
             shape = self.loop.node.types[pos][0]
-            for v, o, w in parts:
-                self.store(self.results[pos], shape, ("tt", self.global_row("r"), sliced(self.cols(w), str(o))), v,
+            for v, off, w in pieces:
+                self.store(self.results[pos], shape, ("tt", self.global_row("r"), sliced(self.cols(w), str(off))), v,
                            self.mask(w))
 
     def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str]) -> None:
