@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import nnforge as nf
+from nnforge.codegen.c.emit import Emitter
 from nnforge.codegen.c.memplan import slot_bytes_function
 from nnforge.schedule.memory import plan
 
@@ -75,10 +76,11 @@ def test_record_lifetimes_cover_every_function_naming_the_buffer(rng: np.random.
             for s in [(T, N, I), (N, H), (N, H), (4 * H, I), (4 * H, H), (4 * H,)]]
     fn = nf.grad(loss, argnums=tuple(range(6))) if train else ln_lstm
     low = lower(prepare(nf.compile(fn).trace(*args)))
-    code: list[str] = []  # the top-level code once more, to cut it where the C is cut into functions
+    em = Emitter(low.names)  # the top-level code once more, to cut it where the C is cut into functions
     low.marks.clear()
     low.lower_block(low.program.block, [f"in{k}" for k in range(len(args))],
-                    [f"out{k}" for k in range(len(low.graph.outputs))], code, "", [])
+                    [f"out{k}" for k in range(len(low.graph.outputs))], em, [])
+    code = em.lines
     life = {name: span for (name, _, _), span in zip(low.allocs, low.lives)}
     parts = [code[a:b] for a, b in zip([0, *low.marks], [*low.marks, len(code)])]
     checked = set()

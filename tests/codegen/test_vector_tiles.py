@@ -129,13 +129,12 @@ def test_elementwise_kernel_in_vector_form(rng: np.random.Generator, width: int)
 def test_generated_names_never_collide() -> None:
     """``fresh`` names from prefixes that end in a digit (``b1``) and from ones that do not (``b``) differ at
     every counter value (``b1`` + 238 was ``b`` + 1238: a C compile error in a long layer-norm LSTM)."""
-    from nnforge.codegen.c import lower, prepare
+    from nnforge.codegen.c.emit import Names
 
-    low = lower(prepare(nf.compile(lambda a: a + 1.0).trace(np.ones(3, np.float32))))
     made: dict[str, set[str]] = {}
     for prefix in ("b", "b1", "r0", "bp"):
-        low.counter = 0
-        made[prefix] = {low.fresh(prefix) for _ in range(3000)}
+        names = Names()
+        made[prefix] = {names.fresh(prefix) for _ in range(3000)}
     for a in made:
         for b in made:
             assert a == b or not made[a] & made[b], (a, b, sorted(made[a] & made[b])[:3])

@@ -11,14 +11,15 @@ from ...ir.dims import symbol_name
 from ...ir.expr import Expr, var
 from ...schedule import ChunkedInput, stored_node
 from .cexpr import Sizes
+from .emit import Emitter
 from .gemm import emit_gemm, pack_panels
 
 if TYPE_CHECKING:
     from .lower import GraphCtx, Lowering
 
 
-def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str, length: str, rev: bool,
-               lo: str, count: str, ind: str, before: list[str]) -> list[str]:
+def emit_chunk(low: Lowering, em: Emitter, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str, length: str,
+               rev: bool, lo: str, count: str, before: Emitter) -> None:
     """Every ``steps`` time steps: the projection of the next chunk (steps ``lo .. lo + count`` of the sequence,
     in the scan's direction) into ``chunk``, work-shared among the threads between two barriers. The weights are
     packed once, by code added to ``before`` (what runs before the time loop)."""
@@ -26,10 +27,10 @@ def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str
     p, root, steps = c.gemm.node, stored_node(c.gemm), c.steps
     a_view, vb = low.operand_views(p, ctx, a_row=var(lo) * sz.expr(c.view.shape[1]))  # the chunk's first row
     length_dim = c.view.shape[0]
-    lines = [f"{ind}if ({t} % {steps} == 0) {{",
-             f"{ind}    {count} = {length} - {t} < {steps} ? {length} - {t} : {steps};",
-             f"{ind}    {lo} = {f'{length} - {t} - {count}' if rev else t};",
-             f"{ind}    #pragma omp barrier"]
+    em.open(f"if ({t} % {steps} == 0) {{")
+    em(f"{count} = {length} - {t} < {steps} ? {length} - {t} : {steps};",
+       f"{lo} = {f'{length} - {t} - {count}' if rev else t};",
+       "#pragma omp barrier")
     ep_info: list = []
     epilogue = low.gemm_epilogue(p, root if root is not p else None, ctx, ep_info)
 
@@ -38,19 +39,16 @@ def emit_chunk(low: Lowering, c: ChunkedInput, ctx: GraphCtx, chunk: str, t: str
         return epilogue([idx[0] + var(lo) * sz.expr(c.view.shape[1]), *idx[1:]], acc, lanes, lane)
 
     columns = [("0", sz(p.shape[-1]))]
-    buf, _ = low.packed_b(p, vb, columns, lines, ind, resident=False)
-    before += pack_panels(low, p.dtype, sz(p.srcs[0].shape[-1]), vb, columns, buf, "", shared=True)
+    buf, _ = low.packed_b(p, vb, columns, resident=False)
+    pack_panels(low, before, p.dtype, sz(p.srcs[0].shape[-1]), vb, columns, buf, shared=True)
     outer = low.sizes
     low.sizes = _with_steps(outer, length_dim, count)
     try:
-        text, _ = emit_gemm(low, p, [a_view, vb], chunk, buf, buf,
-                            global_rows if epilogue else None, ind + "    ", c.gemm.pack_a, c.gemm.k_split,
-                            lanes=c.gemm.lanes)
+        emit_gemm(low, em, p, [a_view, vb], chunk, buf, buf, global_rows if epilogue else None, c.gemm.pack_a,
+                  c.gemm.k_split, lanes=c.gemm.lanes)
     finally:
         low.sizes = outer
-    lines += text
-    lines.append(f"{ind}}}")
-    return lines
+    em.close()
 
 
 def _with_steps(sz: Sizes, length_dim: int, count: str) -> Sizes:

@@ -45,6 +45,7 @@ from ...errors import NNForgeError
 from ...ir.expr import ZERO, Expr, row_major, var
 from ...ir.node import Node
 from .cexpr import Sizes, Unsupported, byte_size, ctype, store
+from .emit import Emitter
 
 if TYPE_CHECKING:
     from .lower import Lowering
@@ -221,8 +222,8 @@ def check_dtype(p: Node) -> None:
         raise Unsupported(f"matmul in {p.dtype} runs on the reference backend")
 
 
-def pack_panels(low: Lowering, dt: DType, K: str, src: View, columns: Sequence[tuple[str, str]],
-                dst: str, ind: str, shared: bool = False) -> list[str]:
+def pack_panels(low: Lowering, em: Emitter, dt: DType, K: str, src: View, columns: Sequence[tuple[str, str]],
+                dst: str, shared: bool = False) -> None:
     """Loop packing panels of the B view ``src`` ([K, N] in its last two axes): panel q holds ``columns[q % len]``
     shifted by ``(q // len) * NR``; ``columns`` are (first column, width) pairs of C expressions, all of one width.
     Work-shared among the threads unless the code around it runs on one thread's rows (``low.serial``); ``shared``
@@ -231,30 +232,31 @@ def pack_panels(low: Lowering, dt: DType, K: str, src: View, columns: Sequence[t
     sfx = _sfx(dt)
     sz = low.sizes
     b, off, (sbk, sbn) = src[0], src[1], src[2][-2:]
-    q = low.fresh("q")
+    q = em.fresh("q")
     per = len(columns)
-    lines = [f"{ind}#pragma omp for schedule(static)"] if shared else low.omp_for(ind)
-    nq = low.fresh("nq")
-    lines.insert(0, f"{ind}const int64_t {nq} = {per} * (({columns[0][1]} + {nr - 1}) / {nr});")
-    lines.append(f"{ind}for (int64_t {q} = 0; {q} < {nq}; {q}++) {{")
-    lines.append(f"{ind}    const int64_t blk = {q} / {per}, g = {q} % {per};")
+    nq = em.fresh("nq")
+    em(f"const int64_t {nq} = {per} * (({columns[0][1]} + {nr - 1}) / {nr});")
+    if shared:
+        em("#pragma omp for schedule(static)")
+    else:
+        low.omp_for(em)
     starts = ", ".join(c for c, _ in columns)
     widths = ", ".join(w for _, w in columns)
-    lines.append(f"{ind}    const int64_t c0s[{per}] = {{{starts}}}, wid[{per}] = {{{widths}}};")
-    lines.append(f"{ind}    const int64_t left = wid[g] - blk * {nr};")
     first = off + (var("c0s[g]") + var("blk") * nr) * sbn  # the panel's first column (C temporaries)
-    lines.append(f"{ind}    nf_pack_{sfx}({K}, {b} + {sz.index(first)}, {sz.index(sbk)}, {sz.index(sbn)}, "
-                 f"left < {nr} ? left : {nr}, {dst} + {q} * ({K}) * {nr});")
-    lines.append(f"{ind}}}")
-    return lines
+    with em.block(f"for (int64_t {q} = 0; {q} < {nq}; {q}++) {{"):
+        em(f"const int64_t blk = {q} / {per}, g = {q} % {per};",
+           f"const int64_t c0s[{per}] = {{{starts}}}, wid[{per}] = {{{widths}}};",
+           f"const int64_t left = wid[g] - blk * {nr};",
+           f"nf_pack_{sfx}({K}, {b} + {sz.index(first)}, {sz.index(sbk)}, {sz.index(sbn)}, "
+           f"left < {nr} ? left : {nr}, {dst} + {q} * ({K}) * {nr});")
 
 
-def emit_gemm(low: Lowering, p: Node, views: Sequence[View], out: str,
-              packed: str | None, scratch: str, epilogue: Epilogue | None, ind: str,
+def emit_gemm(low: Lowering, em: Emitter, p: Node, views: Sequence[View], out: str,
+              packed: str | None, scratch: str, epilogue: Epilogue | None,
               pack_a: bool = False, k_split: bool = False, also: Sequence[str] = (),
-              lanes: int = 1) -> tuple[list[str], str]:
-    """C lines computing ``out = epilogue(A @ B)`` for matmul node ``p``, also stored to each buffer in ``also``
-    (same layout); returns (lines, store text).
+              lanes: int = 1) -> str:
+    """C computing ``out = epilogue(A @ B)`` for matmul node ``p``, also stored to each buffer in ``also`` (same
+    layout); returns the store's text (for listings).
 
     ``packed`` names B already packed (panels of all N columns, before the loop); otherwise B is packed into
     ``scratch`` here (per batch index). ``pack_a`` / ``k_split``: the schedule's choice of the packed-A loops
@@ -266,20 +268,17 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[View], out: str,
     batch = p.shape[:-2]
     M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
     (pa, oa, sa), (pb, ob, sb) = views
-    lines: list[str] = []
-    cur = ind
-    bidx = [low.fresh("bb") for _ in batch]
+    bidx = [em.fresh("bb") for _ in batch]
     for b, d in zip(bidx, batch):
-        lines.append(f"{cur}for (int64_t {b} = 0; {b} < {sz(d)}; {b}++) {{")
-        cur += "    "
+        em.open(f"for (int64_t {b} = 0; {b} < {sz(d)}; {b}++) {{")
     for b, s, t in zip(bidx, sa[:-2], sb[:-2]):  # this batch index's matrices
         oa, ob = oa + var(b) * s, ob + var(b) * t
-    A = low.fresh("A")
-    lines.append(f"{cur}const {ctype(p.dtype)}* {A} = {pa} + ({sz.index(oa)});")
-    npan = low.fresh("np")
-    lines.append(f"{cur}const int64_t {npan} = ({N} + {nr - 1}) / {nr};")
+    A = em.fresh("A")
+    em(f"const {ctype(p.dtype)}* {A} = {pa} + ({sz.index(oa)});")
+    npan = em.fresh("np")
+    em(f"const int64_t {npan} = ({N} + {nr - 1}) / {nr};")
     if packed is None:
-        lines += pack_panels(low, p.dtype, K, (pb, ob, sb), [("0", N)], scratch, cur)
+        pack_panels(low, em, p.dtype, K, (pb, ob, sb), [("0", N)], scratch)
         packed = scratch
     pack_a = pack_a and not batch
     rows = max(cfg.mr, cfg.mca // cfg.mr * cfg.mr) if pack_a else cfg.mc
@@ -316,12 +315,10 @@ def emit_gemm(low: Lowering, p: Node, views: Sequence[View], out: str,
     # A plain product (``out`` then holds the sums): a full tile goes straight to ``out``, not through the register
     # tile and a copy loop (12 loads and 12 stores per 6 x 16 tile; a layer-norm LSTM step took 1.1 % less).
     plain = epilogue is None and not also and not pack_a
-    lines += _nest(low, cur, nest, partial_sums if pack_a else (lambda _pc, _nk: element), lanes,
-                   direct if plain else None)
+    _nest(low, em, nest, partial_sums if pack_a else (lambda _pc, _nk: element), lanes, direct if plain else None)
     for _ in batch:
-        cur = cur[:-4]
-        lines.append(f"{cur}}}")
-    return lines, stored[0]
+        em.close()
+    return stored[0]
 
 
 @dataclass(frozen=True)
@@ -351,8 +348,8 @@ class Nest:
     k_split: bool = False
 
 
-def _nest(low: Lowering, ind: str, n: Nest, body: Callable[[str, str], TileBody], lanes: int,
-          direct: Callable[[str, str], str] | None = None) -> list[str]:
+def _nest(low: Lowering, em: Emitter, n: Nest, body: Callable[[str, str], TileBody], lanes: int,
+          direct: Callable[[str, str], str] | None = None) -> None:
     """The loops of GEMM ``n``: work items shared among the threads; in each, per column panel and MR-row block,
     the micro-kernel into the register tiles (one per slice), then the tile body (``_for_tile``, ``lanes``
     columns at a time on a full tile). ``body(pc, nk)`` gives it, given the C names of the K slice and the slice
@@ -366,74 +363,66 @@ def _nest(low: Lowering, ind: str, n: Nest, body: Callable[[str, str], TileBody]
         """A at an index expression (rows and k)."""
         return f"{A} + {low.sizes.index(sum(terms, ZERO))}"
 
-    L: list[str] = []
+    depth = em.depth
     pc = nk = mine = ""
     if n.pack_a:
         assert n.rows is not None and n.slices == 1
         kc = low.program.target.k_slice
-        nk, ap, mine = low.fresh("nk"), low.fresh("ap"), low.fresh("apt")
+        nk, ap, mine = em.fresh("nk"), em.fresh("ap"), em.fresh("apt")
         low.add_alloc(ap, ct, byte_size(n.rows, kc if n.k_split else K, "nf_nthreads()", n.dtype.itemsize))
         # K in nk equal slices of at most KC (384 -> 2 x 192, not 256 + 128)
-        L.append(f"{ind}const int64_t {nk} = " + (f"(({K}) + {kc - 1}) / {kc};" if n.k_split else "1;"))
-        L.append(f"{ind}{ct}* {mine} = {ap} + (int64_t)nf_thread() * {n.rows} * ((({K}) + {nk} - 1) / {nk});")
-        pc = low.fresh("pc")
+        em(f"const int64_t {nk} = " + (f"(({K}) + {kc - 1}) / {kc};" if n.k_split else "1;"),
+           f"{ct}* {mine} = {ap} + (int64_t)nf_thread() * {n.rows} * ((({K}) + {nk} - 1) / {nk});")
+        pc = em.fresh("pc")
     if n.rows is None:  # an item: one column tile of every slice, all rows
-        jp, i0 = low.fresh("ub"), low.fresh("i0")
-        L += low.omp_for(ind)
-        L.append(f"{ind}for (int64_t {jp} = 0; {jp} < {n.npan}; {jp}++) {{")
-        c1 = ind + "    "
-        L.append(f"{c1}const int64_t u0_ = {jp} * {nr};")
-        L.append(f"{c1}const int nu_ = {n.width} - u0_ < {nr} ? (int)({n.width} - u0_) : {nr};")
-        at, first, end, cols, col0 = c1, "0", M, "nu_", "u0_"
-        closing = [f"{c1}}}", f"{ind}}}"]
+        jp, i0 = em.fresh("ub"), em.fresh("i0")
+        low.omp_for(em)
+        em.open(f"for (int64_t {jp} = 0; {jp} < {n.npan}; {jp}++) {{")
+        em(f"const int64_t u0_ = {jp} * {nr};",
+           f"const int nu_ = {n.width} - u0_ < {nr} ? (int)({n.width} - u0_) : {nr};")
+        first, end, cols, col0 = "0", M, "nu_", "u0_"
     else:  # an item: ``rows`` rows by ``group`` panels
-        ic, jg, i0, jp = low.fresh("ic"), low.fresh("jg"), low.fresh("i0"), low.fresh("jp")
-        L += low.omp_for(ind, collapse=2)
-        L.append(f"{ind}for (int64_t {ic} = 0; {ic} < {M}; {ic} += {n.rows})")
-        L.append(f"{ind}for (int64_t {jg} = 0; {jg} < {n.npan}; {jg} += {n.group}) {{")
-        at = ind + "    "
+        ic, jg, i0, jp = em.fresh("ic"), em.fresh("jg"), em.fresh("i0"), em.fresh("jp")
+        low.omp_for(em, collapse=2)
+        em(f"for (int64_t {ic} = 0; {ic} < {M}; {ic} += {n.rows})")
+        em.open(f"for (int64_t {jg} = 0; {jg} < {n.npan}; {jg} += {n.group}) {{")
         if n.pack_a:  # the item's rows ic .. ic + mb_, numbered from 0 in the packed A
-            L.append(f"{at}const int64_t mb_ = {M} - {ic} < {n.rows} ? {M} - {ic} : {n.rows};")
+            em(f"const int64_t mb_ = {M} - {ic} < {n.rows} ? {M} - {ic} : {n.rows};")
             first, end = "0", "mb_"
         else:
-            L.append(f"{at}const int64_t ie_ = {ic} + {n.rows} < {M} ? {ic} + {n.rows} : {M};")
+            em(f"const int64_t ie_ = {ic} + {n.rows} < {M} ? {ic} + {n.rows} : {M};")
             first, end = ic, "ie_"
-        L.append(f"{at}const int64_t je_ = {jg} + {n.group} < {n.npan} ? {jg} + {n.group} : {n.npan};")
-        closing = [f"{ind}}}"]
+        em(f"const int64_t je_ = {jg} + {n.group} < {n.npan} ? {jg} + {n.group} : {n.npan};")
         if n.pack_a:
-            L.append(f"{at}for (int64_t {pc} = 0; {pc} < {nk}; {pc}++) {{")
-            closing.insert(0, f"{at}}}")
-            at += "    "
+            em.open(f"for (int64_t {pc} = 0; {pc} < {nk}; {pc}++) {{")
             step = f"((({K}) + {nk} - 1) / {nk})"
-            L.append(f"{at}const int64_t k0_ = {pc} * {step};")
-            L.append(f"{at}const int64_t k1_ = k0_ + {step} < ({K}) ? k0_ + {step} : ({K});")
-            L.append(f"{at}nf_packa_{sfx}(mb_, k1_ - k0_, {a_at(var(ic) * n.sam, var('k0_') * n.sak)}, {sam}, "
-                     f"{sak}, {mine});")
-        L.append(f"{at}for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
+            em(f"const int64_t k0_ = {pc} * {step};",
+               f"const int64_t k1_ = k0_ + {step} < ({K}) ? k0_ + {step} : ({K});",
+               f"nf_packa_{sfx}(mb_, k1_ - k0_, {a_at(var(ic) * n.sam, var('k0_') * n.sak)}, {sam}, {sak}, {mine});")
+        em(f"for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
         cols, col0 = "nr_", f"{jp} * {nr}"
-        closing.insert(0, f"{at}}}")
-    L.append(f"{at}for (int64_t {i0} = {first}; {i0} < {end}; {i0} += {mr}) {{")
-    tile = at + "    "
-    accs = [low.fresh("tile") for _ in range(n.slices)]
-    L += [f"{tile}{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));" for acc in accs]
-    L.append(f"{tile}const int mr_ = {end} - {i0} < {mr} ? (int)({end} - {i0}) : {mr};")
+    em.open(f"for (int64_t {i0} = {first}; {i0} < {end}; {i0} += {mr}) {{")
+    accs = [em.fresh("tile") for _ in range(n.slices)]
+    em.each(f"{ct} {acc}[{mr * nr}] __attribute__((aligned(64)));" for acc in accs)
+    em(f"const int mr_ = {end} - {i0} < {mr} ? (int)({end} - {i0}) : {mr};")
     if n.rows is not None:
-        L.append(f"{tile}const int nr_ = {n.width} - {jp} * {nr} < {nr} ? (int)({n.width} - {jp} * {nr}) : {nr};")
+        em(f"const int nr_ = {n.width} - {jp} * {nr} < {nr} ? (int)({n.width} - {jp} * {nr}) : {nr};")
     if n.pack_a:
-        L.append(f"{tile}nf_ukrp_{sfx}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), "
-                 f"{n.packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {accs[0]});")
+        em(f"nf_ukrp_{sfx}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), {n.packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, "
+           f"{accs[0]});")
     else:
         call = f"nf_ukr_{sfx}({K}, {a_at(var(i0) * n.sam)}, {sam}, {sak}, mr_, "
         panels = [f"({jp})"] if n.rows is not None else [f"({jp} * {n.slices} + {g})" for g in range(n.slices)]
         if direct is not None:
             exact = " || ".join(f"mr_ == {m}" for m in _row_kernels(mr))
-            L.append(f"{tile}if (nr_ == {nr} && ({exact})) {{ {call}{n.packed} + {panels[0]} * ({K}) * {nr}, "
-                     f"{direct(i0, jp)}, {n.width}); continue; }}")
-        L += [f"{tile}{call}{n.packed} + {q} * ({K}) * {nr}, {acc}, {nr});" for q, acc in zip(panels, accs)]
+            em(f"if (nr_ == {nr} && ({exact})) {{ {call}{n.packed} + {panels[0]} * ({K}) * {nr}, "
+               f"{direct(i0, jp)}, {n.width}); continue; }}")
+        em.each(f"{call}{n.packed} + {q} * ({K}) * {nr}, {acc}, {nr});" for q, acc in zip(panels, accs))
     row0 = f"{ic} + {i0}" if n.pack_a else i0
-    L += _for_tile(low, tile, nr, accs, "mr_", cols, lambda r: f"{row0} + {r}", lambda c: f"{col0} + {c}",
-                   body(pc, nk), lanes)
-    return L + closing
+    _for_tile(em, nr, accs, "mr_", cols, lambda r: f"{row0} + {r}", lambda c: f"{col0} + {c}", body(pc, nk),
+              lanes)
+    while em.depth > depth:
+        em.close()
 
 
 def _epilogue_store(sz: Sizes, epilogue: Epilogue | None, out: str, idx: list[Expr], dims: Sequence[Expr],
@@ -452,47 +441,52 @@ def _epilogue_store(sz: Sizes, epilogue: Epilogue | None, out: str, idx: list[Ex
     return pre, stmts, f"{', '.join([out, *also])}[{index}] = {value}"
 
 
-def _for_tile(low: Lowering, ind: str, nr: int, accs: Sequence[str], rows: str, cols: str,
-              row_of: Callable[[str], str], col_of: Callable[[str], str], body: TileBody,
-              lanes: int = 1) -> list[str]:
+def _for_tile(em: Emitter, nr: int, accs: Sequence[str], rows: str, cols: str, row_of: Callable[[str], str],
+              col_of: Callable[[str], str], body: TileBody, lanes: int = 1) -> None:
     """Loops over the ``rows`` x ``cols`` elements of micro-kernel tiles ``accs`` (NR wide, one per GEMM column
     slice): ``body(i, j, values, lanes)`` gives the statements for the element at matrix row ``i = row_of(r)``,
     column ``j = col_of(c)``. With ``lanes`` > 1 (the schedule's ``Gemm.lanes``) a full tile (``cols`` == NR)
     runs ``lanes`` columns at a time and the scalar loop is kept for a partial one; a body that cannot be
     spelled so is a bug of that choice, raised as such."""
 
-    def loops(width: int) -> list[str]:
-        r, c, i, j = low.fresh("r"), low.fresh("c"), low.fresh("i"), low.fresh("j")
+    def loops(out: Emitter, width: int) -> None:
+        r, c, i, j = out.fresh("r"), out.fresh("c"), out.fresh("i"), out.fresh("j")
         at = f"{r} * {nr} + {c}"
         values = [f"{a}[{at}]" if width == 1 else f"nf_vld_f32(&{a}[{at}])" for a in accs]
         pre, stmts = body(i, j, values, width)
-        lines = [f"for (int {r} = 0; {r} < {rows}; {r}++) {{",
-                 f"    const int64_t {i} = {row_of(r)};",
-                 *(f"    {st}" for st in pre),
-                 # Both vectors of a tile row in one loop body: their independent chains (exp, division, tanh)
-                 # then overlap; left rolled, gcc ran a H = 384 LSTM layer 5 % slower (868 vs 824 ms).
-                 *([f"    #pragma GCC unroll {nr // width}"] if width > 1 else []),
-                 f"    for (int {c} = 0; {c} < {cols if width == 1 else nr}; {c} += {width}) {{",
-                 f"        const int64_t {j} = {col_of(c)};"]
-        lines += [f"        {st}" for st in stmts]
-        return [*lines, "    }", "}"]
+        with out.block(f"for (int {r} = 0; {r} < {rows}; {r}++) {{"):
+            out(f"const int64_t {i} = {row_of(r)};")
+            out.each(pre)
+            # Both vectors of a tile row in one loop body: their independent chains (exp, division, tanh) then
+            # overlap; left rolled, gcc ran a H = 384 LSTM layer 5 % slower (868 vs 824 ms).
+            if width > 1:
+                out(f"#pragma GCC unroll {nr // width}")
+            with out.block(f"for (int {c} = 0; {c} < {cols if width == 1 else nr}; {c} += {width}) {{"):
+                out(f"const int64_t {j} = {col_of(c)};")
+                out.each(stmts)
 
-    scalar = [ind + line for line in loops(1)]
     if lanes == 1:
-        return scalar
+        loops(em, 1)
+        return
+    scalar = em.sub(em.depth + 1)
+    loops(scalar, 1)
     if nr % lanes:
         raise NNForgeError(f"the schedule chose {lanes}-column GEMM tiles, which do not divide NR = {nr}")
+    vector = em.sub(em.depth + 1)
     try:
-        vector = loops(lanes)
+        loops(vector, lanes)
     except Unsupported as e:
         raise NNForgeError(f"the schedule chose {lanes} columns at a time for a GEMM tile, which has no vector "
                            f"form: {e}") from e
-    return [f"{ind}if ({cols} == {nr}) {{", *(f"{ind}    {line}" for line in vector), f"{ind}}} else {{",
-            *(f"    {line}" for line in scalar), f"{ind}}}"]
+    em(f"if ({cols} == {nr}) {{")
+    em.append(vector)
+    em("} else {")
+    em.append(scalar)
+    em("}")
 
 
-def emit_sliced(low: Lowering, p: Node, a_view: View, packed: str, offsets: Sequence[str],
-                width: str, body: TileBody, ind: str, lanes: int = 1) -> list[str]:
+def emit_sliced(low: Lowering, em: Emitter, p: Node, a_view: View, packed: str, offsets: Sequence[str],
+                width: str, body: TileBody, lanes: int = 1) -> None:
     """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
     columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), each into its
     own register tile, then ``body(i, u, values, lanes)`` (the epilogue and the consumer kernels) on the same rows
@@ -501,8 +495,8 @@ def emit_sliced(low: Lowering, p: Node, a_view: View, packed: str, offsets: Sequ
     check_dtype(p)
     sz, nr = low.sizes, low.gemm.nr(p.dtype)
     pa, oa, sa = a_view
-    A = low.fresh("A")
+    A = em.fresh("A")
     nest = Nest(p.dtype, sz(p.shape[-2]), sz(p.srcs[0].shape[-1]), A, sa[-2], sa[-1], packed, width,
                 f"({width} + {nr - 1}) / {nr}", None, slices=len(offsets))
-    return [f"{ind}const {ctype(p.dtype)}* {A} = {pa} + ({sz.index(oa)});",
-            *_nest(low, ind, nest, lambda _pc, _nk: body, lanes)]
+    em(f"const {ctype(p.dtype)}* {A} = {pa} + ({sz.index(oa)});")
+    _nest(low, em, nest, lambda _pc, _nk: body, lanes)

@@ -57,6 +57,7 @@ from .cexpr import (
     vector_formula,
 )
 from .chunks import emit_chunk
+from .emit import Emitter, Names
 from .gemm import Epilogue, GemmConfig, View, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import slot_bytes_function
 from .parts import UNIT_MARK, part_functions, split_parts
@@ -117,14 +118,14 @@ class Scalar:
         return VTYPE[dt]
 
     def tmp(self, dt: DType, expr: str) -> str:
-        name = self.low.fresh("v")
+        name = self.low.names.fresh("v")
         self.stmts.append(f"const {self._vector(dt) if self.lanes > 1 else ctype(dt)} {name} = {expr};")
         return name
 
     def _broadcast(self, dt: DType, scalar_expr: str) -> str:
         """A lane-invariant value: the scalar and its broadcast, both computed in ``pre``."""
         vt = self._vector(dt)
-        s, v = self.low.fresh("s"), self.low.fresh("v")
+        s, v = self.low.names.fresh("s"), self.low.names.fresh("v")
         self.pre += [f"const {ctype(dt)} {s} = {scalar_expr};", f"const {vt} {v} = nf_vbc_f32({s});"]
         self.uniform[v] = s
         return v
@@ -270,8 +271,7 @@ class LoopScope:
     """Where code that is invariant in a loop goes: ``pre`` runs once before the loop; ``packed`` dedupes the
     resident B panels packed there."""
 
-    pre: list[str]
-    ind: str
+    pre: Emitter
     packed: dict[tuple, str] = field(default_factory=dict)
 
 
@@ -284,7 +284,7 @@ class Lowering:
         self.graph = program.graph
         self.sizes = sizes
         self.gemm = gemm or GemmConfig()
-        self.counter = 0
+        self.names = Names()
         self.allocs: list[tuple[str, str, str]] = []
         self.lives: list[tuple[int, int]] = []  # each alloc's (first, last) top-level step
         self.lifetimes = lifetimes(program)  # of the program's top-level scratch buffers, by Buf name
@@ -294,7 +294,6 @@ class Lowering:
         self.stats = {"kernels": 0, "gemm": 0, "fused_gemm": 0, "scans": 0, "sliced": 0, "vector": 0}
         self.scopes: list[LoopScope] = []
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
-        self.names: set[str] = set()  # every name ``fresh`` made (the shared part functions rename them)
         self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
         self.workspace_slots: list[Slot] = []  # the workspace's slots (``memplan``), set by source()
 
@@ -303,26 +302,18 @@ class Lowering:
         """Code being lowered runs on one thread's rows, not work-shared."""
         return self.rows is not None
 
-    def omp_for(self, ind: str, collapse: int = 0, nowait: bool = False) -> list[str]:
+    def omp_for(self, em: Emitter, collapse: int = 0, nowait: bool = False) -> None:
         """The work-sharing pragma for the loop that follows (none inside a row-split body)."""
         if self.serial:
-            return []
+            return
         c = f" collapse({collapse})" if collapse > 1 else ""
-        return [f"{ind}#pragma omp for{c} schedule(static){' nowait' if nowait else ''}"]
-
-    def fresh(self, prefix: str) -> str:
-        """A new C identifier: ``prefix`` then a counter, with ``_`` between them when the prefix ends in a digit
-        (else ``b1`` + 238 and ``b`` + 1238 would both be ``b1238``)."""
-        self.counter += 1
-        name = f"{prefix}_{self.counter}" if prefix[-1:].isdigit() else f"{prefix}{self.counter}"
-        self.names.add(name)
-        return name
+        em(f"#pragma omp for{c} schedule(static){' nowait' if nowait else ''}")
 
     def alloc(self, dt: DType, shape: Sequence[int], buf: Buf | None = None) -> str:
         """A workspace buffer (``buf``: the program's record of it, whose lifetime the memory plan reads). In a
         row-split body a buffer with the batch axis is allocated for the whole batch and each thread gets its rows
         of it (the pointer expression is offset to its first row)."""
-        name = self.fresh("b")
+        name = self.names.fresh("b")
         rows = self.rows
         life = self.lifetimes.get(buf.name) if buf is not None else None
         if rows is not None and shape and is_rows(shape[0]):
@@ -352,17 +343,17 @@ class Lowering:
         n_in = len(g.inputs)
         ins = [f"(({ctype(n.dtype)}*)args[{k}])" for k, n in enumerate(g.inputs)]
         outs = [f"(({ctype(n.dtype)}*)args[{n_in + len(self.data) + k}])" for k, n in enumerate(g.outputs)]
-        body: list[str] = []
+        body = Emitter(self.names, depth=1)
         first = len(self.marks)
-        self.lower_block(self.program.block, ins, outs, body, "    ", self.listing)
+        self.lower_block(self.program.block, ins, outs, body, self.listing)
         keys = step_keys(self.program)
         marks = self.marks[first:]
         assert len(marks) == len(self.program.block.kernels), "one mark per top-level step"
-        parts = [(keys[step], lines) for step, lines in split_parts(body, marks)]
+        parts = [(keys[step], lines) for step, lines in split_parts(body.lines, marks)]
         # Scratch buffers live in one workspace the caller owns and reuses across calls (``nf_workspace`` says
         # how many bytes at these sizes): no malloc, free or first-touch page faults per call.
         n_ws = n_in + len(self.data) + len(g.outputs)
-        calls, fns, protos = part_functions(parts, [(name, ct) for name, ct, _ in self.allocs], self.names)
+        calls, fns, protos = part_functions(parts, [(name, ct) for name, ct, _ in self.allocs], self.names.made)
         if self.gemm.share_buffers:
             slots, where = plan(self.lives, [size for _, _, size in self.allocs])
         else:
@@ -399,7 +390,7 @@ class Lowering:
         return f"(({ctype(n.dtype)}*)args[{k}])"
 
     # ---- one graph ----------------------------------------------------------------------------------------
-    def lower_block(self, block: Block, ins: Sequence[str], outs: Sequence[str], code: list[str], ind: str,
+    def lower_block(self, block: Block, ins: Sequence[str], outs: Sequence[str], em: Emitter,
                     listing: list[KernelInfo]) -> None:
         """The kernels of ``block`` in order (graph inputs at ``ins``, its results into ``outs``): each where
         the graph's order reaches the node it stores, so views and constant data are bound before their
@@ -438,32 +429,32 @@ class Lowering:
             if k is None:
                 continue
             if isinstance(k, Loop):
-                self.lower_loop(k, ctx, code, ind, listing, outs)
+                self.lower_loop(k, ctx, em, listing, outs)
             elif isinstance(k, SlicedGemm):  # consumed tile by tile, never stored
-                self.kernel_sliced(k, ctx, place, [[outs[i] for i in a] for a in k.also_of], code, ind, listing)
+                self.kernel_sliced(k, ctx, place, [[outs[i] for i in a] for a in k.also_of], em, listing)
             else:
                 ctx.ptr[id(n)] = out = place(k.out)
-                self.kernel_stored(k, ctx, out, code, ind, listing, also(k))
+                self.kernel_stored(k, ctx, out, em, listing, also(k))
             if top:
-                self.marks.append(len(code))
+                self.marks.append(em.mark())
         for c in block.copies:
-            self.kernel_pointwise(c.node, ctx, outs[c.out.output], code, ind, listing, kind="copy")
+            self.kernel_pointwise(c.node, ctx, outs[c.out.output], em, listing, kind="copy")
 
-    def kernel_stored(self, k: Kernel, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                      listing: list[KernelInfo], also: Sequence[str] = ()) -> None:
+    def kernel_stored(self, k: Kernel, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo],
+                      also: Sequence[str] = ()) -> None:
         """The kernel of record ``k`` into ``out`` (and the extra results ``also``)."""
         if isinstance(k, Gemm):
-            self.kernel_gemm(k, ctx, out, code, ind, listing, also)
+            self.kernel_gemm(k, ctx, out, em, listing, also)
         elif isinstance(k, Reduce) and k.leading:
-            self.kernel_leading_sum(k.node, ctx, out, code, ind, listing)
+            self.kernel_leading_sum(k.node, ctx, out, em, listing)
         elif isinstance(k, Reduce):
-            self.kernel_reduce(k.node, k.epilogue, ctx, out, code, ind, listing, k.lanes)
+            self.kernel_reduce(k.node, k.epilogue, ctx, out, em, listing, k.lanes)
         elif isinstance(k, Concat):
-            self.kernel_concat(k.node, ctx, out, code, ind, listing)
+            self.kernel_concat(k.node, ctx, out, em, listing)
         elif isinstance(k, ScatterAdd):
-            self.kernel_scatter_add(k.node, ctx, out, code, ind, listing)
+            self.kernel_scatter_add(k.node, ctx, out, em, listing)
         elif isinstance(k, Elementwise):
-            self.kernel_pointwise(k.node, ctx, out, code, ind, listing, also=also, lanes=k.lanes)
+            self.kernel_pointwise(k.node, ctx, out, em, listing, also=also, lanes=k.lanes)
         else:
             raise Unsupported(f"no C form of kernel {type(k).__name__}")
 
@@ -473,53 +464,50 @@ class Lowering:
         return self.data_ptr(n)
 
     # ---- kernels ------------------------------------------------------------------------------------------
-    def _loops(self, shape: Sequence[str], code: list[str], ind: str, prefix: str,
-               nowait: bool = False) -> tuple[list[str], str]:
-        """Open a loop nest over ``shape`` with the outer loop(s) shared among threads."""
-        idx = [self.fresh(prefix) for _ in shape]
+    def _loops(self, em: Emitter, shape: Sequence[str], prefix: str, nowait: bool = False) -> list[str]:
+        """Open a loop nest over ``shape`` with the outer loop(s) shared among threads (closed by the caller);
+        returns its index variables."""
+        idx = [em.fresh(prefix) for _ in shape]
         if not shape:
             if not self.serial:
-                code.append(f"{ind}#pragma omp single")
-            code.append(f"{ind}{{")
-            return idx, ind + "    "
-        code += self.omp_for(ind, len(shape) - 1 if len(shape) >= 3 else 0, nowait)
-        for i, d in zip(idx, shape):
-            code.append(f"{ind}for (int64_t {i} = 0; {i} < {d}; {i}++)")
-        code.append(f"{ind}{{")
-        return idx, ind + "    "
+                em("#pragma omp single")
+            em.open("{")
+            return idx
+        self.omp_for(em, len(shape) - 1 if len(shape) >= 3 else 0, nowait)
+        em(*(f"for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx, shape)))
+        em.open("{")
+        return idx
 
-    def kernel_pointwise(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                         listing: list[KernelInfo], kind: str = "elementwise", also: Sequence[str] = (),
-                         lanes: int = 1) -> None:
+    def kernel_pointwise(self, n: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo],
+                         kind: str = "elementwise", also: Sequence[str] = (), lanes: int = 1) -> None:
         """``n`` element by element into ``out`` (and into each buffer of ``also``, of the same layout), or
         ``lanes`` elements of the last axis at a time where the schedule says so."""
         self.stats["kernels"] += 1
         shape = [self.sizes(d) for d in n.shape]
         if lanes > 1:
-            self._vector_pointwise(n, ctx, [out, *also], shape, code, ind, listing, lanes)
+            self._vector_pointwise(n, ctx, [out, *also], shape, em, listing, lanes)
             return
-        names, inner = self._loops(shape, code, ind, "i")
+        names = self._loops(em, shape, "i")
         idx = [var(i) for i in names]
         sc = Scalar(self, ctx, root=None if kind == "copy" else n)  # a copy loads its source's buffer
         v = sc.val(n, idx)
-        code.extend(inner + s for s in sc.stmts)
+        em.each(sc.stmts)
         at = self.sizes.index(row_major(idx, [self.sizes.expr(d) for d in n.shape]))
         stores = [f"{o}[{at}]" for o in [out, *also]]
-        code += [f"{inner}{st} = {v};" for st in stores]
-        code.append(f"{ind}}}")
+        em.each(f"{st} = {v};" for st in stores)
+        em.close()
         listing.append(KernelInfo(kind if sc.fused or kind == "copy" else "copy", ", ".join([out, *also]),
                                   fmt_type(n.shape, n.dtype), sc.fused, [f"{st} = {_last(sc)}" for st in stores],
                                   sc.loads))
 
-    def _vector_pointwise(self, n: Node, ctx: GraphCtx, outs: list[str], shape: list[str], code: list[str],
-                          ind: str, listing: list[KernelInfo], lanes: int) -> None:
+    def _vector_pointwise(self, n: Node, ctx: GraphCtx, outs: list[str], shape: list[str], em: Emitter,
+                          listing: list[KernelInfo], lanes: int) -> None:
         """``kernel_pointwise`` with its innermost loop in vector form (``lanes`` columns at a time, then a scalar
         loop for the rest), the outer axes work-shared as in the scalar form. The schedule chose it
         (``Elementwise.lanes``: every value has a vector form, every read is contiguous or constant along the
         last axis); a body that cannot be spelled so is a bug of that choice, raised as such."""
-        idx = [self.fresh("i") for _ in shape]
+        idx = [em.fresh("i") for _ in shape]
         width = int(n.shape[-1])
-        inner = ind + "        "
         at = [var(i) for i in idx]
         flat = row_major(at, [self.sizes.expr(d) for d in n.shape])
         vector, scalar = (Scalar(self, ctx, lanes=step, lane=idx[-1], root=n) for step in (lanes, 1))
@@ -533,29 +521,23 @@ class Lowering:
                 raise NNForgeError(f"the schedule chose {lanes} lanes for the elementwise kernel at {n.loc}, which "
                                    f"has no vector form: {e}") from e
             bodies.append([*sc.stmts, *(sc.store(n.dtype, o, flat, v) for o in outs)])
-        pre = vector.pre  # the scalar form hoists nothing
-        code += self.omp_for(ind, len(shape) - 1 if len(shape) >= 3 else 0)
-        code += [f"{ind}for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx[:-1], shape[:-1])]
-        code.append(f"{ind}{{")
-        code += [f"{ind}    {st}" for st in pre]
-        code.append(f"{ind}    for (int64_t {idx[-1]} = 0; {idx[-1]} < {width - width % lanes}; "
-                    f"{idx[-1]} += {lanes}) {{")
-        code += [inner + st for st in bodies[0]]
-        code.append(f"{ind}    }}")
+        self.omp_for(em, len(shape) - 1 if len(shape) >= 3 else 0)
+        em(*(f"for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx[:-1], shape[:-1])))
+        em.open("{")
+        em.each(vector.pre)  # the scalar form hoists nothing
+        with em.block(f"for (int64_t {idx[-1]} = 0; {idx[-1]} < {width - width % lanes}; {idx[-1]} += {lanes}) {{"):
+            em.each(bodies[0])
         if width % lanes:
-            code.append(f"{ind}    for (int64_t {idx[-1]} = {width - width % lanes}; {idx[-1]} < {width}; "
-                        f"{idx[-1]}++) {{")
-            code += [inner + st for st in bodies[1]]
-            code.append(f"{ind}    }}")
-        code.append(f"{ind}}}")
+            with em.block(f"for (int64_t {idx[-1]} = {width - width % lanes}; {idx[-1]} < {width}; {idx[-1]}++) {{"):
+                em.each(bodies[1])
+        em.close()
         self.stats["vector"] += 1
         listing.append(KernelInfo("elementwise" if scalar.fused else "copy", ", ".join(outs),
                                   fmt_type(n.shape, n.dtype), scalar.fused,
                                   [st.rstrip(";") for st in bodies[1][-len(outs):]], scalar.loads,
                                   note=f"{lanes} columns at a time"))
 
-    def kernel_concat(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                      listing: list[KernelInfo]) -> None:
+    def kernel_concat(self, n: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
         """A concat computed part by part: each source's values stored at its offset along the axis by a loop nest
         of its own (``nowait`` but the last: the parts write disjoint ranges). Evaluated as one pointwise kernel,
         every index would pick its source through a chain of selects, which keeps the loop scalar (the gradient
@@ -570,16 +552,16 @@ class Lowering:
         loads: list[str] = []
         stores: list[str] = []
         for k, src in enumerate(parts):
-            names, inner = self._loops([sz(d) for d in src.shape], code, ind, "i", nowait=k < len(parts) - 1)
+            names = self._loops(em, [sz(d) for d in src.shape], "i", nowait=k < len(parts) - 1)
             idx = [var(i) for i in names]
             sc = Scalar(self, ctx)
             v = sc.val(src, idx)
-            code.extend(inner + st for st in sc.stmts)
+            em.each(sc.stmts)
             # the part's first index spelled ``(i + offset)`` as a whole, as the C always was (printed, not analysed)
             at = idx[axis] if offset == ZERO else var(f"({sz.index(idx[axis] + offset)})")
             store = f"{out}[{sz.index(row_major([*idx[:axis], at, *idx[axis + 1:]], oshape))}]"
-            code.append(f"{inner}{store} = {v};")
-            code.append(f"{ind}}}")
+            em(f"{store} = {v};")
+            em.close()
             fused += sc.fused
             loads += sc.loads
             stores.append(f"{store} = {v}")
@@ -588,8 +570,7 @@ class Lowering:
         listing.append(KernelInfo("elementwise", out, fmt_type(n.shape, n.dtype), ["concat", *fused], stores, loads,
                                   note=f"{len(parts)} parts along axis {axis}, one loop each"))
 
-    def kernel_scatter_add(self, n: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                           listing: list[KernelInfo]) -> None:
+    def kernel_scatter_add(self, n: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
         """``out[.., index[.., r, ..], ..] += x[.., r, ..]``: threads share the lines along the axis (each line of
         ``out`` is written by one thread, so repeated indices need no atomics), zeroed then summed in order of
         ``r``. An out-of-range index adds nothing (the reference backend raises)."""
@@ -598,36 +579,36 @@ class Lowering:
         x, index = n.srcs
         axis = n.attrs["axis"]
         oshape = [sz.expr(d) for d in n.shape]
-        names, inner = self._loops([sz(d) for k, d in enumerate(x.shape) if k != axis], code, ind, "i")
+        names = self._loops(em, [sz(d) for k, d in enumerate(x.shape) if k != axis], "i")
         idx = [var(i) for i in names]
-        z, r = self.fresh("z"), self.fresh("r")
+        z, r = em.fresh("z"), em.fresh("r")
         width = sz(n.shape[axis])
 
         def at(i: str) -> str:
             return sz.index(row_major([*idx[:axis], var(i), *idx[axis:]], oshape))
 
-        code.append(f"{inner}for (int64_t {z} = 0; {z} < {width}; {z}++) {out}[{at(z)}] = 0;")
-        code.append(f"{inner}for (int64_t {r} = 0; {r} < {sz(x.shape[axis])}; {r}++) {{")
+        em(f"for (int64_t {z} = 0; {z} < {width}; {z}++) {out}[{at(z)}] = 0;")
+        em.open(f"for (int64_t {r} = 0; {r} < {sz(x.shape[axis])}; {r}++) {{")
         sc = Scalar(self, ctx)
         read = [*idx[:axis], var(r), *idx[axis:]]
         v, j = sc.val(x, read), sc.val(index, read)
-        code.extend(f"{inner}    {st}" for st in sc.stmts)
+        em.each(sc.stmts)
         store = f"{out}[{at(f'(int64_t){j}')}]"
-        code.append(f"{inner}    if ({j} >= 0 && {j} < {width}) {store} += {v};")
-        code.append(f"{inner}}}")
-        code.append(f"{ind}}}")
+        em(f"if ({j} >= 0 && {j} < {width}) {store} += {v};")
+        em.close()
+        em.close()
         listing.append(KernelInfo("scatter_add", out, fmt_type(n.shape, n.dtype), ["scatter_add", *sc.fused],
                                   [f"{store} += {v}"], sc.loads, note=f"axis {axis}, one line per thread"))
 
-    def kernel_reduce(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, code: list[str], ind: str,
+    def kernel_reduce(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, em: Emitter,
                       listing: list[KernelInfo], lanes: int = 1) -> None:
         self.stats["kernels"] += 1
         sz = self.sizes
         src = p.srcs[0]
         axes, keep = p.attrs["axes"], p.attrs["keepdims"]
-        names, inner = self._loops([sz(d) for d in p.shape], code, ind, "i")
+        names = self._loops(em, [sz(d) for d in p.shape], "i")
         idx = [var(i) for i in names]
-        ridx = [self.fresh("r") for _ in axes]
+        ridx = [em.fresh("r") for _ in axes]
         full, it, rit = [], iter(idx), iter(var(r) for r in ridx)
         for a in range(src.ndim):
             if a in axes:
@@ -643,64 +624,59 @@ class Lowering:
             init = "-INFINITY"
         else:
             init = {DType.int32: "INT32_MIN", DType.int64: "INT64_MIN", DType.bool: "0"}[p.dtype]
-        acc = self.fresh("acc")
-        code.append(f"{inner}{acc_t} {acc} = {init};")
-        vector = self._vector_sum(p, ctx, full, acc, inner, lanes) if lanes > 1 else None
-        start = 0
-        if vector is not None:
-            code += vector[0]
-            start = vector[1]  # the scalar loop below sums the columns the vector loops left, if any
+        acc = em.fresh("acc")
+        em(f"{acc_t} {acc} = {init};")
+        # the scalar loop below sums the columns the vector loops left, if any
+        start = self._vector_sum(p, ctx, full, acc, em, lanes) if lanes > 1 else None
         sc = Scalar(self, ctx)  # the scalar form, also what the listing shows
         v = sc.val(src, full)
-        if vector is None or start < int(src.shape[-1]):
-            rin = inner
+        if start is None or start < int(src.shape[-1]):
             for k, (r, a) in enumerate(zip(ridx, axes)):
                 last = k == len(axes) - 1
                 if last and p.op == Op.SUM and p.dtype.is_float:
                     # vector lanes of partial sums where ``_vector_sum`` has no form (the order of a float sum
                     # is not fixed anyway; float32 sums in float64)
-                    code.append(f"{rin}#pragma omp simd reduction(+:{acc})")
-                code.append(f"{rin}for (int64_t {r} = {start if last else 0}; {r} < {sz(src.shape[a])}; {r}++)")
-            code.append(f"{rin}{{")
-            code.extend(rin + "    " + s for s in sc.stmts)
+                    em(f"#pragma omp simd reduction(+:{acc})")
+                em(f"for (int64_t {r} = {(start or 0) if last else 0}; {r} < {sz(src.shape[a])}; {r}++)")
+            em.open("{")
+            em.each(sc.stmts)
             if p.op == Op.SUM:
                 upd = f"{acc} + {v}" if p.dtype != DType.bool else f"{acc} | {v}"
             elif p.dtype.is_float:
                 upd = f"(({v} > {acc} || {v} != {v}) ? {v} : {acc})"
             else:
                 upd = f"({v} > {acc} ? {v} : {acc})"
-            code.append(f"{rin}    {acc} = {upd};")
-            code.append(f"{rin}}}")
+            em(f"{acc} = {upd};")
+            em.close()
         result = f"({ctype(p.dtype)}){acc}"
         ep = Scalar(self, ctx, {id(p): result}, tuple(idx), root=root)
         if root is not None:
             value = ep.val(root, idx)
-            code.extend(inner + s for s in ep.stmts)
+            em.each(ep.stmts)
         else:
             value = result
         store = f"{out}[{sz.index(row_major(idx, [sz.expr(d) for d in p.shape]))}]"
-        code.append(f"{inner}{store} = {value};")
-        code.append(f"{ind}}}")
+        em(f"{store} = {value};")
+        em.close()
         kind = "+".join(dict.fromkeys([p.op.name.lower(), *sc.fused, *ep.fused])) if root is not None else "reduce"
         listing.append(KernelInfo(kind, out, fmt_type((root or p).shape, (root or p).dtype),
                                   [p.op.name.lower(), *sc.fused, *ep.fused], [store], sc.loads + ep.loads,
                                   note=f"axes={tuple(axes)}"))
 
-    def _vector_sum(self, p: Node, ctx: GraphCtx, full: list[Expr], acc: str, ind: str,
-                    lanes: int) -> tuple[list[str], int]:
+    def _vector_sum(self, p: Node, ctx: GraphCtx, full: list[Expr], acc: str, em: Emitter, lanes: int) -> int:
         """The vector loops of a float32 sum over the last axis: 32 columns per iteration in four independent
         8-lane vectors, added pairwise and widened into two float64 accumulators, then 8 columns at a time.
 
-        Returns (statements, the first column left to the scalar loop). The schedule chose it (``Reduce.lanes``:
-        the summed values vectorize along the row); a body that cannot be spelled so is a bug of that choice.
+        Returns the first column left to the scalar loop. The schedule chose it (``Reduce.lanes``: the summed
+        values vectorize along the row); a body that cannot be spelled so is a bug of that choice.
         The scalar ``#pragma omp simd`` loop converts every element to double and chains its adds on one or two
         accumulators: latency-bound at 3 cycles per 8 elements; the three row sums of a layer norm were a
         quarter of a layer-norm LSTM step's elementwise time."""
         src = p.srcs[0]
         width = int(src.shape[-1])
         wide, narrow = width - width % (4 * lanes), width - width % lanes
-        r = self.fresh("r")
-        cols = [r, *(self.fresh("r") for _ in range(3))]
+        r = em.fresh("r")
+        cols = [r, *(em.fresh("r") for _ in range(3))]
         try:
             first = Scalar(self, ctx, lanes=lanes, lane=r)
             unrolled = [first, *(first.sibling(c) for c in cols[1:])] if wide else []
@@ -710,27 +686,25 @@ class Lowering:
         except Unsupported as e:
             raise NNForgeError(f"the schedule chose {lanes} lanes for the sum at {p.loc}, which has no vector "
                                f"form: {e}") from e
-        lo, hi, vt = self.fresh("lo"), self.fresh("hi"), VTYPE[p.dtype]
+        lo, hi, vt = em.fresh("lo"), em.fresh("hi"), VTYPE[p.dtype]
         assert vt == "nf_v8f32", vt  # nf_vacc_f64 widens eight float32 lanes
-        body = ind + "    "
-        code = [f"{ind}{{", *(f"{body}{st}" for sc in (first, single) if sc for st in sc.pre),
-                f"{body}nf_v4f64 {lo} = {{0}}, {hi} = {{0}};"]
+        em.open("{")
+        em.each(st for sc in (first, single) if sc for st in sc.pre)
+        em(f"nf_v4f64 {lo} = {{0}}, {hi} = {{0}};")
         if unrolled:
-            code += [f"{body}for (int64_t {r} = 0; {r} < {wide}; {r} += {4 * lanes}) {{",
-                     *(f"{body}    const int64_t {c} = {r} + {k * lanes};" for k, c in enumerate(cols) if k),
-                     *(f"{body}    {st}" for sc in unrolled for st in sc.stmts),
-                     f"{body}    nf_vacc_f64(&{lo}, &{hi}, ({parts[0]} + {parts[1]}) + ({parts[2]} + {parts[3]}));",
-                     f"{body}}}"]
+            with em.block(f"for (int64_t {r} = 0; {r} < {wide}; {r} += {4 * lanes}) {{"):
+                em.each(f"const int64_t {c} = {r} + {k * lanes};" for k, c in enumerate(cols) if k)
+                em.each(st for sc in unrolled for st in sc.stmts)
+                em(f"nf_vacc_f64(&{lo}, &{hi}, ({parts[0]} + {parts[1]}) + ({parts[2]} + {parts[3]}));")
         if single:
-            code += [f"{body}for (int64_t {r} = {wide}; {r} < {narrow}; {r} += {lanes}) {{",
-                     *(f"{body}    {st}" for st in single.stmts),
-                     f"{body}    nf_vacc_f64(&{lo}, &{hi}, {one});",
-                     f"{body}}}"]
-        code += [f"{body}{acc} = nf_vhsum_f64({lo}, {hi});", f"{ind}}}"]
-        return code, narrow
+            with em.block(f"for (int64_t {r} = {wide}; {r} < {narrow}; {r} += {lanes}) {{"):
+                em.each(single.stmts)
+                em(f"nf_vacc_f64(&{lo}, &{hi}, {one});")
+        em(f"{acc} = nf_vhsum_f64({lo}, {hi});")
+        em.close()
+        return narrow
 
-    def kernel_leading_sum(self, p: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                           listing: list[KernelInfo]) -> None:
+    def kernel_leading_sum(self, p: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
         """``out[o] = sum_r src[r, o]`` with the outputs innermost: threads share blocks of 256 contiguous
         outputs, each summed row by row into a local accumulator (vectorized, unit stride), where the generic
         reduce loop would read ``src`` with a stride of the whole output per element."""
@@ -740,19 +714,16 @@ class Lowering:
         k = len(p.attrs["axes"])
         nred, nout = sz.prod(src.shape[:k]), sz.prod(src.shape[k:])
         acc_t = "double" if p.dtype == DType.float32 else ctype(p.dtype)
-        ob, r, j, acc = self.fresh("ob"), self.fresh("r"), self.fresh("j"), self.fresh("acc")
+        ob, r, j, acc = em.fresh("ob"), em.fresh("r"), em.fresh("j"), em.fresh("acc")
         buf = ctx.buffer(src)
-        code += [*self.omp_for(ind),
-                 f"{ind}for (int64_t {ob} = 0; {ob} < {nout}; {ob} += 256) {{",
-                 f"{ind}    const int64_t n_ = {nout} - {ob} < 256 ? {nout} - {ob} : 256;",
-                 f"{ind}    {acc_t} {acc}[256];",
-                 f"{ind}    for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;",
-                 f"{ind}    for (int64_t {r} = 0; {r} < {nred}; {r}++)",
-                 f"{ind}        for (int64_t {j} = 0; {j} < n_; {j}++) "
-                 f"{acc}[{j}] += {buf}[{r} * ({nout}) + {ob} + {j}];",
-                 f"{ind}    for (int64_t {j} = 0; {j} < n_; {j}++) {out}[{ob} + {j}] = "
-                 f"({ctype(p.dtype)}){acc}[{j}];",
-                 f"{ind}}}"]
+        self.omp_for(em)
+        with em.block(f"for (int64_t {ob} = 0; {ob} < {nout}; {ob} += 256) {{"):
+            em(f"const int64_t n_ = {nout} - {ob} < 256 ? {nout} - {ob} : 256;",
+               f"{acc_t} {acc}[256];",
+               f"for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;",
+               f"for (int64_t {r} = 0; {r} < {nred}; {r}++)",
+               f"    for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] += {buf}[{r} * ({nout}) + {ob} + {j}];",
+               f"for (int64_t {j} = 0; {j} < n_; {j}++) {out}[{ob} + {j}] = ({ctype(p.dtype)}){acc}[{j}];")
         listing.append(KernelInfo("reduce", out, fmt_type(p.shape, p.dtype), ["sum"], [f"{out}[o] = sum_r"],
                                   [f"{buf}[r * {nout} + o]"], note=f"leading axes {tuple(range(k))}, outputs "
                                                                    "innermost"))
@@ -788,10 +759,9 @@ class Lowering:
 
         return epilogue
 
-    def packed_b(self, p: Node, view: View, columns: Sequence[tuple[str, str]],
-                 code: list[str], ind: str, resident: bool) -> tuple[str, bool]:
+    def packed_b(self, p: Node, view: View, columns: Sequence[tuple[str, str]], resident: bool) -> tuple[str, bool]:
         """B of matmul ``p`` packed into panels of ``columns``; packed once before the innermost loop when the
-        schedule says B is resident there (weights in a scan), else here. Returns (buffer, hoisted)."""
+        schedule says B is resident there (weights in a scan), else by the caller. Returns (buffer, hoisted)."""
         ptr, off, st = view
         nr = self.gemm.nr(p.dtype)
         K = self.sizes(p.srcs[0].shape[-1])
@@ -799,17 +769,17 @@ class Lowering:
         key = (ptr, off, tuple(st), tuple(columns), p.dtype)
         if scope is not None and key in scope.packed:
             return scope.packed[key], True
-        name = self.fresh("bp")
+        name = self.names.fresh("bp")
         ct = ctype(p.dtype)
         self.add_alloc(name, ct, byte_size(len(columns), ceil_div(columns[0][1], nr), K, nr, p.dtype.itemsize))
         if scope is None:
             return name, False
-        scope.pre.extend(pack_panels(self, p.dtype, K, view, columns, name, scope.ind, shared=True))
+        pack_panels(self, scope.pre, p.dtype, K, view, columns, name, shared=True)
         scope.packed[key] = name
         return name, True
 
-    def kernel_gemm(self, k: Gemm, ctx: GraphCtx, out: str, code: list[str], ind: str,
-                    listing: list[KernelInfo], also: Sequence[str] = ()) -> None:
+    def kernel_gemm(self, k: Gemm, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo],
+                    also: Sequence[str] = ()) -> None:
         p, root = k.node, k.epilogue
         self.stats["kernels"] += 1
         self.stats["gemm"] += 1
@@ -817,10 +787,9 @@ class Lowering:
         views = self.operand_views(p, ctx)
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root, ctx, ep_info)
-        buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], code, ind, k.b_resident)
-        text, store = emit_gemm(self, p, views, out, buf if hoisted else None, buf, epilogue, ind, k.pack_a, k.k_split,
-                                also, k.lanes)
-        code.extend(text)
+        buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], k.b_resident)
+        store = emit_gemm(self, em, p, views, out, buf if hoisted else None, buf, epilogue, k.pack_a, k.k_split,
+                          also, k.lanes)
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
         listing.append(KernelInfo(k.kind, ", ".join([out, *also]), fmt_type((root or p).shape, (root or p).dtype),
                                   fused, [store],
@@ -835,7 +804,7 @@ class Lowering:
         return loads + [ld for sc in ep_info[:1] for ld in sc.loads]
 
     def kernel_sliced(self, k: SlicedGemm, ctx: GraphCtx, place: Callable[[Buf], str], extra: list[list[str]],
-                      code: list[str], ind: str, listing: list[KernelInfo]) -> None:
+                      em: Emitter, listing: list[KernelInfo]) -> None:
         """A GEMM and the kernels reading it through column slices as one kernel (see ``emit_sliced``); the GEMM
         result itself gets no buffer. ``place`` gives a member's buffer, ``extra`` its extra results."""
         sg = k.group
@@ -847,9 +816,9 @@ class Lowering:
         sz = self.sizes
         views = self.operand_views(p, ctx)
         columns = [(str(o), str(sg.width)) for o in sg.offsets]
-        buf, hoisted = self.packed_b(p, views[1], columns, code, ind, k.b_resident)
+        buf, hoisted = self.packed_b(p, views[1], columns, k.b_resident)
         if not hoisted:
-            code.extend(pack_panels(self, p.dtype, sz(p.srcs[0].shape[-1]), views[1], columns, buf, ind))
+            pack_panels(self, em, p.dtype, sz(p.srcs[0].shape[-1]), views[1], columns, buf)
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root if root is not p else None, ctx, ep_info)
         outs = [place(b) for b in k.outs]
@@ -875,8 +844,7 @@ class Lowering:
                 body_info.append(sc)
             return sc.pre, sc.stmts
 
-        code.extend(emit_sliced(self, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), body, ind,
-                                k.lanes))
+        emit_sliced(self, em, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), body, k.lanes)
         for m, o in zip(sg.members, outs):
             ctx.ptr[id(m)] = o
         fused = ["matmul"] + (ep_info[0].fused if ep_info else []) + body_info[0].fused
@@ -888,7 +856,7 @@ class Lowering:
                                        + ("B packed before the loop" if hoisted else "B packed")))
 
     # ---- loops --------------------------------------------------------------------------------------------
-    def lower_loop(self, loop: Loop, ctx: GraphCtx, code: list[str], ind: str, listing: list[KernelInfo],
+    def lower_loop(self, loop: Loop, ctx: GraphCtx, em: Emitter, listing: list[KernelInfo],
                    outs_of_graph: Sequence[str]) -> None:
         """A scan or loop as ``for (t ...)`` around its body's kernels; a loop the schedule splits by rows runs
         with its batch rows split among the threads, each running every step on its own rows with no barrier
@@ -914,32 +882,33 @@ class Lowering:
         info = KernelInfo("scan" if is_scan else "loop", ", ".join(results[:nc] + results[nc:]), "", [],
                           note="")
         listing.append(info)
-        rows = RowScope.new(self, split, loop.row_block) if split else None
+        rows = RowScope.new(self.names, split, loop.row_block) if split else None
         carry_bufs = []
         for k in range(nc):
             shape, dt = n.types[k]
             c_a, c_b = self.alloc(dt, shape), self.alloc(dt, shape)
             carry_bufs.append((c_a, c_b))
-            self._copy(srcs[k], ctx, c_a, code, ind, info.children)
+            self._copy(srcs[k], ctx, c_a, em, info.children)
         if rows is not None:
-            code += rows.declare(sz, ind)
+            rows.declare(em, sz)
         cur, nxt = [], []
         for k, (c_a, c_b) in enumerate(carry_bufs):
             shape, dt = n.types[k]
-            cur.append(self.fresh("cur"))
-            nxt.append(self.fresh("nxt"))
-            code.append(f"{ind}{ctype(dt)}* {cur[-1]} = {rows.thread_rows(c_a, shape, sz) if rows else c_a};")
-            code.append(f"{ind}{ctype(dt)}* {nxt[-1]} = {rows.thread_rows(c_b, shape, sz) if rows else c_b};")
+            cur.append(em.fresh("cur"))
+            nxt.append(em.fresh("nxt"))
+            em(f"{ctype(dt)}* {cur[-1]} = {rows.thread_rows(c_a, shape, sz) if rows else c_a};",
+               f"{ctype(dt)}* {nxt[-1]} = {rows.thread_rows(c_b, shape, sz) if rows else c_b};")
         length = sz(loop.length)
-        t, tt = self.fresh("t"), self.fresh("tt")
+        t, tt = em.fresh("t"), em.fresh("tt")
         rev = is_scan and a["reverse"]
-        at = len(code)
+        at = em.mark()
+        before = em.sub()  # what goes before the time loop (chunk bookkeeping, weight packing)
+        scope = LoopScope(em.sub())
         info.note = f"{'reverse ' if rev else ''}for {tt} in 0..{length}"
         if rows is not None:
             info.note += rows.note()
-        code.append(f"{ind}for (int64_t {t} = 0; {t} < {length}; {t}++) {{")
-        inner = ind + "    "
-        code.append(f"{inner}const int64_t {tt} = {f'{length} - 1 - {t}' if rev else t};")
+        em.open(f"for (int64_t {t} = 0; {t} < {length}; {t}++) {{")
+        em(f"const int64_t {tt} = {f'{length} - 1 - {t}' if rev else t};")
 
         def step(buf: str, shape: Sequence[int]) -> str:
             """This step's slice of a stacked [T, batch, ...] buffer (the current rows of it)."""
@@ -948,8 +917,8 @@ class Lowering:
 
         ins = []
         if not is_scan and a["with_index"]:
-            li = self.fresh("li")
-            code.append(f"{inner}int64_t {li} = {tt};")
+            li = em.fresh("li")
+            em(f"int64_t {li} = {tt};")
             ins.append(f"(&{li})")
 
         def carry(ptr: str, k: int) -> str:
@@ -957,75 +926,71 @@ class Lowering:
             return rows.block_of_thread_rows(ptr, n.types[k][0], sz) if rows else ptr
 
         ins += [carry(c, k) for k, c in enumerate(cur)]
-        before: list[str] = []  # code that goes before the time loop (chunk bookkeeping, weight packing)
         chunked = {c.k: c for c in loop.chunked}
         for k in range(nx):
             x = srcs[nc + k]
             if k in chunked:
-                ins.append(self._chunked_input(chunked[k], ctx, rows, t, tt, length, rev, code, before, inner, info))
+                ins.append(self._chunked_input(chunked[k], ctx, rows, t, tt, length, rev, em, before, info))
                 continue
             ins.append(step(ctx.buffer(x), x.shape))
             if rows is not None:
-                code += rows.prefetch_next_step(ctx.buffer(x), x, t, sz.expr(loop.length), rev, sz, inner)
+                rows.prefetch_next_step(em, ctx.buffer(x), x, t, sz.expr(loop.length), rev, sz)
         for k, s in enumerate(srcs[nc + nx:], start=nc + nx):
             own_rows = rows is not None and k in split.per_row
             ins.append(rows.current_rows(ctx.buffer(s), s.shape, sz) if own_rows else ctx.buffer(s))
         outs = [carry(c, k) for k, c in enumerate(nxt)]
         for j in range(len(n.types) - nc):
             outs.append(step(results[nc + j], n.types[nc + j][0]))
-        body_ind = inner
-        if rows is not None and rows.block:
-            code += rows.open_block_loop(self.fresh("rb"), inner)
-            body_ind = inner + "    "
-        scope = LoopScope([], ind)
+        blocks = rows is not None and rows.block
+        if blocks:
+            rows.open_block_loop(em, em.fresh("rb"))
         self.scopes.append(scope)
         outer_rows, outer_sizes = self.rows, self.sizes
         if rows is not None:
             self.rows, self.sizes = rows, sz.with_local(ROWS, rows.count)
         try:
-            self.lower_block(loop.body, ins, outs, code, body_ind, info.children)
+            self.lower_block(loop.body, ins, outs, em, info.children)
         finally:
             self.scopes.pop()
             self.rows, self.sizes = outer_rows, outer_sizes
-        if body_ind != inner:
-            code.append(f"{inner}}}")
-        code[at:at] = [ind + line for line in before] + scope.pre
+        if blocks:
+            em.close()
+        em.place(at, [*before.lines, *scope.pre.lines])
         for c, x in zip(cur, nxt):
-            tmp = self.fresh("sw")
-            code.append(f"{inner}{{ void* {tmp} = {c}; {c} = {x}; {x} = {tmp}; }}")
-        code.append(f"{ind}}}")
+            tmp = em.fresh("sw")
+            em(f"{{ void* {tmp} = {c}; {c} = {x}; {x} = {tmp}; }}")
+        em.close()
         for k in range(nc):
             shape, dt = n.types[k]
             if rows is None:
-                self._copy_ptr(cur[k], results[k], dt, shape, code, ind)
+                self._copy_ptr(cur[k], results[k], dt, shape, em)
             else:
-                code += rows.copy_out(cur[k], results[k], shape, self.fresh("i"), sz, ind)
+                rows.copy_out(em, cur[k], results[k], shape, em.fresh("i"), sz)
         if rows is not None:
-            code.append(f"{ind}#pragma omp barrier")  # the scan's results are complete after it
+            em("#pragma omp barrier")  # the scan's results are complete after it
 
     def _chunked_input(self, c: ChunkedInput, ctx: GraphCtx, rows: RowScope, t: str, tt: str, length: str,
-                       rev: bool, code: list[str], before: list[str], inner: str, info: KernelInfo) -> str:
+                       rev: bool, em: Emitter, before: Emitter, info: KernelInfo) -> str:
         """A scanned input whose projection is computed every few steps into a chunk buffer (``chunks``): the
         per-chunk GEMM goes into the time loop here; returns this step's slice of the chunk (the current rows)."""
         sz = self.sizes
         steps, view = c.steps, c.view
         chunk = self.alloc(c.gemm.out.dtype, c.gemm.out.shape)
-        lo, count = self.fresh("lo"), self.fresh("cn")
-        before.append(f"int64_t {lo} = 0, {count} = 0;")
-        code += emit_chunk(self, c, ctx, chunk, t, length, rev, lo, count, inner, before)
+        lo, count = em.fresh("lo"), em.fresh("cn")
+        before(f"int64_t {lo} = 0, {count} = 0;")
+        emit_chunk(self, em, c, ctx, chunk, t, length, rev, lo, count, before)
         info.note += f", input projection computed {steps} steps at a time"
         at = f"({chunk} + {sz.index((var(tt) - var(lo)) * sz.count(view.shape[1:]))})"
         return rows.current_rows(at, view.shape[1:], sz)
 
-    def _copy(self, src: Node, ctx: GraphCtx, out: str, code: list[str], ind: str,
-              listing: list[KernelInfo]) -> None:
-        self.kernel_pointwise(src, ctx, out, code, ind, listing, kind="copy")
+    def _copy(self, src: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
+        self.kernel_pointwise(src, ctx, out, em, listing, kind="copy")
 
-    def _copy_ptr(self, src: str, dst: str, dt: DType, shape: Sequence[int], code: list[str], ind: str) -> None:
+    def _copy_ptr(self, src: str, dst: str, dt: DType, shape: Sequence[int], em: Emitter) -> None:
         n = self.sizes.prod(shape)
-        i = self.fresh("i")
-        code += self.omp_for(ind)
-        code.append(f"{ind}for (int64_t {i} = 0; {i} < {n}; {i}++) {dst}[{i}] = {src}[{i}];")
+        i = em.fresh("i")
+        self.omp_for(em)
+        em(f"for (int64_t {i} = 0; {i} < {n}; {i}++) {dst}[{i}] = {src}[{i}];")
 
 
 def _sum(a: Expr, b: Expr) -> Expr:

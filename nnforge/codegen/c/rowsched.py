@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...ir.expr import Expr, var
 from ...ir.node import Node
 from ...passes.rows import RowSplit
 from .cexpr import Sizes, ctype
-
-if TYPE_CHECKING:
-    from .lower import Lowering
-
+from .emit import Emitter, Names
 
 
 @dataclass(frozen=True)
@@ -37,12 +33,12 @@ class RowScope:
     temps: tuple[str, str, str, str]  # C names of the split's helper variables
 
     @staticmethod
-    def new(low: Lowering, split: RowSplit, blk: int) -> RowScope:
+    def new(names: Names, split: RowSplit, blk: int) -> RowScope:
         """One thread's rows of ``split``, the body run ``blk`` rows at a time (0: all at once). Every C name from
-        ``low.fresh``, so identical layers' loops (one key, ``schedule.identical``) print the same C up to names."""
-        r0, nrow = low.fresh("r0"), low.fresh("nrow")
-        row, count = (low.fresh("row"), low.fresh("nb")) if blk else (r0, nrow)
-        temps = (low.fresh("npair"), low.fresh("b0"), low.fresh("b1"), low.fresh("pf"))
+        ``names``, so identical layers' loops (one key, ``schedule.identical``) print the same C up to names."""
+        r0, nrow = names.fresh("r0"), names.fresh("nrow")
+        row, count = (names.fresh("row"), names.fresh("nb")) if blk else (r0, nrow)
+        temps = (names.fresh("npair"), names.fresh("b0"), names.fresh("b1"), names.fresh("pf"))
         return RowScope(r0, nrow, split.batch, row, count, blk, temps)
 
     def note(self) -> str:
@@ -50,17 +46,16 @@ class RowScope:
         text = f", batch rows split among threads ({self.nrow} rows each, no barrier per step)"
         return text + (f", the body run {self.block} rows at a time" if self.block else "")
 
-    def declare(self, sz: Sizes, ind: str) -> list[str]:
+    def declare(self, em: Emitter, sz: Sizes) -> None:
         """Rows split as evenly as they go in pairs (64 rows: 32 and 32, each 5 micro-kernel blocks of 6 and one of 2
         run by the 2-row kernel), not in whole MR-row blocks (30 and 34: the second thread's 6 blocks set the pace
         of every step)."""
         n = sz(self.batch)
         npair, b0, b1, _ = self.temps
-        return [f"{ind}const int64_t {npair} = ({n} + 1) / 2;",
-                f"{ind}const int64_t {b0} = {npair} * nf_thread() / nf_team(), "
-                f"{b1} = {npair} * (nf_thread() + 1) / nf_team();",
-                f"{ind}const int64_t {self.r0} = {b0} * 2 < {n} ? {b0} * 2 : {n};",
-                f"{ind}const int64_t {self.nrow} = ({b1} * 2 < {n} ? {b1} * 2 : {n}) - {self.r0};"]
+        em(f"const int64_t {npair} = ({n} + 1) / 2;",
+           f"const int64_t {b0} = {npair} * nf_thread() / nf_team(), {b1} = {npair} * (nf_thread() + 1) / nf_team();",
+           f"const int64_t {self.r0} = {b0} * 2 < {n} ? {b0} * 2 : {n};",
+           f"const int64_t {self.nrow} = ({b1} * 2 < {n} ? {b1} * 2 : {n}) - {self.r0};")
 
     def thread_rows(self, ptr: str, shape: Sequence[int], sz: Sizes) -> str:
         """A [batch, ...] buffer at this thread's first row."""
@@ -76,15 +71,14 @@ class RowScope:
             return ptr
         return f"({ptr} + {sz.index((var(self.row) - var(self.r0)) * sz.count(shape[1:]))})"
 
-    def open_block_loop(self, rb: str, ind: str) -> list[str]:
+    def open_block_loop(self, em: Emitter, rb: str) -> None:
         """``for`` over this thread's row blocks, defining the current rows (closed by the caller)."""
-        return [f"{ind}for (int64_t {rb} = 0; {rb} < {self.nrow}; {rb} += {self.block}) {{",
-                f"{ind}    const int64_t {self.row} = {self.r0} + {rb};",
-                f"{ind}    const int64_t {self.count} = {self.nrow} - {rb} < {self.block} ? "
-                f"{self.nrow} - {rb} : {self.block};"]
+        em.open(f"for (int64_t {rb} = 0; {rb} < {self.nrow}; {rb} += {self.block}) {{")
+        em(f"const int64_t {self.row} = {self.r0} + {rb};",
+           f"const int64_t {self.count} = {self.nrow} - {rb} < {self.block} ? {self.nrow} - {rb} : {self.block};")
 
-    def prefetch_next_step(self, buf: str, x: Node, t: str, length: Expr, rev: bool, sz: Sizes,
-                           ind: str) -> list[str]:
+    def prefetch_next_step(self, em: Emitter, buf: str, x: Node, t: str, length: Expr, rev: bool,
+                           sz: Sizes) -> None:
         """Touch this thread's rows of the next step's slice of a scanned input while this step computes: the
         slice (e.g. the hoisted input projection, [T, batch, 4H], far bigger than any cache) is read in column
         tiles with a row stride the hardware prefetcher does not follow, so without this every step starts with
@@ -93,13 +87,12 @@ class RowScope:
         rest = sz.count(x.shape[2:])
         o = self.temps[3]
         at = nxt * sz.count(x.shape[1:]) + var(self.r0) * rest
-        return [f"{ind}if ({t} + 1 < {sz.index(length)})",
-                f"{ind}    for (int64_t {o} = 0; {o} < {sz.index(var(self.nrow) * rest)} * "
-                f"(int64_t)sizeof({ctype(x.dtype)}); {o} += 64) __builtin_prefetch((const char*)({buf} + "
-                f"{sz.index(at)}) + {o});"]
+        em(f"if ({t} + 1 < {sz.index(length)})",
+           f"    for (int64_t {o} = 0; {o} < {sz.index(var(self.nrow) * rest)} * (int64_t)sizeof({ctype(x.dtype)}); "
+           f"{o} += 64) __builtin_prefetch((const char*)({buf} + {sz.index(at)}) + {o});")
 
-    def copy_out(self, cur: str, result: str, shape: Sequence[int], i: str, sz: Sizes, ind: str) -> list[str]:
+    def copy_out(self, em: Emitter, cur: str, result: str, shape: Sequence[int], i: str, sz: Sizes) -> None:
         """A carry's final value (at this thread's rows) into the scan's result: each thread its own rows."""
         rest = sz.count(shape[1:])
-        return [f"{ind}for (int64_t {i} = 0; {i} < {sz.index(var(self.nrow) * rest)}; {i}++) "
-                f"{result}[{sz.index(var(self.r0) * rest + var(i))}] = {cur}[{i}];"]
+        em(f"for (int64_t {i} = 0; {i} < {sz.index(var(self.nrow) * rest)}; {i}++) "
+           f"{result}[{sz.index(var(self.r0) * rest + var(i))}] = {cur}[{i}];")
