@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from ...dtypes import DType
 from ...errors import NNForgeError
-from ...ir.expr import ZERO, Expr, row_major, var
+from ...ir.expr import ZERO, Expr, as_expr, row_major, var
 from ...ir.node import Node
 from .cexpr import Sizes, Unsupported, byte_size, ctype, store
 from .emit import Emitter
@@ -283,7 +283,7 @@ def emit_gemm(low: Lowering, em: Emitter, p: Node, views: Sequence[View], out: s
     pack_a = pack_a and not batch
     rows = max(cfg.mr, cfg.mca // cfg.mr * cfg.mr) if pack_a else cfg.mc
     nest = Nest(p.dtype, M, K, A, sa[-2], sa[-1], packed, N, npan, rows, max(1, cfg.nc // nr),
-                pack_a=pack_a, k_split=pack_a and k_split)
+                pack_a=pack_a, k_split=pack_a and k_split, full=_full_tiles(sz.expr(p.shape[-1]), nr))
     dims = [sz.expr(d) for d in p.shape]
     stored: list[str] = []
 
@@ -346,6 +346,7 @@ class Nest:
     slices: int = 1
     pack_a: bool = False
     k_split: bool = False
+    full: bool = False  # every column tile is NR wide: ``width`` is a multiple of NR known when printing
 
 
 def _nest(low: Lowering, em: Emitter, n: Nest, body: Callable[[str, str], TileBody], lanes: int,
@@ -420,7 +421,7 @@ def _nest(low: Lowering, em: Emitter, n: Nest, body: Callable[[str, str], TileBo
         em.each(f"{call}{n.packed} + {q} * ({K}) * {nr}, {acc}, {nr});" for q, acc in zip(panels, accs))
     row0 = f"{ic} + {i0}" if n.pack_a else i0
     _for_tile(em, nr, accs, "mr_", cols, lambda r: f"{row0} + {r}", lambda c: f"{col0} + {c}", body(pc, nk),
-              lanes)
+              lanes, n.full)
     while em.depth > depth:
         em.close()
 
@@ -442,12 +443,13 @@ def _epilogue_store(sz: Sizes, epilogue: Epilogue | None, out: str, idx: list[Ex
 
 
 def _for_tile(em: Emitter, nr: int, accs: Sequence[str], rows: str, cols: str, row_of: Callable[[str], str],
-              col_of: Callable[[str], str], body: TileBody, lanes: int = 1) -> None:
+              col_of: Callable[[str], str], body: TileBody, lanes: int = 1, full: bool = False) -> None:
     """Loops over the ``rows`` x ``cols`` elements of micro-kernel tiles ``accs`` (NR wide, one per GEMM column
     slice): ``body(i, j, values, lanes)`` gives the statements for the element at matrix row ``i = row_of(r)``,
     column ``j = col_of(c)``. With ``lanes`` > 1 (the schedule's ``Gemm.lanes``) a full tile (``cols`` == NR)
-    runs ``lanes`` columns at a time and the scalar loop is kept for a partial one; a body that cannot be
-    spelled so is a bug of that choice, raised as such."""
+    runs ``lanes`` columns at a time and the scalar loop is kept for a partial one, unless every tile is full
+    (``full``): the scalar form is still made (what listings show) but not printed, which took a fifth off the C
+    compiler's time for an LSTM scan. A body that cannot be spelled so is a bug of that choice, raised as such."""
 
     def loops(out: Emitter, width: int) -> None:
         r, c, i, j = out.fresh("r"), out.fresh("c"), out.fresh("i"), out.fresh("j")
@@ -468,16 +470,20 @@ def _for_tile(em: Emitter, nr: int, accs: Sequence[str], rows: str, cols: str, r
     if lanes == 1:
         loops(em, 1)
         return
-    scalar = em.sub(em.depth + 1)
+    inner = em.depth + (0 if full else 1)
+    scalar = em.sub(inner)
     loops(scalar, 1)
     if nr % lanes:
         raise NNForgeError(f"the schedule chose {lanes}-column GEMM tiles, which do not divide NR = {nr}")
-    vector = em.sub(em.depth + 1)
+    vector = em.sub(inner)
     try:
         loops(vector, lanes)
     except Unsupported as e:
         raise NNForgeError(f"the schedule chose {lanes} columns at a time for a GEMM tile, which has no vector "
                            f"form: {e}") from e
+    if full:
+        em.append(vector)
+        return
     em(f"if ({cols} == {nr}) {{")
     em.append(vector)
     em("} else {")
@@ -486,7 +492,7 @@ def _for_tile(em: Emitter, nr: int, accs: Sequence[str], rows: str, cols: str, r
 
 
 def emit_sliced(low: Lowering, em: Emitter, p: Node, a_view: View, packed: str, offsets: Sequence[str],
-                width: str, body: TileBody, lanes: int = 1) -> None:
+                width: int, body: TileBody, lanes: int = 1) -> None:
     """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
     columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), each into its
     own register tile, then ``body(i, u, values, lanes)`` (the epilogue and the consumer kernels) on the same rows
@@ -496,7 +502,13 @@ def emit_sliced(low: Lowering, em: Emitter, p: Node, a_view: View, packed: str, 
     sz, nr = low.sizes, low.gemm.nr(p.dtype)
     pa, oa, sa = a_view
     A = em.fresh("A")
-    nest = Nest(p.dtype, sz(p.shape[-2]), sz(p.srcs[0].shape[-1]), A, sa[-2], sa[-1], packed, width,
-                f"({width} + {nr - 1}) / {nr}", None, slices=len(offsets))
+    nest = Nest(p.dtype, sz(p.shape[-2]), sz(p.srcs[0].shape[-1]), A, sa[-2], sa[-1], packed, str(width),
+                f"({width} + {nr - 1}) / {nr}", None, slices=len(offsets), full=_full_tiles(as_expr(width), nr))
     em(f"const {ctype(p.dtype)}* {A} = {pa} + ({sz.index(oa)});")
     _nest(low, em, nest, lambda _pc, _nk: body, lanes)
+
+
+def _full_tiles(width: Expr, nr: int) -> bool:
+    """Whether every NR-column tile of ``width`` columns is full (a static multiple of NR)."""
+    w = width.value
+    return w is not None and w % nr == 0

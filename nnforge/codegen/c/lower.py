@@ -844,7 +844,7 @@ class Lowering:
                 body_info.append(sc)
             return sc.pre, sc.stmts
 
-        emit_sliced(self, em, p, views[0], buf, [str(o) for o in sg.offsets], str(sg.width), body, k.lanes)
+        emit_sliced(self, em, p, views[0], buf, [str(o) for o in sg.offsets], sg.width, body, k.lanes)
         for m, o in zip(sg.members, outs):
             ctx.ptr[id(m)] = o
         fused = ["matmul"] + (ep_info[0].fused if ep_info else []) + body_info[0].fused
