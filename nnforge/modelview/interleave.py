@@ -83,7 +83,23 @@ def _job(spec: SweepSpec, rev_spec: SweepSpec, cells: list[Cell], threads: int, 
         "timing": dataclasses.asdict(spec.timing), "tolerance": list(spec.tolerance(first.dtype)),
         "check": spec.check, "seed": seed, "threads": threads, "memory_mb": spec.isolation.memory_mb,
         "device": first.device, "peaks": {}, "alone": False, "repeat": None, "fd": fd, "rev": index,
+        "cpus": shared_cpus(threads),
     }
+
+
+def shared_cpus(threads: int) -> list[int] | None:
+    """The CPUs every revision's round server of a setting runs on: the same ``threads`` of this process's CPUs
+    for all of them (None: all CPUs, when it needs as many as there are, or the OS cannot pin).
+
+    Left to the scheduler, two round servers settle on different CPUs, and on a shared machine one CPU's pace
+    drifts apart from another's (a busy neighbour on its SMT sibling): the per-round ratio then carries the two
+    CPUs' drift, which alternating the revisions does not cancel. Measured with ``bench/modelview_ab.py`` on the
+    2-core VM: 99 % intervals of an A/A pair ±7-15 % unpinned, ±0.4-0.8 % pinned to one CPU."""
+    get = getattr(os, "sched_getaffinity", None)
+    if get is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(get(0))
+    return allowed[-threads:] if 0 < threads < len(allowed) else None
 
 
 def _recv(conn: Any, proc: subprocess.Popen, timeout_s: float) -> Any:
@@ -235,7 +251,7 @@ def store_setting(store: Store, run_id: str, revs: Sequence[Revision], res: Sett
                 "metrics_json": {**meta, "sample_rounds": s.rounds, "process_sample_counts": counts,
                                  "round_samples": None, "samples": len(s.samples), "latency_s": percentiles(s.samples),
                                  "calls_per_sample": info.get("calls_per_sample"), "warmup_steady": info.get("steady"),
-                                 "interleaved": True},
+                                 "interleaved": True, "cpus": info.get("cpus")},
                 "samples_json": s.samples, "started": now, "finished": now,
             })
 

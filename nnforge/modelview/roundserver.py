@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import random
 import sys
 import time
@@ -20,8 +21,11 @@ from typing import Any
 
 # Run as ``python -c BOOT HARNESS_DIR WORKTREE JOB`` with the worktree as working directory.
 BOOT = """
-import importlib.util, sys
+import importlib.util, json, os, sys
 harness, root, job = sys.argv[1:4]
+cpus = json.load(open(job)).get("cpus")
+if cpus:  # before any import can start a thread: every thread of the process stays on these CPUs
+    os.sched_setaffinity(0, cpus)
 sys.path[:1] = [root]
 import nnforge
 spec = importlib.util.spec_from_file_location("nnforge.modelview", harness + "/__init__.py",
@@ -88,6 +92,7 @@ def main(job_path: str) -> int:
             calls[b] = call
             inner[b] = max(1, math.ceil(cfg.min_sample_s / est)) if est > 0 else 1
             info[b] = {"compile_s": st["compile_s"], "first_call_s": st["first_call_s"], "steady": steady,
+                       "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
                        "max_abs_err": st["max_abs_err"], "peak_mem_bytes": st["peak"], "calls_per_sample": inner[b]}
         variant, req = setup["variant"], setup["request"]
         conn.send({"ready": info, "rows": h.rows, "items": float(variant.items(req)),

@@ -13,8 +13,13 @@ from typer.testing import CliRunner
 from nnforge.cli import app
 from nnforge.modelview import open_store
 from nnforge.modelview.ab import blocks_of
+from nnforge.modelview.interleave import shared_cpus
 
 RUNNER = CliRunner()
+
+
+def _metrics(m: str | dict) -> dict:
+    return json.loads(m) if isinstance(m, str) else m
 
 
 @pytest.mark.timing
@@ -33,6 +38,8 @@ def test_ab_finds_and_sizes_a_slowdown_and_gates_on_it(tmp_path: Path):
         rows = s.cells(out["run_id"])
     assert sorted(rows["backend"]) == sorted([f"eager@{c[0][:10]}", f"eager@{c[1][:10]}"])
     assert (rows["status"] == "ok").all()
+    cpus = {json.dumps(m["cpus"]) for m in rows["metrics_json"].map(_metrics)}
+    assert len(cpus) == 1 and cpus == {json.dumps(shared_cpus(1))}  # both revisions ran on the same CPU
     r = RUNNER.invoke(app, ["ab", c[0], "nope", "--spec", str(repo / "bench.toml"), "--repo", str(repo), "--db",
                             str(db), "--worktrees", str(tmp_path / "wt")])
     assert r.exit_code == 2 and "unknown revision 'nope'" in r.output
@@ -72,3 +79,14 @@ def test_blocks_share_the_reference_and_overlap():
     blocks = blocks_of(commits, 4)
     assert all(b[0] == "c0" for b in blocks) and len(blocks) == 3
     assert blocks == [["c0", "c1", "c2", "c3"], ["c0", "c3", "c4", "c5"], ["c0", "c5", "c6", "c7"]]
+
+
+def test_round_servers_of_a_setting_share_their_cpus():
+    """Every revision's round server gets the same CPUs (the last ``threads`` of this process's), none pinned when
+    the threads take every CPU."""
+    import os
+
+    allowed = sorted(os.sched_getaffinity(0))
+    assert shared_cpus(len(allowed)) is None and shared_cpus(0) is None
+    if len(allowed) > 1:
+        assert shared_cpus(1) == allowed[-1:] and shared_cpus(len(allowed) - 1) == allowed[1:]
