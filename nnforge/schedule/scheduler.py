@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterator
 
 from ..dtypes import DType
-from ..ir.dims import free_symbols, symbol_name
+from ..ir.dims import free_symbols
 from ..ir.expr import ONE, Expr, coefficient, depends, row_major, var
 from ..ir.expr import size as size_expr
 from ..ir.index import index_map, sliced_index, strided
@@ -381,8 +381,6 @@ def find_chunked(graph: Graph, g: Grouping,
                 continue
             if us.get(id(root), []) != [view] or us.get(id(view), []) != [n]:
                 continue
-            if symbol_name(view.shape[0]) is None:  # a length derived from others (a strided conv's output):
-                continue                            # the chunk's GEMM could not be given its step count
             if id(root) in outs or id(view) in outs or sum(s is view for s in n.srcs) != 1:
                 continue
             if int(p.shape[0]) != int(view.shape[0]) * int(view.shape[1]):

@@ -88,20 +88,25 @@ def test_compiled_lstm_reads_the_gemm_chunk_by_chunk_and_matches_torch(rng: np.r
 
 
 @cpu_only
-def test_a_derived_sequence_length_is_not_chunked_and_still_right(rng: np.random.Generator) -> None:
-    """After a strided conv the LSTM's length is (T + 2p - k) // s + 1: the projection stays whole (a chunk's GEMM
-    needs the length as a symbol), the bias still moves into the step, and the results match the interpreter."""
-    conv, rnn = nn.Conv1d(1, 8, 5, stride=3, padding=2), nn.LSTM(8, 8)
+def test_a_derived_sequence_length_is_chunked_and_still_right(rng: np.random.Generator) -> None:
+    """After a strided conv the LSTMs' length is (T + 2p - k) // s + 1, a size derived from T: the projections are
+    still computed 64 steps at a time (the chunk GEMM's rows are the chunk's step count times N), the bias moves
+    into the step, and the results match the interpreter at lengths that end inside a chunk, forward and reversed,
+    from one compiled program."""
+    conv, rnn = nn.Conv1d(1, 8, 5, stride=3, padding=2), nn.LSTM(8, 8, num_layers=2, reverse=[True, False])
 
     def encoder(x):
         return rnn(nf.silu(conv(x)).permute(2, 0, 1))[0]
 
-    x = rng.standard_normal((16, 1, 90)).astype(np.float32)
+    x = rng.standard_normal((16, 1, 450)).astype(np.float32)
     listing = _listing(encoder, x)
     # no kernel over the [T', N, 4H] projection: only the two bias vectors' sum, f32[32]
     assert not any(k.kind == "elementwise" and re.search(r"\[\d+, 16, 32\]", k.type) for k in listing)
-    got = nf.compile(encoder, backend="cpu")(x)
-    want = nf.compile(encoder)(x)
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    scans = [k for k in listing if k.kind == "scan"]
+    assert len(scans) == 2 and all("input projection computed 64 steps at a time" in k.note for k in scans)
+    compiled = nf.compile(encoder, backend="cpu")
+    for length in (450, 200):  # 150 and 67 LSTM steps: the last chunk partial
+        x = rng.standard_normal((16, 1, length)).astype(np.float32)
+        np.testing.assert_allclose(compiled(x), nf.compile(encoder)(x), rtol=2e-5, atol=2e-5)
     g = run_pipeline(nf.compile(encoder).trace(x), pipeline(cpu_target()))
-    assert _xs_sources(g) == ["RESHAPE"]
+    assert _xs_sources(g) == ["RESHAPE", "RESHAPE"]

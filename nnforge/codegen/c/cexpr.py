@@ -40,14 +40,20 @@ class Sizes:
     registry (``derived``) is shared by every copy made with ``with_local``."""
 
     def __init__(self, dynamic: Sequence[str], local: Mapping[str, str] | None = None,
-                 derived: dict[tuple, tuple[int, str]] | None = None):
+                 derived: dict[tuple, tuple[int, str]] | None = None, local_sizes: Mapping[tuple, str] | None = None):
         self.dynamic = list(dynamic)
         self.slot = {name: k for k, name in enumerate(self.dynamic)}
         self.local = dict(local or {})
+        self.local_sizes = dict(local_sizes or {})  # folded size expression -> the C variable that holds it here
         self.derived: dict[tuple, tuple[int, str]] = {} if derived is None else derived  # expr -> (slot, C)
 
     def with_local(self, name: str, cvar: str) -> Sizes:
-        return Sizes(self.dynamic, {**self.local, name: cvar}, self.derived)
+        return Sizes(self.dynamic, {**self.local, name: cvar}, self.derived, self.local_sizes)
+
+    def with_local_size(self, d: Dim, cvar: str) -> Sizes:
+        """Sizes in which the run-time size ``d`` — a derived one, an expression of symbols — is the C variable
+        ``cvar`` wherever it occurs (a chunk's step count for a sequence length computed from another)."""
+        return Sizes(self.dynamic, self.local, self.derived, {**self.local_sizes, self._fold(d.expr): cvar})
 
     @property
     def n_slots(self) -> int:
@@ -76,6 +82,8 @@ class Sizes:
         return self._dynamic(e[1]) or self._dynamic(e[2])
 
     def _local(self, e: tuple) -> bool:
+        if e in self.local_sizes:
+            return True
         if e[0] == "sym":
             return e[1] in self.local
         return e[0] != "const" and (self._local(e[1]) or self._local(e[2]))
@@ -86,6 +94,8 @@ class Sizes:
         return fold(e, lambda name: name in self.slot or name in self.local)
 
     def _r(self, e: tuple) -> str:
+        if e in self.local_sizes:
+            return self.local_sizes[e]
         if e[0] == "const":
             return str(e[1])
         if e[0] == "sym":

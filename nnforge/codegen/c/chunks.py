@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...ir.dims import symbol_name
+from ...ir.dims import Dim, symbol_name
 from ...ir.expr import Expr, var
 from ...schedule import ChunkedInput, stored_node
 from .cexpr import Sizes
@@ -52,8 +52,11 @@ def emit_chunk(low: Lowering, em: Emitter, c: ChunkedInput, ctx: GraphCtx, chunk
 
 
 def _with_steps(sz: Sizes, length_dim: int, count: str) -> Sizes:
-    """Sizes in which the scan's length symbol is this chunk's step count (so the GEMM has count * N rows)."""
+    """Sizes in which the scan's length — a symbol, or a size derived from one (after a strided conv) — is this
+    chunk's step count (so the GEMM has count * N rows)."""
     name = symbol_name(length_dim)
-    if name is None:
-        raise ValueError("a chunked projection needs a symbolic sequence length")
-    return sz.with_local(name, count)
+    if name is not None:
+        return sz.with_local(name, count)
+    if not isinstance(length_dim, Dim):
+        raise ValueError("a chunked projection needs a run-time sequence length")
+    return sz.with_local_size(length_dim, count)
