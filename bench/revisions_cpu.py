@@ -1,6 +1,7 @@
 """Two revisions of nnforge timed against each other in one interleaved run: the cells of ``bench/cells_cpu.py``
 (an LSTM layer at its three shapes, a layer-norm LSTM and a Cho GRU at the first), inference and a training step
-(forward + backward to the weights), float32, plus the compile time of a 5-layer LSTM stack at T = 2000.
+(forward + backward to the weights), float32, plus the compile time of a 5-layer LSTM stack at T = 2000; with
+``--basecaller`` also the inference of ``bench/basecaller_cpu.py``'s encoder at full length.
 
 Each revision is checked out in a git worktree and served by a worker process of its own that imports nnforge from
 there (its own empty shared-object cache). Every round times each cell once in each worker, the order A, B / B, A
@@ -9,6 +10,7 @@ of its calls). Printed per cell: the median ratio over rounds and the middle hal
 trace + passes + schedule + C generation, and the C compiler's run, both revisions in fresh caches.
 
     .venv/bin/python bench/revisions_cpu.py REV_A REV_B [--rounds 7] [--calls 5] [--t-div 10] [--only TEXT]
+        [--basecaller]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ except ImportError:  # revisions before the scheduler named the pass pipeline ``
     from nnforge.codegen.c import lower, schedule as prepare
 
 T_DIV = int(sys.argv[1])
+BASECALLER = sys.argv[2] == "1"
 rng = np.random.default_rng(0)
 
 def a(*s):
@@ -59,6 +62,13 @@ for k, (T, N, I, H) in enumerate(SHAPES):
         ga = [a(T, N, I), a(N, H), a(3 * H, I), a(2 * H, H), a(H, H), a(3 * H)]
         cells[f"gru {shape} inference"] = (nf.compile(nf_gru_cho, backend="cpu"), ga)
         cells[f"gru {shape} training"] = (nf.compile(training(nf_gru_cho, (2, 3, 4, 5)), backend="cpu"), ga)
+
+if BASECALLER:  # the Bonito-fast-like encoder of bench/basecaller_cpu.py, a full chunk: T = 2,000 LSTM steps
+    from basecaller_cpu import Encoder
+    model = Encoder(96)
+    for n in (16, 64):
+        cells[f"basecaller F=96 N={n} inference"] = (nf.compile(lambda x: model(x), backend="cpu"),
+                                                     [a(n, 1, 10_000)])
 
 def stack_compile():
     T, N, H, L = 2000, 8, 64, 5
@@ -105,9 +115,9 @@ def worktree(repo: Path, rev: str, where: Path) -> Path:
     return path
 
 
-def start(path: Path, t_div: int, cache: Path) -> tuple[subprocess.Popen, dict]:
+def start(path: Path, t_div: int, cache: Path, basecaller: bool) -> tuple[subprocess.Popen, dict]:
     env = {**os.environ, "PYTHONPATH": str(path), "NNFORGE_CACHE_DIR": str(cache)}
-    p = subprocess.Popen([sys.executable, "-c", WORKER, str(t_div)], cwd=path, env=env, text=True,
+    p = subprocess.Popen([sys.executable, "-c", WORKER, str(t_div), str(int(basecaller))], cwd=path, env=env, text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     head = json.loads(p.stdout.readline())
     return p, head
@@ -121,6 +131,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--t-div", type=int, default=10)
     ap.add_argument("--only", default="", help="time only the cells whose name contains this")
+    ap.add_argument("--basecaller", action="store_true",
+                    help="also the basecaller encoder's inference at batch 16 and 64 (10,000 samples, full length)")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,7 +141,7 @@ def main() -> None:
         try:
             workers, heads = [], []
             for k, path in enumerate(paths):  # one after the other: each compiles alone
-                w, head = start(path, args.t_div, tmp_path / f"cache{k}")
+                w, head = start(path, args.t_div, tmp_path / f"cache{k}", args.basecaller)
                 assert w.stdout.readline().strip() == "ready"
                 workers.append(w)
                 heads.append(head)
