@@ -16,6 +16,7 @@ from .program import (
     Kernel,
     Loop,
     Program,
+    Random,
     Reduce,
     ScatterAdd,
     SlicedGemm,
@@ -25,5 +26,5 @@ from .program import (
 from .scheduler import schedule
 
 __all__ = ["Block", "Buf", "ChunkedInput", "Concat", "Copy", "Elementwise", "Gemm", "Kernel", "Loop", "Program",
-           "Reduce", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program", "schedule",
+           "Random", "Reduce", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program", "schedule",
            "stored_node"]

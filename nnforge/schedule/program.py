@@ -110,6 +110,17 @@ class ScatterAdd(Kernel):
 
 
 @dataclass(frozen=True)
+class Random(Kernel):
+    """Random numbers (``dist``: ``"uniform"`` in [0, 1) or ``"normal"``) from a counter-based generator: each
+    element a pure function of the call's seed, the program's ``draw`` number of this node, the iterations of the
+    loops around it and the element's index — no generator state crosses workers or steps, and every iteration
+    of a loop draws afresh."""
+
+    draw: int = 0
+    dist: str = "uniform"
+
+
+@dataclass(frozen=True)
 class Copy(Kernel):
     """A graph result that is not computed into its place: an input, a view read as a buffer, a value already
     stored elsewhere, copied there at the end of the graph."""
@@ -257,6 +268,8 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
         notes.append("leading axes, outputs innermost")
     if isinstance(k, Copy):
         notes.append(f"from {k.node.op.name.lower()}")
+    if isinstance(k, Random):
+        notes.append(f"{k.dist}, draw {k.draw}")
     return text + (f"  [{'; '.join(notes)}]" if notes else "")
 
 

@@ -43,6 +43,7 @@ from .program import (
     Kernel,
     Loop,
     Program,
+    Random,
     Reduce,
     ScatterAdd,
     SlicedGemm,
@@ -59,7 +60,7 @@ def schedule(graph: Graph, target: Target) -> Program:
     interpreter runs those)."""
     if graph.effects:
         raise Unsupported("graphs with side effects (receivers, nf.loop) run on the reference backend")
-    s = _Scheduler(target, loop_length_symbols(graph), itertools.count())
+    s = _Scheduler(target, loop_length_symbols(graph), itertools.count(), itertools.count())
     return Program(graph, target, s.block(graph, top=True, resident=frozenset()))
 
 
@@ -67,10 +68,11 @@ class _Scheduler:
     """The state of one ``schedule`` call: the target, the run-time size symbols, the buffer name counter and the
     fusion groupings made so far (by graph)."""
 
-    def __init__(self, target: Target, dynamic: set[str], names: Iterator[int]):
+    def __init__(self, target: Target, dynamic: set[str], names: Iterator[int], draws: Iterator[int]):
         self.target = target
         self.dynamic = dynamic
         self.names = names
+        self.draws = draws  # numbers the program's random nodes: each draws its own stream
         self.groupings: dict[int, tuple[Graph, Grouping]] = {}  # the graph is kept: its id stays its own
 
     def buf(self, n: Node, output: int | None = None) -> Buf:
@@ -137,6 +139,8 @@ class _Scheduler:
             if p.op == Op.MATMUL:
                 return self.gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident), g, top)
             return Reduce(p, out, _fuses(g, n, p), (), n, False, self.sum_lanes(p, g))
+        if n.op == Op.RAND and self.target.random:
+            return Random(n, out, ("rand",), (), next(self.draws), n.attrs["dist"])
         if n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
             raise Unsupported(f"{n.op.name.lower()} runs on the reference backend")
         if n.op == Op.CONCAT:

@@ -46,6 +46,8 @@ class Target:
     its last axis runs that axis a vector at a time (none given: every kernel element by element).
     ``steps_in_registers``: a row-split loop keeps each step's values in registers (a GPU's persistent program),
     so only bodies that ``registers.register_body_refusal`` accepts are split.
+    ``random``: the backend draws random numbers itself (``Random`` kernels); without it a graph that draws any
+    runs on the reference interpreter.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Target:
     vector_ops: frozenset[Op] = frozenset()
     steps_in_registers: bool = False
     pow2_weights: bool = False
+    random: bool = False
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",

@@ -14,7 +14,7 @@ import nnforge as nf
 from nnforge.codegen.c import lower, prepare
 from nnforge.codegen.c.target import cpu_target
 from nnforge.passes import pipeline, run_pipeline
-from nnforge.schedule import Copy, Elementwise, Gemm, Reduce, SlicedGemm, Unsupported, schedule
+from nnforge.schedule import Copy, Elementwise, Gemm, Random, Reduce, SlicedGemm, Unsupported, schedule
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "codegen"))
 from test_c_row_split import _lstm_args, ln_lstm, lstm
@@ -86,13 +86,15 @@ def test_training_sums_weight_gradients_over_leading_axes(rng: np.random.Generat
     assert any(isinstance(k, SlicedGemm) for k in prog.loops()[0].body.kernels)
 
 
-def test_random_numbers_are_not_scheduled(rng: np.random.Generator) -> None:
+def test_random_numbers_are_scheduled_only_where_the_target_draws_them(rng: np.random.Generator) -> None:
     def fn(x):
-        return x + nf.rand(*x.shape)
+        return x + nf.rand(*x.shape) * nf.randn(*x.shape)
 
     g = prepare(nf.compile(fn).trace(rng.standard_normal((3, 4)).astype(np.float32)))
+    draws = [k for k in schedule(g, cpu_target()).kernels() if isinstance(k, Random)]
+    assert sorted(k.draw for k in draws) == [0, 1] and sorted(k.dist for k in draws) == ["normal", "uniform"]
     with pytest.raises(Unsupported, match="rand runs on the reference backend"):
-        schedule(g, cpu_target())
+        schedule(g, replace(cpu_target(), random=False))
 
 
 def test_loops_nest_in_the_program(rng: np.random.Generator) -> None:

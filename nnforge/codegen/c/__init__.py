@@ -18,7 +18,7 @@ import numpy as np
 from ...ir.lengths import loop_length_symbols
 from ...ir.node import Graph
 from ...passes import pipeline, run_pipeline
-from ...schedule import schedule
+from ...schedule import Random, schedule
 from .cexpr import Sizes, Unsupported
 from .gemm import GemmConfig
 from .lower import KernelInfo, Lowering
@@ -39,7 +39,7 @@ def lower(graph: Graph, gemm: GemmConfig | None = None) -> Lowering:
     """The scheduled program of ``graph`` (after ``prepare`` with the same ``gemm``) rendered as C: source, kernel
     listing and the ``Program`` it renders (``.program``); raises Unsupported."""
     program = schedule(graph, cpu_target(gemm))
-    sizes = Sizes(sorted(loop_length_symbols(graph)))
+    sizes = Sizes(sorted(loop_length_symbols(graph)), seeded=any(isinstance(k, Random) for k in program.kernels()))
     low = Lowering(program, sizes, gemm)
     low.text = low.source()
     return low

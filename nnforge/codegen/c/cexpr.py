@@ -40,25 +40,39 @@ class Sizes:
     registry (``derived``) is shared by every copy made with ``with_local``."""
 
     def __init__(self, dynamic: Sequence[str], local: Mapping[str, str] | None = None,
-                 derived: dict[tuple, tuple[int, str]] | None = None, local_sizes: Mapping[tuple, str] | None = None):
+                 derived: dict[tuple, tuple[int, str]] | None = None, local_sizes: Mapping[tuple, str] | None = None,
+                 seeded: bool = False):
         self.dynamic = list(dynamic)
+        self.seeded = seeded  # the entry after the symbols is the call's random seed (``Random`` kernels)
         self.slot = {name: k for k, name in enumerate(self.dynamic)}
         self.local = dict(local or {})
         self.local_sizes = dict(local_sizes or {})  # folded size expression -> the C variable that holds it here
         self.derived: dict[tuple, tuple[int, str]] = {} if derived is None else derived  # expr -> (slot, C)
 
     def with_local(self, name: str, cvar: str) -> Sizes:
-        return Sizes(self.dynamic, {**self.local, name: cvar}, self.derived, self.local_sizes)
+        return Sizes(self.dynamic, {**self.local, name: cvar}, self.derived, self.local_sizes, self.seeded)
 
     def with_local_size(self, d: Dim, cvar: str) -> Sizes:
         """Sizes in which the run-time size ``d`` — a derived one, an expression of symbols — is the C variable
         ``cvar`` wherever it occurs (a chunk's step count for a sequence length computed from another)."""
-        return Sizes(self.dynamic, self.local, self.derived, {**self.local_sizes, self._fold(d.expr): cvar})
+        return Sizes(self.dynamic, self.local, self.derived, {**self.local_sizes, self._fold(d.expr): cvar},
+                     self.seeded)
+
+    @property
+    def n_inputs(self) -> int:
+        """Entries the caller passes: the run-time symbols' values, then the seed where there is one."""
+        return len(self.dynamic) + self.seeded
 
     @property
     def n_slots(self) -> int:
-        """Entries of the size array the kernels read: the run-time symbols, then the derived sizes."""
-        return len(self.dynamic) + len(self.derived)
+        """Entries of the size array the kernels read: what the caller passes, then the derived sizes."""
+        return self.n_inputs + len(self.derived)
+
+    @property
+    def seed(self) -> str:
+        """The call's random seed as C."""
+        assert self.seeded, "a program without Random kernels has no seed"
+        return f"(uint64_t)S[{len(self.dynamic)}]"
 
     def definitions(self) -> list[str]:
         """C statements filling ``S[k]`` for the derived sizes, in dependency order (operands first)."""

@@ -34,6 +34,7 @@ from ...schedule import (
     Kernel,
     Loop,
     Program,
+    Random,
     Reduce,
     ScatterAdd,
     SlicedGemm,
@@ -295,6 +296,7 @@ class Lowering:
         self.scopes: list[LoopScope] = []
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
         self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
+        self.iterations: list[str] = []  # the C variables of the enclosing loops' iterations, outer first
         self.workspace_slots: list[Slot] = []  # the workspace's slots (``memplan``), set by source()
 
     @property
@@ -363,7 +365,7 @@ class Lowering:
         nb, ns = max(1, len(slots)), max(1, self.sizes.n_slots)
         # The caller passes the run-time symbols; every other size is computed from them once per call.
         sizes_fn = ["static void nf_sizes(const int64_t* in, int64_t* S) {",
-                    *(f"    S[{k}] = in[{k}];" for k in range(len(self.sizes.dynamic))),
+                    *(f"    S[{k}] = in[{k}];" for k in range(self.sizes.n_inputs)),
                     *(f"    {d}" for d in self.sizes.definitions()), "    (void)in; (void)S;", "}"]
         lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
                  UNIT_MARK, *protos, *sizes_fn, *slot_fn,
@@ -455,6 +457,8 @@ class Lowering:
             self.kernel_scatter_add(k.node, ctx, out, em, listing)
         elif isinstance(k, Elementwise):
             self.kernel_pointwise(k.node, ctx, out, em, listing, also=also, lanes=k.lanes)
+        elif isinstance(k, Random):
+            self.kernel_random(k, out, em, listing)
         else:
             raise Unsupported(f"no C form of kernel {type(k).__name__}")
 
@@ -536,6 +540,30 @@ class Lowering:
                                   fmt_type(n.shape, n.dtype), scalar.fused,
                                   [st.rstrip(";") for st in bodies[1][-len(outs):]], scalar.loads,
                                   note=f"{lanes} columns at a time"))
+
+    def kernel_random(self, k: Random, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
+        """``out`` filled with the draw's numbers (``schedule.Random``), work-shared: element ``i`` depends on the
+        key and ``i`` alone, so any split of the elements among threads gives the same numbers. The key mixes the
+        call's seed, the draw's number and each enclosing loop's iteration."""
+        n = k.node
+        if self.serial:
+            raise NNForgeError(f"the schedule split the rows of a loop that draws random numbers (at {n.loc})")
+        self.stats["kernels"] += 1
+        key, i = em.fresh("key"), em.fresh("i")
+        mix = f"nf_mix64({self.sizes.seed} ^ nf_mix64({k.draw}))"
+        for t in self.iterations:
+            mix = f"nf_mix64({mix} ^ (uint64_t){t})"
+        if k.dist == "normal":
+            fn = "nf_normal"
+        else:
+            fn = "nf_uniformf" if n.dtype == DType.float32 else "nf_uniform"
+        value = f"({ctype(n.dtype)}){fn}({key}, {i})"
+        with em.block("{"):
+            em(f"const uint64_t {key} = {mix};")
+            self.omp_for(em)
+            em(f"for (int64_t {i} = 0; {i} < {self.sizes.prod(n.shape)}; {i}++) {out}[{i}] = {value};")
+        listing.append(KernelInfo("rand", out, fmt_type(n.shape, n.dtype), ["rand"], [f"{out}[{i}] = {value}"], [],
+                                  note=f"{k.dist}, draw {k.draw}"))
 
     def kernel_concat(self, n: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
         """A concat computed part by part: each source's values stored at its offset along the axis by a loop nest
@@ -945,6 +973,7 @@ class Lowering:
         if blocks:
             rows.open_block_loop(em, em.fresh("rb"))
         self.scopes.append(scope)
+        self.iterations.append(tt)
         outer_rows, outer_sizes = self.rows, self.sizes
         if rows is not None:
             self.rows, self.sizes = rows, sz.with_local(ROWS, rows.count)
@@ -952,6 +981,7 @@ class Lowering:
             self.lower_block(loop.body, ins, outs, em, info.children)
         finally:
             self.scopes.pop()
+            self.iterations.pop()
             self.rows, self.sizes = outer_rows, outer_sizes
         if blocks:
             em.close()

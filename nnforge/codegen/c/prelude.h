@@ -22,6 +22,23 @@ static inline uint8_t nf_idiv_uint8_t(uint8_t a, uint8_t b) { return b == 0 ? 0 
 static inline int64_t nf_ipow(int64_t a, int64_t b) { int64_t r = 1; if (b < 0) return 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
 static inline double nf_sigmoid(double x) { double e = exp(-fabs(x)); return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e); }
 static inline double nf_tanh(double x) { return tanh(x); }
+/* Random numbers (Random kernels): element i of a draw is a pure function of (key, i), the key mixing the call's
+   seed, the draw's number and the enclosing loops' iterations. nf_mix64 is SplitMix64's finalizer (a bijection
+   with full avalanche); uniforms take the top 24 / 53 bits, normals pair two uniforms (Box-Muller, the cosine). */
+static inline uint64_t nf_mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline uint64_t nf_bits64(uint64_t key, uint64_t i) { return nf_mix64(key ^ nf_mix64(i)); }
+static inline float nf_uniformf(uint64_t key, int64_t i) { return (float)(nf_bits64(key, (uint64_t)i) >> 40) * 0x1p-24f; }
+static inline double nf_uniform(uint64_t key, int64_t i) { return (double)(nf_bits64(key, (uint64_t)i) >> 11) * 0x1p-53; }
+static inline double nf_normal(uint64_t key, int64_t i) {
+    double u1 = ((double)(nf_bits64(key, 2 * (uint64_t)i) >> 11) + 1.0) * 0x1p-53;  /* (0, 1]: log(u1) is finite */
+    double u2 = (double)(nf_bits64(key, 2 * (uint64_t)i + 1) >> 11) * 0x1p-53;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
 /* float32 transcendental kernels written so that -O3 vectorizes them (no libm call in the loop); error ~2 ulp.
    The polynomials are macros shared by the scalar forms and the vector forms below (operands of either type):
    e^x = 2^n e^r with r = x - n ln 2 (ln 2 in two parts), e^r = 1 + r + r^2 P(r), P of degree 5 evaluated in

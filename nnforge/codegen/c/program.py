@@ -11,6 +11,7 @@ import numpy as np
 
 from ...ir.node import Graph
 from ...runtime.program import CompiledProgram
+from ...trace import session
 from .cexpr import Sizes
 
 
@@ -43,13 +44,16 @@ class CProgram(CompiledProgram):
         return library_bytes(self.key)
 
     def pack_sizes(self, values: list[int]) -> np.ndarray:
-        """The size array ``nf_workspace`` and ``nf_main`` read (one entry at least: never a null pointer)."""
-        return np.array(values or [0], dtype=np.int64)
+        """The size array ``nf_workspace`` and ``nf_main`` read (one entry at least: never a null pointer); a
+        program that draws random numbers has one more entry, its seed, drawn anew by every ``launch``."""
+        return np.array([*values, *([0] * self.sizes.seeded)] or [0], dtype=np.int64)
 
     def workspace_need(self, sizes: np.ndarray) -> int:
         return self._ws_bytes(sizes.ctypes.data)
 
     def launch(self, inputs: list[np.ndarray], outputs: list[np.ndarray], workspace: np.ndarray,
                sizes: np.ndarray) -> None:
+        if self.sizes.seeded:  # from the session's generator: nf.seed makes a run repeat, like the interpreter's
+            sizes[len(self.sizes.dynamic)] = session().rng.integers(0, 2**63, dtype=np.int64)
         self._fn(self._ptrs(*[a.ctypes.data for a in inputs], *self._data_ptrs, *[o.ctypes.data for o in outputs],
                             workspace.ctypes.data), sizes.ctypes.data)

@@ -24,10 +24,11 @@ def cpu_target(gemm: GemmConfig | None = None) -> Target:
     * A row-split body of several kernels runs one micro-kernel row block (``gemm.mr`` rows) at a time.
     * Packed-A GEMMs and their K slices as ``GemmConfig`` says (its comments hold the measurements).
     * Vectors of 8 float32 (AVX2) and the elementwise ops ``cexpr`` spells in vector form.
+    * Random numbers drawn in the program (``prelude.h``'s counter-based generator).
     """
     gemm = gemm or GemmConfig()
     return Target(name="cpu", min_split_rows=2 * gemm.mr, max_split_weight_bytes=512 * 1024,
                   reduction_hoist_bytes=512 * 1024, chunk_bytes=4 * 1024 * 1024, max_chunk_steps=64,
                   row_split=gemm.row_split, row_block=gemm.mr, pack_a_min_k=gemm.packed_a_min_k,
                   pack_a_min_m=gemm.packed_a_min_m if gemm.pack_a else None, k_slice=max(8, gemm.kc),
-                  vector_lanes=tuple(LANES.items()), vector_ops=VECTOR_OPS)
+                  vector_lanes=tuple(LANES.items()), vector_ops=VECTOR_OPS, random=True)
