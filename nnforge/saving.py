@@ -335,11 +335,10 @@ def load(path: str | os.PathLike) -> CompiledFunction:
     def program(p: Any) -> Any:
         from .codegen.c.program import CProgram
         from .codegen.reference import ReferenceProgram
-        from .trace import session
 
         graph = unflatten_graph(p.graph)
         if isinstance(p, SavedReference):
-            return ReferenceProgram(graph, session().rng)
+            return ReferenceProgram(graph)
         if isinstance(p, SavedTriton):
             return _triton_program(path, p, graph, members)
         if p.key not in libraries:

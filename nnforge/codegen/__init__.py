@@ -7,13 +7,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..ir.node import Graph
-from ..trace import session
 
 
 def _reference(graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
     from .reference import ReferenceProgram
 
-    return ReferenceProgram(graph, session().rng)
+    return ReferenceProgram(graph)
 
 
 def _cpu_backend() -> Callable[[Graph], Callable]:

@@ -137,11 +137,11 @@ def execute_effects(effects: Sequence[Node]) -> None:
 
 
 class ReferenceProgram:
-    """A graph made executable by the reference interpreter."""
+    """A graph made executable by the reference interpreter. Its random numbers come from the session's generator
+    at each call, so ``nf.manual_seed`` after the program was built still repeats a run."""
 
-    def __init__(self, graph: Graph, rng: np.random.Generator):
+    def __init__(self, graph: Graph):
         self.graph = graph
-        self.rng = rng
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        return Interpreter(self.rng).run(self.graph, inputs)
+        return Interpreter(session().rng).run(self.graph, inputs)

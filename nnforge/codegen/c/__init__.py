@@ -74,14 +74,13 @@ class CpuBackend:
         try:
             low = lower(graph, gemm)
         except Unsupported as e:
-            from ...trace import session
             from ..reference import ReferenceProgram
 
             if str(e) not in self._warned:
                 self._warned.add(str(e))
                 log.warning("backend 'cpu': %s; this graph runs on the reference interpreter (numpy), not as "
                             "compiled code", e)
-            return ReferenceProgram(graph, session().rng)
+            return ReferenceProgram(graph)
         if debug_level() >= 3:
             log.debug("generated C:\n%s", low.text)
         lib, key = self.toolchain.load(low.text)

@@ -109,14 +109,13 @@ class TritonBackend:
         try:
             program = schedule(graph, self.target)
         except Unsupported as e:  # the shared policy: effects and random numbers run on the interpreter
-            from ...trace import session
             from ..reference import ReferenceProgram
 
             if str(e) not in self._warned:
                 self._warned.add(str(e))
                 log.warning("backend 'triton': %s; this graph runs on the reference interpreter (numpy), not as "
                             "Triton kernels", e)
-            return ReferenceProgram(graph, session().rng)
+            return ReferenceProgram(graph)
         rendered = render(program, graph, self.tiles or self.device_tiles)
         if debug_level() >= 3:
             log.debug("generated Triton:\n%s", rendered.source)
