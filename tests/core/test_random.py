@@ -1,7 +1,8 @@
-"""Random numbers drawn inside compiled C (``schedule.Random``, ``prelude.h``'s counter-based generator): their
-distributions, fresh numbers on every call and every loop iteration, a repeatable run under ``nf.manual_seed``,
-and one dropout mask shared by the forward and the backward pass. The interpreter draws from numpy's generator,
-so values are not compared across backends: each test checks a property the draws must have.
+"""Random numbers on every backend (``schedule.Random``: the C prelude's counter-based generator, Triton's Philox,
+numpy's generator on the interpreter): their distributions, fresh numbers on every call and every loop iteration,
+a repeatable run under ``nf.manual_seed``, and one dropout mask shared by the forward and the backward pass. Each
+backend draws other numbers, so values are not compared across backends: each test checks a property the draws
+must have, and that a compiled backend drew them in its own code (``compiled.fallback_reason``).
 
 Tolerances: with n independent draws a sample mean is within 5 standard errors (sd / sqrt(n)) of the true mean
 with probability 1 - 6e-7, and so for the other moments with their own standard errors."""
@@ -14,24 +15,31 @@ import pytest
 import nnforge as nf
 import nnforge.nn.functional as F
 
-pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
+from .compiled import fallback_reason
 
 
-def _compiled(fn, *args):
-    """``fn`` compiled for the cpu backend, after checking that its draws are C kernels (the interpreter's draws
-    would pass these tests too)."""
-    assert "rand -> " in nf.show(fn, *args, stage="scheduled")
-    return nf.compile(fn, backend="cpu")
+def _compiled(fn, backend: str):
+    """``fn`` compiled for ``backend``; every call checks that it ran as the backend's code (the interpreter's
+    draws would pass these tests too)."""
+    cf = nf.compile(fn, backend=backend)
+
+    def call(*args):
+        out = cf(*args)
+        assert fallback_reason(cf, backend) is None
+        return out
+
+    call.save = cf.save
+    return call
 
 
 def _draws(x):
     return nf.rand(*x.shape), nf.randn(*x.shape), nf.rand(*x.shape, dtype=nf.float64)
 
 
-def test_draws_are_compiled_and_have_their_distributions(rng: np.random.Generator) -> None:
+def test_draws_have_their_distributions(rng: np.random.Generator, backend: str) -> None:
     x = rng.standard_normal((256, 512)).astype(np.float32)
-    assert nf.show(_draws, x, stage="scheduled").count("rand -> ") == 3  # compiled, not interpreted
-    u, z, u64 = nf.compile(_draws, backend="cpu")(x)
+    assert nf.show(_draws, x, stage="scheduled").count("rand -> ") == 3  # scheduled as kernels of their own
+    u, z, u64 = _compiled(_draws, backend)(x)
     n = x.size
     assert u.dtype == np.float32 and z.dtype == np.float32 and u64.dtype == np.float64
     for v in (u, u64):
@@ -48,7 +56,7 @@ def test_draws_are_compiled_and_have_their_distributions(rng: np.random.Generato
         assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 5 / n**0.5
 
 
-def test_every_call_and_every_iteration_draws_afresh(rng: np.random.Generator) -> None:
+def test_every_call_and_every_iteration_draws_afresh(rng: np.random.Generator, backend: str) -> None:
     def noisy(x):
         def step(h, x_t):
             h = h + nf.rand(*x_t.shape) * x_t
@@ -57,7 +65,7 @@ def test_every_call_and_every_iteration_draws_afresh(rng: np.random.Generator) -
         return nf.scan(step, nf.zeros(x.shape[1:]), x)[1]
 
     x = np.ones((40, 8, 64), np.float32)
-    fn = _compiled(noisy, x)
+    fn = _compiled(noisy, backend)
     a, b = fn(x), fn(x)
     steps = np.diff(np.concatenate([np.zeros((1, 8, 64), np.float32), a]), axis=0)  # each step's draw
     assert steps.min() >= 0.0 and steps.max() < 1.0 + 1e-5
@@ -69,9 +77,9 @@ def test_every_call_and_every_iteration_draws_afresh(rng: np.random.Generator) -
     assert longer.shape == (41, 8, 64)
 
 
-def test_manual_seed_repeats_a_run(rng: np.random.Generator) -> None:
+def test_manual_seed_repeats_a_run(rng: np.random.Generator, backend: str) -> None:
     x = rng.standard_normal((32, 48)).astype(np.float32)
-    fn = _compiled(lambda x: F.dropout(x, 0.3), x)
+    fn = _compiled(lambda x: F.dropout(x, 0.3), backend)
     seed = int(rng.integers(1 << 31))
     nf.manual_seed(seed)
     first = [fn(x) for _ in range(3)]
@@ -83,7 +91,7 @@ def test_manual_seed_repeats_a_run(rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])
-def test_dropout_mask_is_shared_by_forward_and_backward(rng: np.random.Generator, p: float) -> None:
+def test_dropout_mask_is_shared_by_forward_and_backward(rng: np.random.Generator, p: float, backend: str) -> None:
     """The gradient of sum(dropout(x @ w) * c) with respect to w is x^T (c * mask / (1 - p)), with the mask the
     forward pass drew (read off its output: x @ w has no zeros); also through a scan whose step drops out."""
     x = rng.standard_normal((64, 32)).astype(np.float32)
@@ -94,7 +102,7 @@ def test_dropout_mask_is_shared_by_forward_and_backward(rng: np.random.Generator
         y = F.dropout(x @ w, p)
         return (y * c).sum(), y
 
-    (_, y), gw = _compiled(nf.value_and_grad(loss, has_aux=True), w)(w)
+    (_, y), gw = _compiled(nf.value_and_grad(loss, has_aux=True), backend)(w)
     keep = y != 0
     assert abs(keep.mean() - (1 - p)) < 5 * (p * (1 - p) / keep.size) ** 0.5
     np.testing.assert_allclose(y[keep], (x @ w)[keep] / (1 - p), rtol=1e-5, atol=1e-5)
@@ -110,7 +118,7 @@ def test_dropout_mask_is_shared_by_forward_and_backward(rng: np.random.Generator
         h, ys = nf.scan(step, nf.zeros((48,)), xs)
         return (ys * ys).sum() + h.sum(), ys
 
-    (_, ys), gw = _compiled(nf.value_and_grad(scanned, has_aux=True), w)(w)
+    (_, ys), gw = _compiled(nf.value_and_grad(scanned, has_aux=True), backend)(w)
     keep = ys != 0
     pre = np.einsum("tni,io->tno", xs, w)
     np.testing.assert_allclose(ys[keep], pre[keep] / (1 - p), rtol=1e-4, atol=1e-4)
@@ -118,9 +126,11 @@ def test_dropout_mask_is_shared_by_forward_and_backward(rng: np.random.Generator
     np.testing.assert_allclose(gw, np.einsum("tni,tno->io", xs, dy), rtol=1e-3, atol=1e-3)
 
 
-def test_a_saved_program_draws_afresh_after_loading(rng: np.random.Generator, tmp_path) -> None:
+def test_a_saved_program_draws_afresh_after_loading(rng: np.random.Generator, tmp_path, backend: str) -> None:
+    if backend == "reference":
+        pytest.skip("the interpreter has no compiled program to save")
     x = rng.standard_normal((8, 16)).astype(np.float32)
-    fn = _compiled(lambda x: x * nf.rand(*x.shape), x)
+    fn = _compiled(lambda x: x * nf.rand(*x.shape), backend)
     fn(x)
     fn.save(tmp_path / "draws.nfp")
     loaded = nf.load(tmp_path / "draws.nfp")

@@ -78,12 +78,12 @@ class TritonProgram(CompiledProgram):
         ins = [host_tensor(a if a.flags.writeable else a.copy()) for a in inputs]
         if self.device == "cpu":
             outs = [host_tensor(o) for o in outputs]
-            self.module.run(ins, self._data, outs, list(sizes), self.device)  # type: ignore[call-overload]
+            self.module.run(ins, self._data, outs, list(sizes), self.device, self.seed())
             return
         ins = [t.to(self.device) for t in ins]
         outs = [torch.empty(o.shape, dtype=host_tensor(o.reshape(-1)[:0]).dtype, device=self.device)
                 for o in outputs]
-        self.module.run(ins, self._data, outs, list(sizes), self.device)  # type: ignore[call-overload]
+        self.module.run(ins, self._data, outs, list(sizes), self.device, self.seed())
         for o, t in zip(outputs, outs):
             host_tensor(o).copy_(t)
 
@@ -106,9 +106,17 @@ class TritonProgram(CompiledProgram):
         env = self.checked_sizes(ins)
         outs = [torch.empty(shape, dtype=getattr(torch, o.dtype.value), device=self.device)
                 for shape, o in zip(self.output_shapes(env), g.outputs)]
-        self.module.run(ins, self._data, outs, [env[name] for name in self.dynamic],  # type: ignore[attr-defined]
-                        self.device)
+        self.module.run(ins, self._data, outs, [env[name] for name in self.dynamic], self.device, self.seed())
         return outs
+
+    def seed(self) -> int:
+        """This call's random seed, from the session's generator (``nf.manual_seed`` repeats a run), for a
+        program that draws random numbers; 0 (and no draw from the generator) for one that does not."""
+        if not getattr(self.module, "SEEDED", False):
+            return 0
+        from ...trace import session
+
+        return int(session().rng.integers(0, 2**63))
 
 
 def host_tensor(a: np.ndarray):

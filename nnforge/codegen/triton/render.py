@@ -30,6 +30,7 @@ from ...schedule import (
     Kernel,
     Loop,
     Program,
+    Random,
     Reduce,
     ScatterAdd,
     SlicedGemm,
@@ -84,13 +85,15 @@ class Renderer:
         self.buffers = [*ins, *(f"d{k}" for k in range(len(data))), *outs]
         self.block(self.program.block, ctx)
         syms = ", ".join(f"S{k}" for k in range(len(self.sz.dynamic)))
-        head = ["def run(ins, data, outs, S, dev):",
+        head = ["def run(ins, data, outs, S, dev, seed=0):",
                 '    """Launch the kernels in order on tensors of device ``dev``."""',
                 f"    ({', '.join(ins)}{',' if ins else ''}) = ins",
                 f"    ({', '.join(f'd{k}' for k in range(len(data)))}{',' if data else ''}) = data",
                 f"    ({', '.join(outs)}{',' if outs else ''}) = outs",
                 f"    ({syms}{',' if syms else ''}) = S"]
-        source = "\n".join(["import torch", "import triton", "import triton.language as tl", "", "", PRELUDE, "",
+        seeded = any(isinstance(k, Random) for k in self.program.kernels())
+        source = "\n".join(["import torch", "import triton", "import triton.language as tl", "", "", PRELUDE,
+                            f"SEEDED = {seeded}  # run() draws random numbers from its seed", "",
                             *("\n\n" + k for k in self.kernels), "", "", *head, *self.run, "    return None", ""])
         return Rendered(source, list(self.names))
 
@@ -147,6 +150,8 @@ class Renderer:
             self.scatter_add(k, ctx, outs)
         elif isinstance(k, Elementwise | Copy):
             self.elementwise(k, ctx, outs)
+        elif isinstance(k, Random):
+            self.random(k, outs)
         else:
             raise Unsupported(f"no Triton form of kernel {type(k).__name__}")
 
@@ -212,6 +217,27 @@ class Renderer:
         for o in outs:
             em.line(f"tl.store({o} + offs, {v}, mask=m)")
         self.emit(kind, em, [f"triton.cdiv({numel}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat}, prologue)
+
+    def random(self, k: Random, outs: list[str]) -> None:
+        """The draw's numbers into ``outs``: Philox (``tl.rand`` / ``tl.randn``) at each flat offset, keyed by
+        ``nf_key`` on the host from the call's seed, the draw's number and the host loops' counters: every call
+        and every step draws afresh, whatever the block size."""
+        n = k.node
+        key = f"rk{k.draw}"
+        self.run.append(f"{self.ind}{key} = nf_key(seed, {k.draw}{''.join(f', {t}' for t in self.scalars)})")
+        em = Emitter()
+        numel = self.sz.prod(n.shape)
+        prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)",
+                    f"m = offs < {numel}"]
+        draw = "tl.randn" if k.dist == "normal" else "tl.rand"
+        value = f"{draw}({key}, offs).to({tl_dtype(n.dtype)})"
+        for o in outs:
+            em.line(f"tl.store({o} + offs, {value}, mask=m)")
+        self.scalars.append(key)  # a kernel argument like a loop counter: never specialized on
+        try:
+            self.emit(k.kind, em, [f"triton.cdiv({numel}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat}, prologue)
+        finally:
+            self.scalars.pop()
 
     def concat(self, k: Concat, ctx: Ctx, outs: list[str]) -> None:
         """Each source of the concat into its range along the axis: one kernel, a masked block of every part."""

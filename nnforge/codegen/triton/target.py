@@ -38,10 +38,11 @@ def triton_target() -> Target:
     * ``steps_in_registers``: a persistent program holds a step's values as register tiles; a body that reads one
       at another element (a shifted slice of a carry, as a CTC lattice does) stays a host loop of per-step
       launches (``steps.py``).
+    * ``random``: draws are kernels of their own (``tl.rand`` / ``tl.randn``, Philox), keyed on the host.
     """
     return Target(name="triton", min_split_rows=1, max_split_weight_bytes=160 * 1024, reduction_hoist_bytes=0,
                   chunk_bytes=0, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
-                  pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True)
+                  pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True, random=True)
 
 
 @dataclass(frozen=True)

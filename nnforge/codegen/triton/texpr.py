@@ -103,6 +103,23 @@ def nf_launch(kernel, grid, *args, **meta):
     """Launch unless the grid is empty (a zero-size result)."""
     if all(g > 0 for g in grid):
         kernel[grid](*args, **meta)
+
+
+def nf_mix64(z):
+    """SplitMix64's finalizer on a Python int (the C prelude's nf_mix64)."""
+    z = (z + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
+
+
+def nf_key(seed, draw, *counters):
+    """A draw's Philox key: the call's seed mixed with the draw's number and the host loops' counters, below
+    2**63 (an int64 kernel argument)."""
+    z = nf_mix64(seed ^ nf_mix64(draw))
+    for t in counters:
+        z = nf_mix64(z ^ int(t))
+    return z & 0x7FFFFFFFFFFFFFFF
 '''
 
 
