@@ -67,6 +67,22 @@ def nf_gru_cho(x, h0, w_ih, w_hrz, w_hn, b):
     return ys, h
 
 
+def nf_peephole_lstm(x, h0, c0, w_ih, w_hh, b, p):
+    """An LSTM whose input and forget gates see the cell state and whose output gate sees the new one (Gers and
+    Schmidhuber's peepholes, ``p`` = [p_i, p_f, p_o], each of width H): no cuDNN kernel runs it."""
+    p_i, p_f, p_o = p.chunk(3, axis=-1)
+
+    def cell(carry, x_t):
+        h, c = carry
+        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
+        c = nf.sigmoid(f + p_f * c) * c + nf.sigmoid(i + p_i * c) * nf.tanh(g)
+        h = nf.sigmoid(o + p_o * c) * nf.tanh(c)
+        return (h, c), h
+
+    (h, c), ys = nf.scan(cell, (h0, c0), x)
+    return ys, h, c
+
+
 # ---- torch loops (input projection hoisted) -----------------------------------------------------------------
 def t_lstm_cell(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, w_hh: torch.Tensor):
     i, f, g, o = (gx + h @ w_hh.t()).chunk(4, 1)
@@ -91,6 +107,14 @@ def t_gru_cho_cell(gx: torch.Tensor, h: torch.Tensor, w_hrz: torch.Tensor, w_hn:
     return (1.0 - z) * n + z * h
 
 
+def t_peephole_cell(gx: torch.Tensor, h: torch.Tensor, c: torch.Tensor, w_hh: torch.Tensor, p: torch.Tensor):
+    i, f, g, o = (gx + h @ w_hh.t()).chunk(4, 1)
+    p_i, p_f, p_o = p.chunk(3, 0)
+    c = torch.sigmoid(f + p_f * c) * c + torch.sigmoid(i + p_i * c) * torch.tanh(g)
+    h = torch.sigmoid(o + p_o * c) * torch.tanh(c)
+    return h, c
+
+
 def t_lstm_loop(x, h, c, w_ih, w_hh, b):
     gx = (x @ w_ih.t() + b).unbind(0)
     ys = []
@@ -106,6 +130,15 @@ def t_ln_lstm_loop(x, h, c, w_ih, w_hh, b):
     ys = []
     for t in range(len(gx)):
         h, c = t_ln_lstm_cell(gx[t], h, c, w_hh, b)
+        ys.append(h)
+    return torch.stack(ys)
+
+
+def t_peephole_loop(x, h, c, w_ih, w_hh, b, p):
+    gx = (x @ w_ih.t() + b).unbind(0)
+    ys = []
+    for t in range(len(gx)):
+        h, c = t_peephole_cell(gx[t], h, c, w_hh, p)
         ys.append(h)
     return torch.stack(ys)
 

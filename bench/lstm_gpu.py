@@ -206,7 +206,8 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
 
 
 def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds: int, clock: Clock) -> None:
-    """Cells cuDNN cannot run (layer-norm LSTM, GRU with the reset gate before its matmul), inference: nnforge
+    """Cells cuDNN cannot run (layer-norm LSTM, GRU with the reset gate before its matmul, peephole LSTM),
+    inference: nnforge
     against the same cell as a TorchScript loop and as a Python loop of a ``torch.compile``-d cell (bench/
     cells_cpu.py's definitions, input projection hoisted), and cuDNN's standard LSTM at the same shape (what a
     custom cell should come close to)."""
@@ -223,6 +224,8 @@ def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds:
                             (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H))),
         "GRU (reset before matmul)": (cells_cpu.nf_gru_cho, cells_cpu.t_gru_cho_loop, "t_gru_cho_cell",
                                       (x, h0, rnd(3 * H, H), rnd(2 * H, H), rnd(H, H), rnd(3 * H))),
+        "peephole LSTM": (cells_cpu.nf_peephole_lstm, cells_cpu.t_peephole_loop, "t_peephole_cell",
+                          (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H), rnd(3 * H))),
     }
     for name, (nf_model, loop, cell, args) in models.items():
         fwd = nf.compile(nf_model, backend="triton")
@@ -265,7 +268,7 @@ def main() -> None:
     p.add_argument("--mode", nargs="+", default=["inference", "training"], choices=["inference", "training"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--cells", type=int, nargs=2, metavar=("BATCH", "HIDDEN"),
-                   help="also time the custom cells (layer-norm LSTM, GRU) at this shape, inference")
+                   help="also time the custom cells (layer-norm LSTM, GRU, peephole LSTM) at this shape, inference")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     a = p.parse_args()
     if a.smoke:

@@ -85,6 +85,28 @@ def test_lstm_grad_equals_unrolled_and_torch(backend, rng):
     compare(lstm_model, arrays, n_diff=6, backend=backend)
 
 
+def peephole_lstm_model(scan, xs, h0, c0, w_ih, w_hh, b, p, ry, rc):
+    """Peepholes (Gers and Schmidhuber): the input and forget gates see c, the output gate the new c."""
+    p_i, p_f, p_o = p.chunk(3, -1)
+
+    def cell(carry, x_t):
+        h, c = carry
+        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, -1)
+        c = _sigmoid(f + p_f * c) * c + _sigmoid(i + p_i * c) * g.tanh()
+        h = _sigmoid(o + p_o * c) * c.tanh()
+        return (h, c), h
+
+    (h, c), ys = scan(cell, (h0, c0), xs)
+    return (ys * ry).sum() + (c * rc).sum() + h.sum()
+
+
+def test_peephole_lstm_grad_equals_unrolled_and_torch(backend, rng):
+    arrays = [rng.standard_normal(s) * sc for s, sc in
+              [((T, N, I), 1), ((N, H), 1), ((N, H), 1), ((4 * H, I), 0.4), ((4 * H, H), 0.4), ((4 * H,), 0.1),
+               ((3 * H,), 0.5), ((T, N, H), 1), ((N, H), 1)]]
+    compare(peephole_lstm_model, arrays, n_diff=7, backend=backend)
+
+
 def test_lstm_matches_torch_lstm_module(backend, rng):
     """The scan LSTM cell against torch.nn.LSTM itself (same gate order i, f, g, o)."""
     r = rng
