@@ -14,11 +14,12 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ...dtypes import DType
 from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, Op
 from ...passes.fuse import Grouping
 from ...schedule import Unsupported
-from .texpr import Sizes, flat, formula, literal, sliced, tl_dtype
+from .texpr import HALF, Sizes, flat, formula, literal, sliced, tl_dtype
 
 _TOKEN = re.compile(r"[A-Za-z_]\w*")
 _SCALAR = re.compile(r"S\d+|t\d+")  # run-time sizes and host loop counters: the same in every lane
@@ -107,13 +108,16 @@ class Eval:
     ``root``: the kernel's own node (computed, never loaded); ``overrides``: values already computed at an index
     (a GEMM's accumulator, a sliced GEMM's epilogue on each gate tile); ``flat_hint``: (index, shape) pairs whose
     row-major offset is a name the kernel already has (its flat ``offs``); ``hoist``: whether values may move
-    before the time loop."""
+    before the time loop; ``wide``: half-precision values are float32 tensors here, loaded and computed wide and
+    rounded only where they are stored (a persistent scan's step: its carries, the cell state above all, do not
+    lose bits every step)."""
 
     def __init__(self, em: Emitter, ctx: Ctx, sizes: Sizes, mask: str | None, rank: int, root: Node | None = None,
                  overrides: dict[tuple[int, tuple[str, ...]], str] | None = None,
-                 flat_hint: dict[tuple, str] | None = None, hoist: bool = True):
+                 flat_hint: dict[tuple, str] | None = None, hoist: bool = True, wide: bool = False):
         self.em, self.ctx, self.sz = em, ctx, sizes
         self.mask, self.rank, self.root = mask, rank, root
+        self.wide = wide
         self.overrides = dict(overrides or {})
         self.flat_hint = flat_hint or {}
         self.hoist = hoist
@@ -139,11 +143,12 @@ class Eval:
         # a scalar offset (a 0-d value, a broadcast element, a step's row) is in range whenever the kernel runs,
         # and Triton takes no block mask for a scalar pointer
         mask = f", mask={self.mask}, other=0" if self.mask and not scalar else ""
-        return self.tmp(f"tl.load({ptr} + ({offset}){mask})", "x")
+        widen = ".to(tl.float32)" if self.wide and n.dtype in HALF else ""
+        return self.tmp(f"tl.load({ptr} + ({offset}){mask}){widen}", "x")
 
     def const(self, value: object, n: Node) -> str:
         shape = ", ".join(["1"] * max(self.rank, 1))
-        dt = tl_dtype(n.dtype)
+        dt = "tl.float32" if self.wide and n.dtype in HALF else tl_dtype(n.dtype)
         if not self.sz.is_static(value):  # a size used as a value (x.shape[0]) may be a run-time trip count
             return self.tmp(f"tl.full([{shape}], 0, {dt}) + ({self.sz(value)})", "k")
         return self.tmp(f"tl.full([{shape}], {literal(value, n.dtype)}, {dt})", "k")
@@ -177,7 +182,14 @@ class Eval:
             tl_dtype(n.dtype)
             args = [self.val(s, idx) for s in n.srcs]
             self.fused.append(n.op.name.lower())
-            return self.tmp(formula(n.op, n.dtype, [s.dtype for s in n.srcs], args, n.attrs))
+            if not self.wide:
+                return self.tmp(formula(n.op, n.dtype, [s.dtype for s in n.srcs], args, n.attrs))
+            srcs = [DType.float32 if s.dtype in HALF else s.dtype for s in n.srcs]
+            if n.dtype not in HALF:
+                return self.tmp(formula(n.op, n.dtype, srcs, args, n.attrs))
+            if n.op == Op.CAST:  # a cast to half precision the program asks for: rounded there, held wide
+                return self.tmp(f"({formula(n.op, n.dtype, srcs, args, n.attrs)}).to(tl.float32)")
+            return self.tmp(formula(n.op, DType.float32, srcs, args, n.attrs))
         raise Unsupported(f"the Triton renderer cannot inline {n.op.name.lower()} (created at {n.loc})")
 
     def _reg(self, n: Node, idx: tuple[str, ...]) -> str:

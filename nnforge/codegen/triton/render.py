@@ -8,7 +8,8 @@ generated ``run(ins, data, outs, S, dev)`` allocates the program's scratch buffe
 run-time sizes ``S`` and launches the kernels in order: no Python runs per time step.
 
 What the renderer decides itself (no record holds it yet): the block sizes (``target.Tiles``), float32 dots in
-IEEE precision (not TF32: results must match the float32 reference), and that scratch is allocated per call.
+IEEE precision (not TF32: results must match the float32 reference), that scratch is allocated per call, and that
+a half-precision persistent scan computes its step in float32 (``scan.ScanKernel.wide``).
 """
 
 from __future__ import annotations

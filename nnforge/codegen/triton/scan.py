@@ -41,7 +41,7 @@ from ...schedule import (
 )
 from ...schedule.registers import Segments, row_segments
 from .evaluate import Ctx, Emitter, Eval
-from .texpr import acc_dtype, dot, flat, rounded, sliced, tl_dtype
+from .texpr import HALF, acc_dtype, dot, flat, rounded, sliced, tl_dtype
 
 if TYPE_CHECKING:
     from .render import Renderer
@@ -72,6 +72,12 @@ class ScanKernel:
         self.idents: dict[tuple, tuple[str, ...]] = {}
         self.outer_evals: dict[tuple[str, str | None], Eval] = {}
         self.pieces: dict[int, list[tuple[str, int, int]]] = {}  # values held by columns: (tile, offset, width)
+        # half precision: the step computes in float32 and rounds where it stores (carries stay float32)
+        self.wide = any(dt in HALF for _, dt in n.types)
+
+    def eval(self, ctx: Ctx, mask: str | None, **kw) -> Eval:
+        """An evaluator of ``ctx``'s nodes in this kernel (wide in a half-precision scan)."""
+        return Eval(self.em, ctx, self.sz, mask, 2, wide=self.wide, **kw)
 
     # ---- tiles --------------------------------------------------------------------------------------------
     def width(self, n: Node) -> int:
@@ -135,7 +141,7 @@ class ScanKernel:
         (the step, or the chunk loop), so a value is never used outside the block that computed it."""
         key = (scope, mask)
         if key not in self.outer_evals:
-            self.outer_evals[key] = Eval(self.em, self.outer, self.sz, mask, 2)
+            self.outer_evals[key] = self.eval(self.outer, mask)
         return self.outer_evals[key]
 
     @staticmethod
@@ -217,7 +223,7 @@ class ScanKernel:
             if c.node.op == Op.CONCAT:  # a step output joined from step values: stored source by source
                 self.concat(c, body)
                 continue
-            v = Eval(em, body, self.sz, self.mask(self.width(c.node)), 2).val(c.node, self.ident(c.node))
+            v = self.eval(body, self.mask(self.width(c.node))).val(c.node, self.ident(c.node))
             self.deliver(c.node, v, c.out, (), body, nxt)
         for k, name in enumerate(carries):
             if k not in nxt:
@@ -252,7 +258,6 @@ class ScanKernel:
                            self.mask(self.width(node)))
 
     def body_kernel(self, k, body: Ctx, nxt: dict[int, str]) -> None:
-        em, sz = self.em, self.sz
         if isinstance(k, SlicedGemm):
             self.sliced(k, body, nxt)
         elif isinstance(k, Gemm | Elementwise | Copy) and id(stored_node(k)) in self.segs.nodes:
@@ -264,7 +269,7 @@ class ScanKernel:
             idx = ("r", self.cols(w))
             value = acc
             if root is not None:
-                value = Eval(em, body, sz, self.mask(w), 2, root=root, overrides={(id(p), idx): acc}).val(root, idx)
+                value = self.eval(body, self.mask(w), root=root, overrides={(id(p), idx): acc}).val(root, idx)
             self.deliver(stored_node(k), value, k.out, k.also, body, nxt)
         elif isinstance(k, Reduce):
             self.row_reduce(k, body, nxt)
@@ -272,7 +277,7 @@ class ScanKernel:
             self.concat(k, body)
         elif isinstance(k, Elementwise | Copy):
             n = k.node
-            v = Eval(em, body, sz, self.mask(self.width(n)), 2, root=n).val(n, self.ident(n))
+            v = self.eval(body, self.mask(self.width(n)), root=n).val(n, self.ident(n))
             self.deliver(n, v, k.out, k.also, body, nxt)
         else:
             raise Unsupported(f"{type(k).__name__} inside a persistent scan is not rendered by this slice")
@@ -292,12 +297,13 @@ class ScanKernel:
             pieces = self.pieces[id(a)]
         else:
             ck = self.cols(K)
-            va = Eval(em, body, sz, self.mask(K), 2).val(a, ("r", ck))
+            va = self.eval(body, self.mask(K)).val(a, ("r", ck))
             pieces = [(va, 0, K)]
+        narrow = f".to({tl_dtype(p.dtype)})" if self.wide else ""  # a dot's operands in the product's dtype
         tas = []
         for va, k0, kw in pieces:
             ck = self.cols(kw)
-            tas.append((em.tmp(f"tl.where({ck} < {kw}, {va}, 0)", "a"), k0, kw))
+            tas.append((em.tmp(f"tl.where({ck} < {kw}, {va}, 0){narrow}", "a"), k0, kw))
         accs = []
         for width, off in columns:
             w = int(width)  # type: ignore[call-overload]
@@ -307,11 +313,12 @@ class ScanKernel:
                 kk = self.krows(kw)
                 mb = f"({kk} < {kw}) & ({cw} < {w})"
                 vb = Eval(em, body, sz, mb, 2, hoist=resident).val(b, (sliced(kk, str(k0)), sliced(cw, off)))
-                tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=resident)
+                tb = em.tmp(f"tl.where({mb}, {vb}, 0){narrow}", "w", hoist=resident)
                 if resident and em.is_variant(tb):
                     raise Unsupported(f"matmul at {p.loc}: B is marked resident but changes across steps")
                 terms.append(dot(ta, tb, p.dtype))
-            accs.append(em.tmp(rounded(" + ".join(terms), p.dtype), "acc"))
+            total = " + ".join(terms)
+            accs.append(em.tmp(total if self.wide else rounded(total, p.dtype), "acc"))
         return accs
 
     def ranges(self, n: Node) -> list[tuple[int, int, tuple[str, ...]]]:
@@ -322,7 +329,6 @@ class ScanKernel:
         """A kernel whose value is held one tile per column range (a layer-norm LSTM's gate row): a product one
         ``tl.dot`` per range, its epilogue or an elementwise body evaluated at each range's columns; stored
         range by range where it is a step output."""
-        em, sz = self.em, self.sz
         node = stored_node(k)
         ranges = self.ranges(node)
         tiles: dict[tuple[str, ...], str] = {}
@@ -330,11 +336,11 @@ class ScanKernel:
             p, root = k.node, k.epilogue
             accs = self.product(p, body, [(w, str(off)) for off, w, _ in ranges], k.b_resident)
             for (_, w, idx), acc in zip(ranges, accs):
-                tiles[idx] = acc if root is None else Eval(em, body, sz, self.mask(w), 2, root=root,
+                tiles[idx] = acc if root is None else self.eval(body, self.mask(w), root=root,
                                                             overrides={(id(p), idx): acc}).val(root, idx)
         else:
             for _, w, idx in ranges:
-                tiles[idx] = Eval(em, body, sz, self.mask(w), 2, root=node).val(node, idx)
+                tiles[idx] = self.eval(body, self.mask(w), root=node).val(node, idx)
         self.hold_by_columns(node, k, [(tiles[idx], off, w) for off, w, idx in ranges], body)
 
     def concat(self, k: Concat | Copy, body: Ctx) -> None:
@@ -348,7 +354,7 @@ class ScanKernel:
         for src in n.srcs:
             w = self.width(src)
             if w:
-                v = Eval(self.em, body, self.sz, self.mask(w), 2, root=n).val(src, self.ident(src))
+                v = self.eval(body, self.mask(w), root=n).val(src, self.ident(src))
                 pieces.append((v, off, w))
             off += w
         self.hold_by_columns(n, k, pieces, body)
@@ -370,7 +376,6 @@ class ScanKernel:
     def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str]) -> None:
         """One ``tl.dot`` per column slice (gate) on the step's A tile, the GEMM's epilogue on each gate tile,
         then the member kernels (the cell update) on the tiles: the gate matrix is never stored."""
-        em, sz = self.em, self.sz
         sg = k.group
         p, root = sg.gemm, sg.root
         w = int(sg.width)
@@ -381,9 +386,9 @@ class ScanKernel:
             idx = ("r", sliced(cw, str(off)))
             value = acc
             if root is not p:
-                value = Eval(em, body, sz, self.mask(w), 2, root=root, overrides={(id(p), idx): acc}).val(root, idx)
+                value = self.eval(body, self.mask(w), root=root, overrides={(id(p), idx): acc}).val(root, idx)
             tiles[(id(root), idx)] = value
-        ev = Eval(em, body, sz, self.mask(w), 2, overrides=tiles)
+        ev = self.eval(body, self.mask(w), overrides=tiles)
         for m, out, more in zip(sg.members, k.outs, k.also_of):
             ev.root = m
             v = ev.val(m, self.ident(m))
@@ -395,13 +400,13 @@ class ScanKernel:
         src = p.srcs[0]
         if tuple(p.attrs["axes"]) != tuple(range(1, src.ndim)) or not p.dtype.is_float:
             raise Unsupported("a reduction inside a persistent scan other than a float sum or max over each row")
-        em, sz = self.em, self.sz
+        em = self.em
         ws = self.width(src)
         parts = ([(self.mask(w), idx) for _, w, idx in self.ranges(src)] if id(src) in self.segs.nodes
                  else [(self.mask(ws), self.ident(src))])  # a value held by column ranges: range by range
         terms = []
         for mask, idx in parts:
-            v = Eval(em, body, sz, mask, 2).val(src, idx)
+            v = self.eval(body, mask).val(src, idx)
             wide = f"{v}.to({acc_dtype(p.dtype)})"
             if p.op == Op.SUM:
                 terms.append(f"tl.sum(tl.where({mask}, {wide}, 0), axis=1)")
@@ -413,11 +418,11 @@ class ScanKernel:
             total = terms[0]
             for t in terms[1:]:
                 total = f"tl.maximum({total}, {t}, propagate_nan=tl.PropagateNan.ALL)"
-        res = em.tmp(rounded(f"({total})[:, None]", p.dtype), "s")
+        res = em.tmp(f"({total})[:, None]" if self.wide else rounded(f"({total})[:, None]", p.dtype), "s")
         idx = self.ident(p)
         value = res
         if root is not None:
-            value = Eval(em, body, sz, self.mask(1), 2, root=root, overrides={(id(p), idx): res}).val(root, idx)
+            value = self.eval(body, self.mask(1), root=root, overrides={(id(p), idx): res}).val(root, idx)
         self.deliver(stored_node(k), value, k.out, (), body, nxt)
 
     def chunk(self, c: ChunkedInput, length: str) -> None:

@@ -159,6 +159,25 @@ def test_lstm_backward_through_time_is_a_persistent_kernel_too(fn, rng: np.rando
     _check(grads, *args)
 
 
+@pytest.mark.parametrize("fn", [lstm, reverse_lstm])
+def test_a_float16_persistent_scan_keeps_its_step_in_float32(fn, rng: np.random.Generator):
+    """A half-precision persistent kernel computes each step in float32 and rounds only what it stores (its
+    carries, the cell state above all, keep their bits from step to step): over 32 steps it lands closer to the
+    float64 result on the same float16 inputs than the reference backend, which rounds every op to float16: its
+    root-mean-square error under 0.7 of the reference's (0.27-0.59 measured for ys, h and c over 12 seeds and
+    both directions; about 1 when the kernel rounded every op too), and within float16 tolerance of it."""
+    args = [a.astype(np.float16) for a in lstm_args(rng, T=32, N=4, I=16, H=16)]
+    program, _ = _scheduled(fn, *args)
+    assert program.loops()[0].parallel is not None
+    exact = nf.compile(fn)(*(a.astype(np.float64) for a in args))
+    rounded_each_op = nf.compile(fn)(*args)
+    got = TritonBackend()(nf.compile(fn).trace(*args))(list(args))
+    for g, r, e in zip(got, rounded_each_op, exact):
+        err, ref_err = (np.sqrt(np.mean((v.astype(np.float64) - e) ** 2)) for v in (g, r))
+        assert err < 0.7 * ref_err, (err, ref_err)
+        np.testing.assert_allclose(g.astype(np.float32), r.astype(np.float32), rtol=5e-3, atol=5e-3)
+
+
 @pytest.mark.parametrize("dtype,split", [("float16", True), ("float32", False)])
 def test_recurrent_weights_split_by_rows_only_where_they_fit_shared_memory(rng: np.random.Generator, dtype: str,
                                                                           split: bool):
