@@ -56,8 +56,8 @@ log = logging.getLogger("nnforge.schedule")
 
 def schedule(graph: Graph, target: Target) -> Program:
     """The program that runs ``graph`` (after the passes of ``passes.pipeline(target)``) on ``target``; raises
-    ``Unsupported`` for a graph compiled code cannot run (side effects, random numbers: the reference
-    interpreter runs those)."""
+    ``Unsupported`` for a graph compiled code cannot run (side effects, random numbers on a target that does not
+    draw them: the reference interpreter runs those)."""
     if graph.effects:
         raise Unsupported("graphs with side effects (receivers, nf.loop) run on the reference backend")
     s = _Scheduler(target, loop_length_symbols(graph), itertools.count(), itertools.count())

@@ -16,7 +16,7 @@ from ..ir.ops import Op
 
 
 class Unsupported(NNForgeError):
-    """A graph a target cannot compile (side effects, random numbers, an op or dtype without a spelling there):
+    """A graph a target cannot compile (side effects, an op or dtype without a spelling there):
     the backend then runs it on the reference interpreter and says so."""
 
 

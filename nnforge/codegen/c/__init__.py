@@ -1,8 +1,8 @@
 """The CPU backend: scheduled IR -> C (OpenMP, vectorizable loops) -> shared object cached on disk -> ctypes.
 
 ``CpuBackend`` is an explicit object holding the compiler and the loaded libraries; ``nnforge.codegen`` keeps
-one in its backend table. Graphs the C generator does not cover (side effects, random numbers, half
-precision) run on the reference interpreter instead, with a WARNING giving the reason once per reason: a user who
+one in its backend table. Graphs the C generator does not cover (side effects, half precision) run on the
+reference interpreter instead, with a WARNING giving the reason once per reason: a user who
 asked for compiled code is told it is interpreted.
 """
 

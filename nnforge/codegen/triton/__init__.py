@@ -108,7 +108,7 @@ class TritonBackend:
         graph = prepare(graph, self.target)
         try:
             program = schedule(graph, self.target)
-        except Unsupported as e:  # the shared policy: effects and random numbers run on the interpreter
+        except Unsupported as e:  # the shared policy: what no kernel can run (effects) runs on the interpreter
             from ..reference import ReferenceProgram
 
             if str(e) not in self._warned:
