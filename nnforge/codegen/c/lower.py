@@ -270,9 +270,10 @@ class GraphCtx:
 @dataclass
 class LoopScope:
     """Where code that is invariant in a loop goes: ``pre`` runs once before the loop; ``packed`` dedupes the
-    resident B panels packed there."""
+    resident B panels packed there. ``iteration``: the C variable of the loop's step (what a draw mixes in)."""
 
     pre: Emitter
+    iteration: str
     packed: dict[tuple, str] = field(default_factory=dict)
 
 
@@ -296,7 +297,6 @@ class Lowering:
         self.scopes: list[LoopScope] = []
         self.marks: list[int] = []  # where the top-level code may be cut into separate C functions
         self.rows: RowScope | None = None  # set while lowering a row-split scan body (one thread's rows)
-        self.iterations: list[str] = []  # the C variables of the enclosing loops' iterations, outer first
         self.workspace_slots: list[Slot] = []  # the workspace's slots (``memplan``), set by source()
 
     @property
@@ -551,7 +551,7 @@ class Lowering:
         self.stats["kernels"] += 1
         key, i = em.fresh("key"), em.fresh("i")
         mix = f"nf_mix64({self.sizes.seed} ^ nf_mix64({k.draw}))"
-        for t in self.iterations:
+        for t in (scope.iteration for scope in self.scopes):
             mix = f"nf_mix64({mix} ^ (uint64_t){t})"
         if k.dist == "normal":
             fn = "nf_normal"
@@ -931,7 +931,7 @@ class Lowering:
         rev = is_scan and a["reverse"]
         at = em.mark()
         before = em.sub()  # what goes before the time loop (chunk bookkeeping, weight packing)
-        scope = LoopScope(em.sub())
+        scope = LoopScope(em.sub(), tt)
         info.note = f"{'reverse ' if rev else ''}for {tt} in 0..{length}"
         if rows is not None:
             info.note += rows.note()
@@ -973,7 +973,6 @@ class Lowering:
         if blocks:
             rows.open_block_loop(em, em.fresh("rb"))
         self.scopes.append(scope)
-        self.iterations.append(tt)
         outer_rows, outer_sizes = self.rows, self.sizes
         if rows is not None:
             self.rows, self.sizes = rows, sz.with_local(ROWS, rows.count)
@@ -981,7 +980,6 @@ class Lowering:
             self.lower_block(loop.body, ins, outs, em, info.children)
         finally:
             self.scopes.pop()
-            self.iterations.pop()
             self.rows, self.sizes = outer_rows, outer_sizes
         if blocks:
             em.close()
