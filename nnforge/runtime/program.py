@@ -61,6 +61,14 @@ class CompiledProgram(ABC):
         """Run the program: read ``inputs`` (checked, C-contiguous), fill ``outputs`` (uninitialized), use at
         least ``workspace_need(sizes)`` bytes of ``workspace`` (64-byte aligned when not empty) as scratch."""
 
+    @staticmethod
+    def call_seed() -> int:
+        """A fresh seed for one call of a program that draws random numbers, from the session's generator (the
+        interpreter's source too): ``nf.manual_seed`` makes a run repeat on every backend."""
+        from ..trace import session
+
+        return int(session().rng.integers(0, 2**63))
+
     def new_workspace(self, nbytes: int) -> np.ndarray:
         """Scratch memory of ``nbytes`` (host bytes; a backend whose code runs elsewhere allocates there, from
         state its ``__init__`` sets before calling this one's)."""

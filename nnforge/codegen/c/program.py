@@ -11,7 +11,6 @@ import numpy as np
 
 from ...ir.node import Graph
 from ...runtime.program import CompiledProgram
-from ...trace import session
 from .cexpr import Sizes
 
 
@@ -53,7 +52,7 @@ class CProgram(CompiledProgram):
 
     def launch(self, inputs: list[np.ndarray], outputs: list[np.ndarray], workspace: np.ndarray,
                sizes: np.ndarray) -> None:
-        if self.sizes.seeded:  # from the session's generator: nf.seed makes a run repeat, like the interpreter's
-            sizes[len(self.sizes.dynamic)] = session().rng.integers(0, 2**63, dtype=np.int64)
+        if self.sizes.seeded:
+            sizes[len(self.sizes.dynamic)] = self.call_seed()
         self._fn(self._ptrs(*[a.ctypes.data for a in inputs], *self._data_ptrs, *[o.ctypes.data for o in outputs],
                             workspace.ctypes.data), sizes.ctypes.data)

@@ -110,13 +110,9 @@ class TritonProgram(CompiledProgram):
         return outs
 
     def seed(self) -> int:
-        """This call's random seed, from the session's generator (``nf.manual_seed`` repeats a run), for a
-        program that draws random numbers; 0 (and no draw from the generator) for one that does not."""
-        if not getattr(self.module, "SEEDED", False):
-            return 0
-        from ...trace import session
-
-        return int(session().rng.integers(0, 2**63))
+        """This call's random seed (``call_seed``) for a program that draws random numbers; 0, and no draw from
+        the session's generator, for one that does not."""
+        return self.call_seed() if getattr(self.module, "SEEDED", False) else 0
 
 
 def host_tensor(a: np.ndarray):
