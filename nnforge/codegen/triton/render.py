@@ -209,15 +209,20 @@ class Renderer:
         """Node ``n`` of ``ctx``'s graph evaluated element by element into ``outs``: loaded from its buffer
         (or through its view) when ``copy``, else computed from its sources."""
         em = Emitter()
-        numel = self.sz.prod(n.shape)
-        prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)",
-                    f"m = offs < {numel}"]
         idx, dims = self.flat_index(em, n.shape)
         ev = Eval(em, ctx, self.sz, "m", 1, root=None if copy else n, flat_hint={(idx, dims): "offs"})
         v = ev.val(n, idx)
         for o in outs:
             em.line(f"tl.store({o} + offs, {v}, mask=m)")
-        self.emit(kind, em, [f"triton.cdiv({numel}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat}, prologue)
+        self.emit_flat(kind, em, self.sz.prod(n.shape))
+
+    def emit_flat(self, kind: str, em: Emitter, count: str, masked: bool = True) -> str:
+        """``emit`` for a kernel over ``count`` flat elements (or lines), ``BLOCK`` per program: its code finds
+        ``pid``, its offsets ``offs`` and (``masked``) their mask ``m = offs < count`` set."""
+        prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)",
+                    *([f"m = offs < {count}"] if masked else [])]
+        return self.emit(kind, em, [f"triton.cdiv({count}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat},
+                         prologue)
 
     def random(self, k: Random, outs: list[str]) -> None:
         """The draw's numbers into ``outs``: Philox (``tl.rand`` / ``tl.randn``) at each flat offset, keyed by
@@ -227,16 +232,13 @@ class Renderer:
         key = f"rk{k.draw}"
         self.run.append(f"{self.ind}{key} = nf_key(seed, {k.draw}{''.join(f', {t}' for t in self.scalars)})")
         em = Emitter()
-        numel = self.sz.prod(n.shape)
-        prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)",
-                    f"m = offs < {numel}"]
         draw = "tl.randn" if k.dist == "normal" else "tl.rand"
         value = f"{draw}({key}, offs).to({tl_dtype(n.dtype)})"
         for o in outs:
             em.line(f"tl.store({o} + offs, {value}, mask=m)")
         self.scalars.append(key)  # a kernel argument like a loop counter: never specialized on
         try:
-            self.emit(k.kind, em, [f"triton.cdiv({numel}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat}, prologue)
+            self.emit_flat(k.kind, em, self.sz.prod(n.shape))
         finally:
             self.scalars.pop()
 
@@ -245,7 +247,6 @@ class Renderer:
         n = k.node
         axis = n.attrs["axis"]
         em = Emitter()
-        prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)"]
         odims = [self.sz(d) for d in n.shape]
         start = "0"
         sizes = []
@@ -265,7 +266,7 @@ class Renderer:
         if not sizes:
             return
         biggest = sizes[0] if len(sizes) == 1 else f"max({', '.join(sizes)})"
-        self.emit(k.kind, em, [f"triton.cdiv({biggest}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat}, prologue)
+        self.emit_flat(k.kind, em, biggest, masked=False)  # each part masks its own range
 
     def scatter_add(self, k: ScatterAdd, ctx: Ctx, outs: list[str]) -> None:
         """``out[.., index[.., r, ..], ..] += x[.., r, ..]``: each lane owns one line of ``out`` along the axis,
@@ -280,8 +281,6 @@ class Renderer:
         em = Emitter()
         lines = [d for a, d in enumerate(x.shape) if a != axis]
         n_lines, width, length = sz.prod(lines), sz(n.shape[axis]), sz(x.shape[axis])
-        prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)",
-                    f"m = offs < {n_lines}"]
         line = Eval(em, ctx, sz, None, 1, hoist=False).unflatten("offs", [sz(d) for d in lines]) if lines else ()
         oshape = [sz(d) for d in n.shape]
 
@@ -303,8 +302,7 @@ class Renderer:
             em.open(f"for z in range(0, {width}):")
             em.line(f"tl.store({o} + ({at('z')}), tl.load({outs[0]} + ({at('z')}), mask=m), mask=m)")
             em.close()
-        self.emit(k.kind, em, [f"triton.cdiv({n_lines}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat},
-                  prologue)
+        self.emit_flat(k.kind, em, n_lines)
 
     # ---- reductions ---------------------------------------------------------------------------------------
     def reduce(self, k: Reduce, ctx: Ctx, outs: list[str]) -> None:
