@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from ..codegen.c.gemm import GemmConfig
 from ..codegen.c.toolchain import cache_dir
-
-log = logging.getLogger("nnforge.tune")
+from .coordinate import coordinate_search, load_result, save_result
 
 
 def _path() -> Path:
@@ -23,11 +20,7 @@ def _path() -> Path:
 
 def load_gemm_config() -> GemmConfig | None:
     """The tuned config, or None when no (valid) tuning result is cached."""
-    try:
-        data = json.loads(_path().read_text())
-        return GemmConfig(**data["config"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return load_result(_path(), "config", GemmConfig)
 
 
 def _time_config(cfg: GemmConfig, shapes: Sequence[tuple[int, int, int]], repeats: int) -> float:
@@ -68,23 +61,7 @@ def tune_gemm(shapes: Sequence[tuple[int, int, int]] = ((6400, 512, 2048), (64, 
     """Coordinate search over ``axes`` (one axis at a time, keeping the best value found so far) timed on
     ``shapes`` (M, K, N); caches and returns the best config. A few dozen builds instead of the full product:
     the axes interact little (row vs column blocking, then the packed-A path's own two sizes)."""
-    best = GemmConfig()
-    results: dict[str, float] = {}
-
-    def timed(cfg: GemmConfig) -> float:
-        key = json.dumps(asdict(cfg), sort_keys=True)
-        if key not in results:
-            results[key] = _time_config(cfg, shapes, repeats)
-            log.info("%s: %.3f ms", key, results[key] * 1e3)
-        return results[key]
-
-    for name, values in (axes or AXES).items():
-        if name in ("kc", "mca") and not best.pack_a:
-            continue
-        best = min((replace(best, **{name: v}) for v in values), key=timed)
-    path = _path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config": asdict(best), "timings_s": results}))
-    tmp.replace(path)
+    best, results = coordinate_search(GemmConfig(), axes or AXES, lambda cfg: _time_config(cfg, shapes, repeats),
+                                      skip=lambda best, axis: axis in ("kc", "mca") and not best.pack_a)
+    save_result(_path(), {"config": asdict(best), "timings_s": results})
     return best

@@ -9,18 +9,15 @@ its timings say nothing about a GPU. Tuning never runs implicitly.
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from ..codegen.c.toolchain import cache_dir
 from ..codegen.triton.target import Tiles
 from ..errors import NNForgeError
-
-log = logging.getLogger("nnforge.tune")
+from .coordinate import coordinate_search, load_result, save_result
 
 AXES: dict[str, tuple[int, ...]] = {
     "scan_rows": (16, 32, 64),    # batch rows per persistent program: fewer programs, wider tl.dot
@@ -44,11 +41,7 @@ def _path(device: str) -> Path:
 
 def load_triton_tiles(device: str) -> Tiles | None:
     """The tiles tuned on a device named ``device`` (``torch.cuda.get_device_name()``), or None."""
-    try:
-        data = json.loads(_path(device).read_text())
-        return Tiles(**data["tiles"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return load_result(_path(device), "tiles", Tiles)
 
 
 def _time_tiles(tiles: Tiles, shapes: Sequence[tuple[int, int, int]], repeats: int) -> float:
@@ -116,25 +109,7 @@ def tune_triton(shapes: Sequence[tuple[int, int, int]] = SHAPES, axes: dict[str,
         timer = lambda tiles: _time_tiles(tiles, shapes, repeats)  # noqa: E731
     if device is None:
         raise NNForgeError("tune_triton with a timer of its own needs the device name to cache the result under")
-    results: dict[str, float] = {}
-
-    def timed(tiles: Tiles) -> float:
-        key = json.dumps(asdict(tiles), sort_keys=True)
-        if key not in results:
-            try:
-                results[key] = timer(tiles)
-            except Exception as e:  # a candidate the device cannot run loses; the search goes on
-                log.warning("tiles %s failed: %s", key, e)
-                results[key] = float("inf")
-            log.info("%s: %.3f ms", key, results[key] * 1e3)
-        return results[key]
-
-    best = Tiles()
-    for name, values in (axes or AXES).items():
-        best = min((replace(best, **{name: v}) for v in values), key=timed)
-    path = _path(device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"device": device, "tiles": asdict(best), "timings_s": results}))
-    tmp.replace(path)
+    # a candidate the device cannot run (a tile too large for its shared memory) loses; the search goes on
+    best, results = coordinate_search(Tiles(), axes or AXES, timer, failures_lose=True)
+    save_result(_path(device), {"device": device, "tiles": asdict(best), "timings_s": results})
     return best
