@@ -13,6 +13,9 @@ outputs back (producers join their consumer, as in Inductor's vertical fusion):
   broadcast along the row: ``v - mean`` of a layer norm). A cheap node is recomputed by each reader kernel: its
   readers load the one buffer it reads instead of a stored copy, and the kernel that would have stored it is
   gone (a layer norm's ``d = v - mean``, read by its variance and its output, was a whole pass per row);
+* a node its one kernel reads through overlapping windows (a convolution's im2col: one strided slice per tap of
+  ``silu(conv(x))``) would be evaluated once per window, so it is stored unless it is cheap: the swish of a
+  Conv1d with 19 taps and stride 5 was computed 3.8 times per element, scalar, inside the gather;
 * a matmul or reduction whose single user is an elementwise chain of the same shape, with no movement on the
   way, runs that chain as its epilogue (DPElwFuse / ReduceElwFuse in the seed's words).
 """
@@ -28,6 +31,7 @@ from ..ir.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
 log = logging.getLogger("nnforge.fuse")
 
 RECOMPUTE_OPS = 2
+OVERLAP = 1.5  # evaluations per element above which a non-cheap node read through windows is stored
 _CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG})
 
 INHERENT = frozenset({Op.INPUT, Op.DATA, Op.MATMUL, Op.SUM, Op.REDUCE_MAX, Op.PROJ, Op.RAND, Op.FEEDER,
@@ -94,6 +98,7 @@ def group(graph: Graph) -> Grouping:
         return g.kernel_of.get(id(u), id(u))
 
     cost = _recompute_costs(order, g)
+    reads: dict[int, dict[tuple[int, ...], float]] = {}
     for n in reversed(order):  # backward: producers join their consumer's kernel
         if id(n) in g.stored:
             continue
@@ -129,12 +134,17 @@ def group(graph: Graph) -> Grouping:
         else:
             ks = {kernel(u) for u in readers}
             if len(ks) == 1:
-                g.kernel_of[id(n)] = ks.pop()
-                continue
-            if id(n) in cost and not _feeds_epilogue(n, us):
+                reads[id(n)] = _window_reads(n, readers, g, reads)
+                evaluations = sum(reads[id(n)].values()) / max(_numel(n), 1)
+                if n.op not in ELEMENTWISE or id(n) in cost or evaluations <= OVERLAP:
+                    g.kernel_of[id(n)] = ks.pop()
+                    continue
+                why = f"its kernel reads it through overlapping windows ({evaluations:.1f} evaluations per element)"
+            elif id(n) in cost and not _feeds_epilogue(n, us):
                 g.recomputed.add(id(n))
                 continue
-            why = f"its {len(readers)} readers sit in {len(ks)} different kernels"
+            else:
+                why = f"its {len(readers)} readers sit in {len(ks)} different kernels"
         g.stored.add(id(n))
         if n.op in ELEMENTWISE and readers and id(n) not in outputs:
             g.refusals.append(f"{n.op.name.lower()} at {n.loc}: not fused into its readers: {why}")
@@ -144,6 +154,32 @@ def group(graph: Graph) -> Grouping:
     for r in g.refusals:
         log.debug("fusion refused: %s", r)
     return g
+
+
+def _numel(n: Node) -> int:
+    out = 1
+    for d in n.shape or ():
+        out *= int(d)
+    return out
+
+
+def _window_reads(n: Node, readers: list[Node], g: Grouping,
+                  reads: dict[int, dict[tuple[int, ...], float]]) -> dict[tuple[int, ...], float]:
+    """How often the kernel evaluates ``n``, by index path: path (the movement nodes between the kernel's root and
+    ``n``) -> evaluations. Reads along one path share a value (the renderers compute an index once); a slice or
+    a permute reads one element of ``n`` per evaluation of its own, a pad or a concat only its share of them, and
+    a broadcast is not counted as a re-read (its recomputation is the price of not storing a row value)."""
+    out: dict[tuple[int, ...], float] = {}
+    for u in readers:
+        base = {(): float(_numel(u))} if id(u) in g.stored else reads.get(id(u), {(): float(_numel(u))})
+        if u.op in (Op.PAD, Op.CONCAT, Op.EXPAND):
+            share = _numel(n) / max(_numel(u), 1)
+        else:
+            share = 1.0
+        for path, count in base.items():
+            key = (*path, id(u)) if u.op in MOVEMENT else path
+            out[key] = max(out.get(key, 0.0), count * share)
+    return out
 
 
 def _recompute_costs(order: tuple[Node, ...], g: Grouping) -> dict[int, int]:
