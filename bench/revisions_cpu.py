@@ -1,7 +1,8 @@
 """Two revisions of nnforge timed against each other in one interleaved run: the cells of ``bench/cells_cpu.py``
 (an LSTM layer at its three shapes, a layer-norm LSTM and a Cho GRU at the first), inference and a training step
 (forward + backward to the weights), float32, plus the compile time of a 5-layer LSTM stack at T = 2000; with
-``--basecaller`` also the inference of ``bench/basecaller_cpu.py``'s encoder at full length.
+``--basecaller`` also the inference of ``bench/basecaller_cpu.py``'s encoder at full length and its training step
+(forward, CTC, backward, Adam; N = 16, 2,500 samples).
 
 Each revision is checked out in a git worktree and served by a worker process of its own that imports nnforge from
 there (its own empty shared-object cache). Every round times each cell once in each worker, the order A, B / B, A
@@ -69,6 +70,12 @@ if BASECALLER:  # the Bonito-fast-like encoder of bench/basecaller_cpu.py, a ful
     for n in (16, 64):
         cells[f"basecaller F=96 N={n} inference"] = (nf.compile(lambda x: model(x), backend="cpu"),
                                                      [a(n, 1, 10_000)])
+    from nnforge.demo import compiled_step
+    from nnforge.nn import optim
+    trained = Encoder(96)
+    step = compiled_step(trained, optim.Adam(trained.parameters(), lr=1e-4), "cpu")
+    cells["basecaller F=96 N=16 training step"] = (step, [a(16, 1, 2_500), rng.integers(1, 5, (16, 50)),
+                                                          np.full(16, 500), np.full(16, 50)])
 
 def stack_compile():
     T, N, H, L = 2000, 8, 64, 5
@@ -132,7 +139,8 @@ def main() -> None:
     ap.add_argument("--t-div", type=int, default=10)
     ap.add_argument("--only", default="", help="time only the cells whose name contains this")
     ap.add_argument("--basecaller", action="store_true",
-                    help="also the basecaller encoder's inference at batch 16 and 64 (10,000 samples, full length)")
+                    help="also the basecaller encoder's inference at batch 16 and 64 (10,000 samples, full length) "
+                         "and its training step")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
