@@ -1,0 +1,40 @@
+"""``merge_augmented_scans``: a differentiated scan's forward recurrence runs once — the loss reads the copy that
+autodiff augments with the stacked carries — also when tracing rebuilt both (a module's parameters captured as
+inputs, ``loss.backward()`` inside the compiled function) and when one layer's copy reads another's results."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import nnforge as nf
+import nnforge.nn as nn
+from nnforge.ir.ops import Op
+
+
+def test_a_module_training_step_runs_each_forward_recurrence_once(rng: np.random.Generator, backend: str) -> None:
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    ref = torch.nn.LSTM(6, 8, num_layers=2)
+    rnn = nn.LSTM(6, 8, num_layers=2)
+    rnn.load_state_dict({k: v.detach().numpy() for k, v in ref.state_dict().items()})
+    params = list(rnn.parameters())
+
+    @nf.compile(backend=backend)
+    def step(x):
+        for p in params:
+            p.grad = None
+        loss = (rnn(x)[0] ** 2).sum()
+        loss.backward()
+        return loss, [p.grad for p in params]
+
+    x = rng.standard_normal((7, 3, 6)).astype(np.float32)
+    scans = [n for n in step.trace(x).order if n.op == Op.SCAN]
+    forward = [n for n in scans if not n.attrs["reverse"]]
+    assert len(scans) == 4 and len(forward) == 2  # two layers: one forward and one backward scan each
+    assert all(len(n.types) == 5 for n in forward)  # h, c, ys, and the stacked h and c each step starts from
+    loss, grads = step(x)
+    t_loss = (ref(torch.from_numpy(x))[0] ** 2).sum()
+    t_loss.backward()
+    np.testing.assert_allclose(loss, t_loss.item(), rtol=2e-5)
+    for (name, p), g in zip(ref.named_parameters(), grads):
+        np.testing.assert_allclose(g, p.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
