@@ -20,7 +20,7 @@ from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from ..schedule import Target
-from .rewrite import substitute
+from .rewrite import rewrite_top
 from .rows import RowSplit, worth_splitting
 
 
@@ -124,29 +124,34 @@ def hoist_reductions(graph: Graph, target: Target) -> Graph:
     Outer-product carries of at least ``target.reduction_hoist_bytes`` are hoisted (then every other carry summing
     the same ``d_t``, which is stacked anyway): a smaller one stays hot in cache while it accumulates, whereas
     stacking ``d_t`` for all steps costs T * N * Q of memory traffic. From half that size they are hoisted too when
-    that makes the loop row-separable (see ``_hoist_reductions``)."""
-    mapping: dict[int, Node] = {}
-    new_scan: dict[int, tuple[Node, dict[int, Node], list[int]]] = {}
+    that makes the loop row-separable (see ``_hoist_reductions``).
+
+    Scans are rewritten in order, each on its already rewritten sources: a layer's backward scan reads the one
+    of the layer above, and a new scan made from the old sources would keep the old one of that layer alive (two
+    backward recurrences per layer)."""
     us = users(graph.order)
     read_transposed: dict[int, set[int]] = {}  # scan -> carries whose every reader is a 2-D transpose
     for n in graph.order:
         if n.op == Op.PROJ and n.srcs[0].op == Op.SCAN and us.get(id(n)) and all(
                 u.op == Op.PERMUTE and tuple(u.attrs["perm"]) == (1, 0) for u in us[id(n)]):
             read_transposed.setdefault(id(n.srcs[0]), set()).add(n.attrs["index"])
-    for n in graph.order:
-        if n.op == Op.SCAN:
-            r = _hoist_reductions(n, target, read_transposed.get(id(n), set()))
-            if r is not None:
-                nc = n.attrs["n_carry"]
-                keep = [k for k in range(nc) if k not in r[1]]
-                new_scan[id(n)] = (r[0], r[1], keep)
-        elif n.op == Op.PROJ and id(n.srcs[0]) in new_scan:
-            scan, after, keep = new_scan[id(n.srcs[0])]
-            i = n.attrs["index"]
-            nc = n.srcs[0].attrs["n_carry"]
-            if i in after:
-                mapping[id(n)] = after[i]
-            else:
-                j = keep.index(i) if i < nc else i - (nc - len(keep))
-                mapping[id(n)] = make(Op.PROJ, (scan,), {"index": j}, loc=n.loc)
-    return substitute(graph, mapping) if mapping else graph
+    new_scan: dict[int, tuple[Node, dict[int, Node], list[int]]] = {}
+
+    def rule(node: Node, original: Node) -> Node | None:
+        if original.op == Op.SCAN:
+            r = _hoist_reductions(node, target, read_transposed.get(id(original), set()))
+            if r is None:
+                return None
+            keep = [k for k in range(original.attrs["n_carry"]) if k not in r[1]]
+            new_scan[id(original)] = (r[0], r[1], keep)
+            return r[0]
+        if original.op != Op.PROJ or id(original.srcs[0]) not in new_scan:
+            return None
+        scan, after, keep = new_scan[id(original.srcs[0])]
+        i, nc = original.attrs["index"], original.srcs[0].attrs["n_carry"]
+        if i in after:
+            return after[i]
+        j = keep.index(i) if i < nc else i - (nc - len(keep))
+        return make(Op.PROJ, (scan,), {"index": j}, loc=original.loc)
+
+    return rewrite_top(graph, rule)

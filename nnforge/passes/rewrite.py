@@ -33,9 +33,15 @@ def rewrite_top(graph: Graph, rule: Callable[[Node, Node], Node | None]) -> Grap
     """Apply ``rule(node, original)`` to the top-level nodes in topological order, each ``node`` rebuilt on its
     rewritten sources (``original`` is the node of ``graph``, for lookups made on it, such as its readers); unlike
     ``substitute``, a replacement's own sources are rewritten ones too. Returns ``graph`` itself when nothing
-    changes."""
+    changes. A result (``proj``) of a loop the rule replaced by one with other results cannot be rebuilt on it: the
+    rule gets it as it was (``node is original``) and must return its replacement."""
 
     def step(n: Node, srcs: tuple[Node, ...]) -> Node:
+        if n.op == Op.PROJ and srcs[0].types != n.srcs[0].types:
+            out = rule(n, n)
+            if out is None:
+                raise ValueError(f"rewrite: a result of a replaced loop was left unmapped (created at {n.loc})")
+            return out
         node = n if srcs == n.srcs else rebuild(n, srcs)
         out = rule(node, n) if n.op != Op.INPUT else None
         return node if out is None else out

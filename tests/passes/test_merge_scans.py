@@ -1,15 +1,20 @@
 """``merge_augmented_scans``: a differentiated scan's forward recurrence runs once — the loss reads the copy that
 autodiff augments with the stacked carries — also when tracing rebuilt both (a module's parameters captured as
-inputs, ``loss.backward()`` inside the compiled function) and when one layer's copy reads another's results."""
+inputs, ``loss.backward()`` inside the compiled function) and when one layer's copy reads another's results; and
+the compiled-code passes that rewrite scans keep one scan per recurrence."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 import nnforge as nf
 import nnforge.nn as nn
+from nnforge.codegen.c.target import cpu_target
 from nnforge.ir.ops import Op
+from nnforge.passes import pipeline, run_pipeline
 
 
 def test_a_module_training_step_runs_each_forward_recurrence_once(rng: np.random.Generator, backend: str) -> None:
@@ -27,11 +32,15 @@ def test_a_module_training_step_runs_each_forward_recurrence_once(rng: np.random
         loss.backward()
         return loss, [p.grad for p in params]
 
-    x = rng.standard_normal((7, 3, 6)).astype(np.float32)
-    scans = [n for n in step.trace(x).order if n.op == Op.SCAN]
+    x = rng.standard_normal((16, 12, 6)).astype(np.float32)
+    graph = step.trace(x)
+    scans = [n for n in graph.order if n.op == Op.SCAN]
     forward = [n for n in scans if not n.attrs["reverse"]]
     assert len(scans) == 4 and len(forward) == 2  # two layers: one forward and one backward scan each
     assert all(len(n.types) == 5 for n in forward)  # h, c, ys, and the stacked h and c each step starts from
+    for target in (cpu_target(), replace(cpu_target(), reduction_hoist_bytes=0)):  # dW_hh in the loop, or after
+        compiled = run_pipeline(graph, pipeline(target))
+        assert sum(n.op == Op.SCAN for n in compiled.order) == 4, target
     loss, grads = step(x)
     t_loss = (ref(torch.from_numpy(x))[0] ** 2).sum()
     t_loss.backward()
