@@ -100,10 +100,14 @@ def _written(k: Kernel | Loop, block: Block) -> list[tuple[Node, object]]:
 
 
 def _read_roots(k: Kernel | Loop) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
-    """(the values a step reads, the nodes it computes itself): a loop reads its sources and its chunked
-    projections' operands; a kernel the sources of what it computes."""
+    """(the values a step reads, the nodes it computes itself): a loop reads its sources and what its chunked
+    projections read — their operands and their epilogues' other operands (a backward scan's recomputed gates
+    add the forward's input projection: a buffer that must outlive the loop); a kernel the sources of what it
+    computes."""
     if isinstance(k, Loop):
-        return (*k.node.srcs, *(s for c in k.chunked for s in c.gemm.node.srcs)), ()
+        chunks = [(c.gemm.node, stored_node(c.gemm)) for c in k.chunked]
+        own = tuple(n for pair in chunks for n in pair)
+        return (*k.node.srcs, *(s for n in own for s in n.srcs)), own
     own = (k.group.gemm, k.group.root, *k.group.members) if isinstance(k, SlicedGemm) else (k.node, stored_node(k))
     return tuple(s for n in own for s in n.srcs), own
 

@@ -122,14 +122,31 @@ def test_small_batches_and_row_mixing_bodies_stay_work_shared(rng: np.random.Gen
     _check(batch_norm_rnn, args)
 
 
-def test_gradients_through_a_row_split_scan_float64(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("T,N,H", [(3, 16, 100)])
+def test_gradients_through_a_row_split_scan_float64(rng: np.random.Generator, T: int, N: int, H: int) -> None:
+    """Both scans of the gradient split by rows, the backward one (its weight-gradient sums hoisted) recomputing
+    its gates chunk by chunk: ``h_{t-1} @ W_hhᵀ`` plus the forward's input projection, a scratch buffer the
+    chunk's epilogue reads inside the loop, so it must live until the loop ends (its memory was handed to the
+    next buffer once, and the bias was added twice)."""
+    from nnforge.codegen.c import prepare
+    from nnforge.codegen.c.target import cpu_target
+    from nnforge.schedule.memory import lifetimes
+
     def loss(*args):
         ys, h, c = lstm(*args)
         return (ys * ys).sum() + (h * c).mean()
 
-    args = _lstm_args(rng, 4, 14, 5, 6, np.float64)
+    args = _lstm_args(rng, T, N, 5, H, np.float64)
     g = nf.grad(loss, argnums=tuple(range(6)))
-    assert any(_split(loop) for loop in _loops(g, args))
+    program = schedule(prepare(nf.compile(g).trace(*args)), cpu_target())
+    forward, backward = program.loops()
+    assert _split(forward) and _split(backward) and backward.reverse and backward.chunked
+    life = lifetimes(program)
+    step = program.block.kernels.index(backward)
+    root = backward.chunked[0].gemm.epilogue
+    read = [b.name for k in program.block.kernels[:step] if isinstance(k, Gemm) and k.node in root.srcs[0].srcs
+            for b in (k.out,)]
+    assert read and all(life[name][1] >= step for name in read)
     _check(g, args, np.float64)
 
 
