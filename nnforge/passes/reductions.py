@@ -68,9 +68,9 @@ def _hoist_reductions(n: Node, target: Target, read_transposed: set[int]) -> tup
     big = {k for k in outer if _bytes(body.inputs[k]) >= min_bytes}
     if big:
         return _hoisted(n, found, big, read_transposed)
-    if not outer or max(_bytes(body.inputs[k]) for k in outer) < min_bytes / 2:
+    if not outer:
         return None
-    # Mid-sized accumulators go too when taking them all out leaves a body whose batch rows are independent: the
+    # Smaller accumulators go too when taking them all out leaves a body whose batch rows are independent: the
     # backend then runs the loop with the rows split among workers, no barrier per step (``passes.rows``; the
     # measurements behind the CPU's threshold are in ``codegen.c.target``).
     r = _hoisted(n, found, outer, read_transposed)
@@ -123,8 +123,8 @@ def hoist_reductions(graph: Graph, target: Target) -> Graph:
 
     Outer-product carries of at least ``target.reduction_hoist_bytes`` are hoisted (then every other carry summing
     the same ``d_t``, which is stacked anyway): a smaller one stays hot in cache while it accumulates, whereas
-    stacking ``d_t`` for all steps costs T * N * Q of memory traffic. From half that size they are hoisted too when
-    that makes the loop row-separable (see ``_hoist_reductions``).
+    stacking ``d_t`` for all steps costs T * N * Q of memory traffic. Smaller ones are hoisted too when that makes
+    the loop row-separable (see ``_hoist_reductions``).
 
     Scans are rewritten in order, each on its already rewritten sources: a layer's backward scan reads the one
     of the layer above, and a new scan made from the old sources would keep the old one of that layer alive (two

@@ -29,7 +29,7 @@ class Target:
     ``max_split_weight_bytes``: the most per-step weight bytes a row-split loop may read (every worker reads all
     of them every step: they must stay in the worker's cache).
     ``reduction_hoist_bytes``: weight-gradient accumulators of a scan at least this large become one GEMM after
-    the loop (from half of it when that makes the loop row-separable).
+    the loop (smaller ones too when that makes the loop row-separable).
     ``chunk_bytes`` / ``max_chunk_steps``: a row-split loop's hoisted input projection is computed inside the loop,
     a chunk of steps of about this size at a time (at most this many steps); ``chunk_bytes`` 0: never, the
     projection is one GEMM before the loop.

@@ -74,7 +74,7 @@ def test_values_unchanged(dt):
 
 def test_small_carries_stay_in_the_loop():
     g = traced(accumulate, *acc_args())
-    # a 4 x 7 outer-product carry stays hot in cache: not worth stacking d_t
+    # a 4 x 7 outer-product carry of a loop too narrow to split by rows (3 rows) stays hot in cache
     assert hoist_reductions(g, cpu_target()) is g
     assert hoist_reductions(g, replace(cpu_target(), reduction_hoist_bytes=4 * 7 * 8)) is not g
 
@@ -108,17 +108,17 @@ def test_lstm_gradients_cpu_match_reference(T, N, I, H):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("H,hoisted", [(128, True), (96, False)])
-def test_mid_sized_carries_leave_a_loop_they_keep_from_splitting_by_rows(H, hoisted):
-    """dW_hh of 256-512 KB (f32, H = 128: 262 KB) leaves the backward scan when that makes the scan's batch rows
-    independent (N >= 12), so the CPU backend runs it with the rows split among threads; smaller (H = 96:
-    147 KB) stays in the loop."""
+@pytest.mark.parametrize("H,N,hoisted", [(128, 16, True), (96, 16, True), (8, 16, True), (96, 8, False)])
+def test_small_carries_leave_a_loop_they_keep_from_splitting_by_rows(H, N, hoisted):
+    """dW_hh below 512 KB (f32, H = 128: 262 KB, H = 96: 147 KB) leaves the backward scan when that makes the
+    scan's batch rows independent (N >= 12), so the CPU backend runs it with the rows split among threads; with
+    too few rows to split it stays in the loop."""
     from nnforge.passes.rows import RowSplit, row_split
 
     def loss(x, h0, c0, w_ih, w_hh, b):
         return (lstm(x, h0, c0, w_ih, w_hh, b)[0] ** 2).sum()
 
-    args = lstm_args(T=3, N=16, I=H, H=H)
+    args = lstm_args(T=3, N=N, I=H, H=H)
     g = run_pipeline(run_pipeline(traced(nf.grad(loss, argnums=(3, 4, 5)), *args)), pipeline(cpu_target()))
     (bwd,) = [n for n in _scans(g) if n.attrs["reverse"]]
     assert (bwd.attrs["n_carry"] == 2) == hoisted

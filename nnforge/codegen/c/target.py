@@ -17,8 +17,9 @@ def cpu_target(gemm: GemmConfig | None = None) -> Target:
       faster at H = 96, 1-5 % slower at H = 384 / 512, where re-reading W_hh from L3 every step costs what the
       saved barriers gave).
     * Weight-gradient sums hoisted from 512 KB (training step, loop work-shared: 4 % slower at H = 96 with dW
-      147 KB, break-even at H = 384 and 512 with 2.4 / 4 MB); from 256 KB when that lets the loop split by rows
-      (10 % faster at H = 128, 6-7 % slower at H = 96).
+      147 KB, break-even at H = 384 and 512 with 2.4 / 4 MB); at any size when that lets the loop split by rows
+      (one LSTM layer's training step 1.19x / 1.22x / 1.21x faster at H = 96 / 64 / 32, T = 500, N = 16; 1.04x
+      and 1.09x at H = 96 / 64, T = 200, N = 64; 2026-11-26).
     * Input projections chunked by 4 MB, at most 64 steps: a chunk stays in L2/L3 between the GEMM writing it and
       the steps reading it.
     * A row-split body of several kernels runs one micro-kernel row block (``gemm.mr`` rows) at a time.
