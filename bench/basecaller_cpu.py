@@ -10,7 +10,7 @@ carry the same weights (the torch twin is loaded from the nnforge module's state
   torch eager and vs ONNX Runtime (the torch twin exported with ``torch.onnx``; intra-op spinning disabled, so
   its idle threads cannot slow the candidate that runs after it);
 * a training step (forward, CTC loss, backward, Adam) at ``--train-samples`` samples (2,500: T = 500): nnforge
-  vs torch eager.
+  vs torch eager, their losses compared before and after one update (which checks the gradients).
 
 Each round runs every candidate for one untimed call and ``--calls`` timed calls, in turn.
 Usage: ``python bench/basecaller_cpu.py [--rounds 5] [--calls 2] [--width 96] [--batches 16 64]``.
@@ -157,7 +157,8 @@ def training(width: int, batch: int, samples: int, rounds: int, calls: int, rng:
     start = time.perf_counter()
     first = float(step(x, tg, il, tl))
     compile_s = time.perf_counter() - start
-    print(f"  first losses: nnforge {first:.5f}, torch {float(torch_step()):.5f}; "
+    print(f"  first losses: nnforge {first:.5f}, torch {float(torch_step()):.5f}; after one update (the "
+          f"gradients' check): nnforge {float(step(x, tg, il, tl)):.5f}, torch {float(torch_step()):.5f}; "
           f"nnforge compile + first call {compile_s:.1f} s")
     med = interleaved({"nnforge": lambda: step(x, tg, il, tl), "torch eager": torch_step}, rounds, calls)
     print(f"  training step F={width} N={batch} samples={samples}: nnforge {med['nnforge'] * 1e3:.0f} ms, "
