@@ -10,9 +10,9 @@ read back to be summed. The same value is ``x_flatᵀ @ g_flat`` with the time a
 compiled-code passes only (``pipeline``), not for the reference interpreter.
 
 ``shared_weight_products``: ``x @ W`` with x [T, N, K] and W broadcast over T (traced as a batched product with
-an expanded right operand) becomes ``reshape(x_flat @ W, [T, N, M])``, one GEMM of T * N rows and a view of its
-result — the form in which a row-split loop that reads the projection computes it a chunk of steps at a time
-(``codegen/c/chunks.py``). Exact: every element is the same sum in the same order.
+an expanded right operand, or its transpose) becomes ``reshape(x_flat @ W, [T, N, M])``, one GEMM of T * N
+rows and a view of its result — the form in which a row-split loop that reads the projection computes it a chunk
+of steps at a time (``codegen/c/chunks.py``). Exact: every element is the same sum in the same order.
 """
 
 from __future__ import annotations
@@ -65,20 +65,32 @@ def _folded(a: Node, c: Node, b: int, loc: str) -> Node:
 
 
 def shared_weight_products(graph: Graph) -> Graph:
-    """Rewrite ``A @ expand(W)`` (A [*B, m, k], W with batch axes of size 1) as a 2-D product of A's rows and a
-    view; top-level nodes only."""
+    """Rewrite ``A @ expand(W)`` (A [*B, m, k], W with batch axes of size 1), or ``A @ expand(W)ᵀ`` (the input
+    gradient ``g @ W`` of ``x @ Wᵀ``: [T, N, 4H] @ [4H, I] per step, a small GEMM per step with B packed again
+    each time), as a 2-D product of A's rows and a view; top-level nodes only."""
 
     def rule(n: Node, original: Node) -> Node | None:
         if n.op != Op.MATMUL or n.ndim < 3:
             return None
         a, r = n.srcs
-        if a.ndim != n.ndim or r.op != Op.EXPAND or any(int(d) != 1 for d in r.srcs[0].shape[:-2]):
+        w = _shared_matrix(r, n.loc)
+        if a.ndim != n.ndim or w is None:
             return None
         batch = math.prod(a.shape[:-1])
-        k, m = r.shape[-2], r.shape[-1]
         rows = make(Op.RESHAPE, (a,), {"shape": (batch, a.shape[-1])}, loc=n.loc)
-        w = make(Op.RESHAPE, (r.srcs[0],), {"shape": (k, m)}, loc=n.loc)
         flat = make(Op.MATMUL, (rows, w), loc=n.loc)
         return make(Op.RESHAPE, (flat,), {"shape": tuple(n.shape)}, loc=n.loc)
 
     return rewrite_top(graph, rule)
+
+
+def _shared_matrix(r: Node, loc: str) -> Node | None:
+    """The [k, m] matrix a right operand ``r`` [*B, k, m] repeats over its batch axes (an expand of one, or the
+    last two axes of such an expand swapped), or None."""
+    b = r.ndim - 2
+    swapped = r.op == Op.PERMUTE and tuple(r.attrs["perm"]) == (*range(b), b + 1, b)
+    e = r.srcs[0] if swapped else r
+    if e.op != Op.EXPAND or any(int(d) != 1 for d in e.srcs[0].shape[:-2]):
+        return None
+    w = make(Op.RESHAPE, (e.srcs[0],), {"shape": tuple(e.shape[-2:])}, loc=loc)
+    return make(Op.PERMUTE, (w,), {"perm": (1, 0)}, loc=loc) if swapped else w

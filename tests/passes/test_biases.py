@@ -110,3 +110,24 @@ def test_a_derived_sequence_length_is_chunked_and_still_right(rng: np.random.Gen
         np.testing.assert_allclose(compiled(x), nf.compile(encoder)(x), rtol=2e-5, atol=2e-5)
     g = run_pipeline(nf.compile(encoder).trace(x), pipeline(cpu_target()))
     assert _xs_sources(g) == ["RESHAPE", "RESHAPE"]
+
+
+def test_the_input_gradient_of_a_shared_projection_is_one_gemm(rng: np.random.Generator, backend: str) -> None:
+    """d/dx of sum((x @ Wᵀ) * g) is g @ W per step, traced as a batched product with the transpose of W broadcast
+    over T: one 2-D GEMM of T * N rows after ``shared_weight_products`` (it was a small GEMM per step, with W
+    packed again each time); the values match torch (float32, K = 9)."""
+    x, w, g = (rng.standard_normal(s).astype(np.float32) for s in ((8, 6, 7), (9, 7), (8, 6, 9)))
+
+    def input_grad(x, w, g):
+        return nf.grad(lambda x: ((x @ w.T) * g).sum())(x)
+
+    traced = nf.compile(input_grad).trace(x, w, g)
+    batched = [n for n in traced.order if n.op == Op.MATMUL and n.ndim == 3]
+    assert batched and batched[0].srcs[1].op == Op.PERMUTE  # what autodiff gives: g @ expand(W)ᵀ
+    flat = shared_weight_products(traced)
+    (mm,) = [n for n in flat.order if n.op == Op.MATMUL]
+    assert [int(d) for d in mm.srcs[0].shape] == [48, 9] and [int(d) for d in mm.shape] == [48, 7]
+    tx = torch.from_numpy(x).requires_grad_()
+    ((tx @ torch.from_numpy(w).T) * torch.from_numpy(g)).sum().backward()
+    np.testing.assert_allclose(nf.compile(input_grad, backend=backend)(x, w, g), tx.grad.numpy(), rtol=1e-5,
+                               atol=1e-5)
