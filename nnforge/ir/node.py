@@ -9,7 +9,7 @@ placeholders, output nodes and side-effect roots (receivers, loops run for their
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -70,8 +70,10 @@ class Graph:
         return format_graph(self)
 
 
-def toposort(roots: Iterable[Node], first: Iterable[Node] = ()) -> tuple[Node, ...]:
-    """Post-order of the DAG under ``roots``; ``first`` (the inputs) are emitted first in their given order."""
+def toposort(roots: Iterable[Node], first: Iterable[Node] = (),
+             deps: Callable[[Node], tuple[Node, ...]] | None = None) -> tuple[Node, ...]:
+    """Post-order of the DAG under ``roots``; ``first`` (the inputs) are emitted first in their given order.
+    ``deps``: what each node must come after, when not its sources (a rewrite that re-points a node elsewhere)."""
     seen: set[int] = set()
     out: list[Node] = []
     for n in first:
@@ -84,9 +86,10 @@ def toposort(roots: Iterable[Node], first: Iterable[Node] = ()) -> tuple[Node, .
         stack: list[tuple[Node, int]] = [(root, 0)]
         while stack:
             node, i = stack.pop()
-            if i < len(node.srcs):
+            srcs = node.srcs if deps is None else deps(node)
+            if i < len(srcs):
                 stack.append((node, i + 1))
-                s = node.srcs[i]
+                s = srcs[i]
                 if id(s) not in seen:
                     stack.append((s, 0))
             elif id(node) not in seen:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..ir.build import make, rebuild
-from ..ir.node import Graph, Node
+from ..ir.node import Graph, Node, toposort
 from ..ir.ops import Op
 from .rewrite import substitute
 
@@ -49,35 +49,14 @@ def _repointed(graph: Graph, target: dict[int, Node]) -> Graph:
     def deps(n: Node) -> tuple[Node, ...]:
         return (target[id(n)],) if id(n) in target else n.srcs
 
-    new: dict[int, Node] = {id(i): i for i in graph.inputs}
-    for n in _post_order([*graph.outputs, *graph.effects], deps, new):
+    new: dict[int, Node] = {}
+    for n in toposort([*graph.outputs, *graph.effects], graph.inputs, deps):
         if id(n) in target:
             new[id(n)] = make(Op.PROJ, (new[id(target[id(n)])],), n.attrs, loc=n.loc)
         else:
             srcs = tuple(new[id(s)] for s in n.srcs)
             new[id(n)] = n if srcs == n.srcs else rebuild(n, srcs)
     return Graph(list(graph.inputs), [new[id(o)] for o in graph.outputs], [new[id(e)] for e in graph.effects])
-
-
-def _post_order(roots: list[Node], deps, done: dict[int, Node]) -> list[Node]:
-    """Nodes under ``roots`` not in ``done``, each after its ``deps``."""
-    seen = set(done)
-    out: list[Node] = []
-    for root in roots:
-        if id(root) in seen:
-            continue
-        stack: list[tuple[Node, int]] = [(root, 0)]
-        while stack:
-            node, i = stack.pop()
-            ds = deps(node)
-            if i < len(ds):
-                stack.append((node, i + 1))
-                if id(ds[i]) not in seen:
-                    stack.append((ds[i], 0))
-            elif id(node) not in seen:
-                seen.add(id(node))
-                out.append(node)
-    return out
 
 
 def _same_loop(scan: Node, aug: Node) -> bool:
