@@ -23,6 +23,7 @@ outputs back (producers join their consumer, as in Inductor's vertical fusion):
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 from ..ir.node import Graph, Node, users
@@ -157,10 +158,7 @@ def group(graph: Graph) -> Grouping:
 
 
 def _numel(n: Node) -> int:
-    out = 1
-    for d in n.shape or ():
-        out *= int(d)
-    return out
+    return math.prod(int(d) for d in n.shape or ())
 
 
 def _window_reads(n: Node, readers: list[Node], g: Grouping,

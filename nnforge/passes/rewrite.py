@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..ir.build import make, rebuild
-from ..ir.node import Graph, Node
+from ..ir.node import Graph, Node, toposort
 from ..ir.ops import Op
 
 
@@ -49,12 +49,32 @@ def rewrite_top(graph: Graph, rule: Callable[[Node, Node], Node | None]) -> Grap
     return _rebuilt(graph, step)
 
 
-def _rebuilt(graph: Graph, step: Callable[[Node, tuple[Node, ...]], Node]) -> Graph:
-    """``graph`` with every node replaced by ``step(node, its sources' replacements)``, in topological order."""
+def redirect_results(graph: Graph, target: Mapping[int, Node]) -> Graph:
+    """``graph`` with each loop result ``p`` (a ``proj``) whose id is in ``target`` read from the same result of
+    the loop ``target[id(p)]`` instead, that loop rebuilt on rewritten sources like every other node: the loop
+    may come later in ``graph``'s order and read other redirected results (a layer's copy of a scan reads the
+    layer below), so the walk puts each loop before the results redirected to it."""
+
+    def deps(n: Node) -> tuple[Node, ...]:
+        return (target[id(n)],) if id(n) in target else n.srcs
+
+    def step(n: Node, srcs: tuple[Node, ...]) -> Node:
+        if id(n) in target:
+            return make(Op.PROJ, srcs, n.attrs, loc=n.loc)
+        return n if srcs == n.srcs else rebuild(n, srcs)
+
+    return _rebuilt(graph, step, deps)
+
+
+def _rebuilt(graph: Graph, step: Callable[[Node, tuple[Node, ...]], Node],
+             deps: Callable[[Node], tuple[Node, ...]] | None = None) -> Graph:
+    """``graph`` with every node replaced by ``step(node, its sources' replacements)``, in topological order
+    (with ``deps``: ``step`` gets the replacements of ``deps(node)``, and each node comes after them)."""
+    order = graph.order if deps is None else toposort([*graph.outputs, *graph.effects], graph.inputs, deps)
     new: dict[int, Node] = {}
-    for n in graph.order:
-        new[id(n)] = step(n, tuple(new.get(id(s), s) for s in n.srcs))
-    if all(new[id(n)] is n for n in graph.order):
+    for n in order:
+        new[id(n)] = step(n, tuple(new.get(id(s), s) for s in (n.srcs if deps is None else deps(n))))
+    if all(new[id(n)] is n for n in order):
         return graph
     return Graph([new.get(id(i), i) for i in graph.inputs], [new[id(o)] for o in graph.outputs],
                  [new[id(e)] for e in graph.effects])

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from ..ir.build import make, rebuild
-from ..ir.node import Graph, Node, toposort
+from ..ir.node import Graph, Node
 from ..ir.ops import Op
-from .rewrite import substitute
+from .rewrite import redirect_results, substitute
 
 
 def merge_augmented_scans(graph: Graph) -> Graph:
@@ -34,29 +33,12 @@ def merge_augmented_scans(graph: Graph) -> Graph:
         if aug is not None and _same_loop(scan, aug):
             target[id(n)] = aug
     if target:
-        graph = _repointed(graph, target)
+        graph = redirect_results(graph, target)
 
     def strip(n: Node) -> dict | None:
         return {k: v for k, v in n.attrs.items() if k != "primal"} if "primal" in n.attrs else None
 
     return substitute(graph, {}, attrs_fn=strip)
-
-
-def _repointed(graph: Graph, target: dict[int, Node]) -> Graph:
-    """``graph`` with each result ``p`` of an original scan read from ``target[id(p)]`` instead. The copy of a
-    later layer reads an earlier layer's results, so the copies are rebuilt first (an order in which each
-    re-pointed result comes after its copy), and every replacement reads rebuilt sources."""
-    def deps(n: Node) -> tuple[Node, ...]:
-        return (target[id(n)],) if id(n) in target else n.srcs
-
-    new: dict[int, Node] = {}
-    for n in toposort([*graph.outputs, *graph.effects], graph.inputs, deps):
-        if id(n) in target:
-            new[id(n)] = make(Op.PROJ, (new[id(target[id(n)])],), n.attrs, loc=n.loc)
-        else:
-            srcs = tuple(new[id(s)] for s in n.srcs)
-            new[id(n)] = n if srcs == n.srcs else rebuild(n, srcs)
-    return Graph(list(graph.inputs), [new[id(o)] for o in graph.outputs], [new[id(e)] for e in graph.effects])
 
 
 def _same_loop(scan: Node, aug: Node) -> bool:

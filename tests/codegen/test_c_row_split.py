@@ -144,8 +144,7 @@ def test_gradients_through_a_row_split_scan_float64(rng: np.random.Generator, T:
     life = lifetimes(program)
     step = program.block.kernels.index(backward)
     root = backward.chunked[0].gemm.epilogue
-    read = [b.name for k in program.block.kernels[:step] if isinstance(k, Gemm) and k.node in root.srcs[0].srcs
-            for b in (k.out,)]
+    read = [k.out.name for k in program.block.kernels[:step] if isinstance(k, Gemm) and k.node in root.srcs[0].srcs]
     assert read and all(life[name][1] >= step for name in read)
     _check(g, args, np.float64)
 
