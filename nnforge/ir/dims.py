@@ -107,6 +107,23 @@ def _expr(x: int) -> tuple:
     return x.expr if isinstance(x, Dim) else ("const", int(x))
 
 
+def _factors(e: tuple) -> tuple[int, list[tuple]]:
+    """A size expression as (constant, other factors): its product flattened."""
+    if e[0] == "const":
+        return e[1], []
+    if e[0] == "mul":
+        (ca, fa), (cb, fb) = _factors(e[1]), _factors(e[2])
+        return ca * cb, fa + fb
+    return 1, [e]
+
+
+def same_product(a: int, b: int) -> bool:
+    """Whether sizes ``a`` and ``b`` are equal whatever the run-time sizes: products of the same factors (``5 * L``
+    and ``L * 5``). False may mean unknown (sums are compared as they were built)."""
+    (ca, fa), (cb, fb) = (_factors(_expr(x)) for x in (a, b))
+    return ca == cb and sorted(map(repr, fa)) == sorted(map(repr, fb))
+
+
 SIZE_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
             "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b}
 """The arithmetic of size (and index) expressions; floor division and its remainder, as Python's."""

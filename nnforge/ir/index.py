@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from .dims import same_product
 from .expr import ZERO, Expr, contiguous_strides, floordiv, mod, row_major
 from .expr import size as size_expr
 from .node import Node
@@ -55,14 +56,52 @@ def index_map(n: Node, idx: Sequence[Expr], size: SizeOf = size_expr) -> list[Ex
         m = squeeze_map(n.shape, src.shape)
         if m is not None:
             return [ZERO if j is None else idx[j] for j in m]
-        lin = row_major(idx, [size(d) for d in n.shape])
-        ishape = [size(d) for d in src.shape]
-        out = []
-        for k, (d, st) in enumerate(zip(ishape, contiguous_strides(ishape))):
-            q = floordiv(lin, st)
-            out.append(q if k == 0 else mod(q, d))
+        out = [ZERO] * src.ndim
+        for o_axes, i_axes in reshape_blocks(n.shape, src.shape):
+            lin = row_major([idx[a] for a in o_axes], [size(n.shape[a]) for a in o_axes])
+            ishape = [size(src.shape[a]) for a in i_axes]
+            for k, (a, d, st) in enumerate(zip(i_axes, ishape, contiguous_strides(ishape))):
+                q = floordiv(lin, st)
+                out[a] = q if k == 0 else mod(q, d)
         return out
     raise ValueError(f"no index map for {n.op}")
+
+
+def reshape_blocks(out_shape: Sequence[int], in_shape: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """The axes of a reshape in blocks that map onto each other alone: (output axes, input axes) whose sizes have
+    the same product for every value of the sizes (the input's ``[N, C, L]`` read as ``[N, C, L // 5, 5]``: three
+    blocks). Each block's input index then comes from its own output indices: ``q // 5`` and ``q % 5``, not a
+    division of the whole flat offset by ``80 * (L // 5)``, which no compiler can simplify. Size-1 axes are left
+    out (their index is 0). Blocks whose products agree only at the current sizes are merged with the next."""
+    outs = [a for a, d in enumerate(out_shape) if int(d) != 1]
+    ins = [a for a, d in enumerate(in_shape) if int(d) != 1]
+    blocks: list[tuple[list[int], list[int]]] = []
+    o_blk: list[int] = []
+    i_blk: list[int] = []
+    i = j = 0
+    while i < len(outs) or j < len(ins):
+        po = _product([out_shape[a] for a in o_blk])
+        pi = _product([in_shape[a] for a in i_blk])
+        if o_blk and i_blk and int(po) == int(pi) and same_product(po, pi):
+            blocks.append((o_blk, i_blk))
+            o_blk, i_blk = [], []
+            continue
+        if j >= len(ins) or (i < len(outs) and int(po) <= int(pi)):
+            o_blk.append(outs[i])
+            i += 1
+        else:
+            i_blk.append(ins[j])
+            j += 1
+    if o_blk or i_blk:
+        blocks.append((o_blk, i_blk))
+    return blocks
+
+
+def _product(dims: Sequence[int]) -> int:
+    out = 1
+    for d in dims:
+        out = out * d
+    return out
 
 
 Strided = tuple[B, Expr, list[Expr]]  # (base buffer, offset, stride per axis)
