@@ -239,6 +239,8 @@ def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mappin
     if op in _MATH:
         if op == Op.TANH:
             return f"nf_tanh{f}({a})"
+        if op == Op.EXP and f:
+            return f"nf_expf({a})"  # inline, no libm call (see the prelude)
         return f"{_MATH[op]}{f}({a})"
     if op == Op.NEG:
         return f"(-{a})"
