@@ -2,7 +2,10 @@
 
 Unreachable nodes vanish by construction (``Graph.order`` walks from the outputs and effects). What is left to
 remove is dead work *inside* loops: a stacked scan output nobody reads still costs a store per step and T
-copies of memory, and its computation in the body stays alive through the body's outputs.
+copies of memory, and its computation in the body stays alive through the body's outputs. Likewise a stacked
+output that is another one again (the same body node: autodiff stacks an LSTM's gate gradients once for the
+weight gradients and once for the input gradient) costs a copy per step of T of them: its readers read the
+first.
 """
 
 from __future__ import annotations
@@ -20,11 +23,16 @@ def dce(graph: Graph) -> Graph:
             read.setdefault(id(n.srcs[0]), set()).add(n.attrs["index"])
     new: dict[int, Node] = {}
     index_map: dict[int, dict[int, int]] = {}
+    projs: dict[tuple[int, int], Node] = {}  # one result node per loop and index (a merged duplicate's readers too)
     changed = False
     for n in graph.order:
         srcs = tuple(new.get(id(s), s) for s in n.srcs)
         if n.op == Op.PROJ and id(n.srcs[0]) in index_map:
-            node = make(Op.PROJ, srcs, {"index": index_map[id(n.srcs[0])][n.attrs["index"]]}, loc=n.loc)
+            index = index_map[id(n.srcs[0])][n.attrs["index"]]
+            key = (id(srcs[0]), index)
+            if key not in projs:
+                projs[key] = make(Op.PROJ, srcs, {"index": index}, loc=n.loc)
+            node = projs[key]
         elif n.op in (Op.SCAN, Op.LOOP):
             node, remap = _prune(n, srcs, read.get(id(n), set()))
             if remap is not None:
@@ -43,7 +51,11 @@ def _prune(n: Node, srcs: tuple[Node, ...], read: set[int]) -> tuple[Node, dict[
     """The loop node with a dead-code-free body and, for a scan, only the ys someone reads."""
     body: Graph = n.attrs["body"]
     first = n.attrs["n_carry"] if n.op == Op.SCAN else len(n.types)
-    keep = list(range(first)) + [i for i in range(first, len(n.types)) if i in read]
+    same: dict[int, int] = {}  # a stacked output -> the first one stacking the same body node
+    for i in range(first, len(n.types)):
+        same[i] = next(j for j in range(first, i + 1) if body.outputs[j] is body.outputs[i])
+    read = {same.get(i, i) for i in read}
+    keep = list(range(first)) + [i for i in range(first, len(n.types)) if i in read and same[i] == i]
     if len(keep) < len(n.types):
         body = Graph(body.inputs, [body.outputs[i] for i in keep], body.effects)
     new_body = dce(body)
@@ -51,4 +63,5 @@ def _prune(n: Node, srcs: tuple[Node, ...], read: set[int]) -> tuple[Node, dict[
         return n, None
     types = tuple(n.types[i] for i in keep)
     node = rebuild(n, srcs, {**n.attrs, "body": new_body}, types)
-    return node, {old: new for new, old in enumerate(keep)}
+    at = {old: new for new, old in enumerate(keep)}
+    return node, {**at, **{i: at[j] for i, j in same.items() if j in at}}

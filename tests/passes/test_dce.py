@@ -1,4 +1,5 @@
-"""DCE removes stacked scan outputs nobody reads, and the body work behind them."""
+"""DCE removes stacked scan outputs nobody reads, and the body work behind them, and reads a stacked output that
+stacks the same body node as an earlier one from the earlier one."""
 
 from __future__ import annotations
 
@@ -51,3 +52,52 @@ def test_graph_without_dead_loop_outputs_is_returned_unchanged(rng: np.random.Ge
     x = rng.standard_normal((4, 2)).astype(np.float32)
     graph = nf.compile(f).trace(x)
     assert dce(graph) is graph
+
+
+def test_a_stacked_output_stacking_the_same_node_again_is_read_from_the_first(rng: np.random.Generator,
+                                                                               backend: str) -> None:
+    def f(x, w):
+        def cell(h, x_t):
+            h = nf.tanh(x_t @ w + h)
+            g = h * 2.0
+            return h, (g, h, g)  # the third output is the first again
+
+        h, (a, b, c) = nf.scan(cell, nf.zeros(x.shape[1], w.shape[1]), x)
+        return a.sum(0) * c.sum(0) + b.sum(0) + c[0] + h
+
+    x = rng.standard_normal((5, 2, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 3)).astype(np.float32)
+    (scan,) = _scan_nodes(nf.compile(f).trace(x, w))
+    assert len(scan.types) == 3  # h, and the two different stacked outputs
+    h = np.zeros((2, 3), np.float32)
+    gs, hs = [], []
+    for t in range(5):
+        h = np.tanh(x[t] @ w + h)
+        gs.append(h * 2.0)
+        hs.append(h)
+    want = np.sum(gs, 0) * np.sum(gs, 0) + np.sum(hs, 0) + gs[0] + h
+    np.testing.assert_allclose(nf.compile(f, backend=backend)(x, w), want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_lstm_backward_scan_stacks_its_gate_gradients_once(rng: np.random.Generator) -> None:
+    import nnforge.nn as nn
+
+    rnn = nn.LSTM(6, 8, num_layers=2)
+    params = list(rnn.parameters())
+
+    def step(x):
+        for p in params:
+            p.grad = None
+        loss = (rnn(x)[0] ** 2).sum()
+        loss.backward()
+        return loss, [p.grad for p in params]
+
+    from nnforge.codegen.c.target import cpu_target
+    from nnforge.passes import pipeline, run_pipeline
+
+    traced = nf.compile(step).trace(rng.standard_normal((12, 16, 6)).astype(np.float32))
+    graph = run_pipeline(traced, pipeline(cpu_target()))  # hoisting the weight-gradient sums stacks dG for them
+    assert any(n.op == Op.SCAN and n.attrs["reverse"] for n in graph.order)
+    for scan in (n for n in graph.order if n.op == Op.SCAN and n.attrs["reverse"]):
+        outs = scan.attrs["body"].outputs[scan.attrs["n_carry"]:]
+        assert len({id(o) for o in outs}) == len(outs), [o.op for o in outs]
