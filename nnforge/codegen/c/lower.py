@@ -733,9 +733,11 @@ class Lowering:
         return narrow
 
     def kernel_leading_sum(self, p: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
-        """``out[o] = sum_r src[r, o]`` with the outputs innermost: threads share blocks of 256 contiguous
-        outputs, each summed row by row into a local accumulator (vectorized, unit stride), where the generic
-        reduce loop would read ``src`` with a stride of the whole output per element."""
+        """``out[o] = sum_r src[r, o]`` with the outputs innermost: threads share blocks of contiguous outputs,
+        each summed row by row into a local accumulator (vectorized, unit stride), where the generic reduce loop
+        would read ``src`` with a stride of the whole output per element. Blocks of at most 256 outputs, as many
+        as there are threads when that is fewer (a bias gradient's 384 sums were blocks of 256 and 128: one
+        thread read two thirds of the [T * N, 384] rows while the other waited)."""
         self.stats["kernels"] += 1
         sz = self.sizes
         src = p.srcs[0]
@@ -743,10 +745,13 @@ class Lowering:
         nred, nout = sz.prod(src.shape[:k]), sz.prod(src.shape[k:])
         acc_t = "double" if p.dtype == DType.float32 else ctype(p.dtype)
         ob, r, j, acc = em.fresh("ob"), em.fresh("r"), em.fresh("j"), em.fresh("acc")
+        share, bw = em.fresh("share"), em.fresh("bw")
         buf = ctx.buffer(src)
+        em(f"const int64_t {share} = (({nout}) + nf_team() - 1) / nf_team();",
+           f"const int64_t {bw} = {share} > 248 ? 256 : {share} < 8 ? 8 : ({share} + 7) / 8 * 8;")  # never 0
         self.omp_for(em)
-        with em.block(f"for (int64_t {ob} = 0; {ob} < {nout}; {ob} += 256) {{"):
-            em(f"const int64_t n_ = {nout} - {ob} < 256 ? {nout} - {ob} : 256;",
+        with em.block(f"for (int64_t {ob} = 0; {ob} < {nout}; {ob} += {bw}) {{"):
+            em(f"const int64_t n_ = {nout} - {ob} < {bw} ? {nout} - {ob} : {bw};",
                f"{acc_t} {acc}[256];",
                f"for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;",
                f"for (int64_t {r} = 0; {r} < {nred}; {r}++)",
