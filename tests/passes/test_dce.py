@@ -78,26 +78,3 @@ def test_a_stacked_output_stacking_the_same_node_again_is_read_from_the_first(rn
     want = np.sum(gs, 0) * np.sum(gs, 0) + np.sum(hs, 0) + gs[0] + h
     np.testing.assert_allclose(nf.compile(f, backend=backend)(x, w), want, rtol=1e-5, atol=1e-5)
 
-
-def test_an_lstm_backward_scan_stacks_its_gate_gradients_once(rng: np.random.Generator) -> None:
-    import nnforge.nn as nn
-
-    rnn = nn.LSTM(6, 8, num_layers=2)
-    params = list(rnn.parameters())
-
-    def step(x):
-        for p in params:
-            p.grad = None
-        loss = (rnn(x)[0] ** 2).sum()
-        loss.backward()
-        return loss, [p.grad for p in params]
-
-    from nnforge.codegen.c.target import cpu_target
-    from nnforge.passes import pipeline, run_pipeline
-
-    traced = nf.compile(step).trace(rng.standard_normal((12, 16, 6)).astype(np.float32))
-    graph = run_pipeline(traced, pipeline(cpu_target()))  # hoisting the weight-gradient sums stacks dG for them
-    assert any(n.op == Op.SCAN and n.attrs["reverse"] for n in graph.order)
-    for scan in (n for n in graph.order if n.op == Op.SCAN and n.attrs["reverse"]):
-        outs = scan.attrs["body"].outputs[scan.attrs["n_carry"]:]
-        assert len({id(o) for o in outs}) == len(outs), [o.op for o in outs]

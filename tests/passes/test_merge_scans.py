@@ -41,6 +41,9 @@ def test_a_module_training_step_runs_each_forward_recurrence_once(rng: np.random
     for target in (cpu_target(), replace(cpu_target(), reduction_hoist_bytes=0)):  # dW_hh in the loop, or after
         compiled = run_pipeline(graph, pipeline(target))
         assert sum(n.op == Op.SCAN for n in compiled.order) == 4, target
+        for scan in (n for n in compiled.order if n.op == Op.SCAN):  # dG stacked once (``dce``), not per reader
+            ys = scan.attrs["body"].outputs[scan.attrs["n_carry"]:]
+            assert len({id(y) for y in ys}) == len(ys), (target, [y.op for y in ys])
     loss, grads = step(x)
     t_loss = (ref(torch.from_numpy(x))[0] ** 2).sum()
     t_loss.backward()
