@@ -8,6 +8,7 @@ becomes an expression (the C renderer turns sizes it knows statically into const
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -53,10 +54,7 @@ def index_map(n: Node, idx: Sequence[Expr], size: SizeOf = size_expr) -> list[Ex
     if n.op == Op.SLICE:
         return [sliced_index(i, size(a), s) for i, a, s in zip(idx, n.attrs["starts"], n.attrs["steps"])]
     if n.op == Op.RESHAPE:
-        m = squeeze_map(n.shape, src.shape)
-        if m is not None:
-            return [ZERO if j is None else idx[j] for j in m]
-        out = [ZERO] * src.ndim
+        out = [ZERO] * src.ndim  # a squeeze is blocks of one axis each: every index read as is
         for o_axes, i_axes in reshape_blocks(n.shape, src.shape):
             lin = row_major([idx[a] for a in o_axes], [size(n.shape[a]) for a in o_axes])
             ishape = [size(src.shape[a]) for a in i_axes]
@@ -80,13 +78,12 @@ def reshape_blocks(out_shape: Sequence[int], in_shape: Sequence[int]) -> list[tu
     i_blk: list[int] = []
     i = j = 0
     while i < len(outs) or j < len(ins):
-        po = _product([out_shape[a] for a in o_blk])
-        pi = _product([in_shape[a] for a in i_blk])
+        po = math.prod(out_shape[a] for a in o_blk)  # Dims multiply symbolically
+        pi = math.prod(in_shape[a] for a in i_blk)
         if o_blk and i_blk and int(po) == int(pi) and same_product(po, pi):
             blocks.append((o_blk, i_blk))
             o_blk, i_blk = [], []
-            continue
-        if j >= len(ins) or (i < len(outs) and int(po) <= int(pi)):
+        elif j >= len(ins) or (i < len(outs) and int(po) <= int(pi)):
             o_blk.append(outs[i])
             i += 1
         else:
@@ -95,13 +92,6 @@ def reshape_blocks(out_shape: Sequence[int], in_shape: Sequence[int]) -> list[tu
     if o_blk or i_blk:
         blocks.append((o_blk, i_blk))
     return blocks
-
-
-def _product(dims: Sequence[int]) -> int:
-    out = 1
-    for d in dims:
-        out = out * d
-    return out
 
 
 Strided = tuple[B, Expr, list[Expr]]  # (base buffer, offset, stride per axis)

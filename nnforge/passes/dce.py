@@ -51,9 +51,8 @@ def _prune(n: Node, srcs: tuple[Node, ...], read: set[int]) -> tuple[Node, dict[
     """The loop node with a dead-code-free body and, for a scan, only the ys someone reads."""
     body: Graph = n.attrs["body"]
     first = n.attrs["n_carry"] if n.op == Op.SCAN else len(n.types)
-    same: dict[int, int] = {}  # a stacked output -> the first one stacking the same body node
-    for i in range(first, len(n.types)):
-        same[i] = next(j for j in range(first, i + 1) if body.outputs[j] is body.outputs[i])
+    firsts: dict[int, int] = {}
+    same = {i: firsts.setdefault(id(body.outputs[i]), i) for i in range(first, len(n.types))}  # -> first stacking it
     read = {same.get(i, i) for i in read}
     keep = list(range(first)) + [i for i in range(first, len(n.types)) if i in read and same[i] == i]
     if len(keep) < len(n.types):

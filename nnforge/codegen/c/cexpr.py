@@ -228,6 +228,8 @@ def literal(value: object, dt: DType) -> str:
 
 _MATH = {Op.EXP: "exp", Op.LOG: "log", Op.SQRT: "sqrt", Op.SIN: "sin", Op.COS: "cos", Op.TANH: "nf_tanh",
          Op.ERF: "erf"}
+_INLINE_F32 = {Op.EXP: "nf_expf"}
+"""float32 forms written in the prelude rather than libm's (inline: no call, no out-of-range path per element)."""
 
 
 def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mapping) -> str:
@@ -237,11 +239,7 @@ def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mappin
     b = args[1] if len(args) > 1 else ""
     fl = dt.is_float
     if op in _MATH:
-        if op == Op.TANH:
-            return f"nf_tanh{f}({a})"
-        if op == Op.EXP and f:
-            return f"nf_expf({a})"  # inline, no libm call (see the prelude)
-        return f"{_MATH[op]}{f}({a})"
+        return f"{_INLINE_F32[op]}({a})" if f and op in _INLINE_F32 else f"{_MATH[op]}{f}({a})"
     if op == Op.NEG:
         return f"(-{a})"
     if op == Op.RECIP:
