@@ -1,9 +1,11 @@
 """Reverse-mode differentiation over the IR, scans included (backprop through time without unrolling).
 
 The backward of a scan is another scan, run in the opposite direction. The forward scan is augmented to also
-stack the carry each step starts from (and the random numbers it drew); the backward body re-runs one step
-from that carry and pulls the cotangents through it. Only carries are stored, never a step's internals: a
-step's activations are recomputed, which keeps memory at O(T x carry).
+stack the carry each step starts from, the random numbers it drew and the matrix products that read the carry
+(an LSTM's ``h @ W_hh.T``); the backward body re-runs one step from that carry and pulls the cotangents through
+it. A product of the carry is the one recomputation that cannot leave the backward loop as a single GEMM over
+all steps for free, so it is stored, as cuDNN's reserve space stores gates; every elementwise activation is
+recomputed, which keeps memory at O(T x (carry + products)). ``nf.checkpoint`` trades that memory for time.
 
 Everything here is nodes: the per-op rules (``nnforge.ir.registry.VJP``) build IR with ``nnforge.ir.builders``
 and the reversed scan is built with ``nnforge.ir.loops``, so the gradient graph is differentiable again by the
@@ -28,16 +30,30 @@ def fresh(node: Node) -> Node:
     return make(Op.RESHAPE, (node,), {"shape": node.shape})
 
 
-def inline(graph: Graph, inputs: Sequence[Node], replace: dict[int, Node] | None = None) -> list[Node]:
-    """Instantiate ``graph``'s outputs on new input nodes (its effects are not re-run)."""
+def inline(graph: Graph, inputs: Sequence[Node], replace: dict[int, Node] | None = None,
+           also: Sequence[Node] = ()) -> list[Node]:
+    """Instantiate ``graph``'s outputs (then the inner nodes ``also``) on new input nodes; effects are not re-run."""
     mapping: dict[int, Node] = {id(p): v for p, v in zip(graph.inputs, inputs)}
     mapping.update(replace or {})
-    for n in toposort(graph.outputs, graph.inputs):
+    for n in toposort(graph.outputs + tuple(also), graph.inputs):
         if id(n) in mapping:
             continue
         srcs = tuple(mapping[id(s)] for s in n.srcs)
         mapping[id(n)] = n if srcs == n.srcs else rebuild(n, srcs)
-    return [mapping[id(o)] for o in graph.outputs]
+    return [mapping[id(o)] for o in (*graph.outputs, *also)]
+
+
+def carry_products(body: Graph, n_carry: int) -> list[Node]:
+    """The body's matrix products that read a carry (directly or not), in body order: what a backward step
+    would otherwise recompute one small GEMM per step."""
+    reads_carry = {id(p) for p in body.inputs[:n_carry]}
+    out = []
+    for m in body.order:
+        if any(id(s) in reads_carry for s in m.srcs):
+            reads_carry.add(id(m))
+            if m.op == Op.MATMUL and m.dtype.is_float:
+                out.append(m)
+    return out
 
 
 def gradients(outputs: Sequence[Node], cotangents: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
@@ -100,14 +116,16 @@ def scan_vjp(n: Node, cts: list[Node | None]) -> list[Node | None]:
     if xs:
         length = xs[0].shape[0]
 
-    # Augmented forward: also stack each step's incoming carry and the random numbers / fed arrays it used.
+    # Augmented forward: also stack each step's incoming carry, the random numbers / fed arrays it used and the
+    # products of its carry.
     drawn = [m for m in body.order if m.op in (Op.RAND, Op.FEEDER)]
-    aug_body = Graph(body.inputs, body.outputs + body.inputs[:nc] + tuple(drawn), body.effects)
+    products = carry_products(body, nc)
+    aug_body = Graph(body.inputs, body.outputs + body.inputs[:nc] + tuple(drawn) + tuple(products), body.effects)
     aug_types = n.types + tuple(((length, *c.shape), c.dtype) for c in init) + tuple(
-        ((length, *m.shape), m.dtype) for m in drawn)
+        ((length, *m.shape), m.dtype) for m in (*drawn, *products))
     aug = make(Op.SCAN, n.srcs, {**a, "body": aug_body, "primal": n}, types=aug_types, loc=n.loc)
-    saved = [b.proj(aug, len(n.types) + i) for i in range(nc + len(drawn))]
-    saved_carry, saved_drawn = saved[:nc], saved[nc:]
+    saved = [b.proj(aug, len(n.types) + i) for i in range(nc + len(drawn) + len(products))]
+    saved_carry, saved_drawn, saved_products = saved[:nc], saved[nc:nc + len(drawn)], saved[nc + len(drawn):]
 
     fc = [i for i in range(nc) if init[i].dtype.is_float]
     fx = [i for i in range(nx) if xs[i].dtype.is_float]
@@ -120,21 +138,28 @@ def scan_vjp(n: Node, cts: list[Node | None]) -> list[Node | None]:
 
     # The backward body: one step re-run from its saved carry, then pulled back. Placeholders are named and
     # ordered as nf.scan names a traced body's: carries (d_final, d_consts), then xs (saved carries, xs, d_ys,
-    # the step's draws).
+    # the step's draws, its products).
     carry0 = [*d_final, *d_consts0]
-    seq = [*saved_carry, *xs, *d_ys, *saved_drawn]
+    seq = [*saved_carry, *xs, *d_ys, *saved_drawn, *saved_products]
     c_ph = [placeholder(c.shape, c.dtype, f"carry{i}") for i, c in enumerate(carry0)]
     x_ph = [placeholder(x.shape[1:], x.dtype, f"x{i}") for i, x in enumerate(seq)]
     d_c, d_k = c_ph[:len(fc)], c_ph[len(fc):]
     c_t, x_t = x_ph[:nc], x_ph[nc:nc + nx]
-    dy_t, drawn_t = x_ph[nc + nx:nc + nx + len(fy)], x_ph[nc + nx + len(fy):]
-    outs = inline(body, [*c_t, *x_t, *fresh_consts], {id(m): v for m, v in zip(drawn, drawn_t)})
+    dy_t = x_ph[nc + nx:nc + nx + len(fy)]
+    drawn_t = x_ph[nc + nx + len(fy):nc + nx + len(fy) + len(drawn)]
+    products_t = x_ph[nc + nx + len(fy) + len(drawn):]
+    outs = inline(body, [*c_t, *x_t, *fresh_consts], {id(m): v for m, v in zip(drawn, drawn_t)}, also=products)
     primal = [outs[i] for i in fc] + [outs[nc + j] for j in fy]
     wrt = [c_t[i] for i in fc] + [x_t[i] for i in fx] + [fresh_consts[k] for k in fk]
     g = gradients(primal, [*d_c, *dy_t], wrt)
     g = [gi if gi is not None else b.zeros_like(w) for gi, w in zip(g, wrt)]
     g_c, g_x, g_k = g[:len(fc)], g[len(fc):len(fc) + len(fx)], g[len(fc) + len(fx):]
     new_carry = [*g_c, *(b.add(acc, gk) for acc, gk in zip(d_k, g_k))]
+    # The products were recomputed only to be differentiated through (their VJPs never read their values): now
+    # every value read of them reads the saved one instead.
+    stepped = Graph(tuple(c_ph + x_ph), tuple(new_carry + g_x))
+    stepped_outs = inline(stepped, c_ph + x_ph, {id(m): v for m, v in zip(outs[len(body.outputs):], products_t)})
+    new_carry, g_x = stepped_outs[:len(new_carry)], stepped_outs[len(new_carry):]
 
     results = scan_node(carry0, seq, c_ph, x_ph, new_carry, g_x, length=seq[0].shape[0] if seq else length,
                         reverse=not a["reverse"], unroll=a["unroll"])

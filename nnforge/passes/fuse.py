@@ -212,37 +212,55 @@ def _feeds_epilogue(n: Node, us: dict[int, list[Node]]) -> bool:
 
 
 def _epilogues(g: Grouping, order: tuple[Node, ...], us: dict[int, list[Node]]) -> None:
-    """Let a matmul/reduction compute the elementwise root that is its only reader, on the accumulator."""
+    """Let a matmul/reduction compute the elementwise root that is its only reader, on the accumulator (not one
+    the graph returns: only a sliced GEMM stores its product besides, see ``sliced_groups``)."""
+    outputs = {id(o) for o in g.graph.outputs}
+    members = _kernel_members(g, order)
+    for p in order:
+        if p.op not in (Op.MATMUL, *REDUCE) or id(p) in outputs:
+            continue
+        root = _epilogue_root(g, p, us, members)
+        if isinstance(root, str):
+            if root:
+                g.refusals.append(f"{p.op.name.lower()} at {p.loc}: no epilogue: {root}")
+            continue
+        g.epilogue_of[id(p)] = id(root)
+        g.prologue[id(root)] = id(p)
+
+
+def _kernel_members(g: Grouping, order: tuple[Node, ...]) -> dict[int, list[Node]]:
+    """id of a kernel root -> the nodes inlined into it, in order, and the root itself last."""
     members: dict[int, list[Node]] = {}
     for n in order:
         if id(n) in g.kernel_of:
             members.setdefault(g.kernel_of[id(n)], []).append(n)
-    by_id = {id(n): n for n in order}
-    for p in order:
-        if p.op not in (Op.MATMUL, *REDUCE):
-            continue
-        readers = us.get(id(p), [])
-        if len(readers) != 1 or id(p) in {id(o) for o in g.graph.outputs}:
-            continue
-        u = readers[0]
-        if u.op not in ELEMENTWISE:
-            g.refusals.append(f"{p.op.name.lower()} at {p.loc}: no epilogue: its reader is a {u.op.name.lower()}")
-            continue
-        root_id = id(u) if id(u) in g.stored else g.kernel_of.get(id(u))
-        root = by_id.get(root_id) if root_id is not None else None
-        if root is None or root.op not in ELEMENTWISE or root_id in g.prologue or root_id in g.epilogue_of:
-            continue
-        if not _same_shape(p, root):
-            g.refusals.append(f"{p.op.name.lower()} at {p.loc}: no epilogue: reader kernel has another shape")
-            continue
-        kernel_nodes = [*members.get(root_id, []), root]
-        if any(m.op in MOVEMENT for m in kernel_nodes):
-            g.refusals.append(f"{p.op.name.lower()} at {p.loc}: no epilogue: the epilogue moves indices")
-            continue
-        if any(m.op in (Op.MATMUL, *REDUCE) and id(m) != id(p) and id(m) in g.epilogue_of for m in kernel_nodes):
-            continue
-        g.epilogue_of[id(p)] = root_id
-        g.prologue[root_id] = id(p)
+    for n in order:
+        if id(n) in members:
+            members[id(n)].append(n)
+    return members
+
+
+def _epilogue_root(g: Grouping, p: Node, us: dict[int, list[Node]], members: dict[int, list[Node]]) -> Node | str:
+    """The elementwise kernel root matmul/reduction ``p`` can compute on its accumulator, or why not ("" when
+    there is nothing to say). ``members``: ``_kernel_members``."""
+    readers = us.get(id(p), [])
+    if len(readers) != 1:
+        return ""
+    u = readers[0]
+    if u.op not in ELEMENTWISE:
+        return f"its reader is a {u.op.name.lower()}"
+    root_id = id(u) if id(u) in g.stored else g.kernel_of.get(id(u))
+    root = u if root_id == id(u) else (members[root_id][-1] if root_id in members else None)
+    if root is None or root.op not in ELEMENTWISE or root_id in g.prologue or root_id in g.epilogue_of:
+        return ""
+    if not _same_shape(p, root):
+        return "reader kernel has another shape"
+    kernel_nodes = members.get(root_id, [root])
+    if any(m.op in MOVEMENT for m in kernel_nodes):
+        return "the epilogue moves indices"
+    if any(m.op in (Op.MATMUL, *REDUCE) and id(m) != id(p) and id(m) in g.epilogue_of for m in kernel_nodes):
+        return ""
+    return root
 
 
 @dataclass(frozen=True)
@@ -251,7 +269,8 @@ class SlicedGroup:
     ``[M, width]`` (an RNN step: the gates ``i, f, g, o`` are slices of ``h @ W``). Code generators compute the
     GEMM column tile by column tile (the columns ``offset + u`` for every offset) and run ``members`` on each
     tile while it is in cache: one kernel, one barrier. ``root`` is the stored GEMM result (the matmul or the
-    elementwise root of its epilogue)."""
+    elementwise root of its epilogue); a matmul that is also a result of the graph is stored tile by tile
+    besides."""
 
     gemm: Node
     root: Node
@@ -271,18 +290,23 @@ def sliced_groups(g: Grouping) -> list[SlicedGroup]:
     pos = {id(n): k for k, n in enumerate(order)}
     by_id = {id(n): n for n in order}
     outputs = {id(o) for o in g.graph.outputs}
+    members = _kernel_members(g, order)
     out: list[SlicedGroup] = []
     taken: set[int] = set()
     for p in order:
         if p.op != Op.MATMUL or p.ndim != 2:
             continue
-        root = by_id[g.epilogue_of[id(p)]] if id(p) in g.epilogue_of else _chain_end(g, p, us, outputs)
+        if id(p) in g.epilogue_of:
+            root = by_id[g.epilogue_of[id(p)]]
+        else:  # a returned product's epilogue was left to this pass
+            ep = _epilogue_root(g, p, us, members) if id(p) in outputs else ""
+            root = ep if isinstance(ep, Node) else _chain_end(g, p, us, outputs)
         why = _sliced_refusal(g, p, root, us, pos, outputs, taken)
         if isinstance(why, str):
             if why:
                 log.debug("sliced epilogue refused for matmul at %s: %s", p.loc, why)
             continue
-        if id(root) not in g.stored:
+        if id(p) not in g.epilogue_of and root is not p:
             g.stored.add(id(root))
             g.kernel_of.pop(id(root), None)
             g.epilogue_of[id(p)] = id(root)
@@ -293,11 +317,12 @@ def sliced_groups(g: Grouping) -> list[SlicedGroup]:
 
 
 def _chain_end(g: Grouping, p: Node, us: dict[int, list[Node]], outputs: set[int]) -> Node:
-    """The last node of the single-reader, same-shape elementwise chain that starts at matmul ``p``."""
+    """The last node of the single-reader, same-shape elementwise chain that starts at matmul ``p`` (which may
+    be a result of the graph itself: its tiles are stored on the way)."""
     r = p
     while True:
         rs = us.get(id(r), [])
-        if len(rs) != 1 or id(r) in outputs:
+        if len(rs) != 1 or (id(r) in outputs and r is not p):
             return r
         u = rs[0]
         if u.op not in ELEMENTWISE or not _same_shape(u, p) or id(u) in g.stored or id(u) in g.prologue:

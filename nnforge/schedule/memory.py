@@ -95,15 +95,15 @@ def _written(k: Kernel | Loop, block: Block) -> list[tuple[Node, object]]:
         projs = {m.attrs["index"]: m for m in block.graph.order if m.op == Op.PROJ and m.srcs[0] is k.node}
         return [(projs[i], b) for i, b in enumerate(k.results) if i in projs]
     if isinstance(k, SlicedGemm):
-        return list(zip(k.group.members, k.outs))
+        product = [(k.group.gemm, k.product)] if k.product is not None else []
+        return [*zip(k.group.members, k.outs), *product]
     return [(stored_node(k), k.out)]
 
 
 def _read_roots(k: Kernel | Loop) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
     """(the values a step reads, the nodes it computes itself): a loop reads its sources and what its chunked
-    projections read — their operands and their epilogues' other operands (a backward scan's recomputed gates
-    add the forward's input projection: a buffer that must outlive the loop); a kernel the sources of what it
-    computes."""
+    projections read — their operands and their epilogues' other operands (an epilogue adding a buffer computed
+    before the loop: it must outlive the loop); a kernel the sources of what it computes."""
     if isinstance(k, Loop):
         chunks = [(c.gemm.node, stored_node(c.gemm)) for c in k.chunked]
         own = tuple(n for pair in chunks for n in pair)

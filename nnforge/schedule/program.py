@@ -90,13 +90,16 @@ class SlicedGemm(Kernel):
     """A GEMM whose result is read only through column slices (an RNN's gates ``i, f, g, o``), computed tile by
     tile with the slices' reader kernels (``group.members``) run on each tile while it is in cache: one kernel,
     no buffer for the GEMM result. ``outs``: the members' buffers (``out`` is the last), ``also_of`` their extra
-    stores. ``lanes``: columns of a tile the epilogue and the members compute at once (1: one at a time)."""
+    stores. ``lanes``: columns of a tile the epilogue and the members compute at once (1: one at a time).
+    ``product``: where the graph returns the GEMM result itself (a training forward step stacks ``h @ W_hh.T``
+    for its backward), the buffer each tile is also stored into, before the epilogue; else None."""
 
     group: SlicedGroup = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     outs: tuple[Buf, ...] = ()
     also_of: tuple[tuple[int, ...], ...] = ()
     b_resident: bool = False
     lanes: int = 1
+    product: Buf | None = None
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,8 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
     also = k.also_of if isinstance(k, SlicedGemm) else (k.also,)
     text = f"{k.kind} -> " + ", ".join(_buf(o, names) + (f" (and out{', out'.join(map(str, a))})" if a else "")
                                        for o, a in zip(outs, also))
+    if isinstance(k, SlicedGemm) and k.product is not None:
+        text += f", the product -> {_buf(k.product, names)}"
     notes = []
     if isinstance(k, SlicedGemm):
         notes.append(f"column tiles of {len(k.group.offsets)} slices at {list(k.group.offsets)}")

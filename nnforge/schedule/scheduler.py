@@ -91,6 +91,7 @@ class _Scheduler:
         chunked = find_chunked(graph, g, splits) if top and self.target.chunk_bytes else {}
         sliced = {id(sg.root): sg for sg in g.sliced}
         member_of = {id(m) for sg in sliced.values() for m in sg.members}
+        products = {id(sg.gemm) for sg in sliced.values()}  # stored by their sliced kernel when returned
         dest: dict[int, int] = {}
         extra: dict[int, list[int]] = {}
         copies: list[tuple[Node, int]] = []
@@ -99,7 +100,7 @@ class _Scheduler:
             if id(o) in dest:
                 extra.setdefault(id(o), []).append(pos)
                 dups.append((o, pos))
-            elif o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) or id(o) in g.alias:
+            elif id(o) not in products and (o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) or id(o) in g.alias):
                 copies.append((o, pos))
             else:
                 dest[id(o)] = pos
@@ -115,9 +116,10 @@ class _Scheduler:
             elif id(n) in sliced:
                 sg = sliced[id(n)]
                 outs = tuple(self.buf(m, dest.get(id(m))) for m in sg.members)
+                product = self.buf(sg.gemm, dest[id(sg.gemm)]) if id(sg.gemm) in dest else None
                 kernels.append(SlicedGemm(sg.gemm, outs[-1], _fuses(g, sg.root, sg.gemm, sg.members), (), sg,
                                           outs, tuple(tuple(extra.get(id(m), ())) for m in sg.members),
-                                          _resident(sg.gemm, g, resident), self.sliced_lanes(sg, g)))
+                                          _resident(sg.gemm, g, resident), self.sliced_lanes(sg, g), product))
             else:
                 k = self.kernel(n, g, self.buf(n, dest.get(id(n))), tuple(extra.get(id(n), ())), resident, top)
                 if isinstance(k, Elementwise | Gemm):

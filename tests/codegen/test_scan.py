@@ -147,6 +147,49 @@ def test_lstm_structure_one_hoisted_gemm_and_fused_step():
     assert "for tt" in scan.note and "S[0]" in scan.note          # rendered as a real loop, run-time trip count
 
 
+def lstm_with_products(x, h0, c0, w_ih, w_hh, b):
+    """An LSTM whose steps also return ``h @ W_hh.T`` (what a training forward stacks for its backward)."""
+    def cell(carry, x_t):
+        h, c = carry
+        p = h @ w_hh.T
+        i, f, g, o = (x_t @ w_ih.T + p + b).chunk(4, axis=-1)
+        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+        h = nf.sigmoid(o) * nf.tanh(c)
+        return (h, c), (h, p)
+
+    (h, c), (ys, ps) = nf.scan(cell, (h0, c0), x)
+    return ys, ps, h, c
+
+
+@pytest.mark.parametrize("N", [3, 16])  # 16: rows split among workers (a persistent kernel on a GPU)
+def test_a_returned_step_product_is_stored_by_the_fused_step(backend, N):
+    args = lstm_args(T=5, N=N, I=5, H=8, seed=N)
+    want = nf.compile(lstm_with_products)(*args)
+    assert np.abs(want[1]).max() > 0
+    for g, w in zip(nf.compile(lstm_with_products, backend=backend)(*args), want):
+        _close(g, w, np.float32)
+    if backend == "cpu":
+        from nnforge.codegen.c import lower, prepare
+
+        loop = next(k for k in lower(prepare(nf.compile(lstm_with_products).trace(*args))).program.block.kernels
+                    if isinstance(k, Loop))
+        (step,) = [k for k in loop.body.kernels if isinstance(k, SlicedGemm)]  # still one kernel per step
+        assert step.product is not None and step.product.output == 3
+
+
+def test_a_returned_product_read_through_slices_outside_a_loop(backend):
+    def gate(h, w, b):
+        p = h @ w.T
+        i, g = (p + b).chunk(2, axis=-1)
+        return nf.sigmoid(i) * nf.tanh(g), p
+
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(6, 5), (16, 5), (16,)]]
+    want = nf.compile(gate)(*args)
+    for g, w in zip(nf.compile(gate, backend=backend)(*args), want):
+        _close(g, w, np.float32)
+
+
 def test_show_fused_listing(capsys):
     text = nf.show(nf.compile(lstm), *lstm_args(), stage="fused")
     assert "gemm+add+sigmoid" in text and "scan" in text and "reads" in text

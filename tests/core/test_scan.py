@@ -77,12 +77,14 @@ def lstm_model(scan, xs, h0, c0, w_ih, w_hh, b, ry, rc):
     return (ys * ry).sum() + (c * rc).sum() + h.sum()
 
 
+def lstm_arrays(r):
+    return [r.standard_normal(s) * sc for s, sc in
+            [((T, N, I), 1), ((N, H), 1), ((N, H), 1), ((4 * H, I), 0.4), ((4 * H, H), 0.4), ((4 * H,), 0.1),
+             ((T, N, H), 1), ((N, H), 1)]]
+
+
 def test_lstm_grad_equals_unrolled_and_torch(backend, rng):
-    r = rng
-    arrays = [r.standard_normal(s) * sc for s, sc in
-              [((T, N, I), 1), ((N, H), 1), ((N, H), 1), ((4 * H, I), 0.4), ((4 * H, H), 0.4), ((4 * H,), 0.1),
-               ((T, N, H), 1), ((N, H), 1)]]
-    compare(lstm_model, arrays, n_diff=6, backend=backend)
+    compare(lstm_model, lstm_arrays(rng), n_diff=6, backend=backend)
 
 
 def peephole_lstm_model(scan, xs, h0, c0, w_ih, w_hh, b, p, ry, rc):
@@ -420,6 +422,40 @@ def test_second_order_grad_through_scan(backend, rng):
     (gt,) = torch.autograd.grad(loss(py_scan, wt, to_torch(xs), to_torch(h0)), wt, create_graph=True)
     (g2t,) = torch.autograd.grad((gt * gt).sum(), wt)
     assert_close(g2, g2t, "float64", grad=True)
+
+
+def test_second_order_grad_through_a_product_of_the_carry(backend, rng):
+    """The backward step reads the forward's saved ``h @ w``; the second derivative still flows through it."""
+    r = rng
+    xs, h0, w = r.standard_normal((5, 2, 3)), r.standard_normal((2, 3)), r.standard_normal((3, 3)) * 0.5
+
+    def loss(scan, w, xs, h0):
+        h, ys = scan(lambda h, x: ((h @ w + x).tanh(), h), h0, xs)
+        return (ys * ys).sum() + h.sum()
+
+    def gnorm(w):
+        g = nf.grad(lambda w_: loss(nf.scan, w_, nf.tensor(xs), nf.tensor(h0)))(w)
+        return (g * g).sum()
+
+    g2 = on_backend(nf.grad(gnorm), backend)(w)
+    wt = to_torch(w, requires_grad=True)
+    (gt,) = torch.autograd.grad(loss(py_scan, wt, to_torch(xs), to_torch(h0)), wt, create_graph=True)
+    (g2t,) = torch.autograd.grad((gt * gt).sum(), wt)
+    assert np.abs(g2t.numpy()).max() > 0
+    assert_close(g2, g2t, "float64", grad=True)
+
+
+def test_backward_step_reads_the_saved_product_of_the_carry(rng):
+    """The forward scan stacks each step's ``h @ W_hh.T``; the backward body multiplies the saved h only for
+    dW_hh (through a transpose), never to recompute the gates."""
+    arrays = lstm_arrays(rng)
+    graph = nf.compile(nf.grad(lambda *a: lstm_model(nf.scan, *a), tuple(range(6)))).trace(*arrays)
+    forward, backward = sorted((n for n in graph.order if n.op == Op.SCAN), key=lambda n: n.attrs["reverse"])
+    products = [o for o in forward.attrs["body"].outputs if o.op == Op.MATMUL]
+    assert len(products) == 1 and products[0].srcs[0] is forward.attrs["body"].inputs[0]  # h @ W_hh.T
+    body = backward.attrs["body"]
+    saved_h = body.inputs[backward.attrs["n_carry"]]
+    assert not [m for m in body.order if m.op == Op.MATMUL and m.srcs[0] is saved_h]
 
 
 # The C backend has no half precision: there a float16/bfloat16 scan runs on the interpreter (skipped, with why).

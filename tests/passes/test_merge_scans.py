@@ -37,7 +37,8 @@ def test_a_module_training_step_runs_each_forward_recurrence_once(rng: np.random
     scans = [n for n in graph.order if n.op == Op.SCAN]
     forward = [n for n in scans if not n.attrs["reverse"]]
     assert len(scans) == 4 and len(forward) == 2  # two layers: one forward and one backward scan each
-    assert all(len(n.types) == 5 for n in forward)  # h, c, ys, and the stacked h and c each step starts from
+    # h, c, ys, the stacked h and c each step starts from, and each step's h @ W_hh.T (saved for the backward)
+    assert all(len(n.types) == 6 for n in forward)
     for target in (cpu_target(), replace(cpu_target(), reduction_hoist_bytes=0)):  # dW_hh in the loop, or after
         compiled = run_pipeline(graph, pipeline(target))
         assert sum(n.op == Op.SCAN for n in compiled.order) == 4, target

@@ -855,6 +855,7 @@ class Lowering:
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root if root is not p else None, ctx, ep_info)
         outs = [place(b) for b in k.outs]
+        product = place(k.product) if k.product is not None else None
         body_info: list[Scalar] = []
 
         def body(i: str, u: str, values: list[str], lanes: int) -> tuple[list[str], list[str]]:
@@ -863,6 +864,9 @@ class Lowering:
             sc = Scalar(self, ctx, {}, (row, col), lanes, u)
             for off, value in zip(sg.offsets, values):
                 at = sliced_index(col, sz.expr(off))  # the index the column slice at ``off`` reads
+                if product is not None:
+                    sc.stmts.append(sc.store(p.dtype, product, row_major([row, at], [sz.expr(x) for x in p.shape]),
+                                             value))
                 if epilogue is not None:
                     pre, stmts, value = epilogue([row, at], value, lanes, u)
                     sc.pre += pre
@@ -880,6 +884,8 @@ class Lowering:
         emit_sliced(self, em, p, views[0], buf, [str(o) for o in sg.offsets], sg.width, body, k.lanes)
         for m, o in zip(sg.members, outs):
             ctx.ptr[id(m)] = o
+        if product is not None:
+            ctx.ptr[id(p)] = product
         fused = ["matmul"] + (ep_info[0].fused if ep_info else []) + body_info[0].fused
         stores = [s for s in body_info[0].stmts if not s.startswith("const ")]
         listing.append(KernelInfo(k.kind, ", ".join(outs), fmt_type(sg.members[-1].shape, sg.members[-1].dtype),

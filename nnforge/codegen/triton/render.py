@@ -117,9 +117,12 @@ class Renderer:
                 continue
             if isinstance(k, SlicedGemm):
                 outs = [[self.place(o), *(f"out{i}" for i in more)] for o, more in zip(k.outs, k.also_of)]
-                self.sliced(k, ctx, outs)
+                product = [self.place(k.product)] if k.product is not None else []
+                self.sliced(k, ctx, outs, product)
                 for m, o in zip(k.group.members, outs):
                     ctx.buffers[id(m)] = o[0]
+                if product:
+                    ctx.buffers[id(k.group.gemm)] = product[0]
                 continue
             out = self.place(k.out)
             self.kernel(k, ctx, [out, *(f"out{i}" for i in k.also)])
@@ -407,11 +410,11 @@ class Renderer:
         self.emit(k.kind, em, grid, {"BM": t.gemm_m, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
 
 
-    def sliced(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]]) -> None:
+    def sliced(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]], product: Sequence[str] = ()) -> None:
         """A GEMM read only through column slices (an RNN's gates): one program per tile of rows and of the
         slice width, one ``tl.dot`` accumulator per slice, the GEMM's epilogue on each, then the member kernels
-        (the cell update) on the tiles, stored into ``outs`` (one list per member). The product itself is never
-        stored: a recurrent step is this one kernel."""
+        (the cell update) on the tiles, stored into ``outs`` (one list per member). The product is stored only
+        into ``product`` (where the graph returns it): a recurrent step is this one kernel."""
         sg = k.group
         p, root = sg.gemm, sg.root
         if p.ndim != 2 or any(m.ndim != 2 for m in sg.members):
@@ -439,6 +442,8 @@ class Renderer:
         for g, off in enumerate(sg.offsets):
             idx = ("rm", sliced("rn", str(off)))
             value = f"acc{g}" if p.dtype not in HALF else em.tmp(rounded(f"acc{g}", p.dtype), "acc")
+            for o in product:
+                em.line(f"tl.store({o} + ({flat(idx, [sz(d) for d in p.shape])}), {value}, mask=mo)")
             if root is not p:
                 value = Eval(em, ctx, sz, "mo", 2, root=root, overrides={(id(p), idx): value}).val(root, idx)
             tiles[(id(root), idx)] = value

@@ -58,7 +58,7 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
             for b in k.results:
                 r.alloc(Buf(f"{tag}_{b.name}", b.dtype, b.shape))
         else:
-            for b in (k.outs if isinstance(k, SlicedGemm) else (k.out,)):
+            for b in (k.outs if isinstance(k, SlicedGemm) else (k.out,)):  # a returned product is an output
                 if b.output is None:
                     r.alloc(b)
 
@@ -93,9 +93,12 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
                 continue
             if isinstance(k, SlicedGemm):
                 outs = [dests(o, more) for o, more in zip(k.outs, k.also_of)]
-                r.sliced(k, body, outs)
+                product = dests(k.product, ()) if k.product is not None else []
+                r.sliced(k, body, outs, product)
                 for m, o in zip(k.group.members, outs):
                     body.buffers[id(m)] = o[0]
+                if product:
+                    body.buffers[id(k.group.gemm)] = product[0]
                 continue
             outs = dests(k.out, k.also)
             r.kernel(k, body, outs)
