@@ -81,12 +81,16 @@ def twin_of(model: Encoder, width: int) -> TorchEncoder:
     return twin
 
 
-def onnx_session(twin: TorchEncoder, x: np.ndarray):
+def onnx_session(module: torch.nn.Module, args: tuple, input_names: list[str], output_names: list[str],
+                 dynamic_axes: dict[str, dict[int, str]]):
+    """An ONNX Runtime session (CPU provider, this process's thread count) running ``module`` exported with
+    ``torch.onnx`` on example ``args``; intra- and inter-op spinning disabled, so its idle threads cannot slow the
+    candidate timed after it."""
     import onnxruntime as ort
 
-    path = os.path.join(tempfile.mkdtemp(), "encoder.onnx")
-    torch.onnx.export(twin, (torch.from_numpy(x),), path, input_names=["x"], output_names=["y"], dynamo=False,
-                      dynamic_axes={"x": {0: "n", 2: "t"}, "y": {0: "t", 1: "n"}})
+    path = os.path.join(tempfile.mkdtemp(), "model.onnx")
+    torch.onnx.export(module, args, path, input_names=input_names, output_names=output_names, dynamo=False,
+                      dynamic_axes=dynamic_axes)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -118,7 +122,7 @@ def inference(width: int, batch: int, samples: int, rounds: int, calls: int, rng
     tx = torch.from_numpy(x)
     with torch.no_grad():
         want = twin(tx).numpy()
-    sess = onnx_session(twin, x)
+    sess = onnx_session(twin, (tx,), ["x"], ["y"], {"x": {0: "n", 2: "t"}, "y": {0: "t", 1: "n"}})
     got_ort = sess.run(None, {"x": x})[0]
     print(f"  agreement: nnforge vs torch max |diff| {np.abs(y - want).max():.1e}, ONNX Runtime vs torch "
           f"{np.abs(got_ort - want).max():.1e}; nnforge compile + first call {compile_s:.1f} s")

@@ -2,10 +2,11 @@
 
 For each shape (T, N, I, H), float32, 2 threads:
 
-* one LSTM layer, inference: nnforge ``backend="cpu"`` vs ``torch.nn.LSTM`` (the anchor), an eager PyTorch cell
-  loop, a TorchScript-scripted loop and ``torch.compile`` (the cell compiled, the loop in Python: compiling the
-  unrolled loop of T steps takes minutes); the torch loops get the input projection hoisted out of the loop,
-  as nnforge does, so they are the strong form of that code;
+* one LSTM layer, inference: nnforge ``backend="cpu"`` vs ``torch.nn.LSTM`` (the anchor), ONNX Runtime's LSTM
+  kernel (``nn.LSTM`` exported with ``torch.onnx``, spinning disabled as in bench/basecaller_cpu.py), an eager
+  PyTorch cell loop, a TorchScript-scripted loop and ``torch.compile`` (the cell compiled, the loop in Python:
+  compiling the unrolled loop of T steps takes minutes); the torch loops get the input projection hoisted out of
+  the loop, as nnforge does, so they are the strong form of that code;
 * a training step (forward + backward to the weights) vs ``nn.LSTM`` forward + backward;
 * two cells cuDNN/oneDNN cannot run: a layer-norm LSTM and a GRU with the reset gate applied before the
   recurrent matmul (Cho et al. 2014), vs their TorchScript and torch.compile versions, and vs nn.LSTM's time.
@@ -27,12 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from basecaller_cpu import onnx_session
 from lstm_cpu import lstm as nf_lstm  # the LSTM of bench/lstm_cpu.py, written as a user would
 
 import nnforge as nf
 
 SHAPES = [(2000, 64, 96, 96), (1000, 64, 384, 384), (100, 64, 512, 512)]
 GOALS = {(64, 96, 96): 1.5, (64, 384, 384): 1.2, (64, 512, 512): 1.0}
+ORT_GOALS = {(64, 96, 96): 1.3}  # nnforge inference vs ONNX Runtime's LSTM kernel
 
 
 # ---- nnforge models -----------------------------------------------------------------------------------------
@@ -237,7 +240,14 @@ def bench_lstm(T: int, N: int, I: int, H: int, n: Schedule, extras: bool) -> dic
             return ref(x)
 
     cands["nn.LSTM"] = lstm_ref
-    out: dict[str, float] = {"max_err": err}
+    sess = onnx_session(ref, (x, (h0[None], c0[None])), ["x", "h0", "c0"], ["y", "h", "c"],
+                        {"x": {0: "t", 1: "n"}, "h0": {1: "n"}, "c0": {1: "n"}, "y": {0: "t", 2: "n"}})
+    feeds = {"x": args[0], "h0": args[1][None], "c0": args[2][None]}
+    with torch.no_grad():
+        want = ref(x)[0].numpy()
+    ort_err = float(np.abs(sess.run(None, feeds)[0].reshape(want.shape) - want).max())
+    cands["onnxruntime"] = lambda: sess.run(None, feeds)
+    out: dict[str, float] = {"max_err": err, "ort_err": ort_err}
     if extras:
         scripted = torch.jit.script(t_lstm_loop)
         comp, _ = compiled_loop(t_lstm_loop, "t_lstm_cell")
@@ -325,6 +335,10 @@ def _custom_rounds(nfn, nargs, loop, cell_name, targs, n: Schedule) -> dict[str,
     return out
 
 
+def _ort_goal(N: int, I: int, H: int) -> str:
+    return f" (goal >= {ORT_GOALS[(N, I, H)]}x)" if (N, I, H) in ORT_GOALS else ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -347,9 +361,10 @@ def main() -> None:
             fl = lstm_flops(T, N, I, H)
             print(f"\n== LSTM {T},{N},{I},{H} (full T) inference: nnforge {r['nnforge'] * 1e3:.1f} ms, "
                   f"nn.LSTM {r['nn.LSTM'] * 1e3:.1f} ms, ratio {r['nn.LSTM'] / r['nnforge']:.2f}x "
-                  f"(goal >= {GOALS[(N, I, H)]}x); nnforge {fl / r['nnforge'] / 1e9:.1f} GFLOP/s "
-                  f"({100 * fl / r['nnforge'] / 1e9 / peak:.0f}% of peak), nn.LSTM {fl / r['nn.LSTM'] / 1e9:.1f}; "
-                  f"max err {r['max_err']:.1e}")
+                  f"(goal >= {GOALS[(N, I, H)]}x); ONNX Runtime {r['onnxruntime'] * 1e3:.1f} ms, ratio "
+                  f"{r['onnxruntime'] / r['nnforge']:.2f}x{_ort_goal(N, I, H)}; nnforge "
+                  f"{fl / r['nnforge'] / 1e9:.1f} GFLOP/s ({100 * fl / r['nnforge'] / 1e9 / peak:.0f}% of peak), "
+                  f"nn.LSTM {fl / r['nn.LSTM'] / 1e9:.1f}; max err {r['max_err']:.1e} (ORT {r['ort_err']:.1e})")
         Tq = max(T // a.t_div, 10)
         r = bench_lstm(Tq, N, I, H, sched, extras=True)
         fl = lstm_flops(Tq, N, I, H)
@@ -357,9 +372,11 @@ def main() -> None:
         print(f"\n== LSTM {Tq},{N},{I},{H} (T/{a.t_div}); load {os.getloadavg()[0]:.1f}; max err {r['max_err']:.1e}; "
               f"torch.compile first call {r['torch.compile first call s']:.1f} s")
         print(f"{'variant':>16} {'ms':>9} {'nn.LSTM time / this':>20} {'GFLOP/s':>8} {'% peak':>7}")
-        for k2 in ("nnforge", "nn.LSTM", "eager loop", "TorchScript", "torch.compile"):
+        for k2 in ("nnforge", "nn.LSTM", "onnxruntime", "eager loop", "TorchScript", "torch.compile"):
             print(f"{k2:>16} {r[k2] * 1e3:9.1f} {base / r[k2]:20.2f} {fl / r[k2] / 1e9:8.1f} "
                   f"{100 * fl / r[k2] / 1e9 / peak:7.0f}")
+        print(f"{'':>16} nnforge vs ONNX Runtime: {r['onnxruntime'] / r['nnforge']:.2f}x{_ort_goal(N, I, H)}; "
+              f"ORT max err {r['ort_err']:.1e}")
         for k2, b2 in (("nnforge train", "nn.LSTM train"), ("nn.LSTM train", "nn.LSTM train")):
             print(f"{k2:>16} {r[k2] * 1e3:9.1f} {r[b2] / r[k2]:20.2f} {3 * fl / r[k2] / 1e9:8.1f} "
                   f"{100 * 3 * fl / r[k2] / 1e9 / peak:7.0f}   (train ratio vs nn.LSTM fwd+bwd; 3x fwd flops)")
