@@ -1,6 +1,7 @@
 """The C backend's float32 exp, sigmoid and tanh (``prelude.h``: no libm calls, so loops vectorize) against float64
-torch rounded to float32 over the whole float range: relative error within 4e-7 (~3 ulp), subnormal results within
-1e-37, signed zeros, overflow to infinity, infinities and NaN as torch has them."""
+torch rounded to float32 over the whole float range, in scalar and vector form: relative error within 4e-7
+(~3 ulp), subnormal results within 1e-37, signed zeros, overflow to infinity, infinities and NaN as torch has
+them."""
 
 from __future__ import annotations
 
@@ -20,10 +21,24 @@ def _grid(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([mag, -mag, special]).astype(np.float32)
 
 
-@pytest.mark.parametrize("op", ["exp", "tanh", "sigmoid"])
-def test_float32_transcendentals(rng: np.random.Generator, op: str) -> None:
+def _run(op: str, x: np.ndarray, vector: bool) -> np.ndarray:
+    """``op`` compiled over ``x``: as one axis (the scalar form, ``nf_tanhf``), or as rows of 16 (the vector form
+    the LSTM tiles use, ``nf_vtanhf``; the source is checked for it)."""
+    from nnforge.codegen.c import lower, prepare
+
+    fn = nf.compile(lambda a: getattr(nf, op)(a), backend="cpu")
+    if not vector:
+        return fn(x)
+    rows = np.concatenate([x, np.ones(-len(x) % 16, np.float32)]).reshape(-1, 16)
+    assert f"nf_v{op}f(" in lower(prepare(fn.trace(rows))).text.split("/*@nf_unit*/", 1)[1]
+    return fn(rows).ravel()[:len(x)]
+
+
+@pytest.mark.parametrize("op,vector", [("exp", False), ("tanh", False), ("sigmoid", False), ("tanh", True),
+                                       ("sigmoid", True)])  # exp has no vector spelling in the tiles
+def test_float32_transcendentals(rng: np.random.Generator, op: str, vector: bool) -> None:
     x = _grid(rng)
-    got = nf.compile(lambda a: getattr(nf, op)(a), backend="cpu")(x)
+    got = _run(op, x, vector)
     want = getattr(torch, op)(torch.from_numpy(x).double()).numpy()
     finite = np.isfinite(want.astype(np.float32))  # exp(88.73) overflows float32
     assert np.array_equal(got[~finite & ~np.isnan(want)], want.astype(np.float32)[~finite & ~np.isnan(want)])
