@@ -14,6 +14,7 @@ same code and nothing depends on the frontend.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from ..errors import TraceError
@@ -54,6 +55,12 @@ def carry_products(body: Graph, n_carry: int) -> list[Node]:
             if m.op == Op.MATMUL and m.dtype.is_float:
                 out.append(m)
     return out
+
+
+def _split(items: Sequence[Node], sizes: Sequence[int]) -> list[list[Node]]:
+    """``items`` cut into consecutive runs of the given sizes."""
+    ends = list(itertools.accumulate(sizes))
+    return [list(items[e - k:e]) for e, k in zip(ends, sizes)]
 
 
 def gradients(outputs: Sequence[Node], cotangents: Sequence[Node], wrt: Sequence[Node]) -> list[Node | None]:
@@ -125,7 +132,7 @@ def scan_vjp(n: Node, cts: list[Node | None]) -> list[Node | None]:
         ((length, *m.shape), m.dtype) for m in (*drawn, *products))
     aug = make(Op.SCAN, n.srcs, {**a, "body": aug_body, "primal": n}, types=aug_types, loc=n.loc)
     saved = [b.proj(aug, len(n.types) + i) for i in range(nc + len(drawn) + len(products))]
-    saved_carry, saved_drawn, saved_products = saved[:nc], saved[nc:nc + len(drawn)], saved[nc + len(drawn):]
+    saved_carry, saved_drawn, saved_products = _split(saved, (nc, len(drawn), len(products)))
 
     fc = [i for i in range(nc) if init[i].dtype.is_float]
     fx = [i for i in range(nx) if xs[i].dtype.is_float]
@@ -144,10 +151,7 @@ def scan_vjp(n: Node, cts: list[Node | None]) -> list[Node | None]:
     c_ph = [placeholder(c.shape, c.dtype, f"carry{i}") for i, c in enumerate(carry0)]
     x_ph = [placeholder(x.shape[1:], x.dtype, f"x{i}") for i, x in enumerate(seq)]
     d_c, d_k = c_ph[:len(fc)], c_ph[len(fc):]
-    c_t, x_t = x_ph[:nc], x_ph[nc:nc + nx]
-    dy_t = x_ph[nc + nx:nc + nx + len(fy)]
-    drawn_t = x_ph[nc + nx + len(fy):nc + nx + len(fy) + len(drawn)]
-    products_t = x_ph[nc + nx + len(fy) + len(drawn):]
+    c_t, x_t, dy_t, drawn_t, products_t = _split(x_ph, (nc, nx, len(fy), len(drawn), len(products)))
     outs = inline(body, [*c_t, *x_t, *fresh_consts], {id(m): v for m, v in zip(drawn, drawn_t)}, also=products)
     primal = [outs[i] for i in fc] + [outs[nc + j] for j in fy]
     wrt = [c_t[i] for i in fc] + [x_t[i] for i in fx] + [fresh_consts[k] for k in fk]
