@@ -1,4 +1,5 @@
-"""A streamed training loop (nf.loop + nf.Feeder + nf.Receiver): Feeders prefetched on a thread vs called in step.
+"""A streamed training loop (nf.loop + nf.Feeder + nf.Receiver): Feeders prefetched on a thread vs called in step,
+its step interpreted vs compiled to C.
 
 The loop trains a small MLP regressor with Adam (nnforge.nn) for ``--steps`` steps. Each batch is made by the
 Feeder's function from raw int16 signal chunks, as a basecaller's reader would: widen to float32, normalise each
@@ -8,13 +9,18 @@ adds a ``time.sleep`` per batch standing for I/O latency (default 0: none). The 
 
 "on" is the default (``prefetch=2``, ``pending=2``: batches made on a thread ahead of the step, losses delivered
 behind it); "off" is ``prefetch=0, pending=0`` (both called on the loop's thread when the step needs them, as
-before). Rounds alternate on, off, on, off, ... in one process; each times ``nf.execute()`` of a freshly traced
-loop from the same initial weights, and the two modes' losses are checked to be bit-identical. The ratio is
-off / on time (> 1: prefetching is faster). On a shared machine only these same-run ratios mean anything.
+before). The loop is ``nf.compile``-d for each backend of ``--backends``: ``reference`` interprets the step with
+numpy, ``cpu`` calls it as generated C once per iteration (``nnforge/codegen/streamed.py``). Rounds run every
+(backend, mode) in turn, the order alternating by round, in one process; each run traces a fresh loop from the
+same initial weights, calls it once (tracing and compiling, untimed) and times the second call, and each
+backend's two modes' losses are checked to be bit-identical. Printed: off / on time per backend (> 1:
+prefetching is faster) and each backend's "on" time against the first's. On a shared machine only these
+same-run ratios mean anything.
 
 The prefetch thread needs a free core: numpy's OpenBLAS starts one thread per core for the step's matrix
 products, so on a 2-core machine run it as ``OPENBLAS_NUM_THREADS=1 python bench/feeder.py`` too (the header
-prints the setting). Usage: ``python bench/feeder.py [--rounds 5] [--steps 60] [--io-ms 0]``.
+prints the setting). Usage: ``python bench/feeder.py [--rounds 5] [--steps 60] [--io-ms 0]
+[--backends reference,cpu]``.
 """
 
 from __future__ import annotations
@@ -60,8 +66,9 @@ class Reader:
         return np.concatenate([f, f @ self.w_true], axis=1)
 
 
-def run(args: argparse.Namespace, prefetch: int) -> tuple[float, list[float], float]:
-    """(seconds in nf.execute(), the losses, seconds spent making batches on whichever thread made them)."""
+def run(args: argparse.Namespace, prefetch: int, backend: str) -> tuple[float, list[float], float]:
+    """(seconds of the loop's second call, its losses, seconds spent making its batches on whichever thread made
+    them)."""
     with fresh_session():
         nf.manual_seed(0)
         width = len(WINDOWS) * args.features
@@ -87,9 +94,12 @@ def run(args: argparse.Namespace, prefetch: int) -> tuple[float, list[float], fl
             opt.step()
             nf.Receiver(lambda v: losses.append(float(v)), [loss], name="losses", pending=prefetch)
 
-        nf.loop(args.steps, step)
+        train = nf.compile(lambda: nf.loop(args.steps, step), backend=backend)
+        train()  # traced, compiled, run: not timed
+        del losses[:]
+        made[0] = 0.0
         t0 = time.perf_counter()
-        nf.execute()
+        train()
         return time.perf_counter() - t0, losses, made[0]
 
 
@@ -102,36 +112,44 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=32, help="samples kept per moving average")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--io-ms", type=float, default=0.0, help="time.sleep per batch standing for I/O (0: none)")
+    ap.add_argument("--backends", default="reference,cpu", help="comma-separated; the first is the anchor")
     args = ap.parse_args()
+    backends = args.backends.split(",")
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}; "
           f"{args.steps} steps of batch {args.batch} x {args.chunk} int16 samples, MLP "
           f"{len(WINDOWS) * args.features}-{args.hidden}-{args.hidden}-1, Adam; I/O sleep {args.io_ms} ms/batch; "
           f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
-    times: dict[str, list[float]] = {"on": [], "off": []}
-    made: dict[str, list[float]] = {"on": [], "off": []}
-    want: list[float] | None = None
-    print(f"{'round':>5} {'on s':>7} {'off s':>7} {'off/on':>7}")
+    cells = [(b, mode) for b in backends for mode in ("on", "off")]
+    times: dict[tuple[str, str], list[float]] = {c: [] for c in cells}
+    made: dict[tuple[str, str], list[float]] = {c: [] for c in cells}
+    want: dict[str, list[float]] = {}
+    print(f"{'round':>5} " + " ".join(f"{b + ' ' + m + ' s':>16}" for b, m in cells))
     for r in range(args.rounds + 1):  # round 0 warms caches and the allocator; not counted
         row = {}
-        for mode, prefetch in (("on", 2), ("off", 0)):
-            t, losses, m = run(args, prefetch)
-            if want is None:
-                want = losses
-            if losses != want:
-                raise SystemExit(f"prefetch={prefetch} changed the losses")
-            row[mode] = t
+        for b, mode in (cells if r % 2 else cells[::-1]):
+            t, losses, m = run(args, 2 if mode == "on" else 0, b)
+            if want.setdefault(b, losses) != losses:
+                raise SystemExit(f"{b}: prefetching changed the losses")
+            row[b, mode] = t
             if r:
-                times[mode].append(t)
-                made[mode].append(m)
+                times[b, mode].append(t)
+                made[b, mode].append(m)
         if r:
-            print(f"{r:5d} {row['on']:7.3f} {row['off']:7.3f} {row['off'] / row['on']:6.2f}x")
-    on, off = statistics.median(times["on"]), statistics.median(times["off"])
-    ratios = [b / a for a, b in zip(times["on"], times["off"])]
-    print(f"median: on {on:.3f} s, off {off:.3f} s ({off / args.steps * 1e3:.1f} ms/step off); "
-          f"median of per-round off/on ratios {statistics.median(ratios):.2f}x; "
-          f"batch making {statistics.median(made['off']) / args.steps * 1e3:.1f} ms/batch (off), "
-          f"{statistics.median(made['on']) / args.steps * 1e3:.1f} ms/batch (on, on the prefetch thread); "
-          f"losses identical in both modes, first {want[0]:.4f} last {want[-1]:.4f}")
+            print(f"{r:5d} " + " ".join(f"{row[c]:16.3f}" for c in cells))
+    for b in backends:
+        on, off = statistics.median(times[b, "on"]), statistics.median(times[b, "off"])
+        ratios = [y / x for x, y in zip(times[b, "on"], times[b, "off"])]
+        print(f"{b}: on {on / args.steps * 1e3:.1f} ms/step, off {off / args.steps * 1e3:.1f} ms/step; median of "
+              f"per-round off/on ratios {statistics.median(ratios):.2f}x; batch making "
+              f"{statistics.median(made[b, 'off']) / args.steps * 1e3:.1f} ms/batch (off), "
+              f"{statistics.median(made[b, 'on']) / args.steps * 1e3:.1f} ms/batch (on, on the prefetch thread); "
+              f"losses identical in both modes, first {want[b][0]:.4f} last {want[b][-1]:.4f}")
+    first = backends[0]
+    for b in backends[1:]:
+        for mode in ("on", "off"):
+            ratios = [x / y for x, y in zip(times[first, mode], times[b, mode])]
+            print(f"{first} / {b} time, {mode}: median of per-round ratios {statistics.median(ratios):.2f}x "
+                  f"(range {min(ratios):.2f}-{max(ratios):.2f})")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,13 @@ BACKENDS: dict[str, Callable[[Graph], Callable]] = {"reference": _reference, "cp
 
 
 def build_program(backend: str, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+    """``graph`` made executable by ``backend``; an ``nf.loop`` calling Feeders or Receivers runs its steps as
+    the backend's code, the rest of its graph on the interpreter (``streamed``)."""
+    if backend != "reference":
+        from .streamed import StreamedProgram, streamed_loops
+
+        if streamed_loops(graph):
+            return StreamedProgram(graph, BACKENDS[backend], backend)
     return BACKENDS[backend](graph)
 
 

@@ -9,7 +9,7 @@ from its generator, feeders and receivers talk to the host.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,9 @@ def _loop(node: Node, args: list[np.ndarray], ctx: Interpreter) -> tuple:
     trips = int(a["length"])
     # Feeders run ahead and Receivers behind, each on a thread of this run of the loop (see streams.py).
     with LoopStreams(body, trips) as io:
+        step = ctx.steps.get(id(node))
+        if step is not None:  # the body compiled (streamed.py)
+            return step.run(state, consts, trips, a["with_index"], io)
         try:
             ctx.streams.update((id(n), io) for n in io.nodes)
             for i in range(trips):
@@ -93,10 +96,12 @@ INTERPRETED: dict[Op, Callable[[Node, list, Interpreter], Any]] = {
 
 
 class Interpreter:
-    """Runs graphs with numpy, loop bodies once per iteration."""
+    """Runs graphs with numpy, loop bodies once per iteration. ``steps``: loops whose iterations are calls of a
+    compiled step instead (by id of the loop node; ``streamed.CompiledStep``)."""
 
-    def __init__(self, rng: np.random.Generator):
+    def __init__(self, rng: np.random.Generator, steps: Mapping[int, Any] | None = None):
         self.rng = rng
+        self.steps = steps or {}
         self.streams: dict[int, LoopStreams] = {}  # id of a Feeder/Receiver in a running loop -> its threads
 
     def run(self, graph: Graph, inputs: Sequence[np.ndarray], memo: Any = None) -> list[Any]:

@@ -1,0 +1,164 @@
+"""nf.loop under a compiled backend. One that calls Feeders and Receivers runs its body as the backend's step
+program, one call per iteration (nnforge/codegen/streamed.py). Checked against the reference interpreter per
+element, on every backend, with the loop index, several Feeders and Receivers, loop constants and random draws;
+and that the step really is compiled where it can be and interpreted where its streams sit deeper."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge.codegen import build_program
+from nnforge.codegen.reference import ReferenceProgram
+from nnforge.codegen.streamed import StreamedProgram, streamed_loops
+from nnforge.runtime.program import CompiledProgram
+
+STEPS = 7
+
+
+def _model(rng: np.random.Generator):
+    """A compiled function of (w, table): an SGD loop on a feature Feeder and an int32 label Feeder, the loop index
+    read by the body, a captured table (a loop constant), two Receivers (one of two values); the Feeders' inputs
+    and everything delivered are recorded."""
+    feats = [rng.standard_normal((6, 4)).astype(np.float32) for _ in range(STEPS)]
+    labels = [rng.integers(0, 3, size=(6,)).astype(np.int32) for _ in range(STEPS)]
+    got: dict[str, list] = {"loss": [], "pair": []}
+
+    def fn(w, table):
+        w = w * 1
+        it_x, it_y = iter(feats), iter(labels)
+
+        def body(i):
+            x = nf.Feeder(lambda: next(it_x), shape=[6, 4], name="x")
+            y = nf.Feeder(lambda: next(it_y), shape=[6], dtype=nf.int32, name="y")
+            target = nf.index_select(table, 0, y) * (1.0 + 0.1 * i.cast(nf.float32))
+            loss, g = nf.value_and_grad(lambda v: ((nf.tanh(x @ v) - target) ** 2).mean())(w)
+            w.assign(w - 0.3 * g)
+            nf.Receiver(lambda v: got["loss"].append(float(v)), [loss], name="loss")
+            nf.Receiver(lambda a, b: got["pair"].append((a, b)), [g, i], name="pair")
+
+        nf.loop(STEPS, body)
+        return w
+
+    return fn, got
+
+
+def _args(rng: np.random.Generator) -> list[np.ndarray]:
+    return [(rng.standard_normal((4, 2)) * 0.5).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)]
+
+
+def test_a_streamed_loop_matches_the_interpreter(backend: str, rng: np.random.Generator):
+    seed = int(rng.integers(1 << 31))
+    results = {}
+    for b in ("reference", backend):
+        r = np.random.default_rng(seed)
+        fn, got = _model(r)
+        w = nf.compile(fn, backend=b)(*_args(r))
+        results[b] = (w, got)
+    (w_ref, ref), (w, got) = results["reference"], results[backend]
+    np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-5, atol=1e-6)
+    assert len(got["pair"]) == STEPS
+    for (g, i), (g_ref, i_ref) in zip(got["pair"], ref["pair"]):
+        np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-6)
+        assert i.dtype == np.int64 and int(i) == int(i_ref)
+    assert [int(i) for _, i in got["pair"]] == list(range(STEPS))
+
+
+def test_the_step_is_compiled_once_and_called_per_iteration(backend: str, rng: np.random.Generator,
+                                                            caplog: pytest.LogCaptureFixture):
+    fn, _ = _model(rng)
+    graph = nf.compile(fn).trace(*_args(rng))
+    (loop,) = streamed_loops(graph)
+    with caplog.at_level(logging.INFO, logger="nnforge.codegen"):
+        program = build_program(backend, graph)
+    if backend == "reference":
+        assert isinstance(program, ReferenceProgram)
+        return
+    assert isinstance(program, StreamedProgram)
+    step = program.steps[id(loop)]
+    assert isinstance(step.program, CompiledProgram)  # generated code, not the interpreter
+    assert [f.attrs["name"] for f in step.feeders] == ["x", "y"]
+    assert [(r.attrs["name"], m) for r, m in step.receivers] == [("loss", 1), ("pair", 2)]
+    assert any("runs its step as compiled code" in r.getMessage() for r in caplog.records)
+
+
+def test_streams_nested_deeper_keep_the_loop_interpreted(backend: str, rng: np.random.Generator):
+    """A Feeder in an inner nf.loop: the outer loop is not a compiled step (the interpreter runs both, with their
+    threads), and the values are right."""
+    batches = [rng.standard_normal(3).astype(np.float32) for _ in range(6)]
+    feed = iter(batches)
+
+    def fn(x):
+        x = x * 1
+
+        def outer():
+            nf.loop(2, lambda: x.assign(x + nf.Feeder(lambda: next(feed), shape=[3], name="inner")))
+            x.assign(x * 0.5)
+
+        nf.loop(3, outer)
+        return x
+
+    x0 = rng.standard_normal(3).astype(np.float32)
+    f = nf.compile(fn, backend=backend)
+    assert not streamed_loops(f.trace(x0))
+    want = x0.copy()
+    for k in range(3):
+        want = (want + batches[2 * k] + batches[2 * k + 1]) * 0.5
+    np.testing.assert_allclose(f(x0), want, rtol=1e-6)
+
+
+def test_random_draws_in_a_compiled_step_are_fresh_each_iteration(backend: str):
+    """Each call of the step draws anew (the C program's seed comes from the session's generator per call), and
+    nf.manual_seed repeats the run."""
+
+    def run() -> list[np.ndarray]:
+        seen: list[np.ndarray] = []
+
+        def fn(x):
+            x = x * 1
+
+            def body():
+                noise = nf.rand([64])
+                x.assign(x + noise)
+                nf.Receiver(lambda v: seen.append(v), [noise])
+
+            nf.loop(4, body)
+            return x
+
+        nf.manual_seed(1234)
+        out = nf.compile(fn, backend=backend)(np.zeros(64, np.float32))
+        np.testing.assert_allclose(out, sum(seen), rtol=1e-5)
+        return seen
+
+    first, again = run(), run()
+    assert all(((v >= 0) & (v < 1)).all() for v in first)
+    assert all(not np.array_equal(first[k], first[k + 1]) for k in range(3))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_step_the_backend_cannot_compile_still_runs(backend: str, rng: np.random.Generator):
+    """A float16 step has no C spelling: the CPU backend interprets it (with its warning) and the loop is right."""
+    feed = iter([rng.standard_normal(5).astype(np.float16) for _ in range(3)])
+    batches: list[np.ndarray] = []
+
+    def take() -> np.ndarray:
+        batches.append(next(feed))
+        return batches[-1]
+
+    def fn(x):
+        x = x * 1
+        nf.loop(3, lambda: x.assign(x + nf.Feeder(take, shape=[5], dtype=nf.float16, name="half")))
+        return x
+
+    x0 = rng.standard_normal(5).astype(np.float16)
+    out = nf.compile(fn, backend=backend)(x0)
+    want = x0
+    for b in batches:
+        want = (want + b).astype(np.float16)
+    np.testing.assert_array_equal(out, want)
+
