@@ -11,7 +11,7 @@ from ..ir.verify import verify
 from ..schedule import Target
 from .biases import biases_into_scans
 from .cse import cse
-from .dce import dce
+from .dce import dce, pure_loops
 from .hoist import hoist
 from .products import shared_weight_products, sums_of_products
 from .reductions import hoist_reductions
@@ -35,6 +35,7 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
     """The passes that only matter for compiled code (they may reassociate float sums), with ``target``'s
     thresholds: a backend runs these after ``PIPELINE``."""
     return (
+        ("pure_loops", pure_loops),  # an nf.loop that calls no Python is compiled, not a side effect
         ("sigmoid_forms", sigmoid_forms),
         # first: a scan rid of its weight-gradient sums may split by rows, which decides how much of the carry-free
         # work hoist lifts out

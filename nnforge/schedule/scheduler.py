@@ -270,7 +270,9 @@ class _Scheduler:
             results.append(self.scratch(dt, shape, dest.get(id(pj)) if pj is not None else None))
         length = n.srcs[nc].shape[0] if is_scan and nx else a["length"]
         per_row = set(split.per_row) if split else set()
-        resident = frozenset(id(body.inputs[k]) for k in range(nc + nx, len(n.srcs)) if k not in per_row)
+        # the loop invariants: source k is body input k, after an nf.loop's iteration index where it has one
+        first = 0 if is_scan or not a["with_index"] else 1
+        resident = frozenset(id(body.inputs[first + k]) for k in range(nc + nx, len(n.srcs)) if k not in per_row)
         ins = [ChunkedInput(k, chunk_steps(view, self.target), self.chunk_gemm(p, root, view, g), view)
                for _, k, view, root, p in chunked]
         return Loop(n, tuple(results), length, bool(is_scan and a["reverse"]),

@@ -1,7 +1,8 @@
-"""nf.loop under a compiled backend. One that calls Feeders and Receivers runs its body as the backend's step
-program, one call per iteration (nnforge/codegen/streamed.py). Checked against the reference interpreter per
-element, on every backend, with the loop index, several Feeders and Receivers, loop constants and random draws;
-and that the step really is compiled where it can be and interpreted where its streams sit deeper."""
+"""nf.loop under a compiled backend. One that calls no Python is compiled as a loop of its own (``passes.dce.
+pure_loops``); one that calls Feeders and Receivers runs its body as the backend's step program, one call per
+iteration (nnforge/codegen/streamed.py). Checked against the reference interpreter per element, on every backend,
+with the loop index, several Feeders and Receivers, loop constants and random draws; and that the loop or step
+really is compiled where it can be and interpreted where its streams sit deeper."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import nnforge as nf
 from nnforge.codegen import build_program
 from nnforge.codegen.reference import ReferenceProgram
 from nnforge.codegen.streamed import StreamedProgram, streamed_loops
+from nnforge.ir.ops import Op
+from nnforge.passes.dce import pure_loops
 from nnforge.runtime.program import CompiledProgram
 
 STEPS = 7
@@ -162,3 +165,58 @@ def test_a_step_the_backend_cannot_compile_still_runs(backend: str, rng: np.rand
         want = (want + b).astype(np.float16)
     np.testing.assert_array_equal(out, want)
 
+
+def test_a_loop_that_calls_no_python_is_compiled_as_a_loop(backend: str, rng: np.random.Generator,
+                                                          caplog: pytest.LogCaptureFixture):
+    """Five SGD steps over a captured dataset indexed by the loop counter, no Feeder or Receiver: on the CPU the
+    whole function is one C program (a loop in it), not the interpreter; every backend agrees with the
+    reference."""
+    data = rng.standard_normal((5, 8, 4)).astype(np.float32)
+    target = rng.standard_normal((5, 8, 1)).astype(np.float32)
+
+    def fn(w):
+        w = w * 1
+
+        def body(i):
+            x = nf.index_select(data, 0, i.reshape(1)).reshape(8, 4)
+            y = nf.index_select(target, 0, i.reshape(1)).reshape(8, 1)
+            g = nf.grad(lambda v: ((nf.tanh(x @ v) - y) ** 2).mean())(w)
+            w.assign(w - 0.5 * g)
+
+        nf.loop(5, body)
+        return w
+
+    w0 = (rng.standard_normal((4, 1)) * 0.5).astype(np.float32)
+    f = nf.compile(fn, backend=backend)
+    with caplog.at_level(logging.WARNING):
+        got = f(w0)
+    np.testing.assert_allclose(got, nf.compile(fn)(w0), rtol=1e-5, atol=1e-6)
+    graph = f.trace(w0)
+    assert [e.op for e in graph.effects] == [Op.LOOP] and not pure_loops(graph).effects
+    if backend == "cpu":
+        assert isinstance(build_program("cpu", graph), CompiledProgram)
+        assert not [r for r in caplog.records if "reference interpreter" in r.getMessage()]
+
+
+def test_loops_that_call_python_stay_effects(rng: np.random.Generator):
+    """A Receiver in the body, or a Feeder in a scan nested in it, keeps the loop an effect."""
+    feed = iter([np.ones(2, np.float32)] * 4)
+
+    def with_receiver(x):
+        x = x * 1
+        nf.loop(2, lambda: (x.assign(x + 1), nf.Receiver(lambda v: None, [x])))
+        return x
+
+    def with_nested_feeder(x):
+        x = x * 1
+
+        def body():
+            _, ys = nf.scan(lambda c, t: (c, c + nf.Feeder(lambda: next(feed), shape=[2])), x, nf.zeros([2, 2]))
+            x.assign(ys.sum(0))
+
+        nf.loop(2, body)
+        return x
+
+    for fn in (with_receiver, with_nested_feeder):
+        graph = nf.compile(fn).trace(np.zeros(2, np.float32))
+        assert pure_loops(graph) is graph and graph.effects

@@ -23,6 +23,7 @@ import numpy as np
 
 from ...ir.lengths import loop_length_symbols
 from ...ir.node import Graph
+from ...ir.ops import Op
 from ...passes import pipeline, run_pipeline
 from ...schedule import Program, Target, Unsupported, schedule
 from .program import TritonProgram, load_module, source_key
@@ -107,6 +108,9 @@ class TritonBackend:
             raise Unsupported("Triton needs a CUDA device or TRITON_INTERPRET=1")
         graph = prepare(graph, self.target)
         try:
+            loops = [n for n in graph.order if n.op == Op.LOOP]
+            if loops:  # an nf.loop the compiled-code passes freed of its effect root (passes.dce.pure_loops)
+                raise Unsupported(f"nf.loop at {loops[0].loc} is not rendered by the Triton backend")
             program = schedule(graph, self.target)
         except Unsupported as e:  # the shared policy: what no kernel can run (effects) runs on the interpreter
             from ..reference import ReferenceProgram
