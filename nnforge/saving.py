@@ -235,6 +235,7 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
     def program(p: Any) -> Any:
         from .codegen.c.program import CProgram
         from .codegen.reference import ReferenceProgram
+        from .codegen.streamed import StreamedProgram
         from .codegen.triton.program import TritonProgram, source_key
 
         if isinstance(p, CProgram):
@@ -246,6 +247,8 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
             return SavedTriton(flatten_graph(p.graph), key, tuple(p.kernels), tuple(p.dynamic), tuple(p.data))
         if isinstance(p, ReferenceProgram):
             return SavedReference(flatten_graph(p.graph))
+        if isinstance(p, StreamedProgram):
+            flatten_graph(p.graph)  # raises: its loops call Python (Feeders, Receivers)
         raise NNForgeError(f"save: programs of type {type(p).__name__} cannot be saved")
 
     def function(f: CompiledFunction) -> SavedFunction:

@@ -238,6 +238,17 @@ def test_what_cannot_be_saved_is_refused(backend: str, rng: np.random.Generator,
         with_receiver.save(tmp_path / "x.nfp")
     assert not (tmp_path / "x.nfp").exists()
 
+    @nf.compile(backend=backend)
+    def streamed(x):  # a loop whose step is compiled, called by the host once per iteration
+        x = x * 1
+        nf.loop(2, lambda: x.assign(x + nf.Feeder(lambda: np.ones(3, np.float32), shape=[3])))
+        return x
+
+    np.testing.assert_array_equal(streamed(np.zeros(3, np.float32)), np.full(3, 2, np.float32))
+    with pytest.raises(NNForgeError, match=r"calls Python functions \(a Feeder created at .*test_save_load"):
+        streamed.save(tmp_path / "x.nfp")
+    assert not (tmp_path / "x.nfp").exists()
+
 
 def test_torch_autograd_through_a_loaded_program(backend: str, rng: np.random.Generator, tmp_path: Path) -> None:
     import torch
