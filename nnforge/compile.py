@@ -304,6 +304,7 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Tr
             out = fn(*args, **kwargs)
     finally:
         baked_symbols.reset(token)
+    left = [(t, t._grad) for t, _ in sc.grads_set.values()]  # what the function leaves in .grad
     for t, g in sc.grads_set.values():
         t._grad = g
     out_leaves, out_def = flatten(out, _is_leaf)
@@ -323,6 +324,7 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Tr
     for t, before in sc.assigned.values():
         t._rebind(before)
     graph = Graph(placeholders, outs + new_nodes, sc.effects)
+    _warn_lost_grads(fn, left, graph)
     captured = _captured(graph, state)
     mapping = {id(n): placeholder(n.shape, n.dtype, f"param{k}") for k, (n, _) in enumerate(captured)}
     graph = substitute(graph, mapping)
@@ -330,6 +332,21 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Tr
     implicit = [weakref.ref(t) for _, t in captured]
     state_refs = [(weakref.ref(t), len(outs) + i) for i, (t, _) in enumerate(state)]
     return Traced(graph, out_def, implicit, state_refs, len(outs), baked)
+
+
+def _warn_lost_grads(fn: Callable, left: list[tuple[Tensor, Any]], graph: Graph) -> None:
+    """Warn when ``fn`` leaves gradients in ``.grad`` that nothing it returns or updates uses (a ``backward()``
+    whose result is meant for an optimizer stepped outside): a compiled call does not write ``.grad`` back, so
+    without this the optimizer would silently step with the gradients from before the call (or none)."""
+    used = {id(n) for n in graph.order}
+    lost = [t for t, g in left if isinstance(g, Tensor) and id(g.node) not in used]
+    if lost:
+        names = ", ".join(repr(t.name) if t.name else f"[{', '.join(map(str, map(int, t.shape)))}]" for t in lost[:4])
+        more = f" and {len(lost) - 4} more" if len(lost) > 4 else ""
+        warnings.warn(f"compile: {_name(fn)} leaves gradients in .grad of {len(lost)} tensor(s) ({names}{more}) that "
+                      "nothing it returns or updates uses; a compiled call does not write .grad back, so they are "
+                      "lost. Step the optimizer inside the compiled function, or return the gradients "
+                      "(nf.grad / nf.value_and_grad)", stacklevel=7)  # the caller of __call__ / trace
 
 
 def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:

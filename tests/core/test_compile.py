@@ -325,3 +325,40 @@ def test_state_written_back_keeps_each_steps_values(backend: str, rng: np.random
         ((x @ w2) ** 2).sum().backward()
         opt2.step()
     np.testing.assert_allclose(w2.numpy(), copies[-1], rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_left_unused_in_grad_are_a_warning(backend: str, rng: np.random.Generator):
+    """A compiled call does not write ``.grad`` back: a function whose ``backward()`` feeds nothing it returns or
+    updates (an optimizer stepped outside it) is told so at trace time, naming the tensors; a training step that
+    uses its gradients inside is not."""
+    from nnforge.nn import optim
+
+    w = nf.tensor(rng.standard_normal((3, 1)).astype(np.float32), requires_grad=True)
+    w.name = "w"
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+
+    def backward_only(x):
+        loss = (x @ w).sum()
+        loss.backward()
+        return loss
+
+    with pytest.warns(UserWarning, match=r"backward_only leaves gradients in \.grad of 1 tensor\(s\) \('w'\)") as rec:
+        nf.compile(backward_only, backend=backend)(x)
+    assert rec[0].filename == __file__  # pointed at the caller's line
+    assert w.grad is None
+
+    model = nfnn.Linear(3, 1)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+
+    def train(x):
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nf.compile(train, backend=backend)(x)
