@@ -59,6 +59,14 @@ class _Entry:
     n_out: int
     programs: dict[tuple, Callable] = field(default_factory=dict)
     epoch: int = 0                   # the session's grad_epoch after tracing: which tensors were parameters then
+    grads: list[tuple[weakref.ref, int | None]] = field(default_factory=list)  # .grad written back (None: cleared)
+    grad_reads: list[weakref.ref] = field(default_factory=list)  # tensors whose .grad is read (after ``implicit``)
+    presence: tuple[tuple[weakref.ref, bool], ...] = ()  # whether each .grad the trace depends on was set
+
+    def grads_as_traced(self) -> bool:
+        """Whether every ``.grad`` whose presence the trace depends on (gradients accumulate onto it) is set or
+        unset now as it was then: if not, the call needs a trace of its own."""
+        return all((t := r()) is None or (t._grad is not None) == had for r, had in self.presence)
 
     def matches(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> bool:
         if treedef != self.treedef or dts != self.dtypes or statics != self.statics:
@@ -135,6 +143,8 @@ class CompiledFunction:
             if t is None:
                 raise NNForgeError("a tensor captured by the compiled function no longer exists")
             implicit.append(t.numpy())
+        for ref in entry.grad_reads:  # set: grads_as_traced() chose this entry
+            implicit.append(ref().grad.numpy())
         tensors = _on_device(program, leaves, arrays)
         if tensors is not None:  # torch tensors where the program runs: passed and returned without host copies
             outs = program.call_tensors(tensors + implicit)
@@ -145,6 +155,10 @@ class CompiledFunction:
             t = ref()
             if t is not None:
                 t._rebind(adopt(to_numpy(outs[i]), self._loc))
+        for ref, i in entry.grads:
+            t = ref()
+            if t is not None:
+                t._grad = None if i is None else Tensor(adopt(to_numpy(outs[i]), self._loc))
         outs = outs[:entry.n_out]
         as_torch = any(is_torch(v) for v in leaves)
         return unflatten(entry.out_def, [o if is_torch(o) else to_torch(o) if as_torch else o for o in outs])
@@ -181,7 +195,8 @@ class CompiledFunction:
         dts = tuple(None if a is None else a.dtype.str for a in arrays)
         shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
         self._drop_stale_entries()
-        entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics)), None)
+        entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics) and e.grads_as_traced()),
+                     None)
         if entry is None:
             entry = self._on_miss(leaves, treedef, arrays, dts, shapes, statics)
             self._entries.append(entry)
@@ -207,6 +222,10 @@ class CompiledFunction:
         if not same:
             return
         prev = same[-1]
+        if shapes == prev.shapes:
+            log.info("%s: traced again (trace %d): a .grad its gradients accumulate onto is %s now", _name(self.fn),
+                     self.trace_count + 1, "set" if prev.presence and not prev.presence[0][1] else "unset")
+            return
         changed = [f"arg{i}.shape[{ax}] {b} -> {a}" for i, (new, old) in enumerate(zip(shapes, prev.shapes))
                    for ax, (a, b) in enumerate(zip(new, old)) if a != b and len(new) == len(old)]
         msg = (f"{_name(self.fn)}: traced again (trace {self.trace_count + 1}) because input sizes changed: "
@@ -227,7 +246,8 @@ class CompiledFunction:
         log.info("%s: traced in %.3f s (%d nodes), passes in %.3f s", _name(self.fn), traced - start,
                  len(t.graph.order), time.perf_counter() - traced)
         generic = _generic_axes(graph, shapes, t.baked)
-        return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out)
+        return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out,
+                      grads=t.grads, grad_reads=t.grad_reads, presence=t.presence)
 
 
 def _name(fn: Callable) -> str:
@@ -260,6 +280,9 @@ class Traced(NamedTuple):
     state: list[tuple[weakref.ref, int]]     # tensors written back from output index
     n_out: int                               # outputs the caller sees (state outputs follow)
     baked: set[str]                          # size symbols used as Python floats during the trace
+    grads: list[tuple[weakref.ref, int | None]]  # .grad written back from output index (None: set to None)
+    grad_reads: list[weakref.ref]            # tensors whose .grad is read at call time (after ``implicit``)
+    presence: tuple[tuple[weakref.ref, bool], ...]  # whether each .grad the trace depends on was set
 
 
 def _stand_in(t: Any) -> np.ndarray:
@@ -304,9 +327,10 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Tr
             out = fn(*args, **kwargs)
     finally:
         baked_symbols.reset(token)
-    left = [(t, t._grad) for t, _ in sc.grads_set.values()]  # what the function leaves in .grad
-    for t, g in sc.grads_set.values():
-        t._grad = g
+    # .grad the function set: (tensor, before the call, what it leaves, whether it first cleared it)
+    grads = [(t, before, t._grad, id(t) in sc.grads_cleared) for t, before in sc.grads_set.values()]
+    for t, before, _, _ in grads:
+        t._grad = before
     out_leaves, out_def = flatten(out, _is_leaf)
     outs = []
     for v in out_leaves:
@@ -323,30 +347,28 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Tr
     new_nodes = [t.node for t, _ in state]
     for t, before in sc.assigned.values():
         t._rebind(before)
-    graph = Graph(placeholders, outs + new_nodes, sc.effects)
-    _warn_lost_grads(fn, left, graph)
+    # .grad the function leaves set is written back after each call, as in-place updates are (extra outputs after
+    # them); what it accumulated onto is read at call time, and its presence then must be what it was now.
+    left = [g.node for _, _, g, _ in grads if isinstance(g, Tensor)]
+    graph = Graph(placeholders, outs + new_nodes + left, sc.effects)
     captured = _captured(graph, state)
+    used = {id(n) for n in graph.order}
+    known = {id(n) for n, _ in captured}
+    reads = [(b.node, t) for t, b, _, cleared in grads
+             if not cleared and isinstance(b, Tensor) and id(b.node) in used and id(b.node) not in known]
+    presence = tuple((weakref.ref(t), b is not None) for t, b, _, cleared in grads
+                     if not cleared and (b is None or id(b.node) in used))
     mapping = {id(n): placeholder(n.shape, n.dtype, f"param{k}") for k, (n, _) in enumerate(captured)}
+    mapping.update({id(n): placeholder(n.shape, n.dtype, f"grad{k}") for k, (n, _) in enumerate(reads)})
     graph = substitute(graph, mapping)
-    graph = Graph(tuple(graph.inputs) + tuple(mapping[id(n)] for n, _ in captured), graph.outputs, graph.effects)
+    graph = Graph(tuple(graph.inputs) + tuple(mapping[id(n)] for n, _ in [*captured, *reads]), graph.outputs,
+                  graph.effects)
     implicit = [weakref.ref(t) for _, t in captured]
     state_refs = [(weakref.ref(t), len(outs) + i) for i, (t, _) in enumerate(state)]
-    return Traced(graph, out_def, implicit, state_refs, len(outs), baked)
-
-
-def _warn_lost_grads(fn: Callable, left: list[tuple[Tensor, Any]], graph: Graph) -> None:
-    """Warn when ``fn`` leaves gradients in ``.grad`` that nothing it returns or updates uses (a ``backward()``
-    whose result is meant for an optimizer stepped outside): a compiled call does not write ``.grad`` back, so
-    without this the optimizer would silently step with the gradients from before the call (or none)."""
-    used = {id(n) for n in graph.order}
-    lost = [t for t, g in left if isinstance(g, Tensor) and id(g.node) not in used]
-    if lost:
-        names = ", ".join(repr(t.name) if t.name else f"[{', '.join(map(str, map(int, t.shape)))}]" for t in lost[:4])
-        more = f" and {len(lost) - 4} more" if len(lost) > 4 else ""
-        warnings.warn(f"compile: {_name(fn)} leaves gradients in .grad of {len(lost)} tensor(s) ({names}{more}) that "
-                      "nothing it returns or updates uses; a compiled call does not write .grad back, so they are "
-                      "lost. Step the optimizer inside the compiled function, or return the gradients "
-                      "(nf.grad / nf.value_and_grad)", stacklevel=7)  # the caller of __call__ / trace
+    k = iter(range(len(outs) + len(state), len(outs) + len(state) + len(left)))
+    grad_refs = [(weakref.ref(t), next(k) if isinstance(g, Tensor) else None) for t, _, g, _ in grads]
+    return Traced(graph, out_def, implicit, state_refs, len(outs), baked, grad_refs,
+                  [weakref.ref(t) for _, t in reads], presence)
 
 
 def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:

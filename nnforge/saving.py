@@ -254,6 +254,9 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
     def function(f: CompiledFunction) -> SavedFunction:
         entries = []
         for e in f._entries:
+            if e.grad_reads:
+                raise NNForgeError(f"save: {f.__qualname__} accumulates gradients onto .grad values it reads at call "
+                                   "time; clear them in the function (opt.zero_grad()) to save it")
             progs = []
             seen: dict[int, Any] = {}
             for key, p in e.programs.items():  # one runtime-size program may serve several keys: saved once

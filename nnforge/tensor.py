@@ -143,7 +143,10 @@ class Tensor:
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
         sc = session().scope
-        sc.grads_set.setdefault(id(self), (self, self._grad))
+        if id(self) not in sc.grads_set:
+            sc.grads_set[id(self)] = (self, self._grad)
+            if value is None:  # zero_grad(): what came before no longer matters
+                sc.grads_cleared.add(id(self))
         self._grad = value
 
     def detach(self) -> Tensor:

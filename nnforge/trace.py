@@ -33,6 +33,7 @@ class Scope:
     effectful: set[int] = field(default_factory=set)         # ids of RAND/FEEDER nodes created here
     assigned: dict[int, tuple[Tensor, Node]] = field(default_factory=dict)  # id(tensor) -> (tensor, node before)
     grads_set: dict[int, tuple[Tensor, object]] = field(default_factory=dict)  # id(tensor) -> (tensor, grad before)
+    grads_cleared: set[int] = field(default_factory=set)  # ids of tensors whose first .grad write here was None
 
 
 @dataclass(eq=False)
