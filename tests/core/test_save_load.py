@@ -249,6 +249,21 @@ def test_what_cannot_be_saved_is_refused(backend: str, rng: np.random.Generator,
         streamed.save(tmp_path / "x.nfp")
     assert not (tmp_path / "x.nfp").exists()
 
+    w = nf.tensor(np.ones((3, 1), np.float32), requires_grad=True)
+    w.grad = nf.tensor(np.ones((3, 1), np.float32))
+
+    @nf.compile(backend=backend)
+    def accumulate(x):  # its gradients add to the .grad set before the call, read at call time
+        loss = (x @ w).sum()
+        loss.backward()
+        return loss
+
+    accumulate(np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(w.grad.numpy(), np.full((3, 1), 3, np.float32))
+    with pytest.raises(NNForgeError, match=r"accumulate accumulates gradients onto \.grad values it reads"):
+        accumulate.save(tmp_path / "x.nfp")
+    assert not (tmp_path / "x.nfp").exists()
+
 
 def test_torch_autograd_through_a_loaded_program(backend: str, rng: np.random.Generator, tmp_path: Path) -> None:
     import torch
