@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..interop.convert import to_numpy, to_torch
 from ..ir.loops import placeholder
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
@@ -99,16 +100,12 @@ class CompiledStep:
 
 def call_inputs(program: Any, arrays: list[Any]) -> list[Any]:
     """Arrays as tensors on a device program's device, moved once rather than on every call."""
-    import torch
-
-    return [torch.from_numpy(np.ascontiguousarray(a)).to(program.device) for a in arrays]
+    return [to_torch(a).to(program.device) for a in arrays]
 
 
 def host_copy(value: Any) -> np.ndarray:
     """A value as a numpy array of its own (a Receiver keeps what it is given)."""
-    if isinstance(value, np.ndarray):
-        return np.array(value, copy=True)
-    return value.detach().cpu().numpy().copy()
+    return np.array(to_numpy(value), copy=True)
 
 
 class StreamedProgram:

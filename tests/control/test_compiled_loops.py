@@ -24,14 +24,15 @@ STEPS = 7
 
 def _model(rng: np.random.Generator):
     """A compiled function of (w, table): an SGD loop on a feature Feeder and an int32 label Feeder, the loop index
-    read by the body, a captured table (a loop constant), two Receivers (one of two values); the Feeders' inputs
-    and everything delivered are recorded."""
+    read by the body, a captured table (a loop constant), a 0-d state (the losses' running sum), two Receivers (one
+    of two values); the Feeders' inputs and everything delivered are recorded."""
     feats = [rng.standard_normal((6, 4)).astype(np.float32) for _ in range(STEPS)]
     labels = [rng.integers(0, 3, size=(6,)).astype(np.int32) for _ in range(STEPS)]
     got: dict[str, list] = {"loss": [], "pair": []}
 
     def fn(w, table):
         w = w * 1
+        total = (w * 0).sum()
         it_x, it_y = iter(feats), iter(labels)
 
         def body(i):
@@ -40,11 +41,12 @@ def _model(rng: np.random.Generator):
             target = nf.index_select(table, 0, y) * (1.0 + 0.1 * i.cast(nf.float32))
             loss, g = nf.value_and_grad(lambda v: ((nf.tanh(x @ v) - target) ** 2).mean())(w)
             w.assign(w - 0.3 * g)
+            total.assign(total + loss)
             nf.Receiver(lambda v: got["loss"].append(float(v)), [loss], name="loss")
             nf.Receiver(lambda a, b: got["pair"].append((a, b)), [g, i], name="pair")
 
         nf.loop(STEPS, body)
-        return w
+        return w, total
 
     return fn, got
 
@@ -59,10 +61,11 @@ def test_a_streamed_loop_matches_the_interpreter(backend: str, rng: np.random.Ge
     for b in ("reference", backend):
         r = np.random.default_rng(seed)
         fn, got = _model(r)
-        w = nf.compile(fn, backend=b)(*_args(r))
-        results[b] = (w, got)
-    (w_ref, ref), (w, got) = results["reference"], results[backend]
+        w, total = nf.compile(fn, backend=b)(*_args(r))
+        results[b] = (w, total, got)
+    (w_ref, total_ref, ref), (w, total, got) = results["reference"], results[backend]
     np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
+    assert total.shape == () and abs(float(total) - float(total_ref)) < 1e-5 * abs(float(total_ref))
     np.testing.assert_allclose(got["loss"], ref["loss"], rtol=1e-5, atol=1e-6)
     assert len(got["pair"]) == STEPS
     for (g, i), (g_ref, i_ref) in zip(got["pair"], ref["pair"]):
