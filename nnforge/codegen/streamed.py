@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..interop.convert import to_numpy, to_torch
-from ..ir.loops import placeholder
+from ..ir.loops import calls_python, placeholder
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from ..passes.rewrite import substitute
@@ -35,23 +35,15 @@ from .streams import LoopStreams, deliver, fetch
 
 log = logging.getLogger("nnforge.codegen")
 
-_STREAMS = (Op.FEEDER, Op.RECEIVER)
-
-
-def _nested_streams(g: Graph) -> bool:
-    """Whether a Feeder or Receiver sits in a body nested in ``g`` (a scan's or an inner loop's)."""
-    for n in g.order:
-        body = n.attrs.get("body") if n.op in (Op.SCAN, Op.LOOP) else None
-        if body is not None and (any(m.op in _STREAMS for m in body.order) or _nested_streams(body)):
-            return True
-    return False
-
-
 def streamed_loops(graph: Graph) -> list[Node]:
     """The top-level ``nf.loop`` nodes of ``graph`` whose bodies call Feeders or Receivers directly, and no
     deeper: the loops whose steps can run as compiled programs."""
-    return [n for n in graph.order if n.op == Op.LOOP and any(m.op in _STREAMS for m in n.attrs["body"].order)
-            and not _nested_streams(n.attrs["body"])]
+
+    def direct_only(body: Graph) -> bool:
+        nested = [m.attrs["body"] for m in body.order if m.op in (Op.SCAN, Op.LOOP)]
+        return calls_python(body) and not any(map(calls_python, nested))
+
+    return [n for n in graph.order if n.op == Op.LOOP and direct_only(n.attrs["body"])]
 
 
 def step_graph(loop: Node) -> tuple[Graph, tuple[Node, ...], tuple[tuple[Node, int], ...]]:

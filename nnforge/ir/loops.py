@@ -57,6 +57,13 @@ def close_body(placeholders: Sequence[Node], outputs: Sequence[Node], effects: S
     return Graph(inputs, outs, body_effects), consts
 
 
+def calls_python(g: Graph) -> bool:
+    """Whether ``g``, or a scan or loop body nested in it, has a Feeder or Receiver: code that calls Python on
+    every evaluation (what keeps an ``nf.loop`` a side effect, and decides how a backend runs it)."""
+    return any(n.op in (Op.FEEDER, Op.RECEIVER)
+               or (n.op in (Op.SCAN, Op.LOOP) and calls_python(n.attrs["body"])) for n in g.order)
+
+
 def scan_node(init: Sequence[Node], xs: Sequence[Node], carry_ph: Sequence[Node], x_ph: Sequence[Node],
               new_carry: Sequence[Node], ys: Sequence[Node], length: Any, reverse: bool = False,
               unroll: int = 1) -> list[Node]:

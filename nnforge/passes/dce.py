@@ -11,6 +11,7 @@ first.
 from __future__ import annotations
 
 from ..ir.build import make, rebuild
+from ..ir.loops import calls_python
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 
@@ -66,23 +67,10 @@ def _prune(n: Node, srcs: tuple[Node, ...], read: set[int]) -> tuple[Node, dict[
     return node, {**at, **{i: at[j] for i, j in same.items() if j in at}}
 
 
-def _calls_python(g: Graph) -> bool:
-    """Whether ``g`` or a body nested in it has effects or Feeders (calls into Python)."""
-    if g.effects:
-        return True
-    for n in g.order:
-        if n.op == Op.FEEDER:
-            return True
-        body = n.attrs.get("body") if n.op in (Op.SCAN, Op.LOOP) else None
-        if body is not None and _calls_python(body):
-            return True
-    return False
-
-
 def pure_loops(graph: Graph) -> Graph:
     """Drop from the graph's effects each ``nf.loop`` whose body calls no Python (no Receiver, no Feeder, at any
     depth): such a loop is a value, computed where its results are read (the state a compiled function returns
     or writes back), and one whose results nobody reads has no effect anyone could see. Compiled code then runs
     it as a loop of its own instead of sending the whole graph to the interpreter."""
-    keep = tuple(e for e in graph.effects if e.op != Op.LOOP or _calls_python(e.attrs["body"]))
+    keep = tuple(e for e in graph.effects if e.op != Op.LOOP or calls_python(e.attrs["body"]))
     return graph if keep == graph.effects else Graph(graph.inputs, graph.outputs, keep)
