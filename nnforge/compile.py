@@ -10,6 +10,7 @@ back after each call, so a compiled training step behaves like the eager one.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import sys
@@ -222,9 +223,9 @@ class CompiledFunction:
         if not same:
             return
         prev = same[-1]
-        if shapes == prev.shapes:
-            log.info("%s: traced again (trace %d): a .grad its gradients accumulate onto is %s now", _name(self.fn),
-                     self.trace_count + 1, "set" if prev.presence and not prev.presence[0][1] else "unset")
+        if shapes == prev.shapes:  # only grads_as_traced() differs
+            log.info("%s: traced again (trace %d): a .grad its gradients accumulate onto was set or cleared since",
+                     _name(self.fn), self.trace_count + 1)
             return
         changed = [f"arg{i}.shape[{ax}] {b} -> {a}" for i, (new, old) in enumerate(zip(shapes, prev.shapes))
                    for ax, (a, b) in enumerate(zip(new, old)) if a != b and len(new) == len(old)]
@@ -365,8 +366,8 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Tr
                   graph.effects)
     implicit = [weakref.ref(t) for _, t in captured]
     state_refs = [(weakref.ref(t), len(outs) + i) for i, (t, _) in enumerate(state)]
-    k = iter(range(len(outs) + len(state), len(outs) + len(state) + len(left)))
-    grad_refs = [(weakref.ref(t), next(k) if isinstance(g, Tensor) else None) for t, _, g, _ in grads]
+    slot = itertools.count(len(outs) + len(state))  # the outputs of ``left``, in order
+    grad_refs = [(weakref.ref(t), next(slot) if isinstance(g, Tensor) else None) for t, _, g, _ in grads]
     return Traced(graph, out_def, implicit, state_refs, len(outs), baked, grad_refs,
                   [weakref.ref(t) for _, t in reads], presence)
 
