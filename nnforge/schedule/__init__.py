@@ -2,7 +2,7 @@
 and recorded in a ``Program`` that renderers walk."""
 
 # ``Target`` first: the passes the scheduler builds on import it from here.
-from .target import Target, Unsupported
+from .target import Target, Unsupported, gemm_tile
 
 # isort: split
 from .program import (
@@ -26,5 +26,5 @@ from .program import (
 from .scheduler import schedule
 
 __all__ = ["Block", "Buf", "ChunkedInput", "Concat", "Copy", "Elementwise", "Gemm", "Kernel", "Loop", "Program",
-           "Random", "Reduce", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program", "schedule",
-           "stored_node"]
+           "Random", "Reduce", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program", "gemm_tile",
+           "schedule", "stored_node"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Iterator
 
 from ..dtypes import DType
@@ -49,7 +50,7 @@ from .program import (
     SlicedGemm,
 )
 from .registers import register_body_refusal
-from .target import Target, Unsupported
+from .target import Target, Unsupported, gemm_tile
 
 log = logging.getLogger("nnforge.schedule")
 
@@ -352,12 +353,24 @@ class _Scheduler:
 
     def row_block(self, split: RowSplit) -> int:
         """Rows per pass through a row-split body (0: all of a worker's rows at once). A body of several kernels
-        (a layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) runs one ``target.row_block``
-        of rows at a time, so what one kernel writes the next reads from L1; one fused kernel gains nothing."""
+        (a layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) runs a few rows at a time, so
+        what one kernel writes the next reads from L1: whole register tiles of its GEMMs (``gemm_tile``: 4 rows
+        where an H = 96 step's tile has 4, not 6 that would leave 2 to a remainder tile), else
+        ``target.row_block``; one fused kernel gains nothing."""
         g = self.grouping(split.body)
         kernels = [m for m in split.body.order if m.op not in (Op.INPUT, Op.DATA, Op.PROJ) and id(m) not in g.alias
                    and g.is_stored(m)]
-        return self.target.row_block if len(kernels) > 1 else 0
+        if len(kernels) <= 1 or not self.target.row_block:
+            return 0
+        widths = {id(sg.gemm): sg.width for sg in g.sliced}
+        rows = [gemm_tile(self.target, m.dtype, self._static(m.srcs[0].shape[-1]),
+                          self._static(widths.get(id(m), m.shape[-1])))[0]
+                for m in split.body.order if m.op == Op.MATMUL and self.target.gemm_tiles]
+        return math.lcm(*rows) if rows else self.target.row_block
+
+    def _static(self, d: object) -> int | None:
+        """Size ``d`` where it is known when compiling (no run-time symbol, not the split batch), else None."""
+        return None if free_symbols(d) & (self.dynamic | {ROWS}) else int(d)
 
 
 def find_chunked(graph: Graph, g: Grouping,

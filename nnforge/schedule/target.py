@@ -37,7 +37,8 @@ class Target:
     tensor shapes), so ``max_split_weight_bytes`` counts the weights padded so.
     ``row_split``: whether loops may be split by rows at all (off: every loop work-shared, for comparisons).
     ``row_block``: rows per pass through a row-split body of several kernels (what one kernel writes, the next
-    reads from the nearest cache); 0 runs a worker's rows at once.
+    reads from the nearest cache) where ``gemm_tiles`` does not say (a body without GEMMs); 0 runs a worker's rows
+    at once.
     ``pack_a_min_k``: a GEMM outside loops whose A is read down its columns (a weight gradient's xᵀ) is run with
     A packed per worker in K slices from this K (None: never); ``pack_a_min_m``: likewise any GEMM from this many
     rows (None: never); ``k_slice``: K per slice of a packed-A GEMM storing its own sums (0: no K split).
@@ -48,6 +49,9 @@ class Target:
     so only bodies that ``registers.register_body_refusal`` accepts are split.
     ``random``: the backend draws random numbers itself (``Random`` kernels); without it a graph that draws any
     runs on the reference interpreter.
+    ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
+    in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
+    per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
     """
 
     name: str
@@ -66,9 +70,25 @@ class Target:
     steps_in_registers: bool = False
     pow2_weights: bool = False
     random: bool = False
+    gemm_tiles: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
                       "max_chunk_steps", "row_block", "k_slice"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
+        if self.gemm_tiles and self.gemm_tiles[-1][0] != 0:
+            raise ValueError(f"Target {self.name!r}: the last of gemm_tiles must take any K (max K 0), got "
+                             f"{self.gemm_tiles}")
+
+
+def gemm_tile(target: Target, dtype: DType, k: int | None, width: int | None) -> tuple[int, int]:
+    """(rows, columns) of the register tile a GEMM of ``dtype`` runs on, given its K and the columns its tiles cover
+    (a sliced GEMM's slice width), None where known only at run time: the first of ``target.gemm_tiles`` whose max
+    K is at least K and whose tile rows fit the width whole (a partial tile would run its epilogue element by
+    element), else the last."""
+    for max_k, rows, row_bytes in target.gemm_tiles:
+        cols = row_bytes // dtype.itemsize
+        if max_k == 0 or (k is not None and width is not None and k <= max_k and width % cols == 0):
+            return rows, cols
+    raise ValueError(f"Target {target.name!r} has no GEMM tiles")

@@ -17,9 +17,11 @@ from test_gemm import ln_lstm_step
 from test_scan import lstm
 
 import nnforge as nf
+from nnforge.codegen.c.gemm import GemmConfig
 from nnforge.schedule import Block, Elementwise, Gemm, Loop, schedule
 
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
+ROWS = GemmConfig().mr  # rows per pass: one 6 x 16 tile (these widths are not whole 24-column tiles)
 
 
 def ln_lstm(x, h0, c0, w_ih, w_hh, b):
@@ -86,7 +88,7 @@ def _split(loop: Loop) -> bool:
 def test_lstm_rows(rng: np.random.Generator, N: int, dt) -> None:
     args = _lstm_args(rng, 5, N, 7, 9, dt)
     (loop,) = _loops(lstm, args)
-    assert _split(loop) and loop.row_block == 6  # the sliced GEMM's c and h: two kernels, a 6-row block each pass
+    assert _split(loop) and loop.row_block == ROWS  # the sliced GEMM's c and h: two kernels, a 6-row tile each pass
     _check(lstm, args, dt)
 
 
@@ -94,7 +96,7 @@ def test_lstm_rows(rng: np.random.Generator, N: int, dt) -> None:
 def test_layer_norm_lstm_reverse_and_wide_outputs(rng: np.random.Generator, N: int) -> None:
     args = _lstm_args(rng, 6, N, 5, 8)
     (loop,) = _loops(ln_lstm, args)
-    assert _split(loop) and loop.row_block == 6 and loop.reverse
+    assert _split(loop) and loop.row_block == ROWS and loop.reverse
     _check(ln_lstm, args)
 
 
@@ -102,7 +104,7 @@ def test_layer_norm_lstm_reverse_and_wide_outputs(rng: np.random.Generator, N: i
 def test_gru_with_per_row_mask_and_passed_through_carry(rng: np.random.Generator, N: int) -> None:
     args = _gru_args(rng, 4, N, 6, 10)
     (loop,) = _loops(gru_masked, args)
-    assert _split(loop) and loop.row_block == 6 and loop.parallel.per_row  # the mask is read row by row
+    assert _split(loop) and loop.row_block == ROWS and loop.parallel.per_row  # the mask is read row by row
     _check(gru_masked, args)
 
 

@@ -8,21 +8,36 @@ import pytest
 from test_scan import lstm
 
 import nnforge as nf
+from nnforge.codegen.c.gemm import GemmConfig
 from nnforge.ir.dims import symbol_name
 from nnforge.schedule import Gemm, Loop, SlicedGemm
 
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
 SIZES = [(1, 1, 1), (1, 7, 1), (5, 1, 3), (7, 17, 13), (6, 16, 16), (13, 33, 31), (64, 1, 50), (97, 130, 200),
-         (200, 96, 40), (9, 21, 19), (14, 12, 9), (16, 40, 24)]  # every remainder of the 6-row kernel
+         (200, 96, 40), (9, 21, 19), (14, 12, 9), (16, 40, 24), (11, 5, 47), (4, 300, 30), (1, 9, 24), (7, 17, 48),
+         (13, 5, 72), (22, 256, 24), (5, 257, 48)]
+# every row remainder of the 6-row kernel, and of the 4-row one on its 4 x 24 tile (widths of whole 24-column
+# tiles, K up to narrow_k = 256); K on both sides of it
+TILES = {"default": GemmConfig(), "6x16": GemmConfig(narrow_k=0)}
 
 
+def _cpu(cfg: GemmConfig, fn, *args):
+    """``fn`` built by the C backend with these tiles (not a tuned configuration from the cache)."""
+    from nnforge.codegen.c import CpuBackend
+
+    be = CpuBackend(gemm=cfg)
+    be._gemm_for = lambda _g: cfg
+    return be(nf.compile(fn).trace(*args))(list(args))
+
+
+@pytest.mark.parametrize("tiles", TILES)
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 @pytest.mark.parametrize("m,k,n", SIZES)
-def test_gemm_odd_sizes(m, k, n, dt):
+def test_gemm_odd_sizes(m, k, n, dt, tiles):
     rng = np.random.default_rng(m * 1000 + k * 10 + n)
     a, b, c = (rng.standard_normal(s).astype(dt) for s in [(m, k), (k, n), (n, k)])
-    got = nf.compile(lambda x, y, z: (x @ y, x @ z.T, (x @ y) * 2.0 + 1.0), backend="cpu")(a, b, c)
+    got = _cpu(TILES[tiles], lambda x, y, z: (x @ y, x @ z.T, (x @ y) * 2.0 + 1.0), a, b, c)
     tol = 2e-5 if dt == np.float32 else 1e-12
     for g, w in zip(got, (a @ b, a @ c.T, (a @ b) * 2 + 1)):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol * np.sqrt(k))
@@ -37,17 +52,21 @@ def test_gemm_transposed_a_batched_and_k_zero():
     np.testing.assert_array_equal(nf.compile(lambda x, y: x @ y, backend="cpu")(*z), np.zeros((4, 3)))
 
 
+@pytest.mark.parametrize("n", [40, 48])
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
-def test_plain_product_tiles_are_stored_in_place(rng: np.random.Generator, dt):
-    """A product with no epilogue: its full tiles (every column of the panel, 2, 4 or 6 rows: a row count some
-    micro-kernel computes exactly) are written by the micro-kernel straight into the result, row stride N; the
-    other tiles (1, 3, 5 rows; the partial last panel) go through the register tile. Batched, 20 = 6 + 6 + 6 + 2
-    and 17 = 6 + 6 + 5 rows, 40 = 16 + 16 + 8 columns, against numpy; an epilogue keeps the register tile."""
+def test_plain_product_tiles_are_stored_in_place(rng: np.random.Generator, dt, n: int):
+    """A product with no epilogue: its full tiles (every column of the panel, and a row count some micro-kernel
+    computes exactly: 2, 4 or 6 rows on the 6 x 16 tile of 40 columns, 2 or 4 on the 4 x 24 tile of 48) are written
+    by the micro-kernel straight into the result, row stride N; the other tiles (1, 3, 5 rows; the partial last
+    panel of 8 columns) go through the register tile. Batched, 20 and 17 rows (every remainder of both tiles),
+    against numpy; an epilogue keeps the register tile."""
     from test_vector_tiles import _source
 
-    b = rng.standard_normal((9, 40)).astype(dt)
+    b = rng.standard_normal((9, n)).astype(dt)
     src = _source(lambda x, y: x @ y, rng.standard_normal((3, 20, 9)).astype(dt), b)
-    assert "(mr_ == 2 || mr_ == 4 || mr_ == 6)) { nf_ukr_" in src and ", 40); continue; }" in src
+    mr, ukr = (6, "nf_ukr_f") if n == 40 else (4, "nf_ukr_4x")
+    exact = " || ".join(f"mr_ == {m}" for m in (2, 4, 6) if m <= mr)
+    assert f"({exact})) {{ {ukr}" in src and f", {n}); continue; }}" in src
     assert "continue; }" not in _source(lambda x, y: (x @ y) * 2.0, rng.standard_normal((20, 9)).astype(dt), b)
     tol = 2e-5 if dt == np.float32 else 1e-12
     for m in (20, 17):
@@ -139,3 +158,28 @@ def test_rnn_step_is_one_fused_kernel(kind):
     assert symbol_name(loop.length) is not None                   # a real loop with a run-time trip count
     (scan,) = [k for k in low.listing if k.kind == "scan"]
     assert "for tt" in scan.note and "S[0]" in scan.note          # rendered as one C loop, no unrolling
+
+
+def test_each_gemm_gets_the_tile_of_its_k(rng: np.random.Generator) -> None:
+    """K up to ``narrow_k`` over whole 24-column tiles (a recurrent step at H = 96) runs on the 4 x 24 tile; a
+    larger or run-time K, or a width of partial 24-column tiles, on the 6 x 16 one; ``narrow_k=0`` keeps every GEMM
+    on 6 x 16. The source holds the micro-kernels of the tiles its GEMMs use and no others (an elementwise
+    program none)."""
+    from test_vector_tiles import _source
+
+    from nnforge.codegen.c import cpu_target
+    from nnforge.schedule import gemm_tile
+
+    t = cpu_target()
+    assert gemm_tile(t, nf.float32, 96, 384) == (4, 24) and gemm_tile(t, nf.float64, 256, 36) == (4, 12)
+    wide = [(nf.float32, 257, 96), (nf.float32, None, 96), (nf.float32, 96, 64), (nf.float32, 96, None)]
+    assert [gemm_tile(t, *w) for w in wide] == [(6, 16)] * 4 and gemm_tile(t, nf.float64, 300, 5) == (6, 8)
+    assert gemm_tile(cpu_target(GemmConfig(narrow_k=0)), nf.float32, 96, 96) == (6, 16)
+    a, small, large = (rng.standard_normal(s).astype(np.float32) for s in [(8, 300), (96, 48), (300, 96)])
+    src = _source(lambda x, w, v: (x[:, :96] @ w, x @ v, x[:, :96] @ w[:, :32]), a, small, large)
+    assert "nf_ukr_4x24_f32(96," in src and "nf_ukr_f32(300," in src and "nf_ukr_f32(96," in src
+    assert "_f64(" not in src
+    from nnforge.codegen.c import lower, prepare
+
+    whole = lower(prepare(nf.compile(lambda x: nf.tanh(x) * 2.0).trace(a))).source()
+    assert "nf_ukr" not in whole and "nf_pack" not in whole

@@ -13,6 +13,7 @@ from nnforge.codegen.c.gemm import GemmConfig
 
 needs_cpu = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 PACKED = GemmConfig(pack_a=True, mca=12, kc=40, packed_a_min_m=8)
+PACKED_6X16 = GemmConfig(pack_a=True, mca=12, kc=40, packed_a_min_m=8, narrow_k=0)  # small K on the 6 x 16 tile
 
 
 def _run(fn, cfg: GemmConfig, *args):
@@ -24,10 +25,11 @@ def _run(fn, cfg: GemmConfig, *args):
 @needs_cpu
 @pytest.mark.parametrize("m,k,n", [(37, 41, 19), (13, 97, 33), (50, 7, 17), (12, 80, 16)])
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
-def test_packed_a_gemm_with_epilogue(m, k, n, dt):
+@pytest.mark.parametrize("cfg", [PACKED, PACKED_6X16], ids=["4x24", "6x16"])
+def test_packed_a_gemm_with_epilogue(m, k, n, dt, cfg):
     rng = np.random.default_rng(m + k + n)
     a, w, b = (rng.standard_normal(s).astype(dt) for s in [(m, k), (n, k), (n,)])
-    (got,) = _run(lambda x, y, z: nf.tanh(x @ y.T + z), PACKED, a, w, b)
+    (got,) = _run(lambda x, y, z: nf.tanh(x @ y.T + z), cfg, a, w, b)
     tol = 1e-4 if dt == np.float32 else 1e-10
     np.testing.assert_allclose(got, np.tanh(a @ w.T + b), rtol=tol, atol=tol)
 
@@ -43,10 +45,11 @@ def test_packed_a_gemm_cast_epilogue_does_not_split_k():
 @needs_cpu
 def test_packed_a_only_outside_loops_and_when_enabled():
     rng = np.random.default_rng(2)
-    a, w = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((30, 20)).astype(np.float32)
+    a, w = rng.standard_normal((40, 30)).astype(np.float32), rng.standard_normal((30, 24)).astype(np.float32)
     g = prepare(nf.compile(lambda x, y: x @ y, backend="reference").trace(a, w))
-    assert "nf_ukrp_f32(k1_" in lower(g, PACKED).text
-    assert "nf_ukrp_f32(k1_" not in lower(g, GemmConfig()).text
+    assert "nf_ukrp_4x24_f32(k1_" in lower(g, PACKED).text  # K = 30, 24 columns: the 4 x 24 tile
+    assert "nf_ukrp_f32(k1_" in lower(g, PACKED_6X16).text
+    assert "(k1_" not in lower(g, GemmConfig()).text
 
 
 def test_tune_gemm_searches_axes_and_caches(tmp_path, monkeypatch):

@@ -58,16 +58,17 @@ def _lstm_args(rng: np.random.Generator, H: int, T: int = 6, N: int = 7, I: int 
     return [(rng.standard_normal(s) * 0.5).astype(np.float32) for s in shapes]
 
 
-@pytest.mark.parametrize("H", [16, 40])
+@pytest.mark.parametrize("H", [16, 24, 40])
 def test_lstm_step_runs_on_its_register_tiles(rng: np.random.Generator, H: int) -> None:
     """The step kernel's gates come from the micro-kernel's tiles straight into the vector cell update (no
-    store of the [N, 4H] gate matrix); H = 40 adds a partial tile (scalar), which H = 16 cannot have: its scalar
-    form is not printed. Against the reference backend."""
+    store of the [N, 4H] gate matrix); H = 40 adds a partial tile (scalar, on the 6 x 16 tile), which H = 16
+    (6 x 16) and H = 24 (4 x 24) cannot have: their scalar form is not printed. Against the reference backend."""
     args = _lstm_args(rng, H)
     src = _source(lstm, *args)
-    step = src[src.index("nf_ukr_f32(", src.index(" < S[0]; ")):]  # the time loop's kernels
+    nr = 24 if H % 24 == 0 else 16  # the 4 x 24 tile where H is whole 24-column tiles (K = H <= 256)
+    step = src[src.index(f"nf_ukr{'_4x24' if nr == 24 else ''}_f32(", src.index(" < S[0]; ")):]  # the time loop's
     assert "nf_vsigmoidf" in step and "nf_vtanhf" in step
-    assert ("nf_sigmoidf(" in step) == (H % 16 != 0)
+    assert ("nf_sigmoidf(" in step) == (H % nr != 0)
     assert not re.search(rf"\[\(\w+\) \* {4 * H} \+[^\]]*\] = ", step)  # no [N, 4H] gate matrix is stored
     want = nf.compile(lstm)(*args)
     for g, w in zip(nf.compile(lstm, backend="cpu")(*args), want):
@@ -101,7 +102,7 @@ def exp_gate_lstm(x, h0, c0, w_ih, w_hh, b):
 def test_tile_without_a_vector_form_stays_scalar(rng: np.random.Generator) -> None:
     args = _lstm_args(rng, 32)
     src = _source(exp_gate_lstm, *args)
-    assert "nf_ukr_f32(" in src and "expf(" in src and "nf_vsigmoidf" not in src
+    assert re.search(r"nf_ukr(_4x24)?_f32\(", src) and "expf(" in src and "nf_vsigmoidf" not in src
     want = nf.compile(exp_gate_lstm)(*args)
     for g, w in zip(nf.compile(exp_gate_lstm, backend="cpu")(*args), want):
         np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6)

@@ -77,7 +77,7 @@ def test_the_backend_renders_with_the_target_the_passes_used(rng: np.random.Gene
     target = low.program.target
     assert target == cpu_target(gemm) and target.min_split_rows == 2 * gemm.mr
     (loop,) = low.program.loops()
-    assert loop.parallel is not None and loop.row_block == gemm.mr
+    assert loop.parallel is not None and loop.row_block == gemm.mr  # H = 8: the 6 x 16 tile
     (note,) = [k.note for k in low.listing if k.kind == "scan"]
     assert "batch rows split" in note  # and the C renders the recorded split
 

@@ -211,3 +211,17 @@ def test_the_c_renderer_refuses_a_gemm_tile_vector_form_it_cannot_spell(rng: np.
                                                              for k in p.block.kernels)))
     with pytest.raises(NNForgeError, match="no vector form"):
         Lowering(forced, Sizes([])).source()
+
+
+def test_a_row_split_pass_is_whole_tiles_of_its_gemms(rng: np.random.Generator) -> None:
+    """An H = 24 step runs on the 4 x 24 tile (K = 24, whole 24-column slices), so its passes are 4 rows (6 would
+    leave 2 rows of each pass to the remainder tile); at H = 8, on the 6 x 16 tile, 6 rows; a target that names no
+    tiles keeps its ``row_block``, and a tile list must end with one for any K."""
+    (narrow,) = _program(lstm, _lstm_args(rng, 20, 16, 5, 24)).loops()
+    assert narrow.parallel is not None and narrow.row_block == 4
+    (wide,) = _program(lstm, _lstm_args(rng, 20, 16, 5, 8)).loops()
+    assert wide.parallel is not None and wide.row_block == 6
+    (untiled,) = _program(lstm, _lstm_args(rng, 20, 16, 5, 24), replace(cpu_target(), gemm_tiles=())).loops()
+    assert untiled.row_block == 6
+    with pytest.raises(ValueError, match="max K 0"):
+        replace(cpu_target(), gemm_tiles=((96, 4, 96),))

@@ -39,8 +39,9 @@ def emit_chunk(low: Lowering, em: Emitter, c: ChunkedInput, ctx: GraphCtx, chunk
         return epilogue([idx[0] + var(lo) * sz.expr(c.view.shape[1]), *idx[1:]], acc, lanes, lane)
 
     columns = [("0", sz(p.shape[-1]))]
-    buf, _ = low.packed_b(p, vb, columns, resident=False)
-    pack_panels(low, before, p.dtype, sz(p.srcs[0].shape[-1]), vb, columns, buf, shared=True)
+    tile = low.tile(p, p.shape[-1])
+    buf, _ = low.packed_b(p, tile, vb, columns, resident=False)
+    pack_panels(low, before, tile, sz(p.srcs[0].shape[-1]), vb, columns, buf, shared=True)
     outer = low.sizes
     low.sizes = _with_steps(outer, length_dim, count)
     try:

@@ -57,12 +57,37 @@ _CHAINS = 8
 
 
 @dataclass(frozen=True)
+class Tile:
+    """The register tile of one GEMM's micro-kernel: ``mr`` x ``nr`` accumulators of ``dtype``; ``tag`` tells its C
+    functions (micro-kernels, packing) from those of the other tile shape."""
+
+    dtype: DType
+    mr: int
+    nr: int
+    tag: str = ""
+
+    def fn(self, name: str) -> str:
+        """The C name of this tile's function ``name`` (``ukr``, ``ukr2``, ``pack``...)."""
+        return f"nf_{name}{self.tag}_{_sfx(self.dtype)}"
+
+
+@dataclass(frozen=True)
 class GemmConfig:
-    """Tile sizes: ``mr`` x ``nr`` accumulators; ``mc`` rows and ``nc`` columns per thread work item."""
+    """Tile sizes: ``mr`` x ``nr`` accumulators (``nr32`` float32 columns, half as many float64 ones); ``mc`` rows
+    and ``nc`` columns per thread work item."""
 
     mr: int = 6
     nr32: int = 16
-    nr64: int = 8
+    # A GEMM whose K is at most ``narrow_k`` and whose columns (per slice) are whole 24-column tiles (a recurrent
+    # step's h @ W_hh at H = 96) uses 4 x 24 tiles: as many accumulators (12) with one load fewer per k (3 B
+    # vectors + 4 broadcasts against 2 + 6), and the rows a thread has in a step (8 or 32 of a batch of 16 or 64)
+    # are whole blocks of 4 where 6-row blocks leave 2 to a slower remainder kernel. Its 24-column B panel slice
+    # (K x 96 bytes) fits L1 beside A up to K ~ 256; above, the 6 x 16 tile wins (standalone step products at
+    # K = 512: 87 against 91 GFLOP/s). A partial tile would run its epilogue in scalar code (and make gcc compile
+    # both forms): H = 64 stays on 6 x 16. 0 turns it off. The schedule chooses (``Target.gemm_tiles``).
+    narrow_k: int = 256
+    narrow_mr: int = 4
+    narrow_nr32: int = 24
     nc: int = 64
     mc: int = 96
     # The large-M GEMM (a scan's hoisted input projection, T * N rows) with A packed per thread in MCA x KC
@@ -83,8 +108,10 @@ class GemmConfig:
     row_split: bool = True
     share_buffers: bool = True  # workspace buffers with disjoint lifetimes share memory (``memplan``)
 
-    def nr(self, dt: DType) -> int:
-        return self.nr32 if dt == DType.float32 else self.nr64
+    def tiles(self) -> tuple[tuple[int, int, int], ...]:
+        """``Target.gemm_tiles``: (max K, rows, bytes of a tile row) of the 4 x 24 tile, then of the 6 x 16 one."""
+        narrow = ((self.narrow_k, self.narrow_mr, 4 * self.narrow_nr32),) if self.narrow_k else ()
+        return (*narrow, (0, self.mr, 4 * self.nr32))
 
 
 def _sfx(dt: DType) -> str:
@@ -133,9 +160,10 @@ def _row_kernels(mr: int) -> list[int]:
     return [m for m in (2, 4) if m < mr] + [mr]
 
 
-def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
-    """Micro-kernel and B packing for one dtype, written with GCC vector extensions (AVX2/FMA under
-    -march=native; still correct, just slower, elsewhere)."""
+def _kernel_fns(tile: Tile) -> str:
+    """Micro-kernels and packing for one tile, written with GCC vector extensions (AVX2/FMA under -march=native;
+    still correct, just slower, elsewhere)."""
+    dt, mr, nr = tile.dtype, tile.mr, tile.nr
     ct, sfx = ctype(dt), _sfx(dt)
     lanes = 8 if dt == DType.float32 else 4
     vt = f"nf_v{lanes}{sfx}"
@@ -154,17 +182,17 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
                                                   "ldo")
 
     for m in small:
-        L += strided(f"nf_ukr{m}_{sfx}", m, [])
+        L += strided(tile.fn(f"ukr{m}"), m, [])
     L.append("/* out[r * ldo + c] = (A[mr rows, K] @ P)[r, c] (P one packed panel [K][NR]), r < the row count of the")
     L.append("   kernel that runs (2, 4 or MR: the rows past mr repeat row mr - 1). */")
-    L += strided(f"nf_ukr_{sfx}", mr, [f"    if (mr <= {m}) {{ nf_ukr{m}_{sfx}(K, A, sam, sak, mr, P, out, ldo); "
-                                       "return; }" for m in small])
+    L += strided(tile.fn("ukr"), mr, [f"    if (mr <= {m}) {{ {tile.fn(f'ukr{m}')}(K, A, sam, sak, mr, P, out, ldo); "
+                                      "return; }" for m in small])
     L.append(f"/* out[MR][NR] = Ap @ P: Ap one packed A micro-panel [K][{mr}], P one B panel slice [K][NR]. */")
-    L.append(f"static __attribute__((noinline)) void nf_ukrp_{sfx}(int64_t K, const {ct}* restrict Ap, "
+    L.append(f"static __attribute__((noinline)) void {tile.fn('ukrp')}(int64_t K, const {ct}* restrict Ap, "
              f"const {ct}* restrict P, {ct}* restrict out) {{")
     L += _ukr_body(ct, vt, mr, nr, nv, lanes, lambda r, k: f"Ap[{k} * {mr} + {r}]", str(nr))
     L.append(f"/* Ap[p][k][r] = A[p*{mr} + r, k] for the rows < m (0 beyond): {mr}-row micro-panels of an A block. */")
-    L.append(f"static __attribute__((noinline)) void nf_packa_{sfx}(int64_t m, int64_t K, const {ct}* A, "
+    L.append(f"static __attribute__((noinline)) void {tile.fn('packa')}(int64_t m, int64_t K, const {ct}* A, "
              f"int64_t sam, int64_t sak, {ct}* restrict Ap) {{")
     L.append(f"    for (int64_t p = 0; p * {mr} < m; p++) {{")
     L.append(f"        if (sam == 1 && m - p * {mr} >= {mr}) {{  /* A transposed (x_tᵀ of a weight gradient) */")
@@ -184,7 +212,7 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     L.append("    }")
     L.append("}")
     L.append(f"/* P[k][c] = B[k, c] for c < ncols, 0 beyond: one zero-padded panel of {nr} columns. */")
-    L.append(f"static __attribute__((noinline)) void nf_pack_{sfx}(int64_t K, const {ct}* B, int64_t sbk, "
+    L.append(f"static __attribute__((noinline)) void {tile.fn('pack')}(int64_t K, const {ct}* B, int64_t sbk, "
              f"int64_t sbn, int64_t ncols, {ct}* restrict P) {{")
     L.append(f"    if (ncols < {nr} || sbn != 1) for (int64_t k = 0; k < K; k++) for (int c = 0; c < {nr}; c++) "
              f"P[k * {nr} + c] = 0;")
@@ -199,8 +227,9 @@ def _kernel_fns(dt: DType, mr: int, nr: int) -> str:
     return "\n".join(L)
 
 
-def gemm_prelude(cfg: GemmConfig) -> str:
-    return "\n".join([_kernel_fns(DType.float32, cfg.mr, cfg.nr32), _kernel_fns(DType.float64, cfg.mr, cfg.nr64)])
+def gemm_prelude(tiles: Sequence[Tile]) -> str:
+    """The micro-kernels and packing of each tile the program's GEMMs use."""
+    return "\n".join(_kernel_fns(t) for t in tiles)
 
 
 Epilogue = Callable[[list[Expr], str, int, str], tuple[list[str], list[str], str]]
@@ -222,14 +251,13 @@ def check_dtype(p: Node) -> None:
         raise Unsupported(f"matmul in {p.dtype} runs on the reference backend")
 
 
-def pack_panels(low: Lowering, em: Emitter, dt: DType, K: str, src: View, columns: Sequence[tuple[str, str]],
+def pack_panels(low: Lowering, em: Emitter, tile: Tile, K: str, src: View, columns: Sequence[tuple[str, str]],
                 dst: str, shared: bool = False) -> None:
     """Loop packing panels of the B view ``src`` ([K, N] in its last two axes): panel q holds ``columns[q % len]``
     shifted by ``(q // len) * NR``; ``columns`` are (first column, width) pairs of C expressions, all of one width.
     Work-shared among the threads unless the code around it runs on one thread's rows (``low.serial``); ``shared``
     forces sharing (packing before a loop)."""
-    nr = low.gemm.nr(dt)
-    sfx = _sfx(dt)
+    nr = tile.nr
     sz = low.sizes
     b, off, (sbk, sbn) = src[0], src[1], src[2][-2:]
     q = em.fresh("q")
@@ -247,7 +275,7 @@ def pack_panels(low: Lowering, em: Emitter, dt: DType, K: str, src: View, column
         em(f"const int64_t blk = {q} / {per}, g = {q} % {per};",
            f"const int64_t c0s[{per}] = {{{starts}}}, wid[{per}] = {{{widths}}};",
            f"const int64_t left = wid[g] - blk * {nr};",
-           f"nf_pack_{sfx}({K}, {b} + {sz.index(first)}, {sz.index(sbk)}, {sz.index(sbn)}, "
+           f"{tile.fn('pack')}({K}, {b} + {sz.index(first)}, {sz.index(sbk)}, {sz.index(sbn)}, "
            f"left < {nr} ? left : {nr}, {dst} + {q} * ({K}) * {nr});")
 
 
@@ -264,7 +292,8 @@ def emit_gemm(low: Lowering, em: Emitter, p: Node, views: Sequence[View], out: s
     epilogue's vector form (``Gemm.lanes``)."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
-    nr = cfg.nr(p.dtype)
+    tile = low.tile(p, p.shape[-1])
+    mr, nr = tile.mr, tile.nr
     batch = p.shape[:-2]
     M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
     (pa, oa, sa), (pb, ob, sb) = views
@@ -278,11 +307,11 @@ def emit_gemm(low: Lowering, em: Emitter, p: Node, views: Sequence[View], out: s
     npan = em.fresh("np")
     em(f"const int64_t {npan} = ({N} + {nr - 1}) / {nr};")
     if packed is None:
-        pack_panels(low, em, p.dtype, K, (pb, ob, sb), [("0", N)], scratch)
+        pack_panels(low, em, tile, K, (pb, ob, sb), [("0", N)], scratch)
         packed = scratch
     pack_a = pack_a and not batch
-    rows = max(cfg.mr, cfg.mca // cfg.mr * cfg.mr) if pack_a else cfg.mc
-    nest = Nest(p.dtype, M, K, A, sa[-2], sa[-1], packed, N, npan, rows, max(1, cfg.nc // nr),
+    rows = max(mr, cfg.mca // mr * mr) if pack_a else cfg.mc
+    nest = Nest(tile, M, K, A, sa[-2], sa[-1], packed, N, npan, rows, max(1, cfg.nc // nr),
                 pack_a=pack_a, k_split=pack_a and k_split, full=_full_tiles(sz.expr(p.shape[-1]), nr))
     dims = [sz.expr(d) for d in p.shape]
     stored: list[str] = []
@@ -324,14 +353,14 @@ def emit_gemm(low: Lowering, em: Emitter, p: Node, views: Sequence[View], out: s
 class Nest:
     """The one GEMM loop nest, and what its uses change in it.
 
-    The product: ``M`` rows, ``K``, A read in place at ``A`` (strides ``sam``, ``sak``: index expressions), B packed
-    at ``packed`` in
-    ``npan`` panels of NR of its ``width`` columns (a sliced GEMM: per slice, the slices' panels interleaved).
+    The product on ``tile``: ``M`` rows, ``K``, A read in place at ``A`` (strides ``sam``, ``sak``: index
+    expressions), B packed at ``packed`` in ``npan`` panels of NR of its ``width`` columns (a sliced GEMM: per
+    slice, the slices' panels interleaved).
     How threads share it: work items of ``rows`` rows by ``group`` panels (``rows`` None: an item is one column
     tile of every slice, over all rows: a sliced GEMM's rows are few); ``slices`` register tiles per item. Whether
     A is packed per work item (``pack_a``: the large-M / xᵀ form), and then in K slices (``k_split``)."""
 
-    dtype: DType
+    tile: Tile
     M: str
     K: str
     A: str
@@ -354,8 +383,8 @@ def _nest(low: Lowering, em: Emitter, n: Nest, body: Callable[[str, str], TileBo
     the micro-kernel into the register tiles (one per slice), then the tile body (``_for_tile``, ``lanes``
     columns at a time on a full tile). ``body(pc, nk)`` gives it, given the C names of the K slice and the slice
     count (packed A only). ``direct(i0, jp)``: where the micro-kernel stores a full tile itself (a plain product)."""
-    cfg, sfx = low.gemm, _sfx(n.dtype)
-    ct, mr, nr = ctype(n.dtype), cfg.mr, cfg.nr(n.dtype)
+    tile = n.tile
+    ct, mr, nr = ctype(tile.dtype), tile.mr, tile.nr
     M, K, A = n.M, n.K, n.A
     sam, sak = low.sizes.index(n.sam), low.sizes.index(n.sak)
 
@@ -369,7 +398,7 @@ def _nest(low: Lowering, em: Emitter, n: Nest, body: Callable[[str, str], TileBo
         assert n.rows is not None and n.slices == 1
         kc = low.program.target.k_slice
         nk, ap, mine = em.fresh("nk"), em.fresh("ap"), em.fresh("apt")
-        low.add_alloc(ap, ct, byte_size(n.rows, kc if n.k_split else K, "nf_nthreads()", n.dtype.itemsize))
+        low.add_alloc(ap, ct, byte_size(n.rows, kc if n.k_split else K, "nf_nthreads()", tile.dtype.itemsize))
         # K in nk equal slices of at most KC (384 -> 2 x 192, not 256 + 128)
         em(f"const int64_t {nk} = " + (f"(({K}) + {kc - 1}) / {kc};" if n.k_split else "1;"),
            f"{ct}* {mine} = {ap} + (int64_t)nf_thread() * {n.rows} * ((({K}) + {nk} - 1) / {nk});")
@@ -398,7 +427,8 @@ def _nest(low: Lowering, em: Emitter, n: Nest, body: Callable[[str, str], TileBo
             step = f"((({K}) + {nk} - 1) / {nk})"
             em(f"const int64_t k0_ = {pc} * {step};",
                f"const int64_t k1_ = k0_ + {step} < ({K}) ? k0_ + {step} : ({K});",
-               f"nf_packa_{sfx}(mb_, k1_ - k0_, {a_at(var(ic) * n.sam, var('k0_') * n.sak)}, {sam}, {sak}, {mine});")
+               f"{tile.fn('packa')}(mb_, k1_ - k0_, {a_at(var(ic) * n.sam, var('k0_') * n.sak)}, {sam}, {sak}, "
+               f"{mine});")
         em(f"for (int64_t {jp} = {jg}; {jp} < je_; {jp}++)")
         cols, col0 = "nr_", f"{jp} * {nr}"
     em.open(f"for (int64_t {i0} = {first}; {i0} < {end}; {i0} += {mr}) {{")
@@ -408,10 +438,10 @@ def _nest(low: Lowering, em: Emitter, n: Nest, body: Callable[[str, str], TileBo
     if n.rows is not None:
         em(f"const int nr_ = {n.width} - {jp} * {nr} < {nr} ? (int)({n.width} - {jp} * {nr}) : {nr};")
     if n.pack_a:
-        em(f"nf_ukrp_{sfx}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), {n.packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, "
-           f"{accs[0]});")
+        em(f"{tile.fn('ukrp')}(k1_ - k0_, {mine} + {i0} * (k1_ - k0_), "
+           f"{n.packed} + ({jp}) * ({K}) * {nr} + k0_ * {nr}, {accs[0]});")
     else:
-        call = f"nf_ukr_{sfx}({K}, {a_at(var(i0) * n.sam)}, {sam}, {sak}, mr_, "
+        call = f"{tile.fn('ukr')}({K}, {a_at(var(i0) * n.sam)}, {sam}, {sak}, mr_, "
         panels = [f"({jp})"] if n.rows is not None else [f"({jp} * {n.slices} + {g})" for g in range(n.slices)]
         if direct is not None:
             exact = " || ".join(f"mr_ == {m}" for m in _row_kernels(mr))
@@ -498,10 +528,11 @@ def emit_sliced(low: Lowering, em: Emitter, p: Node, a_view: View, packed: str, 
     and columns, ``values`` the slices' tile values there, ``lanes`` columns at a time where the schedule says so
     (``SlicedGemm.lanes``). The GEMM result itself is never stored: its tiles are consumed while they are in L1."""
     check_dtype(p)
-    sz, nr = low.sizes, low.gemm.nr(p.dtype)
+    sz, tile = low.sizes, low.tile(p, width)
+    nr = tile.nr
     pa, oa, sa = a_view
     A = em.fresh("A")
-    nest = Nest(p.dtype, sz(p.shape[-2]), sz(p.srcs[0].shape[-1]), A, sa[-2], sa[-1], packed, str(width),
+    nest = Nest(tile, sz(p.shape[-2]), sz(p.srcs[0].shape[-1]), A, sa[-2], sa[-1], packed, str(width),
                 f"({width} + {nr - 1}) / {nr}", None, slices=len(offsets), full=_full_tiles(as_expr(width), nr))
     em(f"const {ctype(p.dtype)}* {A} = {pa} + ({sz.index(oa)});")
     _nest(low, em, nest, lambda _pc, _nk: body, lanes)

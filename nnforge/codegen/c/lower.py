@@ -38,6 +38,7 @@ from ...schedule import (
     Reduce,
     ScatterAdd,
     SlicedGemm,
+    gemm_tile,
     stored_node,
 )
 from ...schedule.identical import step_keys
@@ -59,7 +60,7 @@ from .cexpr import (
 )
 from .chunks import emit_chunk
 from .emit import Emitter, Names
-from .gemm import Epilogue, GemmConfig, View, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
+from .gemm import Epilogue, GemmConfig, Tile, View, check_dtype, emit_gemm, emit_sliced, gemm_prelude, pack_panels
 from .memplan import slot_bytes_function
 from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope
@@ -286,6 +287,7 @@ class Lowering:
         self.graph = program.graph
         self.sizes = sizes
         self.gemm = gemm or GemmConfig()
+        self.tiles: dict[Tile, None] = {}  # the GEMM tiles used, in order: their micro-kernels go in the source
         self.names = Names()
         self.allocs: list[tuple[str, str, str]] = []
         self.lives: list[tuple[int, int]] = []  # each alloc's (first, last) top-level step
@@ -367,7 +369,7 @@ class Lowering:
         sizes_fn = ["static void nf_sizes(const int64_t* in, int64_t* S) {",
                     *(f"    S[{k}] = in[{k}];" for k in range(self.sizes.n_inputs)),
                     *(f"    {d}" for d in self.sizes.definitions()), "    (void)in; (void)S;", "}"]
-        lines = [PRELUDE, gemm_prelude(self.gemm), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
+        lines = [PRELUDE, gemm_prelude(list(self.tiles)), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
                  UNIT_MARK, *protos, *sizes_fn, *slot_fn,
                  "int64_t nf_workspace(const int64_t* in) {", f"    int64_t S[{ns}] = {{0}}, b[{nb}] = {{0}}, n = 0;",
                  "    nf_sizes(in, S);", "    nf_slot_bytes(S, b);",
@@ -792,11 +794,23 @@ class Lowering:
 
         return epilogue
 
-    def packed_b(self, p: Node, view: View, columns: Sequence[tuple[str, str]], resident: bool) -> tuple[str, bool]:
-        """B of matmul ``p`` packed into panels of ``columns``; packed once before the innermost loop when the
-        schedule says B is resident there (weights in a scan), else by the caller. Returns (buffer, hoisted)."""
+    def tile(self, p: Node, width: int) -> Tile:
+        """The register tile of matmul ``p``'s micro-kernel whose tiles cover ``width`` columns (a size: ``Dim`` or
+        int), as the schedule's ``gemm_tile`` chooses by its K and that width where they are static (the target's
+        last tile keeps the plain names); noted as used."""
+        target = self.program.target
+        mr, nr = gemm_tile(target, p.dtype, self.sizes.expr(p.srcs[0].shape[-1]).value, self.sizes.expr(width).value)
+        plain = (mr, nr * p.dtype.itemsize) == target.gemm_tiles[-1][1:]
+        tile = Tile(p.dtype, mr, nr, "" if plain else f"_{mr}x{nr}")
+        self.tiles[tile] = None
+        return tile
+
+    def packed_b(self, p: Node, tile: Tile, view: View, columns: Sequence[tuple[str, str]],
+                 resident: bool) -> tuple[str, bool]:
+        """B of matmul ``p`` packed into ``tile``'s panels of ``columns``; packed once before the innermost loop when
+        the schedule says B is resident there (weights in a scan), else by the caller. Returns (buffer, hoisted)."""
         ptr, off, st = view
-        nr = self.gemm.nr(p.dtype)
+        nr = tile.nr
         K = self.sizes(p.srcs[0].shape[-1])
         scope = self.scopes[-1] if resident else None
         key = (ptr, off, tuple(st), tuple(columns), p.dtype)
@@ -807,7 +821,7 @@ class Lowering:
         self.add_alloc(name, ct, byte_size(len(columns), ceil_div(columns[0][1], nr), K, nr, p.dtype.itemsize))
         if scope is None:
             return name, False
-        pack_panels(self, scope.pre, p.dtype, K, view, columns, name, shared=True)
+        pack_panels(self, scope.pre, tile, K, view, columns, name, shared=True)
         scope.packed[key] = name
         return name, True
 
@@ -820,7 +834,8 @@ class Lowering:
         views = self.operand_views(p, ctx)
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root, ctx, ep_info)
-        buf, hoisted = self.packed_b(p, views[1], [("0", self.sizes(p.shape[-1]))], k.b_resident)
+        buf, hoisted = self.packed_b(p, self.tile(p, p.shape[-1]), views[1], [("0", self.sizes(p.shape[-1]))],
+                                     k.b_resident)
         store = emit_gemm(self, em, p, views, out, buf if hoisted else None, buf, epilogue, k.pack_a, k.k_split,
                           also, k.lanes)
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
@@ -849,9 +864,10 @@ class Lowering:
         sz = self.sizes
         views = self.operand_views(p, ctx)
         columns = [(str(o), str(sg.width)) for o in sg.offsets]
-        buf, hoisted = self.packed_b(p, views[1], columns, k.b_resident)
+        tile = self.tile(p, sg.width)
+        buf, hoisted = self.packed_b(p, tile, views[1], columns, k.b_resident)
         if not hoisted:
-            pack_panels(self, em, p.dtype, sz(p.srcs[0].shape[-1]), views[1], columns, buf)
+            pack_panels(self, em, tile, sz(p.srcs[0].shape[-1]), views[1], columns, buf)
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root if root is not p else None, ctx, ep_info)
         outs = [place(b) for b in k.outs]

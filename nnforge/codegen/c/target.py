@@ -22,7 +22,9 @@ def cpu_target(gemm: GemmConfig | None = None) -> Target:
       and 1.09x at H = 96 / 64, T = 200, N = 64; 2026-11-26).
     * Input projections chunked by 4 MB, at most 64 steps: a chunk stays in L2/L3 between the GEMM writing it and
       the steps reading it.
-    * A row-split body of several kernels runs one micro-kernel row block (``gemm.mr`` rows) at a time.
+    * GEMM register tiles: 4 x 24 for K <= 256 over whole 24-column tiles, else 6 x 16 (``GemmConfig`` holds the
+      measurements); a row-split body of several kernels runs whole tiles of its GEMMs per pass (one 6-row block
+      where it has none).
     * Packed-A GEMMs and their K slices as ``GemmConfig`` says (its comments hold the measurements).
     * Vectors of 8 float32 (AVX2) and the elementwise ops ``cexpr`` spells in vector form.
     * Random numbers drawn in the program (``prelude.h``'s counter-based generator).
@@ -30,6 +32,7 @@ def cpu_target(gemm: GemmConfig | None = None) -> Target:
     gemm = gemm or GemmConfig()
     return Target(name="cpu", min_split_rows=2 * gemm.mr, max_split_weight_bytes=512 * 1024,
                   reduction_hoist_bytes=512 * 1024, chunk_bytes=4 * 1024 * 1024, max_chunk_steps=64,
-                  row_split=gemm.row_split, row_block=gemm.mr, pack_a_min_k=gemm.packed_a_min_k,
+                  row_split=gemm.row_split, row_block=gemm.mr, gemm_tiles=gemm.tiles(),
+                  pack_a_min_k=gemm.packed_a_min_k,
                   pack_a_min_m=gemm.packed_a_min_m if gemm.pack_a else None, k_slice=max(8, gemm.kc),
                   vector_lanes=tuple(LANES.items()), vector_ops=VECTOR_OPS, random=True)
