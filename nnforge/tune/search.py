@@ -35,7 +35,7 @@ def _time_config(cfg: GemmConfig, shapes: Sequence[tuple[int, int, int]], repeat
         b = rng.standard_normal((k, n), dtype=np.float32)
         fn = nf_compile(lambda x, y: x @ y, backend="reference")
         graph = fn.trace(a, b)
-        backend._gemm_for = lambda _g, c=cfg: c  # time this candidate, not a cached tuning result
+        backend._gemm_for = lambda _g, c=cfg: backend.resolve(c)  # this candidate, not a cached tuning result
         program = backend(graph)
         program([a, b])
         best = float("inf")

@@ -19,7 +19,9 @@ SIZES = [(1, 1, 1), (1, 7, 1), (5, 1, 3), (7, 17, 13), (6, 16, 16), (13, 33, 31)
          (13, 5, 72), (22, 256, 24), (5, 257, 48)]
 # every row remainder of the 6-row kernel, and of the 4-row one on its 4 x 24 tile (widths of whole 24-column
 # tiles, K up to narrow_k = 256); K on both sides of it
-TILES = {"default": GemmConfig(), "6x16": GemmConfig(narrow_k=0)}
+TILES = {"avx2": GemmConfig(vector_bytes=32), "6x16": GemmConfig(vector_bytes=32, narrow_k=0),
+         "avx512": GemmConfig(vector_bytes=64), "12x32": GemmConfig(vector_bytes=64, narrow_k=0)}
+# 64-byte vectors compile everywhere (two AVX2 halves without AVX-512): every tile is checked on every machine
 
 
 def _cpu(cfg: GemmConfig, fn, *args):
@@ -175,6 +177,10 @@ def test_each_gemm_gets_the_tile_of_its_k(rng: np.random.Generator) -> None:
     wide = [(nf.float32, 257, 96), (nf.float32, None, 96), (nf.float32, 96, 64), (nf.float32, 96, None)]
     assert [gemm_tile(t, *w) for w in wide] == [(6, 16)] * 4 and gemm_tile(t, nf.float64, 300, 5) == (6, 8)
     assert gemm_tile(cpu_target(GemmConfig(narrow_k=0)), nf.float32, 96, 96) == (6, 16)
+    zmm = cpu_target(GemmConfig(vector_bytes=64))  # AVX-512: 8 x 48 for narrow K over whole tiles, else 12 x 32
+    assert [gemm_tile(zmm, nf.float32, *kw) for kw in [(96, 96), (96, 384), (96, 72), (300, 96)]] == \
+        [(8, 48), (8, 48), (12, 32), (12, 32)]
+    assert gemm_tile(zmm, nf.float64, 96, 48) == (8, 24)
     a, small, large = (rng.standard_normal(s).astype(np.float32) for s in [(8, 300), (96, 48), (300, 96)])
     src = _source(lambda x, w, v: (x[:, :96] @ w, x @ v, x[:, :96] @ w[:, :32]), a, small, large)
     assert "nf_ukr_4x24_f32(96," in src and "nf_ukr_f32(300," in src and "nf_ukr_f32(96," in src
@@ -183,3 +189,22 @@ def test_each_gemm_gets_the_tile_of_its_k(rng: np.random.Generator) -> None:
 
     whole = lower(prepare(nf.compile(lambda x: nf.tanh(x) * 2.0).trace(a))).source()
     assert "nf_ukr" not in whole and "nf_pack" not in whole
+
+
+@pytest.mark.parametrize("H", [48, 40])
+def test_an_lstm_step_on_avx512_tiles(rng: np.random.Generator, H: int) -> None:
+    """With 64-byte vectors an LSTM step runs on 8 x 48 tiles (H = 48) or 12 x 32 ones (H = 40: a partial
+    tile), its remainder rows (N = 13: 8 + 4 + 1 per thread's block) on the 2-, 4- and 8-row kernels; values and
+    the carry against the reference backend, float32 and float64."""
+    from nnforge.codegen.c import CpuBackend, lower, prepare
+
+    cfg = GemmConfig(vector_bytes=64)
+    for dt, tol in ((np.float32, 3e-6), (np.float64, 1e-12)):
+        args = [(rng.standard_normal(s) * 0.5).astype(dt)
+                for s in [(6, 13, 9), (13, H), (13, H), (4 * H, 9), (4 * H, H), (4 * H,)]]
+        trace = nf.compile(lstm).trace(*args)
+        src = lower(prepare(trace, cfg), cfg).source()
+        assert ("nf_v16f32" if dt == np.float32 else "nf_v8f64") in src.split("nf_ukr", 1)[1]
+        be = CpuBackend(gemm=cfg)
+        for got, want in zip(be(trace)(list(args)), nf.compile(lstm)(*args)):
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import nnforge as nf
-from nnforge.codegen.c import lower, prepare
+from nnforge.codegen.c import _shown_config, lower, prepare
 from nnforge.codegen.c.target import cpu_target
 from nnforge.passes import pipeline, run_pipeline
 from nnforge.schedule import Copy, Elementwise, Gemm, Random, Reduce, SlicedGemm, Unsupported, schedule
@@ -31,7 +31,8 @@ def test_an_lstm_layer_prints_its_decisions(rng: np.random.Generator) -> None:
     text = nf.show(nf.compile(lstm), *args, stage="scheduled")
     lines = text.splitlines()
     assert lines[0] == "program for target cpu"
-    assert lines[1].startswith("  scan over T steps, rows split among workers (batch 16, 6 rows per pass) -> (")
+    rows = 12 if _shown_config().vector_bytes == 64 else 6  # H = 8: the general tile, by the compiler's vectors
+    assert lines[1].startswith(f"  scan over T steps, rows split among workers (batch 16, {rows} rows per pass) -> (")
     assert lines[2] == ("    every 64 steps, input 0: gemm+add -> b0: f32[1024, 32]  [B resident across steps; tiles 8 "
                         "columns at a time]")
     assert lines[3].startswith("    gemm+add+sigmoid+mul+tanh -> out1: f32[16, 8], out0: f32[16, 8] (and out2)  "

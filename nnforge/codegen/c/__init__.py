@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -87,20 +87,39 @@ class CpuBackend:
         return CProgram(graph, lib, key, low.sizes, [n.attrs["array"] for n in low.data], low.listing, low.text)
 
     def _gemm_for(self, graph: Graph) -> GemmConfig:
+        """The tile configuration to build with: a tuned one from the cache, else this backend's; its vector width
+        the compiler's widest where it says 0."""
         from ...tune import load_gemm_config
 
-        return load_gemm_config() or self.gemm
+        return self.resolve(load_gemm_config() or self.gemm)
+
+    def resolve(self, cfg: GemmConfig) -> GemmConfig:
+        """``cfg`` with its vector width decided: the compiler's widest where it says 0."""
+        return cfg if cfg.vector_bytes else replace(cfg, vector_bytes=self.toolchain.vector_bytes)
+
+
+def _shown_config() -> GemmConfig:
+    """The tiles ``nf.show`` shows: those the registered ``cpu`` backend builds with (its vector width is the C
+    compiler's), the AVX2 ones where it has no compiler."""
+    from .. import BACKENDS
+
+    be = BACKENDS.get("cpu")
+    if isinstance(be, CpuBackend) and be.available:
+        return be.resolve(be.gemm)
+    return GemmConfig(vector_bytes=32)
 
 
 def fused_listing(graph: Graph) -> str:
     """``nf.show(stage="fused")``: the scheduled IR and its kernels, for an optimized graph."""
-    return format_listing(lower(prepare(graph)).listing)
+    gemm = _shown_config()
+    return format_listing(lower(prepare(graph, gemm), gemm).listing)
 
 
 def scheduled(graph: Graph) -> str:
     """``nf.show(stage="scheduled")``: the backend-neutral program the CPU target schedules for an optimized
     graph (the C backend renders exactly this)."""
-    return str(schedule(prepare(graph), cpu_target()))
+    gemm = _shown_config()
+    return str(schedule(prepare(graph, gemm), cpu_target(gemm)))
 
 
 def format_listing(kernels: list[KernelInfo], indent: str = "") -> str:

@@ -58,13 +58,14 @@ _CHAINS = 8
 
 @dataclass(frozen=True)
 class Tile:
-    """The register tile of one GEMM's micro-kernel: ``mr`` x ``nr`` accumulators of ``dtype``; ``tag`` tells its C
-    functions (micro-kernels, packing) from those of the other tile shape."""
+    """The register tile of one GEMM's micro-kernel: ``mr`` x ``nr`` accumulators of ``dtype`` in vectors of
+    ``vector_bytes``; ``tag`` tells its C functions (micro-kernels, packing) from those of the other tile shape."""
 
     dtype: DType
     mr: int
     nr: int
     tag: str = ""
+    vector_bytes: int = 32
 
     def fn(self, name: str) -> str:
         """The C name of this tile's function ``name`` (``ukr``, ``ukr2``, ``pack``...)."""
@@ -88,6 +89,17 @@ class GemmConfig:
     narrow_k: int = 256
     narrow_mr: int = 4
     narrow_nr32: int = 24
+    # The micro-kernels' vector width in bytes: 32 (AVX2: 16 registers) or 64 (AVX-512: 32 registers, twice the
+    # FMA width); 0 takes the C compiler's widest under -march=native (``CpuBackend``). With 64 the tiles are
+    # ``zmm_narrow_*`` (8 x 48) for the narrow-K GEMMs and ``zmm_*`` (12 x 32) for the rest: on a 2-vCPU Intel
+    # Xeon (2026-11-26, one thread, K = 96, N = 384) 8 x 48 ran a step product of 8 / 32 rows at 178 / 174
+    # GFLOP/s against 107 / 111 for the AVX2 4 x 24 (4 x 48: 152 / 146, 6 x 64: 170); at K = 384, 48 rows,
+    # 12 x 32 147 against 92 for 6 x 16.
+    vector_bytes: int = 0
+    zmm_narrow_mr: int = 8
+    zmm_narrow_nr32: int = 48
+    zmm_mr: int = 12
+    zmm_nr32: int = 32
     nc: int = 64
     mc: int = 96
     # The large-M GEMM (a scan's hoisted input projection, T * N rows) with A packed per thread in MCA x KC
@@ -109,9 +121,13 @@ class GemmConfig:
     share_buffers: bool = True  # workspace buffers with disjoint lifetimes share memory (``memplan``)
 
     def tiles(self) -> tuple[tuple[int, int, int], ...]:
-        """``Target.gemm_tiles``: (max K, rows, bytes of a tile row) of the 4 x 24 tile, then of the 6 x 16 one."""
-        narrow = ((self.narrow_k, self.narrow_mr, 4 * self.narrow_nr32),) if self.narrow_k else ()
-        return (*narrow, (0, self.mr, 4 * self.nr32))
+        """``Target.gemm_tiles``: (max K, rows, bytes of a tile row) of the narrow-K tile (4 x 24; 8 x 48 on
+        AVX-512), then of the general one (6 x 16; 12 x 32)."""
+        zmm = self.vector_bytes == 64
+        nm, nn = (self.zmm_narrow_mr, self.zmm_narrow_nr32) if zmm else (self.narrow_mr, self.narrow_nr32)
+        m, n = (self.zmm_mr, self.zmm_nr32) if zmm else (self.mr, self.nr32)
+        narrow = ((self.narrow_k, nm, 4 * nn),) if self.narrow_k else ()
+        return (*narrow, (0, m, 4 * n))
 
 
 def _sfx(dt: DType) -> str:
@@ -155,9 +171,9 @@ def _ukr_body(ct: str, vt: str, mr: int, nr: int, nv: int, lanes: int, a_elem, l
 
 
 def _row_kernels(mr: int) -> list[int]:
-    """Row counts of the strided micro-kernels: the remainder kernels (``nf_ukr2``, ``nf_ukr4``) and MR; each
-    computes (and stores) exactly that many rows."""
-    return [m for m in (2, 4) if m < mr] + [mr]
+    """Row counts of the strided micro-kernels: the remainder kernels (``nf_ukr2``, ``nf_ukr4``, ``nf_ukr8``) and
+    MR; each computes (and stores) exactly that many rows."""
+    return [m for m in (2, 4, 8) if m < mr] + [mr]
 
 
 def _kernel_fns(tile: Tile) -> str:
@@ -165,7 +181,7 @@ def _kernel_fns(tile: Tile) -> str:
     still correct, just slower, elsewhere)."""
     dt, mr, nr = tile.dtype, tile.mr, tile.nr
     ct, sfx = ctype(dt), _sfx(dt)
-    lanes = 8 if dt == DType.float32 else 4
+    lanes = tile.vector_bytes // dt.itemsize
     vt = f"nf_v{lanes}{sfx}"
     nv = nr // lanes
     L: list[str] = []  # the vector type is the prelude's
@@ -184,7 +200,7 @@ def _kernel_fns(tile: Tile) -> str:
     for m in small:
         L += strided(tile.fn(f"ukr{m}"), m, [])
     L.append("/* out[r * ldo + c] = (A[mr rows, K] @ P)[r, c] (P one packed panel [K][NR]), r < the row count of the")
-    L.append("   kernel that runs (2, 4 or MR: the rows past mr repeat row mr - 1). */")
+    L.append("   kernel that runs (2, 4, 8 or MR: the rows past mr repeat row mr - 1). */")
     L += strided(tile.fn("ukr"), mr, [f"    if (mr <= {m}) {{ {tile.fn(f'ukr{m}')}(K, A, sam, sak, mr, P, out, ldo); "
                                       "return; }" for m in small])
     L.append(f"/* out[MR][NR] = Ap @ P: Ap one packed A micro-panel [K][{mr}], P one B panel slice [K][NR]. */")
@@ -489,9 +505,10 @@ def _for_tile(em: Emitter, nr: int, accs: Sequence[str], rows: str, cols: str, r
             out(f"const int64_t {i} = {row_of(r)};")
             out.each(pre)
             # Both vectors of a tile row in one loop body: their independent chains (exp, division, tanh) then
-            # overlap; left rolled, gcc ran a H = 384 LSTM layer 5 % slower (868 vs 824 ms).
+            # overlap; left rolled, gcc ran a H = 384 LSTM layer 5 % slower (868 vs 824 ms). At most three: the
+            # C compiler's time grows with the copies of a cell update.
             if width > 1:
-                out(f"#pragma GCC unroll {nr // width}")
+                out(f"#pragma GCC unroll {min(nr // width, 3)}")
             with out.block(f"for (int {c} = 0; {c} < {cols if width == 1 else nr}; {c} += {width}) {{"):
                 out(f"const int64_t {j} = {col_of(c)};")
                 out.each(stmts)

@@ -801,7 +801,7 @@ class Lowering:
         target = self.program.target
         mr, nr = gemm_tile(target, p.dtype, self.sizes.expr(p.srcs[0].shape[-1]).value, self.sizes.expr(width).value)
         plain = (mr, nr * p.dtype.itemsize) == target.gemm_tiles[-1][1:]
-        tile = Tile(p.dtype, mr, nr, "" if plain else f"_{mr}x{nr}")
+        tile = Tile(p.dtype, mr, nr, "" if plain else f"_{mr}x{nr}", self.gemm.vector_bytes or 32)
         self.tiles[tile] = None
         return tile
 

@@ -88,6 +88,9 @@ typedef float nf_v8f32 __attribute__((vector_size(32), aligned(32)));
 typedef double nf_v4f64 __attribute__((vector_size(32), aligned(32)));
 typedef int32_t nf_v8i32 __attribute__((vector_size(32), aligned(32)));
 typedef uint32_t nf_v8u32 __attribute__((vector_size(32), aligned(32)));
+/* The GEMM micro-kernels' vectors on AVX-512 (``GemmConfig.vector_bytes`` 64); two AVX2 halves elsewhere. */
+typedef float nf_v16f32 __attribute__((vector_size(64), aligned(64)));
+typedef double nf_v8f64 __attribute__((vector_size(64), aligned(64)));
 typedef float nf_v8f32u __attribute__((vector_size(32), aligned(4)));
 static inline nf_v8f32 nf_vld_f32(const float* p) { return *(const nf_v8f32u*)p; }
 static inline void nf_vst_f32(float* p, nf_v8f32 v) { *(nf_v8f32u*)p = v; }

@@ -98,6 +98,17 @@ class Toolchain:
             out = ""
         return f"{self.cc}\n{out.splitlines()[0] if out else ''}"
 
+    @functools.cached_property
+    def vector_bytes(self) -> int:
+        """The widest vector registers the compiler targets under these flags: 64 where it defines AVX-512F, else
+        32 (AVX2, or narrower vectors the compiler splits GCC vector types into)."""
+        try:
+            out = subprocess.run([self.cc, *(f for f in self.flags if f.startswith("-m")), "-dM", "-E", "-x", "c",
+                                  os.devnull], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        return 64 if "__AVX512F__" in out else 32
+
     def key(self, source: str) -> str:
         h = hashlib.sha256()
         for part in (source, self.identity, " ".join(self.flags)):
