@@ -283,7 +283,8 @@ def _checkouts(console: Console, root: Path, revs: list[str], worktrees: Path | 
     return out
 
 
-def _run_revisions(console: Console, spec: Any, revs: list[Any], db: Path, name: str, quiet: bool) -> Any:
+def _run_revisions(console: Console, spec: Any, revs: list[Any], db: Path, name: str, quiet: bool,
+                   threshold: float, confidence: float) -> Any:
     import sqlite3
 
     from nnforge.modelview.interleave import run_revisions
@@ -293,7 +294,8 @@ def _run_revisions(console: Console, spec: Any, revs: list[Any], db: Path, name:
         if not quiet:
             console.print(f"[dim]setting {k + 1}/{n}: {escape(key)}[/]", highlight=False, soft_wrap=True)
 
-    env = {"git_commit": revs[-1].commit, "mode": name}
+    # the report marks the steps this command judges: by its threshold and confidence
+    env = {"git_commit": revs[-1].commit, "mode": name, "steps": {"threshold": threshold, "confidence": confidence}}
     try:
         return run_revisions(spec, revs, db, name, env, on_setting)
     except (SpecError, FileNotFoundError, KeyError) as e:
@@ -331,7 +333,8 @@ def ab(
         console.print(f"note: {escape(rev_a)} and {escape(rev_b)} are the same commit", highlight=False)
     from nnforge.modelview.ab import ab_cells, print_ab
 
-    run_id, results = _run_revisions(console, loaded, revs, db, f"ab {rev_a} {rev_b}", quiet or as_json)
+    run_id, results = _run_revisions(console, loaded, revs, db, f"ab {rev_a} {rev_b}", quiet or as_json, thr,
+                                     confidence)
     cells = ab_cells(results, thr, confidence)
     bad = [c for c in cells if fail is not None and c.verdict.regression(fail)]
     if as_json:
@@ -379,7 +382,8 @@ def history(
     done = []
     for blk in blocks_of(listed, block):
         revs = _checkouts(console, root, blk, worktrees)
-        _, results = _run_revisions(console, loaded, revs, db, f"history {commits}", quiet or as_json)
+        _, results = _run_revisions(console, loaded, revs, db, f"history {commits}", quiet or as_json, thr,
+                                    confidence)
         done.append((revs, results))
     cells = history_cells(done, listed, thr, confidence)
     slow = [(hc, p) for hc in cells for p in hc.steps() if p.step is not None and p.step.change > 0]

@@ -14,7 +14,7 @@ from .common import FigureSpec, base_layout
 from .data import CellRow, RunInfo
 from .plotdict import new_plot
 
-THRESHOLD = 0.05
+THRESHOLD = 0.05  # steps of runs that recorded no rule of their own (before ab / history stored theirs)
 MAX_LINES = 40
 
 
@@ -25,6 +25,8 @@ def revisions_figure(cells: Sequence[CellRow], run: RunInfo,
     if not revs:
         return None
     title = "Time per call relative to the first revision"
+    rule = run.env.get("steps") or {}  # the threshold and confidence ``ab`` / ``history`` judged steps by
+    threshold, confidence = rule.get("threshold", THRESHOLD), rule.get("confidence", 0.99)
     lines: dict[tuple[str, str], dict[int, CellRow]] = {}
     for c in cells:
         i = c.metrics.get("revision_index")
@@ -51,8 +53,8 @@ def revisions_figure(cells: Sequence[CellRow], run: RunInfo,
             ys.append(r)
             lo.append(r - a)
             hi.append(b - r)
-            step = judge_paired(t, prev, THRESHOLD) if prev is not None else None
-            stepped = step is not None and step.verdict in ("slower", "faster") and abs(step.change) >= THRESHOLD
+            step = judge_paired(t, prev, threshold, confidence) if prev is not None else None
+            stepped = step is not None and step.verdict in ("slower", "faster") and abs(step.change) >= threshold
             steps += stepped
             marks.append(f"step {100 * step.change:+.1f} %" if stepped and step else "")
             prev = t
@@ -65,7 +67,7 @@ def revisions_figure(cells: Sequence[CellRow], run: RunInfo,
                                xaxis={"title": {"text": "revision (oldest first)"}, "type": "category"}))
     fig["data"] = traces
     note = (f"rounds of all revisions interleaved in one schedule; bars: 99 % intervals; a step: a commit "
-            f"significantly different from its predecessor by ≥ {100 * THRESHOLD:g} % ({steps} marked)")
+            f"significantly different from its predecessor by ≥ {100 * threshold:g} % ({steps} marked)")
     if len(lines) > MAX_LINES:
         note += f"; {len(lines) - MAX_LINES} more cells not shown"
     return FigureSpec("revisions", title, fig, note)
