@@ -53,6 +53,7 @@ AXES: dict[str, tuple] = {
     "pack_a": (False, True),       # large-M GEMM: pack A per thread in MCA x KC blocks
     "kc": (192, 256, 512),         # K slice when A is packed (B panel slice KC x NR in L1)
     "mca": (96, 144, 288),         # rows per packed A block (L2)
+    "nca": (64, 192, 384),         # columns per packed-A work item (A is packed once per item)
 }
 
 
@@ -62,6 +63,6 @@ def tune_gemm(shapes: Sequence[tuple[int, int, int]] = ((6400, 512, 2048), (64, 
     ``shapes`` (M, K, N); caches and returns the best config. A few dozen builds instead of the full product:
     the axes interact little (row vs column blocking, then the packed-A path's own two sizes)."""
     best, results = coordinate_search(GemmConfig(), axes or AXES, lambda cfg: _time_config(cfg, shapes, repeats),
-                                      skip=lambda best, axis: axis in ("kc", "mca") and not best.pack_a)
+                                      skip=lambda best, axis: axis in ("kc", "mca", "nca") and not best.pack_a)
     save_result(_path(), {"config": asdict(best), "timings_s": results})
     return best

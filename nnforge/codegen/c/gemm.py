@@ -107,7 +107,13 @@ class GemmConfig:
     # default: on Zen 3 (1 thread, CPU time, 2026-11-22) the unpacked loops already reach 87-89 GFLOP/s per core
     # at K = 384 / 512 (93 % of the core's FMA peak) and packing measured 84-85; ``nnforge.tune`` may turn it on.
     pack_a: bool = False
-    mca: int = 144
+    # Rows and columns per packed-A work item. Each item packs its rows' A again, so a weight gradient (M = 96
+    # features, N = 384, K = T * N) in 64-column items packed all of A six times (8 % of a basecaller training
+    # step on the AVX-512 tiles); 192-column items pack it twice, and 96-row blocks give a [4H = 384, 96] one four
+    # items for two threads instead of three (144 + 144 + 96). Together: the training step 0.954-0.959 of the time
+    # (2026-11-26, 2-vCPU Intel Xeon; either alone 0.985 / 0.993).
+    mca: int = 96
+    nca: int = 192
     kc: int = 256
     packed_a_min_m: int = 1024  # rows (a run-time size counts as large) from which pack_a applies
     # K from which an A read down its columns (k-stride != 1: the xᵀ of a weight gradient, K = T * N) is packed
@@ -327,7 +333,7 @@ def emit_gemm(low: Lowering, em: Emitter, p: Node, views: Sequence[View], out: s
         packed = scratch
     pack_a = pack_a and not batch
     rows = max(mr, cfg.mca // mr * mr) if pack_a else cfg.mc
-    nest = Nest(tile, M, K, A, sa[-2], sa[-1], packed, N, npan, rows, max(1, cfg.nc // nr),
+    nest = Nest(tile, M, K, A, sa[-2], sa[-1], packed, N, npan, rows, max(1, (cfg.nca if pack_a else cfg.nc) // nr),
                 pack_a=pack_a, k_split=pack_a and k_split, full=_full_tiles(sz.expr(p.shape[-1]), nr))
     dims = [sz.expr(d) for d in p.shape]
     stored: list[str] = []
