@@ -76,13 +76,15 @@ class Gemm(Kernel):
     ``b_resident``: B does not change inside the enclosing loop (a recurrent weight): packed once before the
     loop on a CPU, kept on chip on a GPU. ``pack_a``: A is packed per worker (a large GEMM outside loops, or an
     A read down its columns); ``k_split``: then also in K slices, partial sums kept in the result. ``lanes``:
-    columns of a tile the epilogue (or the plain store) computes at once (a vector; 1: one at a time)."""
+    columns of a tile the epilogue (or the plain store) computes at once (a vector; 1: one at a time). ``tile``:
+    (rows, columns) of its micro-kernel's register tile (``target.gemm_tile``; None: the backend blocks it)."""
 
     epilogue: Node | None = field(default=None, compare=False, repr=False)
     b_resident: bool = False
     pack_a: bool = False
     k_split: bool = False
     lanes: int = 1
+    tile: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ class SlicedGemm(Kernel):
     no buffer for the GEMM result. ``outs``: the members' buffers (``out`` is the last), ``also_of`` their extra
     stores. ``lanes``: columns of a tile the epilogue and the members compute at once (1: one at a time).
     ``product``: where the graph returns the GEMM result itself (a training forward step stacks ``h @ W_hh.T``
-    for its backward), the buffer each tile is also stored into, before the epilogue; else None."""
+    for its backward), the buffer each tile is also stored into, before the epilogue; else None. ``tile``: as a
+    ``Gemm``'s, for tiles of one slice's width."""
 
     group: SlicedGroup = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     outs: tuple[Buf, ...] = ()
@@ -100,6 +103,7 @@ class SlicedGemm(Kernel):
     b_resident: bool = False
     lanes: int = 1
     product: Buf | None = None
+    tile: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,8 @@ class _Scheduler:
                 product = self.buf(sg.gemm, dest[id(sg.gemm)]) if id(sg.gemm) in dest else None
                 kernels.append(SlicedGemm(sg.gemm, outs[-1], _fuses(g, sg.root, sg.gemm, sg.members), (), sg,
                                           outs, tuple(tuple(extra.get(id(m), ())) for m in sg.members),
-                                          _resident(sg.gemm, g, resident), self.sliced_lanes(sg, g), product))
+                                          _resident(sg.gemm, g, resident), self.sliced_lanes(sg, g), product,
+                                          self.tile(sg.gemm, sg.width)))
             else:
                 k = self.kernel(n, g, self.buf(n, dest.get(id(n))), tuple(extra.get(id(n), ())), resident, top)
                 if isinstance(k, Elementwise | Gemm):
@@ -207,7 +208,8 @@ class _Scheduler:
         return lanes
 
     def _wide(self, width: object, lanes: int) -> bool:
-        return not free_symbols(width) & (self.dynamic | {ROWS}) and int(width) >= lanes
+        w = self._static(width)
+        return w is not None and w >= lanes
 
     def _vectorizes(self, start: Node, idx: tuple[Expr, ...], root: Node | None, g: Grouping, lanes: int,
                     given: frozenset[tuple[int, tuple[Expr, ...]]] = frozenset()) -> bool:
@@ -276,9 +278,9 @@ class _Scheduler:
         resident = frozenset(id(body.inputs[first + k]) for k in range(nc + nx, len(n.srcs)) if k not in per_row)
         ins = [ChunkedInput(k, chunk_steps(view, self.target), self.chunk_gemm(p, root, view, g), view)
                for _, k, view, root, p in chunked]
-        return Loop(n, tuple(results), length, bool(is_scan and a["reverse"]),
-                    self.block(body, top=False, resident=resident), split,
-                    self.row_block(split) if split else 0, tuple(ins))
+        block = self.block(body, top=False, resident=resident)
+        return Loop(n, tuple(results), length, bool(is_scan and a["reverse"]), block, split,
+                    self.row_block(split, block) if split else 0, tuple(ins))
 
     def chunk_gemm(self, p: Node, root: Node, view: Node, g: Grouping) -> Gemm:
         """The GEMM of a chunked projection: ``steps`` steps of the scan's input at a time into a chunk buffer."""
@@ -293,7 +295,14 @@ class _Scheduler:
         """The GEMM record of matmul ``p``: its packing (``packing``) and its epilogue tile's vector form."""
         pack_a, k_split = self.packing(p, epilogue, g, top)
         lanes = 1 if pack_a else self.tile_lanes(p, epilogue, g)
-        return Gemm(p, out, fuses, also, epilogue, resident, pack_a, k_split, lanes)
+        return Gemm(p, out, fuses, also, epilogue, resident, pack_a, k_split, lanes, self.tile(p, p.shape[-1]))
+
+    def tile(self, p: Node, width: object) -> tuple[int, int] | None:
+        """The register tile of matmul ``p`` whose tiles cover ``width`` columns (``gemm_tile``, by its K and that
+        width where they are known when compiling); None where the target names no tiles."""
+        if not self.target.gemm_tiles:
+            return None
+        return gemm_tile(self.target, p.dtype, self._static(p.srcs[0].shape[-1]), self._static(width))
 
     def packing(self, p: Node, epilogue: Node | None, g: Grouping, top: bool) -> tuple[bool, bool]:
         """(pack_a, k_split) of matmul ``p``: A packed per worker for a 2-D GEMM outside loops whose A is read down
@@ -351,7 +360,7 @@ class _Scheduler:
             return None
         return split
 
-    def row_block(self, split: RowSplit) -> int:
+    def row_block(self, split: RowSplit, block: Block) -> int:
         """Rows per pass through a row-split body (0: all of a worker's rows at once). A body of several kernels
         (a layer norm's GEMM, row sums and elementwise passes; a GRU's two GEMMs) runs a few rows at a time, so
         what one kernel writes the next reads from L1: whole register tiles of its GEMMs (``gemm_tile``: 4 rows
@@ -362,10 +371,7 @@ class _Scheduler:
                    and g.is_stored(m)]
         if len(kernels) <= 1 or not self.target.row_block:
             return 0
-        widths = {id(sg.gemm): sg.width for sg in g.sliced}
-        rows = [gemm_tile(self.target, m.dtype, self._static(m.srcs[0].shape[-1]),
-                          self._static(widths.get(id(m), m.shape[-1])))[0]
-                for m in split.body.order if m.op == Op.MATMUL and self.target.gemm_tiles]
+        rows = [k.tile[0] for k in block.kernels if isinstance(k, Gemm | SlicedGemm) and k.tile]
         return math.lcm(*rows) if rows else self.target.row_block
 
     def _static(self, d: object) -> int | None:

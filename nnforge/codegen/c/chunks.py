@@ -39,13 +39,13 @@ def emit_chunk(low: Lowering, em: Emitter, c: ChunkedInput, ctx: GraphCtx, chunk
         return epilogue([idx[0] + var(lo) * sz.expr(c.view.shape[1]), *idx[1:]], acc, lanes, lane)
 
     columns = [("0", sz(p.shape[-1]))]
-    tile = low.tile(p, p.shape[-1])
+    tile = low.tile(c.gemm)
     buf, _ = low.packed_b(p, tile, vb, columns, resident=False)
     pack_panels(low, before, tile, sz(p.srcs[0].shape[-1]), vb, columns, buf, shared=True)
     outer = low.sizes
     low.sizes = _with_steps(outer, length_dim, count)
     try:
-        emit_gemm(low, em, p, [a_view, vb], chunk, buf, buf, global_rows if epilogue else None, c.gemm.pack_a,
+        emit_gemm(low, em, p, tile, [a_view, vb], chunk, buf, buf, global_rows if epilogue else None, c.gemm.pack_a,
                   c.gemm.k_split, lanes=c.gemm.lanes)
     finally:
         low.sizes = outer

@@ -301,12 +301,12 @@ def pack_panels(low: Lowering, em: Emitter, tile: Tile, K: str, src: View, colum
            f"left < {nr} ? left : {nr}, {dst} + {q} * ({K}) * {nr});")
 
 
-def emit_gemm(low: Lowering, em: Emitter, p: Node, views: Sequence[View], out: str,
+def emit_gemm(low: Lowering, em: Emitter, p: Node, tile: Tile, views: Sequence[View], out: str,
               packed: str | None, scratch: str, epilogue: Epilogue | None,
               pack_a: bool = False, k_split: bool = False, also: Sequence[str] = (),
               lanes: int = 1) -> str:
-    """C computing ``out = epilogue(A @ B)`` for matmul node ``p``, also stored to each buffer in ``also`` (same
-    layout); returns the store's text (for listings).
+    """C computing ``out = epilogue(A @ B)`` for matmul node ``p`` on register tile ``tile``, also stored to each
+    buffer in ``also`` (same layout); returns the store's text (for listings).
 
     ``packed`` names B already packed (panels of all N columns, before the loop); otherwise B is packed into
     ``scratch`` here (per batch index). ``pack_a`` / ``k_split``: the schedule's choice of the packed-A loops
@@ -314,7 +314,6 @@ def emit_gemm(low: Lowering, em: Emitter, p: Node, views: Sequence[View], out: s
     epilogue's vector form (``Gemm.lanes``)."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
-    tile = low.tile(p, p.shape[-1])
     mr, nr = tile.mr, tile.nr
     batch = p.shape[:-2]
     M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
@@ -543,7 +542,7 @@ def _for_tile(em: Emitter, nr: int, accs: Sequence[str], rows: str, cols: str, r
     em("}")
 
 
-def emit_sliced(low: Lowering, em: Emitter, p: Node, a_view: View, packed: str, offsets: Sequence[str],
+def emit_sliced(low: Lowering, em: Emitter, p: Node, tile: Tile, a_view: View, packed: str, offsets: Sequence[str],
                 width: int, body: TileBody, lanes: int = 1) -> None:
     """One work-shared kernel: for each column tile u0..u0+NR of the slices and each MR row block, the GEMM
     columns ``offset + u`` for every offset (B packed slice-major per tile, see ``pack_panels``), each into its
@@ -551,8 +550,7 @@ def emit_sliced(low: Lowering, em: Emitter, p: Node, a_view: View, packed: str, 
     and columns, ``values`` the slices' tile values there, ``lanes`` columns at a time where the schedule says so
     (``SlicedGemm.lanes``). The GEMM result itself is never stored: its tiles are consumed while they are in L1."""
     check_dtype(p)
-    sz, tile = low.sizes, low.tile(p, width)
-    nr = tile.nr
+    sz, nr = low.sizes, tile.nr
     pa, oa, sa = a_view
     A = em.fresh("A")
     nest = Nest(tile, sz(p.shape[-2]), sz(p.srcs[0].shape[-1]), A, sa[-2], sa[-1], packed, str(width),

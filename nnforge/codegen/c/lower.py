@@ -38,7 +38,6 @@ from ...schedule import (
     Reduce,
     ScatterAdd,
     SlicedGemm,
-    gemm_tile,
     stored_node,
 )
 from ...schedule.identical import step_keys
@@ -794,14 +793,13 @@ class Lowering:
 
         return epilogue
 
-    def tile(self, p: Node, width: int) -> Tile:
-        """The register tile of matmul ``p``'s micro-kernel whose tiles cover ``width`` columns (a size: ``Dim`` or
-        int), as the schedule's ``gemm_tile`` chooses by its K and that width where they are static (the target's
-        last tile keeps the plain names); noted as used."""
-        target = self.program.target
-        mr, nr = gemm_tile(target, p.dtype, self.sizes.expr(p.srcs[0].shape[-1]).value, self.sizes.expr(width).value)
-        plain = (mr, nr * p.dtype.itemsize) == target.gemm_tiles[-1][1:]
-        tile = Tile(p.dtype, mr, nr, "" if plain else f"_{mr}x{nr}", self.gemm.vector_bytes or 32)
+    def tile(self, k: Gemm | SlicedGemm) -> Tile:
+        """The register tile the schedule chose for GEMM kernel ``k`` (the target's last tile keeps the plain C
+        names), in this configuration's vectors; noted as used."""
+        assert k.tile is not None, "the CPU target names its GEMM tiles"
+        mr, nr = k.tile
+        plain = (mr, nr * k.node.dtype.itemsize) == self.program.target.gemm_tiles[-1][1:]
+        tile = Tile(k.node.dtype, mr, nr, "" if plain else f"_{mr}x{nr}", self.gemm.vector_bytes or 32)
         self.tiles[tile] = None
         return tile
 
@@ -834,9 +832,9 @@ class Lowering:
         views = self.operand_views(p, ctx)
         ep_info: list[Scalar] = []
         epilogue = self.gemm_epilogue(p, root, ctx, ep_info)
-        buf, hoisted = self.packed_b(p, self.tile(p, p.shape[-1]), views[1], [("0", self.sizes(p.shape[-1]))],
-                                     k.b_resident)
-        store = emit_gemm(self, em, p, views, out, buf if hoisted else None, buf, epilogue, k.pack_a, k.k_split,
+        tile = self.tile(k)
+        buf, hoisted = self.packed_b(p, tile, views[1], [("0", self.sizes(p.shape[-1]))], k.b_resident)
+        store = emit_gemm(self, em, p, tile, views, out, buf if hoisted else None, buf, epilogue, k.pack_a, k.k_split,
                           also, k.lanes)
         fused = ["matmul"] + (ep_info[0].fused if ep_info else [])
         listing.append(KernelInfo(k.kind, ", ".join([out, *also]), fmt_type((root or p).shape, (root or p).dtype),
@@ -864,7 +862,7 @@ class Lowering:
         sz = self.sizes
         views = self.operand_views(p, ctx)
         columns = [(str(o), str(sg.width)) for o in sg.offsets]
-        tile = self.tile(p, sg.width)
+        tile = self.tile(k)
         buf, hoisted = self.packed_b(p, tile, views[1], columns, k.b_resident)
         if not hoisted:
             pack_panels(self, em, tile, sz(p.srcs[0].shape[-1]), views[1], columns, buf)
@@ -897,7 +895,7 @@ class Lowering:
                 body_info.append(sc)
             return sc.pre, sc.stmts
 
-        emit_sliced(self, em, p, views[0], buf, [str(o) for o in sg.offsets], sg.width, body, k.lanes)
+        emit_sliced(self, em, p, tile, views[0], buf, [str(o) for o in sg.offsets], sg.width, body, k.lanes)
         for m, o in zip(sg.members, outs):
             ctx.ptr[id(m)] = o
         if product is not None:
