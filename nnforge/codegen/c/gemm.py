@@ -126,10 +126,16 @@ class GemmConfig:
     row_split: bool = True
     share_buffers: bool = True  # workspace buffers with disjoint lifetimes share memory (``memplan``)
 
+    @property
+    def vector_width(self) -> int:
+        """The vector bytes the tiles are written for: ``vector_bytes``, AVX2's 32 where it is not decided (0: a
+        configuration no ``CpuBackend`` has resolved, such as ``lower(prepare(graph))``'s default)."""
+        return self.vector_bytes or 32
+
     def tiles(self) -> tuple[tuple[int, int, int], ...]:
         """``Target.gemm_tiles``: (max K, rows, bytes of a tile row) of the narrow-K tile (4 x 24; 8 x 48 on
         AVX-512), then of the general one (6 x 16; 12 x 32)."""
-        zmm = self.vector_bytes == 64
+        zmm = self.vector_width == 64
         nm, nn = (self.zmm_narrow_mr, self.zmm_narrow_nr32) if zmm else (self.narrow_mr, self.narrow_nr32)
         m, n = (self.zmm_mr, self.zmm_nr32) if zmm else (self.mr, self.nr32)
         narrow = ((self.narrow_k, nm, 4 * nn),) if self.narrow_k else ()

@@ -799,7 +799,7 @@ class Lowering:
         assert k.tile is not None, "the CPU target names its GEMM tiles"
         mr, nr = k.tile
         plain = (mr, nr * k.node.dtype.itemsize) == self.program.target.gemm_tiles[-1][1:]
-        tile = Tile(k.node.dtype, mr, nr, "" if plain else f"_{mr}x{nr}", self.gemm.vector_bytes or 32)
+        tile = Tile(k.node.dtype, mr, nr, "" if plain else f"_{mr}x{nr}", self.gemm.vector_width)
         self.tiles[tile] = None
         return tile
 
