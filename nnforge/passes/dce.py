@@ -59,12 +59,29 @@ def _prune(n: Node, srcs: tuple[Node, ...], read: set[int]) -> tuple[Node, dict[
     if len(keep) < len(n.types):
         body = Graph(body.inputs, [body.outputs[i] for i in keep], body.effects)
     new_body = dce(body)
+    attrs = {**n.attrs, "body": new_body}
+    if n.op == Op.SCAN:
+        new_body, srcs, attrs = _unread_inputs(new_body, srcs, attrs)
     if new_body is n.attrs["body"] and srcs == n.srcs:
         return n, None
     types = tuple(n.types[i] for i in keep)
-    node = rebuild(n, srcs, {**n.attrs, "body": new_body}, types)
+    node = rebuild(n, srcs, attrs, types)
     at = {old: new for new, old in enumerate(keep)}
     return node, {**at, **{i: at[j] for i, j in same.items() if j in at}}
+
+
+def _unread_inputs(body: Graph, srcs: tuple[Node, ...], attrs: dict) -> tuple[Graph, tuple[Node, ...], dict]:
+    """A scan without the stepped inputs (xs) and constants its body does not read: each xs costs the loop a
+    slice (and on the CPU a prefetch) per step, and keeps a [T, ...] array alive that its producer could
+    otherwise have chunked (a backward step that reads saved gate sums instead of the input projection)."""
+    nc, nx = attrs["n_carry"], attrs["n_xs"]
+    read = {id(s) for m in body.order for s in m.srcs} | {id(o) for o in (*body.outputs, *body.effects)}
+    keep = [i for i in range(len(body.inputs)) if i < nc or id(body.inputs[i]) in read]
+    if len(keep) == len(body.inputs):
+        return body, srcs, attrs
+    body = Graph([body.inputs[i] for i in keep], body.outputs, body.effects)
+    return body, tuple(srcs[i] for i in keep), {**attrs, "body": body,
+                                                "n_xs": sum(nc <= i < nc + nx for i in keep)}
 
 
 def pure_loops(graph: Graph) -> Graph:

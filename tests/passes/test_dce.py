@@ -78,3 +78,28 @@ def test_a_stacked_output_stacking_the_same_node_again_is_read_from_the_first(rn
     want = np.sum(gs, 0) * np.sum(gs, 0) + np.sum(hs, 0) + gs[0] + h
     np.testing.assert_allclose(nf.compile(f, backend=backend)(x, w), want, rtol=1e-5, atol=1e-5)
 
+
+
+def test_stepped_inputs_and_constants_the_body_no_longer_reads_are_dropped(rng: np.random.Generator,
+                                                                           backend: str) -> None:
+    """Dropping an unread stacked output leaves its inputs unread: the scan stops taking the second sequence and
+    the scale (no slice of it per step, no [T, ...] array kept alive for it); the results do not change."""
+    def f(x, y, w, s):
+        def cell(h, xy):
+            x_t, y_t = xy
+            h = nf.tanh(x_t @ w + h)
+            return h, (h, y_t * s)  # the second output is never read
+
+        h, (ys, _unused) = nf.scan(cell, nf.zeros(x.shape[1], w.shape[1]), (x, y))
+        return ys.sum(0) + h
+
+    x, y = (rng.standard_normal((5, 2, 3)).astype(np.float32) for _ in range(2))
+    w, s = rng.standard_normal((3, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    (scan,) = _scan_nodes(nf.compile(f).trace(x, y, w, s))
+    assert scan.attrs["n_xs"] == 1 and len(scan.srcs) == 1 + 1 + 1  # h0, x, w
+    assert len(scan.attrs["body"].inputs) == len(scan.srcs)
+    h, acc = np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32)
+    for t in range(5):
+        h = np.tanh(x[t] @ w + h)
+        acc += h
+    np.testing.assert_allclose(nf.compile(f, backend=backend)(x, y, w, s), acc + h, rtol=1e-5, atol=1e-5)
