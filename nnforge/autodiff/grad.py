@@ -2,10 +2,11 @@
 
 The backward of a scan is another scan, run in the opposite direction. The forward scan is augmented to also
 stack the carry each step starts from, the random numbers it drew and the matrix products that read the carry
-(an LSTM's ``h @ W_hh.T``); the backward body re-runs one step from that carry and pulls the cotangents through
-it. A product of the carry is the one recomputation that cannot leave the backward loop as a single GEMM over
-all steps for free, so it is stored, as cuDNN's reserve space stores gates; every elementwise activation is
-recomputed, which keeps memory at O(T x (carry + products)). ``nf.checkpoint`` trades that memory for time.
+(an LSTM's ``h @ W_hh.T``), each as the sum it is the sole term of where there is one (the gate pre-activations,
+``saved_values``); the backward body re-runs one step from that carry and pulls the cotangents through it. A
+product of the carry is the one recomputation that cannot leave the backward loop as a single GEMM over all steps
+for free, so it is stored, as cuDNN's reserve space stores gates; every elementwise activation is recomputed,
+which keeps memory at O(T x (carry + products)). ``nf.checkpoint`` trades that memory for time.
 
 Everything here is nodes: the per-op rules (``nnforge.ir.registry.VJP``) build IR with ``nnforge.ir.builders``
 and the reversed scan is built with ``nnforge.ir.loops``, so the gradient graph is differentiable again by the
@@ -55,6 +56,31 @@ def carry_products(body: Graph, n_carry: int) -> list[Node]:
             if m.op == Op.MATMUL and m.dtype.is_float:
                 out.append(m)
     return out
+
+
+def saved_values(body: Graph, products: Sequence[Node]) -> list[Node]:
+    """What the augmented forward stores for each carry product: the product, or the sum it is the sole term
+    of (``x_t @ W_ih.T + b + h @ W_hh.T``, an LSTM's gate pre-activations), followed through adds and
+    subtractions of the same shape while each value has one reader and is not a body output. The sum is as big
+    as the product and holds what the backward step reads: the step's input and the product itself are then
+    read by nothing there (measured: the backward step of the basecaller's LSTMs read two [N, 4H] arrays per
+    step). The adds' VJPs read no values, so the recomputed chain is dead once its end is the saved value."""
+    readers: dict[int, int] = {}
+    for m in body.order:
+        for s in m.srcs:
+            readers[id(s)] = readers.get(id(s), 0) + 1
+    reader_of = {id(s): m for m in body.order for s in m.srcs}
+    outputs = {id(o) for o in body.outputs}
+    out: dict[int, Node] = {}
+    for p in products:
+        v = p
+        while readers.get(id(v)) == 1 and id(v) not in outputs:
+            m = reader_of[id(v)]
+            if m.op not in (Op.ADD, Op.SUB) or m.shape != v.shape or m.dtype != v.dtype:
+                break
+            v = m
+        out.setdefault(id(v), v)
+    return list(out.values())
 
 
 def _split(items: Sequence[Node], sizes: Sequence[int]) -> list[list[Node]]:
@@ -126,7 +152,7 @@ def scan_vjp(n: Node, cts: list[Node | None]) -> list[Node | None]:
     # Augmented forward: also stack each step's incoming carry, the random numbers / fed arrays it used and the
     # products of its carry.
     drawn = [m for m in body.order if m.op in (Op.RAND, Op.FEEDER)]
-    products = carry_products(body, nc)
+    products = saved_values(body, carry_products(body, nc))
     aug_body = Graph(body.inputs, body.outputs + body.inputs[:nc] + tuple(drawn) + tuple(products), body.effects)
     aug_types = n.types + tuple(((length, *c.shape), c.dtype) for c in init) + tuple(
         ((length, *m.shape), m.dtype) for m in (*drawn, *products))

@@ -269,8 +269,8 @@ class SlicedGroup:
     ``[M, width]`` (an RNN step: the gates ``i, f, g, o`` are slices of ``h @ W``). Code generators compute the
     GEMM column tile by column tile (the columns ``offset + u`` for every offset) and run ``members`` on each
     tile while it is in cache: one kernel, one barrier. ``root`` is the stored GEMM result (the matmul or the
-    elementwise root of its epilogue); a matmul that is also a result of the graph is stored tile by tile
-    besides."""
+    elementwise root of its epilogue); a matmul or root that is also a result of the graph is stored tile by
+    tile besides."""
 
     gemm: Node
     root: Node
@@ -334,8 +334,10 @@ def _sliced_refusal(g: Grouping, p: Node, root: Node, us: dict[int, list[Node]],
                     outputs: set[int], taken: set[int]) -> SlicedGroup | str:
     M = int(p.shape[0])
     readers = us.get(id(root), [])
-    if not readers or id(root) in outputs:
+    if not readers:
         return ""
+    if id(root) in outputs and root is not p and id(p) in outputs:
+        return "the graph returns both the product and its epilogue's value"
     slices, offsets, widths = [], [], set()
     for s in readers:
         if (s.op != Op.SLICE or id(s) in g.stored or tuple(s.attrs["steps"]) != (1, 1)

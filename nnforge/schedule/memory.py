@@ -95,7 +95,7 @@ def _written(k: Kernel | Loop, block: Block) -> list[tuple[Node, object]]:
         projs = {m.attrs["index"]: m for m in block.graph.order if m.op == Op.PROJ and m.srcs[0] is k.node}
         return [(projs[i], b) for i, b in enumerate(k.results) if i in projs]
     if isinstance(k, SlicedGemm):
-        product = [(k.group.gemm, k.product)] if k.product is not None else []
+        product = [(k.returned, k.product)] if k.product is not None else []
         return [*zip(k.group.members, k.outs), *product]
     return [(stored_node(k), k.out)]
 

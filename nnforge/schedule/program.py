@@ -93,9 +93,10 @@ class SlicedGemm(Kernel):
     tile with the slices' reader kernels (``group.members``) run on each tile while it is in cache: one kernel,
     no buffer for the GEMM result. ``outs``: the members' buffers (``out`` is the last), ``also_of`` their extra
     stores. ``lanes``: columns of a tile the epilogue and the members compute at once (1: one at a time).
-    ``product``: where the graph returns the GEMM result itself (a training forward step stacks ``h @ W_hh.T``
-    for its backward), the buffer each tile is also stored into, before the epilogue; else None. ``tile``: as a
-    ``Gemm``'s, for tiles of one slice's width."""
+    ``product``: where the graph returns the GEMM result or its epilogue's value (a training forward step stacks
+    its gate sums ``x_t @ W_ih.T + b + h @ W_hh.T`` for its backward), the buffer each tile is also stored into;
+    else None. ``returns_root``: that value is the epilogue's (``group.root``), stored after it, not the
+    product's. ``tile``: as a ``Gemm``'s, for tiles of one slice's width."""
 
     group: SlicedGroup = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
     outs: tuple[Buf, ...] = ()
@@ -104,6 +105,12 @@ class SlicedGemm(Kernel):
     lanes: int = 1
     product: Buf | None = None
     tile: tuple[int, int] | None = None
+    returns_root: bool = False
+
+    @property
+    def returned(self) -> Node:
+        """The node whose value ``product`` holds."""
+        return self.group.root if self.returns_root else self.group.gemm
 
 
 @dataclass(frozen=True)
@@ -261,7 +268,7 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
     text = f"{k.kind} -> " + ", ".join(_buf(o, names) + (f" (and out{', out'.join(map(str, a))})" if a else "")
                                        for o, a in zip(outs, also))
     if isinstance(k, SlicedGemm) and k.product is not None:
-        text += f", the product -> {_buf(k.product, names)}"
+        text += f", the {'epilogue' if k.returns_root else 'product'} -> {_buf(k.product, names)}"
     notes = []
     if isinstance(k, SlicedGemm):
         notes.append(f"column tiles of {len(k.group.offsets)} slices at {list(k.group.offsets)}")

@@ -92,7 +92,7 @@ class _Scheduler:
         chunked = find_chunked(graph, g, splits) if top and self.target.chunk_bytes else {}
         sliced = {id(sg.root): sg for sg in g.sliced}
         member_of = {id(m) for sg in sliced.values() for m in sg.members}
-        products = {id(sg.gemm) for sg in sliced.values()}  # stored by their sliced kernel when returned
+        products = {id(n) for sg in sliced.values() for n in (sg.gemm, sg.root)}  # stored by their sliced kernel
         dest: dict[int, int] = {}
         extra: dict[int, list[int]] = {}
         copies: list[tuple[Node, int]] = []
@@ -117,11 +117,12 @@ class _Scheduler:
             elif id(n) in sliced:
                 sg = sliced[id(n)]
                 outs = tuple(self.buf(m, dest.get(id(m))) for m in sg.members)
-                product = self.buf(sg.gemm, dest[id(sg.gemm)]) if id(sg.gemm) in dest else None
+                returned = next((r for r in (sg.root, sg.gemm) if id(r) in dest), None)
+                product = self.buf(returned, dest[id(returned)]) if returned is not None else None
                 kernels.append(SlicedGemm(sg.gemm, outs[-1], _fuses(g, sg.root, sg.gemm, sg.members), (), sg,
                                           outs, tuple(tuple(extra.get(id(m), ())) for m in sg.members),
                                           _resident(sg.gemm, g, resident), self.sliced_lanes(sg, g), product,
-                                          self.tile(sg.gemm, sg.width)))
+                                          self.tile(sg.gemm, sg.width), returned is not sg.gemm))
             else:
                 k = self.kernel(n, g, self.buf(n, dest.get(id(n))), tuple(extra.get(id(n), ())), resident, top)
                 if isinstance(k, Elementwise | Gemm):

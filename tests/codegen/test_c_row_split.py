@@ -200,10 +200,11 @@ def test_input_projection_computed_chunk_by_chunk(rng: np.random.Generator, fn, 
     _check(fn, args, dt)
 
 
-def test_training_keeps_the_whole_projection(rng: np.random.Generator) -> None:
-    """In a training step the backward pass reads the forward's projection too: it stays one GEMM before the
-    forward loop; the row-split backward loop reads it and the forward's stacked ``h @ W_hhᵀ`` (nothing to
-    recompute chunk by chunk)."""
+def test_training_chunks_the_projection_and_saves_gate_sums(rng: np.random.Generator) -> None:
+    """In a training step the forward stacks each step's gate pre-activations (projection + bias + ``h @
+    W_hhᵀ``) for the backward step, which then reads neither the projection nor anything to recompute: the
+    forward computes the projection chunk by chunk as inference does, and the row-split backward loop reads its
+    one stacked input per step."""
 
     def loss(*args):
         return (lstm(*args)[0] ** 2).sum()
@@ -211,7 +212,7 @@ def test_training_keeps_the_whole_projection(rng: np.random.Generator) -> None:
     args = _lstm_args(rng, 70, 16, 5, 8)
     g = nf.grad(loss, argnums=(3, 4, 5))
     forward, backward = _loops(g, args)
-    assert not forward.chunked and _split(backward) and not backward.chunked
+    assert forward.chunked and _split(backward) and not backward.chunked
     _check(g, args)
 
 

@@ -430,17 +430,28 @@ def test_second_order_grad_through_scan(product, backend, rng):
     assert_close(g2, g2t, "float64", grad=True)
 
 
-def test_backward_step_reads_the_saved_product_of_the_carry(rng):
-    """The forward scan stacks each step's ``h @ W_hh.T``; the backward body multiplies the saved h only for
-    dW_hh (through a transpose), never to recompute the gates."""
+def test_backward_step_reads_the_saved_gate_sums(rng):
+    """The forward scan stacks each step's gate pre-activations ``x_t @ W_ih.T + h @ W_hh.T + b`` (the sum the
+    carry's product is the sole term of); the backward body reads them and neither multiplies the saved h to
+    recompute the gates (only for dW_hh, through a transpose) nor reads the input projection again."""
     arrays = lstm_arrays(rng)
     graph = nf.compile(nf.grad(lambda *a: lstm_model(nf.scan, *a), tuple(range(6)))).trace(*arrays)
     forward, backward = sorted((n for n in graph.order if n.op == Op.SCAN), key=lambda n: n.attrs["reverse"])
-    products = [o for o in forward.attrs["body"].outputs if o.op == Op.MATMUL]
-    assert len(products) == 1 and products[0].srcs[0] is forward.attrs["body"].inputs[0]  # h @ W_hh.T
+    fbody = forward.attrs["body"]
+
+    def terms(v):
+        return [t for s in v.srcs for t in terms(s)] if v.op == Op.ADD else [v]
+
+    sums = [o for o in fbody.outputs if o.op == Op.ADD and o.shape == (N, 4 * H)]
+    assert len(sums) == 1
+    products = [t for t in terms(sums[0]) if t.op == Op.MATMUL and t.srcs[0] is fbody.inputs[0]]  # h @ W_hh.T
+    assert len(products) == 1
+    assert not [o for o in fbody.outputs if o.op == Op.MATMUL]
     body = backward.attrs["body"]
     saved_h = body.inputs[backward.attrs["n_carry"]]
     assert not [m for m in body.order if m.op == Op.MATMUL and m.srcs[0] is saved_h]
+    nc, nx = backward.attrs["n_carry"], backward.attrs["n_xs"]
+    assert [s.shape for s in backward.srcs[nc:nc + nx]].count((T, N, 4 * H)) == 1  # the sums, not the projection
 
 
 # The C backend has no half precision: there a float16/bfloat16 scan runs on the interpreter (skipped, with why).

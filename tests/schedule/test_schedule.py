@@ -13,6 +13,7 @@ import pytest
 import nnforge as nf
 from nnforge.codegen.c import _shown_config, lower, prepare
 from nnforge.codegen.c.target import cpu_target
+from nnforge.ir.ops import Op
 from nnforge.passes import pipeline, run_pipeline
 from nnforge.schedule import Copy, Elementwise, Gemm, Random, Reduce, SlicedGemm, Unsupported, schedule
 
@@ -84,11 +85,12 @@ def test_training_sums_weight_gradients_over_leading_axes(rng: np.random.Generat
     prog = _program(nf.grad(loss, argnums=(3, 4, 5)), _lstm_args(rng, 7, 16, 5, 8))
     assert any(isinstance(k, Reduce) and k.leading for k in prog.kernels())  # db: the sum over T and N
     forward, backward = prog.loops()
-    assert not forward.chunked  # the backward pass reads the projection too: one GEMM before the loop
+    assert forward.chunked  # the backward pass reads the stacked gate sums, not the projection
     assert backward.parallel is not None  # rows split
-    assert not backward.chunked  # the gates' h @ W_hh.T is not recomputed: the forward step stored it
+    assert not backward.chunked  # the gates are not recomputed: the forward step stored their sums
     sliced = [k for k in forward.body.kernels if isinstance(k, SlicedGemm)]
-    assert len(sliced) == 1 and sliced[0].product is not None
+    assert len(sliced) == 1 and sliced[0].product is not None and sliced[0].returns_root
+    assert sliced[0].returned.op == Op.ADD
 
 
 def test_random_numbers_are_scheduled_only_where_the_target_draws_them(rng: np.random.Generator) -> None:

@@ -878,13 +878,15 @@ class Lowering:
             sc = Scalar(self, ctx, {}, (row, col), lanes, u)
             for off, value in zip(sg.offsets, values):
                 at = sliced_index(col, sz.expr(off))  # the index the column slice at ``off`` reads
-                if product is not None:
-                    sc.stmts.append(sc.store(p.dtype, product, row_major([row, at], [sz.expr(x) for x in p.shape]),
-                                             value))
+                at_product = row_major([row, at], [sz.expr(x) for x in p.shape])
+                if product is not None and not k.returns_root:
+                    sc.stmts.append(sc.store(p.dtype, product, at_product, value))
                 if epilogue is not None:
                     pre, stmts, value = epilogue([row, at], value, lanes, u)
                     sc.pre += pre
                     sc.stmts += stmts
+                if product is not None and k.returns_root:
+                    sc.stmts.append(sc.store(root.dtype, product, at_product, value))
                 sc.memo[(id(root), (row, at))] = value
             for m, o, more in zip(sg.members, outs, extra):
                 v = sc.val(m, (row, col))
@@ -899,7 +901,7 @@ class Lowering:
         for m, o in zip(sg.members, outs):
             ctx.ptr[id(m)] = o
         if product is not None:
-            ctx.ptr[id(p)] = product
+            ctx.ptr[id(k.returned)] = product
         fused = ["matmul"] + (ep_info[0].fused if ep_info else []) + body_info[0].fused
         stores = [s for s in body_info[0].stmts if not s.startswith("const ")]
         listing.append(KernelInfo(k.kind, ", ".join(outs), fmt_type(sg.members[-1].shape, sg.members[-1].dtype),

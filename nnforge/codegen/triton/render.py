@@ -122,7 +122,7 @@ class Renderer:
                 for m, o in zip(k.group.members, outs):
                     ctx.buffers[id(m)] = o[0]
                 if product:
-                    ctx.buffers[id(k.group.gemm)] = product[0]
+                    ctx.buffers[id(k.returned)] = product[0]
                 continue
             out = self.place(k.out)
             self.kernel(k, ctx, [out, *(f"out{i}" for i in k.also)])
@@ -413,8 +413,9 @@ class Renderer:
     def sliced(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]], product: Sequence[str] = ()) -> None:
         """A GEMM read only through column slices (an RNN's gates): one program per tile of rows and of the
         slice width, one ``tl.dot`` accumulator per slice, the GEMM's epilogue on each, then the member kernels
-        (the cell update) on the tiles, stored into ``outs`` (one list per member). The product is stored only
-        into ``product`` (where the graph returns it): a recurrent step is this one kernel."""
+        (the cell update) on the tiles, stored into ``outs`` (one list per member). The product (or the epilogue's
+        value, ``k.returns_root``) is stored only into ``product`` (where the graph returns it): a recurrent step
+        is this one kernel."""
         sg = k.group
         p, root = sg.gemm, sg.root
         if p.ndim != 2 or any(m.ndim != 2 for m in sg.members):
@@ -442,10 +443,12 @@ class Renderer:
         for g, off in enumerate(sg.offsets):
             idx = ("rm", sliced("rn", str(off)))
             value = f"acc{g}" if p.dtype not in HALF else em.tmp(rounded(f"acc{g}", p.dtype), "acc")
-            for o in product:
-                em.line(f"tl.store({o} + ({flat(idx, [sz(d) for d in p.shape])}), {value}, mask=mo)")
+            product_value = value
             if root is not p:
                 value = Eval(em, ctx, sz, "mo", 2, root=root, overrides={(id(p), idx): value}).val(root, idx)
+            for o in product:
+                stored = value if k.returns_root else product_value
+                em.line(f"tl.store({o} + ({flat(idx, [sz(d) for d in p.shape])}), {stored}, mask=mo)")
             tiles[(id(root), idx)] = value
         ev = Eval(em, ctx, sz, "mo", 2, overrides=tiles)
         for m, dests in zip(sg.members, outs):

@@ -376,7 +376,7 @@ class ScanKernel:
     def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str]) -> None:
         """One ``tl.dot`` per column slice (gate) on the step's A tile, the GEMM's epilogue on each gate tile,
         then the member kernels (the cell update) on the tiles: the gate matrix is never stored, only the product
-        where the scan returns it (slice by slice into this step's row)."""
+        or the epilogue's value where the scan returns it (slice by slice into this step's row)."""
         sg = k.group
         p, root = sg.gemm, sg.root
         w = int(sg.width)
@@ -385,15 +385,15 @@ class ScanKernel:
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
         for off, acc in zip(sg.offsets, accs):
             idx = ("r", sliced(cw, str(off)))
+            value = acc
+            if root is not p:
+                value = self.eval(body, self.mask(w), root=root, overrides={(id(p), idx): acc}).val(root, idx)
             if k.product is not None:
                 pos = k.product.output
                 if pos < self.nc:
                     raise Unsupported(f"matmul at {p.loc}: a carry that is a GEMM read through column slices")
                 self.store(self.results[pos], self.loop.node.types[pos][0], ("tt", self.global_row("r"), idx[1]),
-                           acc, self.mask(w))
-            value = acc
-            if root is not p:
-                value = self.eval(body, self.mask(w), root=root, overrides={(id(p), idx): acc}).val(root, idx)
+                           value if k.returns_root else acc, self.mask(w))
             tiles[(id(root), idx)] = value
         ev = self.eval(body, self.mask(w), overrides=tiles)
         for m, out, more in zip(sg.members, k.outs, k.also_of):

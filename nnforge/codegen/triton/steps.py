@@ -98,7 +98,7 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
                 for m, o in zip(k.group.members, outs):
                     body.buffers[id(m)] = o[0]
                 if product:
-                    body.buffers[id(k.group.gemm)] = product[0]
+                    body.buffers[id(k.returned)] = product[0]
                 continue
             outs = dests(k.out, k.also)
             r.kernel(k, body, outs)
