@@ -57,7 +57,7 @@ def test_row_sum_of_a_strided_read_stays_scalar(rng: np.random.Generator) -> Non
 
 
 def _vector_divisions(src: str) -> list[str]:
-    return [ln for ln in src.splitlines() if "const nf_v8f32" in ln and re.search(r"\) / |\w / \w", ln)]
+    return [ln for ln in src.splitlines() if "const nf_vf32" in ln and re.search(r"\) / |\w / \w", ln)]
 
 
 def test_division_by_a_row_invariant_is_a_multiplication(rng: np.random.Generator) -> None:

@@ -1,7 +1,8 @@
-"""Fused GEMM tiles in vector form (``prelude.h``'s ``nf_v*`` helpers, eight float32 columns at a time; which
-index expressions vectorize is ``test_index_expr``'s): the vector sigmoid/tanh against float64 torch over the whole
-float range, the recurrent step computed from its register tiles (the gates never stored), and the scalar fallback for
-a tile body with no vector form."""
+"""Fused GEMM tiles and elementwise kernels in vector form (``prelude.h``'s ``nf_v*`` helpers, a vector of float32
+columns at a time: 8 with AVX2's tiles, 16 with AVX-512's, both checked on every machine; which index expressions
+vectorize is ``test_index_expr``'s): the vector sigmoid/tanh against float64 torch over the whole float range, the
+recurrent step computed from its register tiles (the gates never stored), and the scalar fallback for a tile body
+with no vector form."""
 
 from __future__ import annotations
 
@@ -11,27 +12,34 @@ import numpy as np
 import pytest
 import torch
 from test_c_math import _grid
+from test_gemm import _cpu
 from test_scan import lstm
 
 import nnforge as nf
+from nnforge.codegen.c.gemm import GemmConfig
 
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
+# 64-byte vectors compile everywhere (two AVX2 halves without AVX-512): both widths are checked on every machine
+VECTORS = {"avx2": GemmConfig(vector_bytes=32), "avx512": GemmConfig(vector_bytes=64)}
 
-def _source(fn, *args) -> str:
+
+def _source(fn, *args, cfg: GemmConfig | None = None) -> str:
     """The generated kernels of ``fn`` (the program without its prelude of helpers)."""
     from nnforge.codegen.c import lower, prepare
 
-    src = lower(prepare(nf.compile(fn).trace(*args))).source()
+    src = lower(prepare(nf.compile(fn).trace(*args), cfg), cfg).source()
     return src[src.index("#define NF_R64"):]
 
 
+@pytest.mark.parametrize("vectors", VECTORS)
 @pytest.mark.parametrize("op", ["tanh", "sigmoid"])
-def test_vector_transcendentals_in_a_gemm_epilogue(rng: np.random.Generator, op: str) -> None:
+def test_vector_transcendentals_in_a_gemm_epilogue(rng: np.random.Generator, op: str, vectors: str) -> None:
     """``op(a @ w + x)`` with ``a @ w`` exact in float32 (small integers times a power of two), so the epilogue
     sees exactly the float32 values numpy computes: the vector forms then meet the scalar forms' bounds (relative
     error < 4e-7 against float64 torch, NaN and infinities as torch has them) on every float magnitude. 37 columns:
-    two full tiles (vector) and one of 5 (scalar)."""
+    full tiles (vector) and one of 5 (scalar)."""
+    cfg = VECTORS[vectors]
     x = _grid(rng)
     n = 37
     x = np.concatenate([x, rng.standard_normal((-len(x)) % n).astype(np.float32)]).reshape(-1, n)
@@ -41,8 +49,8 @@ def test_vector_transcendentals_in_a_gemm_epilogue(rng: np.random.Generator, op:
     def fn(a, w, x):
         return getattr(nf, op)(a @ w + x)
 
-    assert f"nf_v{op}f" in _source(fn, a, w, x)
-    got = nf.compile(fn, backend="cpu")(a, w, x)
+    assert f"nf_v{op}f" in _source(fn, a, w, x, cfg=cfg)
+    (got,) = _cpu(cfg, fn, a, w, x)
     z = (a @ w).astype(np.float32) + x
     want = getattr(torch, op)(torch.from_numpy(z).double()).numpy()
     normal = np.isfinite(want) & (np.abs(want) > 1e-37)
@@ -58,20 +66,25 @@ def _lstm_args(rng: np.random.Generator, H: int, T: int = 6, N: int = 7, I: int 
     return [(rng.standard_normal(s) * 0.5).astype(np.float32) for s in shapes]
 
 
-@pytest.mark.parametrize("H", [16, 24, 40])
-def test_lstm_step_runs_on_its_register_tiles(rng: np.random.Generator, H: int) -> None:
+@pytest.mark.parametrize("vectors", VECTORS)
+@pytest.mark.parametrize("H", [16, 24, 32, 40, 48])
+def test_lstm_step_runs_on_its_register_tiles(rng: np.random.Generator, H: int, vectors: str) -> None:
     """The step kernel's gates come from the micro-kernel's tiles straight into the vector cell update (no
-    store of the [N, 4H] gate matrix); H = 40 adds a partial tile (scalar, on the 6 x 16 tile), which H = 16
-    (6 x 16) and H = 24 (4 x 24) cannot have: their scalar form is not printed. Against the reference backend."""
+    store of the [N, 4H] gate matrix); a width that is not whole tiles adds a partial tile (scalar: H = 40 on
+    either general tile, 16 and 24 on AVX-512's 32-column one), which whole tiles cannot have: their scalar form
+    is not printed. Against the reference backend."""
+    cfg = VECTORS[vectors]
     args = _lstm_args(rng, H)
-    src = _source(lstm, *args)
-    nr = 24 if H % 24 == 0 else 16  # the 4 x 24 tile where H is whole 24-column tiles (K = H <= 256)
-    step = src[src.index(f"nf_ukr{'_4x24' if nr == 24 else ''}_f32(", src.index(" < S[0]; ")):]  # the time loop's
+    src = _source(lstm, *args, cfg=cfg)
+    (_, mr, narrow), general = cfg.tiles()[0], cfg.tiles()[-1][2] // 4  # (max K, rows, row bytes) per tile
+    narrow //= 4
+    nr = narrow if H % narrow == 0 else general  # the narrow-K tile where H is whole tiles of it (K = H <= 256)
+    step = src[src.index(f"nf_ukr{f'_{mr}x{nr}' if nr == narrow else ''}_f32(", src.index(" < S[0]; ")):]
     assert "nf_vsigmoidf" in step and "nf_vtanhf" in step
     assert ("nf_sigmoidf(" in step) == (H % nr != 0)
     assert not re.search(rf"\[\(\w+\) \* {4 * H} \+[^\]]*\] = ", step)  # no [N, 4H] gate matrix is stored
     want = nf.compile(lstm)(*args)
-    for g, w in zip(nf.compile(lstm, backend="cpu")(*args), want):
+    for g, w in zip(_cpu(cfg, lstm, *args), want):
         np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6)
 
 
@@ -99,12 +112,14 @@ def exp_gate_lstm(x, h0, c0, w_ih, w_hh, b):
     return ys, h, c
 
 
-def test_tile_without_a_vector_form_stays_scalar(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("vectors", VECTORS)
+def test_tile_without_a_vector_form_stays_scalar(rng: np.random.Generator, vectors: str) -> None:
+    cfg = VECTORS[vectors]
     args = _lstm_args(rng, 32)
-    src = _source(exp_gate_lstm, *args)
-    assert re.search(r"nf_ukr(_4x24)?_f32\(", src) and "expf(" in src and "nf_vsigmoidf" not in src
+    src = _source(exp_gate_lstm, *args, cfg=cfg)
+    assert re.search(r"nf_ukr(_\d+x\d+)?_f32\(", src) and "expf(" in src and "nf_vsigmoidf" not in src
     want = nf.compile(exp_gate_lstm)(*args)
-    for g, w in zip(nf.compile(exp_gate_lstm, backend="cpu")(*args), want):
+    for g, w in zip(_cpu(cfg, exp_gate_lstm, *args), want):
         np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6)
 
 
@@ -115,15 +130,19 @@ def layer_norm_gate(v, g, b):
     return nf.tanh(d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b)
 
 
-@pytest.mark.parametrize("width", [8, 45, 96])
-def test_elementwise_kernel_in_vector_form(rng: np.random.Generator, width: int) -> None:
-    """An elementwise kernel over rows of ``width``: vector columns (whole eights), then a scalar remainder; a
-    row's statistics computed once before its column loop (``sqrtf`` of the row, not a vector square root per
-    column). Against torch in float64."""
+@pytest.mark.parametrize("vectors", VECTORS)
+@pytest.mark.parametrize("width", [8, 16, 45, 96])
+def test_elementwise_kernel_in_vector_form(rng: np.random.Generator, width: int, vectors: str) -> None:
+    """An elementwise kernel over rows of ``width``: vector columns (whole vectors), then a scalar remainder (all
+    of a row narrower than a vector); a row's statistics computed once before its column loop (``sqrtf`` of the
+    row, not a vector square root per column). Against torch in float64."""
+    cfg = VECTORS[vectors]
     v, g, b = (rng.standard_normal(s).astype(np.float32) for s in [(13, width), (width,), (width,)])
-    src = _source(layer_norm_gate, v, g, b)
-    assert "nf_vtanhf(" in src and "nf_vsqrtf(" not in src and "sqrtf(" in src
-    got = nf.compile(layer_norm_gate, backend="cpu")(v, g, b)
+    src = _source(layer_norm_gate, v, g, b, cfg=cfg)
+    lanes = cfg.vector_width // 4
+    assert ("nf_vtanhf(" in src) == (width >= lanes) and "nf_vsqrtf(" not in src and "sqrtf(" in src
+    assert (f"+= {lanes}) {{" in src) == (width >= lanes)
+    (got,) = _cpu(cfg, layer_norm_gate, v, g, b)
     t = [torch.from_numpy(a).double() for a in (v, g, b)]
     want = torch.tanh(torch.nn.functional.layer_norm(t[0], (width,), eps=1e-5) * t[1] + t[2]).numpy()
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)

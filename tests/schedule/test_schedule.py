@@ -32,10 +32,11 @@ def test_an_lstm_layer_prints_its_decisions(rng: np.random.Generator) -> None:
     text = nf.show(nf.compile(lstm), *args, stage="scheduled")
     lines = text.splitlines()
     assert lines[0] == "program for target cpu"
-    rows = 12 if _shown_config().vector_bytes == 64 else 6  # H = 8: the general tile, by the compiler's vectors
+    wide = _shown_config().vector_bytes == 64  # H = 8: the general tile and its vectors, by the compiler's
+    rows, lanes = (12, 16) if wide else (6, 8)
     assert lines[1].startswith(f"  scan over T steps, rows split among workers (batch 16, {rows} rows per pass) -> (")
-    assert lines[2] == ("    every 64 steps, input 0: gemm+add -> b0: f32[1024, 32]  [B resident across steps; tiles 8 "
-                        "columns at a time]")
+    assert lines[2] == (f"    every 64 steps, input 0: gemm+add -> b0: f32[1024, 32]  [B resident across steps; tiles "
+                        f"{lanes} columns at a time]")
     assert lines[3].startswith("    gemm+add+sigmoid+mul+tanh -> out1: f32[16, 8], out0: f32[16, 8] (and out2)  "
                                "[column tiles of 4 slices at ")
     assert lines[4] == "  }" and len(lines) == 5

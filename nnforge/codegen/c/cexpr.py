@@ -278,9 +278,15 @@ def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mappin
     raise Unsupported(f"no C formula for {op.name.lower()}")
 
 
-LANES = {DType.float32: 8}
-"""Columns a fused GEMM tile computes at once, per dtype, in its vector form (the prelude's ``nf_v8f32``)."""
-VTYPE = {DType.float32: "nf_v8f32"}
+VTYPE = {DType.float32: "nf_vf32"}
+"""The elementwise vector type per dtype: the prelude's ``nf_vf32``, ``NF_VBYTES`` bytes (set per program)."""
+
+
+def vector_lanes(vector_bytes: int) -> dict[DType, int]:
+    """Elements per elementwise vector, per dtype with a vector form, in vectors of ``vector_bytes`` (the GEMM
+    tiles' width: a fused tile's epilogue runs whole vectors of its columns)."""
+    return {dt: vector_bytes // dt.itemsize for dt in VTYPE}
+
 
 _VECTOR = {Op.ADD: "({a} + {b})", Op.SUB: "({a} - {b})", Op.MUL: "({a} * {b})", Op.DIV: "({a} / {b})",
            Op.NEG: "(-{a})", Op.RECIP: "(1.0f / {a})", Op.SIGMOID: "nf_vsigmoidf({a})", Op.TANH: "nf_vtanhf({a})",
@@ -293,7 +299,7 @@ VECTOR_OPS = frozenset(_VECTOR)
 
 
 def vector_formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str]) -> str:
-    """The vector form of ``formula`` (operands are vectors of ``LANES[dt]``); ``Unsupported`` for an op or dtype
+    """The vector form of ``formula`` (operands are ``VTYPE[dt]`` vectors); ``Unsupported`` for an op or dtype
     without one, and the caller then keeps the scalar loop. Same results as the scalar forms: the arithmetic is
     the same IEEE operations, sigmoid and tanh the same polynomials (see the prelude)."""
     if dt not in VTYPE or any(d != dt for d in src_dts) or op not in _VECTOR:

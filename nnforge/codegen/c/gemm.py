@@ -25,10 +25,10 @@ Why this shape of code:
   slices (an LSTM's four gates), column tile by column tile, each slice into its own register tile, and runs
   those kernels on the tiles right away: a recurrent step becomes one kernel with one barrier, and its gate
   matrix is never stored (see ``passes.fuse.sliced_groups``).
-* The elementwise work on a tile (epilogue, fused kernels) runs eight float32 columns at a time in explicit vector
-  code where the schedule says it has a vector form (``Gemm.lanes``; ``lower.Scalar`` with lanes, ``prelude.h``'s
-  ``nf_v*``): gcc's own vectorization of the scalar transcendentals was measured 25 % slower. A partial tile keeps
-  the scalar loop.
+* The elementwise work on a tile (epilogue, fused kernels) runs a vector of float32 columns at a time (8 on AVX2,
+  16 with AVX-512: the tiles' own width) in explicit vector code where the schedule says it has a vector form
+  (``Gemm.lanes``; ``lower.Scalar`` with lanes, ``prelude.h``'s ``nf_v*``): gcc's own vectorization of the scalar
+  transcendentals was measured 25 % slower. A partial tile keeps the scalar loop.
 
 Tile sizes come from ``GemmConfig`` (defaults measured on AVX2; ``nnforge.tune`` searches MC and NC).
 """

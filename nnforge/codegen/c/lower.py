@@ -43,7 +43,6 @@ from ...schedule import (
 from ...schedule.identical import step_keys
 from ...schedule.memory import Slot, lifetimes, plan
 from .cexpr import (
-    LANES,
     PRELUDE,
     VTYPE,
     Sizes,
@@ -56,6 +55,7 @@ from .cexpr import (
     literal,
     store,
     vector_formula,
+    vector_lanes,
 )
 from .chunks import emit_chunk
 from .emit import Emitter, Names
@@ -114,7 +114,7 @@ class Scalar:
         return other
 
     def _vector(self, dt: DType) -> str:
-        if LANES.get(dt) != self.lanes:
+        if self.low.lanes.get(dt) != self.lanes:
             raise Unsupported(f"no {self.lanes}-lane vector form in {dt}")
         return VTYPE[dt]
 
@@ -286,6 +286,7 @@ class Lowering:
         self.graph = program.graph
         self.sizes = sizes
         self.gemm = gemm or GemmConfig()
+        self.lanes = vector_lanes(self.gemm.vector_width)  # per dtype: the prelude's nf_vf32 (NF_VBYTES)
         self.tiles: dict[Tile, None] = {}  # the GEMM tiles used, in order: their micro-kernels go in the source
         self.names = Names()
         self.allocs: list[tuple[str, str, str]] = []
@@ -368,7 +369,8 @@ class Lowering:
         sizes_fn = ["static void nf_sizes(const int64_t* in, int64_t* S) {",
                     *(f"    S[{k}] = in[{k}];" for k in range(self.sizes.n_inputs)),
                     *(f"    {d}" for d in self.sizes.definitions()), "    (void)in; (void)S;", "}"]
-        lines = [PRELUDE, gemm_prelude(list(self.tiles)), "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
+        lines = [f"#define NF_VBYTES {self.gemm.vector_width}", PRELUDE, gemm_prelude(list(self.tiles)),
+                 "#define NF_R64(x) (((x) + 63) & ~(int64_t)63)", *fns,
                  UNIT_MARK, *protos, *sizes_fn, *slot_fn,
                  "int64_t nf_workspace(const int64_t* in) {", f"    int64_t S[{ns}] = {{0}}, b[{nb}] = {{0}}, n = 0;",
                  "    nf_sizes(in, S);", "    nf_slot_bytes(S, b);",
@@ -693,8 +695,8 @@ class Lowering:
                                   note=f"axes={tuple(axes)}"))
 
     def _vector_sum(self, p: Node, ctx: GraphCtx, full: list[Expr], acc: str, em: Emitter, lanes: int) -> int:
-        """The vector loops of a float32 sum over the last axis: 32 columns per iteration in four independent
-        8-lane vectors, added pairwise and widened into two float64 accumulators, then 8 columns at a time.
+        """The vector loops of a float32 sum over the last axis: four independent vectors of ``lanes`` columns per
+        iteration, added pairwise and widened into two float64 accumulators, then one vector at a time.
 
         Returns the first column left to the scalar loop. The schedule chose it (``Reduce.lanes``: the summed
         values vectorize along the row); a body that cannot be spelled so is a bug of that choice.
@@ -715,11 +717,10 @@ class Lowering:
         except Unsupported as e:
             raise NNForgeError(f"the schedule chose {lanes} lanes for the sum at {p.loc}, which has no vector "
                                f"form: {e}") from e
-        lo, hi, vt = em.fresh("lo"), em.fresh("hi"), VTYPE[p.dtype]
-        assert vt == "nf_v8f32", vt  # nf_vacc_f64 widens eight float32 lanes
+        lo, hi = em.fresh("lo"), em.fresh("hi")
         em.open("{")
         em.each(st for sc in (first, single) if sc for st in sc.pre)
-        em(f"nf_v4f64 {lo} = {{0}}, {hi} = {{0}};")
+        em(f"nf_vf64 {lo} = {{0}}, {hi} = {{0}};")
         if unrolled:
             with em.block(f"for (int64_t {r} = 0; {r} < {wide}; {r} += {4 * lanes}) {{"):
                 em.each(f"const int64_t {c} = {r} + {k * lanes};" for k, c in enumerate(cols) if k)

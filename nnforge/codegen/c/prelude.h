@@ -78,79 +78,110 @@ static inline float nf_tanhf(float x) {
     const float s = c * c;
     return c * NF_TANH_P(s) / NF_TANH_Q(s);
 }
-/* Vector forms (GCC/Clang vector extensions: AVX2 under -march=native, narrower vectors elsewhere) of the float32
-   ops that fused GEMM tiles compute, eight columns at a time. Written out because the compiler's own
-   vectorization of the scalar forms above is poor: it if-converts each clamp into blends of whole results (the
-   clamped branch is a constant it folds through the polynomial: three compares and three blends per clamp) and
-   guards every tile row with aliasing checks. Same polynomials as the scalar forms; the clamps keep NaN a NaN;
-   n is rounded to nearest (the scalar form rounds half up: they differ only at exact ties, both ~2 ulp). */
+/* Vector forms (GCC/Clang vector extensions) of the float32 ops that fused GEMM tiles and elementwise kernels
+   compute, a vector of columns at a time: NF_VBYTES bytes (32, eight lanes, unless the program says 64: sixteen
+   lanes where the compiler targets AVX-512; narrower hardware runs either as halves). Written out because the
+   compiler's own vectorization of the scalar forms above is poor: it if-converts each clamp into blends of whole
+   results (the clamped branch is a constant it folds through the polynomial: three compares and three blends per
+   clamp) and guards every tile row with aliasing checks. Same polynomials as the scalar forms; the clamps keep
+   NaN a NaN; n is rounded to nearest (the scalar form rounds half up: they differ only at exact ties, both
+   ~2 ulp). */
 typedef float nf_v8f32 __attribute__((vector_size(32), aligned(32)));
 typedef double nf_v4f64 __attribute__((vector_size(32), aligned(32)));
-typedef int32_t nf_v8i32 __attribute__((vector_size(32), aligned(32)));
-typedef uint32_t nf_v8u32 __attribute__((vector_size(32), aligned(32)));
 /* The GEMM micro-kernels' vectors on AVX-512 (``GemmConfig.vector_bytes`` 64); two AVX2 halves elsewhere. */
 typedef float nf_v16f32 __attribute__((vector_size(64), aligned(64)));
 typedef double nf_v8f64 __attribute__((vector_size(64), aligned(64)));
-typedef float nf_v8f32u __attribute__((vector_size(32), aligned(4)));
-static inline nf_v8f32 nf_vld_f32(const float* p) { return *(const nf_v8f32u*)p; }
-static inline void nf_vst_f32(float* p, nf_v8f32 v) { *(nf_v8f32u*)p = v; }
-static inline nf_v8f32 nf_vbc_f32(float x) { return (nf_v8f32){x, x, x, x, x, x, x, x}; }
-static inline nf_v8f32 nf_vsel_f32(nf_v8i32 m, nf_v8f32 a, nf_v8f32 b) {
-    return (nf_v8f32)((m & (nf_v8i32)a) | (~m & (nf_v8i32)b));
+#ifndef NF_VBYTES
+#define NF_VBYTES 32
+#endif
+typedef float nf_vf32 __attribute__((vector_size(NF_VBYTES), aligned(NF_VBYTES)));
+typedef int32_t nf_vi32 __attribute__((vector_size(NF_VBYTES), aligned(NF_VBYTES)));
+typedef uint32_t nf_vu32 __attribute__((vector_size(NF_VBYTES), aligned(NF_VBYTES)));
+typedef float nf_vf32u __attribute__((vector_size(NF_VBYTES), aligned(4)));
+static inline nf_vf32 nf_vld_f32(const float* p) { return *(const nf_vf32u*)p; }
+static inline void nf_vst_f32(float* p, nf_vf32 v) { *(nf_vf32u*)p = v; }
+/* x - 0 is x for every float, -0 and NaN included; the scalar operand is broadcast. */
+static inline nf_vf32 nf_vbc_f32(float x) { return x - (nf_vf32){0}; }
+static inline nf_vf32 nf_vsel_f32(nf_vi32 m, nf_vf32 a, nf_vf32 b) {
+    return (nf_vf32)((m & (nf_vi32)a) | (~m & (nf_vi32)b));
 }
-static inline nf_v8f32 nf_vmaxf(nf_v8f32 a, nf_v8f32 b) { return nf_vsel_f32((a > b) | (a != a), a, b); }
-static inline nf_v8f32 nf_vminf(nf_v8f32 a, nf_v8f32 b) { return nf_vsel_f32((a < b) | (a != a), a, b); }
-static inline nf_v8f32 nf_vabsf(nf_v8f32 a) { return (nf_v8f32)((nf_v8i32)a & 0x7fffffff); }
-/* x clamped to [lo, hi], NaN kept: min(hi, x) is hi < x ? hi : x. On AVX one vminps and one vmaxps; compare
-   and select (what the generic form compiles to) makes a whole LSTM cell update ~25 % slower. */
-#if defined(__AVX__)
-static inline nf_v8f32 nf_vclampf(nf_v8f32 x, float lo, float hi) {
+static inline nf_vf32 nf_vmaxf(nf_vf32 a, nf_vf32 b) { return nf_vsel_f32((a > b) | (a != a), a, b); }
+static inline nf_vf32 nf_vminf(nf_vf32 a, nf_vf32 b) { return nf_vsel_f32((a < b) | (a != a), a, b); }
+static inline nf_vf32 nf_vabsf(nf_vf32 a) { return (nf_vf32)((nf_vi32)a & 0x7fffffff); }
+/* x clamped to [lo, hi], NaN kept: min(hi, x) is hi < x ? hi : x, as vminps computes it (the second operand
+   where either is NaN). On AVX one vminps and one vmaxps; compare and select (what the generic form compiles to)
+   makes a whole LSTM cell update ~25 % slower. (GCC's names of the AVX-512 builtins; other compilers take the
+   generic form.) */
+#if NF_VBYTES == 64 && defined(__AVX512F__) && !defined(__clang__)
+static inline nf_vf32 nf_vclampf(nf_vf32 x, float lo, float hi) {
+    const nf_vf32 l = nf_vbc_f32(lo), h = nf_vbc_f32(hi), u = nf_vbc_f32(0);
+    return __builtin_ia32_maxps512_mask(l, __builtin_ia32_minps512_mask(h, x, u, (uint16_t)-1, 4), u,
+                                        (uint16_t)-1, 4);
+}
+static inline nf_vf32 nf_vsqrtf(nf_vf32 x) {
+    return __builtin_ia32_sqrtps512_mask(x, nf_vbc_f32(0), (uint16_t)-1, 4);
+}
+#elif NF_VBYTES == 32 && defined(__AVX__)
+static inline nf_vf32 nf_vclampf(nf_vf32 x, float lo, float hi) {
     return __builtin_ia32_maxps256(nf_vbc_f32(lo), __builtin_ia32_minps256(nf_vbc_f32(hi), x));
 }
+static inline nf_vf32 nf_vsqrtf(nf_vf32 x) { return __builtin_ia32_sqrtps256(x); }
 #else
-static inline nf_v8f32 nf_vclampf(nf_v8f32 x, float lo, float hi) {
+static inline nf_vf32 nf_vclampf(nf_vf32 x, float lo, float hi) {
     x = nf_vsel_f32(x > hi, nf_vbc_f32(hi), x);
     return nf_vsel_f32(x < lo, nf_vbc_f32(lo), x);
 }
-#endif
-#if defined(__AVX__)
-static inline nf_v8f32 nf_vsqrtf(nf_v8f32 x) { return __builtin_ia32_sqrtps256(x); }
-#else
-static inline nf_v8f32 nf_vsqrtf(nf_v8f32 x) { for (int k = 0; k < 8; k++) x[k] = sqrtf(x[k]); return x; }
-#endif
-/* Row sums of float32 vectors kept in float64 (as the scalar sums are): eight lanes widened into two
-   accumulators of four (vcvtps2pd), and their total. */
-static inline void nf_vacc_f64(nf_v4f64* lo, nf_v4f64* hi, nf_v8f32 v) {
-    *lo += (nf_v4f64){v[0], v[1], v[2], v[3]};
-    *hi += (nf_v4f64){v[4], v[5], v[6], v[7]};
+static inline nf_vf32 nf_vsqrtf(nf_vf32 x) {
+    for (int k = 0; k < NF_VBYTES / 4; k++) x[k] = sqrtf(x[k]);
+    return x;
 }
-static inline double nf_vhsum_f64(nf_v4f64 lo, nf_v4f64 hi) {
-    const nf_v4f64 t = lo + hi;
+#endif
+/* Row sums of float32 vectors kept in float64 (as the scalar sums are): each half of the lanes widened into an
+   accumulator (vcvtps2pd), and their total. */
+#if NF_VBYTES == 64
+typedef nf_v8f64 nf_vf64;
+static inline void nf_vacc_f64(nf_vf64* lo, nf_vf64* hi, nf_vf32 v) {
+    *lo += (nf_vf64){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+    *hi += (nf_vf64){v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15]};
+}
+static inline double nf_vhsum_f64(nf_vf64 lo, nf_vf64 hi) {
+    const nf_vf64 t = lo + hi;
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+#else
+typedef nf_v4f64 nf_vf64;
+static inline void nf_vacc_f64(nf_vf64* lo, nf_vf64* hi, nf_vf32 v) {
+    *lo += (nf_vf64){v[0], v[1], v[2], v[3]};
+    *hi += (nf_vf64){v[4], v[5], v[6], v[7]};
+}
+static inline double nf_vhsum_f64(nf_vf64 lo, nf_vf64 hi) {
+    const nf_vf64 t = lo + hi;
     return (t[0] + t[1]) + (t[2] + t[3]);
 }
+#endif
 /* n = round(x / ln 2) from t = x log2(e) + (1.5 * 2^23 + 127): t is an integer in [2^23, 2^24) whose low mantissa
    bits hold n + 127 (in [1, 254] after the clamp), so t's bits shifted left by 23 are those of 2^n (no conversion
    to int, no + 127: two vector ops fewer per e^x). */
 #define NF_EXP_MAGIC 12583039.0f
-static inline nf_v8f32 nf_vexpf(nf_v8f32 x) {
+static inline nf_vf32 nf_vexpf(nf_vf32 x) {
     x = nf_vclampf(x, -87.0f, 88.0f);
-    const nf_v8f32 t = x * 1.44269504088896341f + NF_EXP_MAGIC;
-    const nf_v8f32 n = t - NF_EXP_MAGIC;
-    const nf_v8f32 r = NF_EXP_R(x, n);
-    return NF_EXP_POLY(r) * (nf_v8f32)((nf_v8u32)t << 23);
+    const nf_vf32 t = x * 1.44269504088896341f + NF_EXP_MAGIC;
+    const nf_vf32 n = t - NF_EXP_MAGIC;
+    const nf_vf32 r = NF_EXP_R(x, n);
+    return NF_EXP_POLY(r) * (nf_vf32)((nf_vu32)t << 23);
 }
 /* 1 / (1 + e^-x), e^-x evaluated on x (q = -r, see NF_EXP_POLY_S): the same bits as nf_vexpf(-x) but for a NaN's
    sign, three ops fewer; an LSTM cell update (three sigmoids, two tanh) took 8.6 % less in isolation. */
-static inline nf_v8f32 nf_vsigmoidf(nf_v8f32 x) {
+static inline nf_vf32 nf_vsigmoidf(nf_vf32 x) {
     x = nf_vclampf(x, -88.0f, 87.0f);
-    const nf_v8f32 t = x * -1.44269504088896341f + NF_EXP_MAGIC;
-    const nf_v8f32 n = t - NF_EXP_MAGIC;
-    const nf_v8f32 q = NF_EXP_R(x, -n);  /* = -r: x - (-n) ln 2, the negation folded into the multiply-adds */
-    return 1.0f / (1.0f + NF_EXP_POLY_S(q, -) * (nf_v8f32)((nf_v8u32)t << 23));
+    const nf_vf32 t = x * -1.44269504088896341f + NF_EXP_MAGIC;
+    const nf_vf32 n = t - NF_EXP_MAGIC;
+    const nf_vf32 q = NF_EXP_R(x, -n);  /* = -r: x - (-n) ln 2, the negation folded into the multiply-adds */
+    return 1.0f / (1.0f + NF_EXP_POLY_S(q, -) * (nf_vf32)((nf_vu32)t << 23));
 }
-static inline nf_v8f32 nf_vtanhf(nf_v8f32 x) {
-    const nf_v8f32 c = nf_vclampf(x, -9.0f, 9.0f);
-    const nf_v8f32 s = c * c;
+static inline nf_vf32 nf_vtanhf(nf_vf32 x) {
+    const nf_vf32 c = nf_vclampf(x, -9.0f, 9.0f);
+    const nf_vf32 s = c * c;
     return c * NF_TANH_P(s) / NF_TANH_Q(s);
 }
 static inline void* nf_alloc(int64_t bytes) { void* p = NULL; if (posix_memalign(&p, 64, (size_t)(bytes > 0 ? bytes : 64))) return NULL; return p; }

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ...schedule import Target
-from .cexpr import LANES, VECTOR_OPS
+from .cexpr import VECTOR_OPS, vector_lanes
 from .gemm import GemmConfig
 
 
@@ -26,7 +26,8 @@ def cpu_target(gemm: GemmConfig | None = None) -> Target:
       measurements); a row-split body of several kernels runs whole tiles of its GEMMs per pass (one 6-row block
       where it has none).
     * Packed-A GEMMs and their K slices as ``GemmConfig`` says (its comments hold the measurements).
-    * Vectors of 8 float32 (AVX2) and the elementwise ops ``cexpr`` spells in vector form.
+    * Elementwise vectors as wide as the GEMM tiles' (8 float32 on AVX2, 16 with AVX-512) and the elementwise
+      ops ``cexpr`` spells in vector form.
     * Random numbers drawn in the program (``prelude.h``'s counter-based generator).
     """
     gemm = gemm or GemmConfig()
@@ -35,4 +36,5 @@ def cpu_target(gemm: GemmConfig | None = None) -> Target:
                   row_split=gemm.row_split, row_block=gemm.mr, gemm_tiles=gemm.tiles(),
                   pack_a_min_k=gemm.packed_a_min_k,
                   pack_a_min_m=gemm.packed_a_min_m if gemm.pack_a else None, k_slice=max(8, gemm.kc),
-                  vector_lanes=tuple(LANES.items()), vector_ops=VECTOR_OPS, random=True)
+                  vector_lanes=tuple(vector_lanes(gemm.vector_width).items()), vector_ops=VECTOR_OPS,
+                  random=True)
