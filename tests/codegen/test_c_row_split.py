@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -153,11 +154,11 @@ CHILD = textwrap.dedent("""
     from test_c_row_split import lstm, _lstm_args
     out = {{}}
     rng = np.random.default_rng({seed})
-    for N in (12, 13, 19):
-        args = _lstm_args(rng, 3, N, 4, 5)
+    for N, T in ((12, 3), (13, 3), (19, 3), (13, 150), (12, 70)):
+        args = _lstm_args(rng, T, N, 4, 5)
         want = nf.compile(lstm)(*args)
         got = nf.compile(lstm, backend="cpu")(*args)
-        out[N] = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+        out[f"{{N}},{{T}}"] = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
     print(json.dumps(out))
 """)
 
@@ -165,7 +166,8 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("threads", [1, 3, 5])
 def test_other_thread_counts(rng: np.random.Generator, threads: int) -> None:
     """Rows are split in whole 6-row blocks among however many threads OpenMP starts: more threads than blocks
-    leaves some with no rows, one thread takes them all."""
+    leaves some with no rows, one thread takes them all; over 70 or 150 steps each thread also projects its
+    rows of the input chunk by chunk (none where it has no rows)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     code = CHILD.format(tests=os.path.dirname(__file__), seed=int(rng.integers(1 << 31)))
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -198,6 +200,20 @@ def test_input_projection_computed_chunk_by_chunk(rng: np.random.Generator, fn, 
     assert chunk.k == 0 and chunk.steps == 64 and chunk.gemm.b_resident, loop
     assert chunk.gemm.out.shape == (64 * 16, 32)
     _check(fn, args, dt)
+
+
+def test_each_thread_projects_its_own_rows_without_a_barrier(rng: np.random.Generator) -> None:
+    """A chunk of the projection is computed by each thread for its own rows, step by step: from the time loop's
+    start to the barrier after it there is no OpenMP construct (no barrier around the chunk, no work sharing);
+    uneven splits (37 rows) and odd thread counts are ``test_other_thread_counts``' and ``test_lstm_rows``'."""
+    from nnforge.codegen.c import lower, prepare
+
+    args = _lstm_args(rng, 150, 16, 5, 8)
+    src = lower(prepare(nf.compile(lstm).trace(*args))).source()
+    start = re.search(r"for \(int64_t (\w+) = 0; \1 < S\[\d+\]; \1\+\+\) \{", src).start()
+    loop = src[start:src.index("#pragma omp barrier", start)]
+    assert "% 64 == 0" in loop and "nf_ukr" in loop and "#pragma omp" not in loop
+    _check(lstm, args)
 
 
 def test_training_chunks_the_projection_and_saves_gate_sums(rng: np.random.Generator) -> None:

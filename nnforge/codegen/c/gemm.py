@@ -310,19 +310,20 @@ def pack_panels(low: Lowering, em: Emitter, tile: Tile, K: str, src: View, colum
 def emit_gemm(low: Lowering, em: Emitter, p: Node, tile: Tile, views: Sequence[View], out: str,
               packed: str | None, scratch: str, epilogue: Epilogue | None,
               pack_a: bool = False, k_split: bool = False, also: Sequence[str] = (),
-              lanes: int = 1) -> str:
+              lanes: int = 1, m: str | None = None) -> str:
     """C computing ``out = epilogue(A @ B)`` for matmul node ``p`` on register tile ``tile``, also stored to each
     buffer in ``also`` (same layout); returns the store's text (for listings).
 
     ``packed`` names B already packed (panels of all N columns, before the loop); otherwise B is packed into
     ``scratch`` here (per batch index). ``pack_a`` / ``k_split``: the schedule's choice of the packed-A loops
     (``schedule.Gemm``), the partial sums over K slices then kept in ``out``; ``lanes``: its choice of the
-    epilogue's vector form (``Gemm.lanes``)."""
+    epilogue's vector form (``Gemm.lanes``); ``m``: the C count of rows to compute instead of all of them (the
+    views and ``out`` then start at the first of them)."""
     check_dtype(p)
     sz, cfg = low.sizes, low.gemm
     mr, nr = tile.mr, tile.nr
     batch = p.shape[:-2]
-    M, N, K = sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
+    M, N, K = m or sz(p.shape[-2]), sz(p.shape[-1]), sz(p.srcs[0].shape[-1])
     (pa, oa, sa), (pb, ob, sb) = views
     bidx = [em.fresh("bb") for _ in batch]
     for b, d in zip(bidx, batch):

@@ -1034,7 +1034,7 @@ class Lowering:
         chunk = self.alloc(c.gemm.out.dtype, c.gemm.out.shape)
         lo, count = em.fresh("lo"), em.fresh("cn")
         before(f"int64_t {lo} = 0, {count} = 0;")
-        emit_chunk(self, em, c, ctx, chunk, t, length, rev, lo, count, before)
+        emit_chunk(self, em, c, ctx, chunk, t, length, rev, lo, count, before, rows)
         info.note += f", input projection computed {steps} steps at a time"
         at = f"({chunk} + {sz.index((var(tt) - var(lo)) * sz.count(view.shape[1:]))})"
         return rows.current_rows(at, view.shape[1:], sz)
