@@ -22,7 +22,7 @@ from ..errors import TraceError
 from ..ir import builders as b
 from ..ir.build import make, rebuild
 from ..ir.loops import placeholder, scan_node
-from ..ir.node import Graph, Node, toposort
+from ..ir.node import Graph, Node, toposort, users
 from ..ir.ops import Op
 from ..ir.registry import VJP
 
@@ -65,17 +65,13 @@ def saved_values(body: Graph, products: Sequence[Node]) -> list[Node]:
     as the product and holds what the backward step reads: the step's input and the product itself are then
     read by nothing there (measured: the backward step of the basecaller's LSTMs read two [N, 4H] arrays per
     step). The adds' VJPs read no values, so the recomputed chain is dead once its end is the saved value."""
-    readers: dict[int, int] = {}
-    for m in body.order:
-        for s in m.srcs:
-            readers[id(s)] = readers.get(id(s), 0) + 1
-    reader_of = {id(s): m for m in body.order for s in m.srcs}
+    us = users(body.order)
     outputs = {id(o) for o in body.outputs}
     out: dict[int, Node] = {}
     for p in products:
         v = p
-        while readers.get(id(v)) == 1 and id(v) not in outputs:
-            m = reader_of[id(v)]
+        while len(us.get(id(v), ())) == 1 and id(v) not in outputs:
+            (m,) = us[id(v)]
             if m.op not in (Op.ADD, Op.SUB) or m.shape != v.shape or m.dtype != v.dtype:
                 break
             v = m

@@ -92,7 +92,7 @@ class _Scheduler:
         chunked = find_chunked(graph, g, splits) if top and self.target.chunk_bytes else {}
         sliced = {id(sg.root): sg for sg in g.sliced}
         member_of = {id(m) for sg in sliced.values() for m in sg.members}
-        products = {id(n) for sg in sliced.values() for n in (sg.gemm, sg.root)}  # stored by their sliced kernel
+        sliced_out = {id(n) for sg in sliced.values() for n in (sg.gemm, sg.root)}  # stored by its kernel
         dest: dict[int, int] = {}
         extra: dict[int, list[int]] = {}
         copies: list[tuple[Node, int]] = []
@@ -101,7 +101,7 @@ class _Scheduler:
             if id(o) in dest:
                 extra.setdefault(id(o), []).append(pos)
                 dups.append((o, pos))
-            elif id(o) not in products and (o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) or id(o) in g.alias):
+            elif id(o) not in sliced_out and (o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) or id(o) in g.alias):
                 copies.append((o, pos))
             else:
                 dest[id(o)] = pos

@@ -55,7 +55,6 @@ from .cexpr import (
     literal,
     store,
     vector_formula,
-    vector_lanes,
 )
 from .chunks import emit_chunk
 from .emit import Emitter, Names
@@ -286,7 +285,7 @@ class Lowering:
         self.graph = program.graph
         self.sizes = sizes
         self.gemm = gemm or GemmConfig()
-        self.lanes = vector_lanes(self.gemm.vector_width)  # per dtype: the prelude's nf_vf32 (NF_VBYTES)
+        self.lanes = dict(program.target.vector_lanes)  # per dtype: the prelude's nf_vf32 (NF_VBYTES)
         self.tiles: dict[Tile, None] = {}  # the GEMM tiles used, in order: their micro-kernels go in the source
         self.names = Names()
         self.allocs: list[tuple[str, str, str]] = []
