@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import nnforge as nf
+from nnforge.codegen.c import fused_listing
 from nnforge.codegen.c.target import cpu_target
 from nnforge.codegen.reference import ReferenceProgram
 from nnforge.ir.ops import Op
@@ -76,3 +77,18 @@ def test_compiled_training_gradients_match_torch(backend: str, rng: np.random.Ge
     tw = torch.from_numpy(w).requires_grad_()
     ((torch.from_numpy(x) @ tw) * torch.from_numpy(g)).sum().backward()
     np.testing.assert_allclose(got, tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_computed_operand_is_stored_once_and_read_through_its_transpose(backend: str,
+                                                                          rng: np.random.Generator) -> None:
+    """``x_flatᵀ`` of a computed x (a conv's columns, an activation): x is stored in its own layout and the GEMM
+    reads the transpose as a view, where the kernel computing x used to write a transposed copy of it."""
+    x, w, g = (rng.standard_normal(s) for s in ((7, 5, 6), (6, 4), (7, 5, 4)))
+
+    def f(x, w, g):
+        return _weight_grad(nf.tanh(x), w, g)
+
+    listing = fused_listing(nf.compile(f).trace(x, w, g))
+    assert "f64[7, 5, 6] fuses [tanh]" in listing and "f64[6, 35]" not in listing, listing
+    got = nf.compile(f, backend=backend)(x, w, g)
+    np.testing.assert_allclose(got, np.einsum("tnk,tnm->km", np.tanh(x), g), rtol=1e-12, atol=1e-12)
