@@ -14,7 +14,7 @@ from typing import Any
 from .. import dtypes
 from ..errors import ShapeError
 from ..indexing import index_select
-from ..tensor import Tensor, arange, as_tensor, gelu, relu, sigmoid, silu, stack, tanh, where
+from ..tensor import Tensor, arange, as_tensor, concat, gelu, relu, sigmoid, silu, stack, tanh, where
 from ..tensor import rand as _rand
 from .crf import crf_logz, crf_predecessors, crf_viterbi, ctc_crf_loss
 from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
@@ -98,12 +98,21 @@ def _conv_padding(padding: int | str, kernel: int, dilation: int, stride: int) -
     return int(padding), int(padding)
 
 
+# Output channels from which conv1d multiplies with the positions as the GEMM's rows (see ``conv1d``): enough
+# columns to fill a register tile several vectors wide on any SIMD target.
+CHANNELS_AS_COLUMNS = 64
+
+
 def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 1, padding: int | str = 0,
            dilation: int = 1, groups: int = 1) -> Tensor:
     """1-d convolution (cross-correlation, like torch) on [N, C_in, L] or [C_in, L] input.
 
     Built as im2col: one strided slice per kernel tap, stacked, then one grouped matmul. The Python loop runs
-    over kernel taps (a handful), never over the sequence.
+    over kernel taps (a handful), never over the sequence. With few output channels the product is
+    ``weight @ columns`` per sequence (the positions fill the GEMM's tiles); from ``CHANNELS_AS_COLUMNS`` on it is
+    ``columns @ weightᵀ`` with a row per position, channels last: one GEMM over every sequence with the weight
+    packed once, instead of packing the (stride-fold larger) columns, and its result is already in the
+    [position, channel] order that a recurrent layer after it reads.
     """
     x = as_tensor(x)
     unbatched = x.ndim == 2
@@ -126,12 +135,20 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
                          f"kernel's span {span}")
     last = stride * (l_out - 1) + 1
     taps = [x[:, :, j * dilation: j * dilation + last: stride] for j in range(k)]
-    cols = stack(taps, axis=2)  # [N, C_in, K, L_out]
-    cols = cols.reshape(n, groups, c_per_group * k, l_out)
-    w = weight.reshape(groups, c_out // groups, c_per_group * k)
-    y = (w @ cols).reshape(n, c_out, l_out)
-    if bias is not None:
-        y = y + bias.reshape(c_out, 1)
+    if groups == 1 and c_out >= CHANNELS_AS_COLUMNS:
+        # rows [N, L_out, K * C_in]: each tap writes whole runs of C_in channels
+        cols = concat([t.permute(0, 2, 1) for t in taps], axis=2)
+        y = cols @ weight.permute(2, 1, 0).reshape(k * c_per_group, c_out)
+        if bias is not None:
+            y = y + bias
+        y = y.permute(0, 2, 1)
+    else:
+        cols = stack(taps, axis=2)  # [N, C_in, K, L_out]
+        cols = cols.reshape(n, groups, c_per_group * k, l_out)
+        w = weight.reshape(groups, c_out // groups, c_per_group * k)
+        y = (w @ cols).reshape(n, c_out, l_out)
+        if bias is not None:
+            y = y + bias.reshape(c_out, 1)
     return y.squeeze(0) if unbatched else y
 
 
