@@ -115,7 +115,7 @@ class SlicedGemm(Kernel):
 
 @dataclass(frozen=True)
 class Concat(Kernel):
-    """A concat computed source by source, each into its range along ``node``'s axis (one loop nest each)."""
+    """A concat computed source by source, each into its range along ``node``'s axis."""
 
 
 @dataclass(frozen=True)

@@ -568,10 +568,13 @@ class Lowering:
                                   note=f"{k.dist}, draw {k.draw}"))
 
     def kernel_concat(self, n: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
-        """A concat computed part by part: each source's values stored at its offset along the axis by a loop nest
-        of its own (``nowait`` but the last: the parts write disjoint ranges). Evaluated as one pointwise kernel,
-        every index would pick its source through a chain of selects, which keeps the loop scalar (the gradient
-        of an LSTM's four gates, concatenated, was the hottest loop of its backward step)."""
+        """A concat computed part by part: each source's values stored at its offset along the axis. Evaluated as
+        one pointwise kernel, every index would pick its source through a chain of selects, which keeps the loop
+        scalar (the gradient of an LSTM's four gates, concatenated, was the hottest loop of its backward step).
+        Along an inner axis the parts are loops inside one work-shared nest over the axes before it, so each
+        iteration writes a whole row: an im2col's taps read their input window together, where a pass per tap
+        read the whole input once per tap. Along the first axis each part is a loop nest of its own (``nowait``
+        but the last: the parts write disjoint ranges)."""
         self.stats["kernels"] += 1
         sz = self.sizes
         axis = n.attrs["axis"]
@@ -581,8 +584,20 @@ class Lowering:
         fused: list[str] = []
         loads: list[str] = []
         stores: list[str] = []
+        outer: list[str] = []
+        if axis > 0:
+            outer = [em.fresh("i") for _ in range(axis)]
+            self.omp_for(em, axis)
+            em(*(f"for (int64_t {i} = 0; {i} < {sz(d)}; {i}++)" for i, d in zip(outer, n.shape)))
+            em.open("{")
         for k, src in enumerate(parts):
-            names = self._loops(em, [sz(d) for d in src.shape], "i", nowait=k < len(parts) - 1)
+            if axis > 0:
+                inner = [em.fresh("i") for _ in src.shape[axis:]]
+                em(*(f"for (int64_t {i} = 0; {i} < {sz(d)}; {i}++)" for i, d in zip(inner, src.shape[axis:])))
+                em.open("{")
+                names = [*outer, *inner]
+            else:
+                names = self._loops(em, [sz(d) for d in src.shape], "i", nowait=k < len(parts) - 1)
             idx = [var(i) for i in names]
             sc = Scalar(self, ctx)
             v = sc.val(src, idx)
@@ -597,8 +612,10 @@ class Lowering:
             stores.append(f"{store} = {v}")
             d = sz.expr(src.shape[axis])
             offset = d if offset == ZERO else _sum(offset, d)
+        if axis > 0:
+            em.close()
         listing.append(KernelInfo("elementwise", out, fmt_type(n.shape, n.dtype), ["concat", *fused], stores, loads,
-                                  note=f"{len(parts)} parts along axis {axis}, one loop each"))
+                                  note=f"{len(parts)} parts along axis {axis}"))
 
     def kernel_scatter_add(self, n: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
         """``out[.., index[.., r, ..], ..] += x[.., r, ..]``: threads share the lines along the axis (each line of
