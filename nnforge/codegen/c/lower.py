@@ -12,6 +12,7 @@ All buffers are allocated once before the parallel region (loop bodies reuse the
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +65,10 @@ from .parts import UNIT_MARK, part_functions, split_parts
 from .rowsched import RowScope
 
 log = logging.getLogger("nnforge.codegen.c")
+
+# Rows (iterations of the axes before a concat's axis) from which its parts share one work-shared loop nest:
+# fewer would leave threads of a many-core CPU idle where a nest per part splits all of its elements.
+FEW_ROWS = 8
 
 
 @dataclass
@@ -573,8 +578,9 @@ class Lowering:
         scalar (the gradient of an LSTM's four gates, concatenated, was the hottest loop of its backward step).
         Along an inner axis the parts are loops inside one work-shared nest over the axes before it, so each
         iteration writes a whole row: an im2col's taps read their input window together, where a pass per tap
-        read the whole input once per tap. Along the first axis each part is a loop nest of its own (``nowait``
-        but the last: the parts write disjoint ranges)."""
+        read the whole input once per tap. Along the first axis, or with fewer than ``FEW_ROWS`` rows before the
+        axis (threads would idle), each part is a loop nest of its own (``nowait`` but the last: the parts write
+        disjoint ranges)."""
         self.stats["kernels"] += 1
         sz = self.sizes
         axis = n.attrs["axis"]
@@ -585,13 +591,15 @@ class Lowering:
         loads: list[str] = []
         stores: list[str] = []
         outer: list[str] = []
-        if axis > 0:
+        rows = n.shape[:axis]
+        shared = axis > 0 and not (all(sz.is_static(d) for d in rows) and math.prod(int(d) for d in rows) < FEW_ROWS)
+        if shared:
             outer = [em.fresh("i") for _ in range(axis)]
             self.omp_for(em, axis)
             em(*(f"for (int64_t {i} = 0; {i} < {sz(d)}; {i}++)" for i, d in zip(outer, n.shape)))
             em.open("{")
         for k, src in enumerate(parts):
-            if axis > 0:
+            if shared:
                 inner = [em.fresh("i") for _ in src.shape[axis:]]
                 em(*(f"for (int64_t {i} = 0; {i} < {sz(d)}; {i}++)" for i, d in zip(inner, src.shape[axis:])))
                 em.open("{")
@@ -612,7 +620,7 @@ class Lowering:
             stores.append(f"{store} = {v}")
             d = sz.expr(src.shape[axis])
             offset = d if offset == ZERO else _sum(offset, d)
-        if axis > 0:
+        if shared:
             em.close()
         listing.append(KernelInfo("elementwise", out, fmt_type(n.shape, n.dtype), ["concat", *fused], stores, loads,
                                   note=f"{len(parts)} parts along axis {axis}"))
