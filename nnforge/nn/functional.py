@@ -14,7 +14,7 @@ from typing import Any
 from .. import dtypes
 from ..errors import ShapeError
 from ..indexing import index_select
-from ..tensor import Tensor, arange, as_tensor, concat, gelu, relu, sigmoid, silu, stack, tanh, where
+from ..tensor import Tensor, arange, as_tensor, gelu, relu, sigmoid, silu, stack, tanh, where
 from ..tensor import rand as _rand
 from .crf import crf_logz, crf_predecessors, crf_viterbi, ctc_crf_loss
 from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
@@ -136,9 +136,10 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
     last = stride * (l_out - 1) + 1
     taps = [x[:, :, j * dilation: j * dilation + last: stride] for j in range(k)]
     if groups == 1 and c_out >= CHANNELS_AS_COLUMNS:
-        # rows [N, L_out, K * C_in]: each tap writes whole runs of C_in channels
-        cols = concat([t.permute(0, 2, 1) for t in taps], axis=2)
-        y = cols @ weight.permute(2, 1, 0).reshape(k * c_per_group, c_out)
+        # rows [N, L_out, C_in * K], the weight's own order (its transpose is a view): a row of the one-nest
+        # concat is C_in runs of K taps, each read from one contiguous window of the input
+        cols = stack([t.permute(0, 2, 1) for t in taps], axis=3).reshape(n, l_out, c_per_group * k)
+        y = cols @ weight.reshape(c_out, c_per_group * k).mT
         if bias is not None:
             y = y + bias
         y = y.permute(0, 2, 1)
