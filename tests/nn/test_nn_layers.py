@@ -36,6 +36,14 @@ def test_conv1d_unbatched_and_kernel_one() -> None:
     compare_with_torch(nn.Conv1d(3, 5, 1), torch.nn.Conv1d(3, 5, 1), [randn(rng, 3, 7)])
 
 
+def test_conv1d_unbatched_with_a_row_per_position() -> None:
+    """From ``CHANNELS_AS_COLUMNS`` output channels on (the channels-last product), unbatched and 'same'."""
+    rng = np.random.default_rng(14)
+    args = (3, nn.functional.CHANNELS_AS_COLUMNS, 4)
+    compare_with_torch(nn.Conv1d(*args, padding="same", dilation=2), torch.nn.Conv1d(*args, padding="same", dilation=2),
+                       [randn(rng, 3, 9)])
+
+
 def test_conv1d_errors() -> None:
     with pytest.raises(nf.ShapeError, match="channels"):
         nn.Conv1d(4, 2, 3)(nf.zeros(1, 3, 9))
