@@ -202,7 +202,24 @@ def fold(e: tuple, keep: Callable[[str], bool]) -> tuple:
         x, c = (a, b[1]) if b[0] == "const" else (b, a[1])
         base, offset = _affine(x)
         return _offset(base, offset + (c if e[0] == "add" else -c))
+    if e[0] == "floordiv" and b[0] == "const" and b[1] > 0:
+        # (c * y + d) // c == y + d // c for integers: a strided slice's length, ceil((c * (n - 1) + 1) / c), is n
+        base, offset = _affine(a)
+        y = _multiple(base, b[1])
+        if y is not None:
+            inner, k = _affine(y)
+            return _offset(inner, k + offset // b[1])
     return (e[0], a, b)
+
+
+def _multiple(e: tuple, c: int) -> tuple | None:
+    """y for a folded ``e`` = c * y (or y * c), else None."""
+    if e[0] == "mul":
+        if e[1] == ("const", c):
+            return e[2]
+        if e[2] == ("const", c):
+            return e[1]
+    return None
 
 
 def _affine(e: tuple) -> tuple[tuple, int]:
