@@ -80,10 +80,9 @@ def strided_base(n: Node, stored: set[int], free: set[int]) -> bool:
 
 def _view_of_reshape(n: Node, readers: list[Node], g: Grouping, outputs: set[int]) -> bool:
     """True when ``n``, read only by matmuls, is a permute, slice or broadcast of a reshape not yet decided."""
-    src = n.srcs[0] if n.srcs else None
-    return (n.op in STRIDED and n.op != Op.RESHAPE and src is not None and src.op == Op.RESHAPE
-            and id(n) not in outputs and id(src) not in g.stored and id(src) not in g.free
-            and all(u.op == Op.MATMUL for u in readers))
+    return (n.op in STRIDED and n.op != Op.RESHAPE and n.srcs[0].op == Op.RESHAPE and id(n) not in outputs
+            and id(n.srcs[0]) not in g.stored and id(n.srcs[0]) not in g.free
+            and bool(readers) and all(u.op == Op.MATMUL for u in readers))
 
 
 def group(graph: Graph) -> Grouping:
@@ -118,14 +117,14 @@ def group(graph: Graph) -> Grouping:
                 g.stored.add(id(n))  # store the source instead (below) and alias it
                 g.alias.add(id(n))
                 continue
-        needs_view = any(u.op == Op.MATMUL for u in readers)
-        if needs_view and _view_of_reshape(n, readers, g, outputs):
+        if _view_of_reshape(n, readers, g, outputs):
             # a GEMM reads a regrouped array through a transpose or slice (a weight gradient's xᵀ with x [N, T, K]
             # seen as [N * T, K]): store the regrouped array, which the view then reads, not a transposed copy
             g.stored.add(id(n.srcs[0]))
             g.alias.add(id(n.srcs[0]))
             g.free.add(id(n))
             continue
+        needs_view = any(u.op == Op.MATMUL for u in readers)
         if id(n) in g.free:
             if id(n) in outputs or any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) or id(u) in g.alias
                                        for u in readers) or (

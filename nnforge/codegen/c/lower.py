@@ -478,13 +478,18 @@ class Lowering:
     def _loops(self, em: Emitter, shape: Sequence[str], prefix: str, nowait: bool = False) -> list[str]:
         """Open a loop nest over ``shape`` with the outer loop(s) shared among threads (closed by the caller);
         returns its index variables."""
-        idx = [em.fresh(prefix) for _ in shape]
         if not shape:
             if not self.serial:
                 em("#pragma omp single")
             em.open("{")
-            return idx
+            return []
         self.omp_for(em, len(shape) - 1 if len(shape) >= 3 else 0, nowait)
+        return self._nest(em, shape, prefix)
+
+    @staticmethod
+    def _nest(em: Emitter, shape: Sequence[str], prefix: str) -> list[str]:
+        """Open a plain loop nest over ``shape`` (closed by the caller); returns its index variables."""
+        idx = [em.fresh(prefix) for _ in shape]
         em(*(f"for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx, shape)))
         em.open("{")
         return idx
@@ -590,20 +595,14 @@ class Lowering:
         fused: list[str] = []
         loads: list[str] = []
         stores: list[str] = []
-        outer: list[str] = []
         rows = n.shape[:axis]
-        shared = axis > 0 and not (all(sz.is_static(d) for d in rows) and math.prod(int(d) for d in rows) < FEW_ROWS)
+        shared = axis > 0 and not (all(sz.is_static(d) for d in rows) and math.prod(map(int, rows)) < FEW_ROWS)
         if shared:
-            outer = [em.fresh("i") for _ in range(axis)]
             self.omp_for(em, axis)
-            em(*(f"for (int64_t {i} = 0; {i} < {sz(d)}; {i}++)" for i, d in zip(outer, n.shape)))
-            em.open("{")
+            outer = self._nest(em, [sz(d) for d in rows], "i")
         for k, src in enumerate(parts):
             if shared:
-                inner = [em.fresh("i") for _ in src.shape[axis:]]
-                em(*(f"for (int64_t {i} = 0; {i} < {sz(d)}; {i}++)" for i, d in zip(inner, src.shape[axis:])))
-                em.open("{")
-                names = [*outer, *inner]
+                names = [*outer, *self._nest(em, [sz(d) for d in src.shape[axis:]], "i")]
             else:
                 names = self._loops(em, [sz(d) for d in src.shape], "i", nowait=k < len(parts) - 1)
             idx = [var(i) for i in names]

@@ -442,8 +442,8 @@ class Renderer:
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
         for g, off in enumerate(sg.offsets):
             idx = ("rm", sliced("rn", str(off)))
-            value = f"acc{g}" if p.dtype not in HALF else em.tmp(rounded(f"acc{g}", p.dtype), "acc")
-            product_value = value
+            product_value = f"acc{g}" if p.dtype not in HALF else em.tmp(rounded(f"acc{g}", p.dtype), "acc")
+            value = product_value
             if root is not p:
                 value = Eval(em, ctx, sz, "mo", 2, root=root, overrides={(id(p), idx): value}).val(root, idx)
             for o in product:
