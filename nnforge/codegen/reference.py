@@ -68,10 +68,11 @@ def _loop(node: Node, args: list[np.ndarray], ctx: Interpreter) -> tuple:
     body: Graph = a["body"]
     trips = int(a["length"])
     # Feeders run ahead and Receivers behind, each on a thread of this run of the loop (see streams.py).
-    with LoopStreams(body, trips) as io:
-        step = ctx.steps.get(id(node))
-        if step is not None:  # the body compiled (streamed.py)
-            return step.run(state, consts, trips, a["with_index"], io)
+    step = ctx.steps.get(id(node))  # the body compiled (streamed.py)
+    staging = step.staging() if step is not None else None
+    with LoopStreams(body, trips, staging.upload if staging is not None else None) as io:
+        if step is not None:
+            return step.run(staging, state, consts, trips, a["with_index"], io)
         try:
             ctx.streams.update((id(n), io) for n in io.nodes)
             for i in range(trips):

@@ -20,15 +20,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ..interop.convert import to_numpy, to_torch
 from ..ir.loops import calls_python, placeholder
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from ..passes.rewrite import substitute
+from ..runtime.staging import HostStaging, staging_for
 from ..trace import session
 from .reference import Interpreter
 from .streams import LoopStreams, deliver, fetch
@@ -64,40 +65,30 @@ def step_graph(loop: Node) -> tuple[Graph, tuple[Node, ...], tuple[tuple[Node, i
 @dataclass(frozen=True)
 class CompiledStep:
     """A loop's iteration as a compiled program: ``program`` maps (index, state, consts, one array per Feeder)
-    to (new state, each Receiver's values)."""
+    to (new state, each Receiver's values); ``staging`` makes, per run of the loop, what moves those arrays
+    between the host and the program (``runtime/staging.py``: asynchronous copies on a GPU)."""
 
     program: Callable[[Sequence[Any]], list[Any]]
     feeders: tuple[Node, ...]
     receivers: tuple[tuple[Node, int], ...]
+    staging: Callable[[], HostStaging]
 
-    def run(self, state: list[np.ndarray], consts: list[np.ndarray], trips: int, with_index: bool,
-            io: LoopStreams) -> tuple[np.ndarray, ...]:
-        """The loop's final state after ``trips`` calls, Feeders taken from and Receivers sent to ``io``."""
-        call = getattr(self.program, "call_tensors", None)  # device programs: the state stays on the device
-        run = call if call is not None else self.program
-        if call is not None:
-            state, consts = call_inputs(self.program, state), call_inputs(self.program, consts)
-        take = io.take if io.feeders else fetch  # on the loop's thread where streams says so
-        send = io.send if io.receivers else deliver
+    def run(self, staging: HostStaging, state: list[np.ndarray], consts: list[np.ndarray], trips: int,
+            with_index: bool, io: LoopStreams) -> tuple[np.ndarray, ...]:
+        """The loop's final state after ``trips`` calls, Feeders taken from and Receivers sent to ``io`` (whose
+        prefetch thread uploads with ``staging``)."""
+        state, consts = staging.place(state), staging.place(consts)
+        take = io.take if io.feeders else (lambda f: staging.upload(fetch(f)))  # where streams says so
+        send = io.send if io.receivers else (lambda r, values: deliver(r, values()))
         n = len(state)
         for i in range(trips):
-            index = [np.asarray(i, dtype=np.int64)] if with_index else []
-            outs = run([*index, *state, *consts, *(take(f) for f in self.feeders)])
+            index = [staging.use(staging.upload(np.asarray(i, dtype=np.int64)))] if with_index else []
+            outs = staging.call([*index, *state, *consts, *(staging.use(take(f)) for f in self.feeders)])
             state, k = outs[:n], n
             for r, m in self.receivers:
-                send(r, [host_copy(v) for v in outs[k:k + m]])
+                send(r, staging.download(outs[k:k + m]))
                 k += m
-        return tuple(host_copy(s) if call is not None else s for s in state)
-
-
-def call_inputs(program: Any, arrays: list[Any]) -> list[Any]:
-    """Arrays as tensors on a device program's device, moved once rather than on every call."""
-    return [to_torch(a).to(program.device) for a in arrays]
-
-
-def host_copy(value: Any) -> np.ndarray:
-    """A value as a numpy array of its own (a Receiver keeps what it is given)."""
-    return np.array(to_numpy(value), copy=True)
+        return tuple(staging.host(s) for s in state)
 
 
 class StreamedProgram:
@@ -109,7 +100,8 @@ class StreamedProgram:
         self.steps: dict[int, CompiledStep] = {}
         for loop in streamed_loops(graph):
             g, feeders, receivers = step_graph(loop)
-            self.steps[id(loop)] = CompiledStep(build(g), feeders, receivers)
+            program = build(g)
+            self.steps[id(loop)] = CompiledStep(program, feeders, receivers, partial(staging_for, program))
             log.info("backend %r: the nf.loop at %s runs its step as compiled code, one call per iteration "
                      "(Feeders and Receivers on host threads); the code around it on the interpreter", backend,
                      loop.loc or "an unknown line")

@@ -32,6 +32,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -108,6 +109,8 @@ class _Failed:
         self.error = error
 
 
+Values = Sequence[np.ndarray] | Callable[[], Sequence[np.ndarray]]  # a Receiver's arrays, or a wait for them
+
 _DONE = object()  # the end of a Deliveries queue (an immutable marker, not state)
 
 
@@ -116,13 +119,16 @@ class Prefetcher:
 
     A semaphore of ``depth`` slots per Feeder bounds the calls made and not yet taken: the thread takes a slot
     before each call, the loop gives it back when it takes the array. A failed call is put in the queue in place
-    of its array and ends the thread, so the loop meets the error at the step that would have met it.
+    of its array and ends the thread, so the loop meets the error at the step that would have met it. ``upload``
+    (a compiled step's staging) starts each array's way to the step's device on this thread, off the loop's.
     """
 
-    def __init__(self, feeders: Sequence[Node], trips: int, depth: int):
+    def __init__(self, feeders: Sequence[Node], trips: int, depth: int,
+                 upload: Callable[[np.ndarray], Any] | None = None):
         self._feeders = tuple(feeders)
         self._trips = trips
-        self._ready: queue.SimpleQueue[tuple[Node, np.ndarray] | _Failed] = queue.SimpleQueue()
+        self._upload = upload
+        self._ready: queue.SimpleQueue[tuple[Node, Any] | _Failed] = queue.SimpleQueue()
         self._slots = threading.Semaphore(depth * len(self._feeders))
         self._stop = threading.Event()
         self._thread = _thread(self._run, "nnforge-feeders")
@@ -137,14 +143,16 @@ class Prefetcher:
                 if self._stop.is_set():
                     return
                 try:
-                    item: tuple[Node, np.ndarray] | _Failed = (node, fetch(node, own=True))
+                    value = fetch(node, own=True)
+                    item: tuple[Node, Any] | _Failed = (node, self._upload(value) if self._upload else value)
                 except BaseException as e:  # handed to the loop's thread, which raises it
                     self._ready.put(_Failed(e))
                     return
                 self._ready.put(item)
 
-    def take(self, node: Node) -> np.ndarray:
-        """The next array of ``node`` (waits for it), or the exception its function raised."""
+    def take(self, node: Node) -> Any:
+        """The next array of ``node`` (uploaded, if the thread uploads; waits for it), or the exception its
+        function raised."""
         item = self._ready.get()
         if isinstance(item, _Failed):
             raise item.error
@@ -168,12 +176,13 @@ class Deliveries:
     Each Receiver has ``pending`` slots: ``send`` takes one (blocking the loop while the callback lags that far
     behind), the thread gives it back once the callback returned, so memory stays bounded. After a callback
     raised, the thread drops what is still queued (nothing after the error is delivered) and the next ``send`` or
-    ``finish`` raises the error on the loop's thread.
+    ``finish`` raises the error on the loop's thread. Values sent as a function (a download from a device) are
+    waited for on the thread, just before their callback.
     """
 
     def __init__(self, receivers: Sequence[Node]):
         self._slots = {id(n): threading.Semaphore(int(n.attrs.get("pending", PENDING))) for n in receivers}
-        self._queue: queue.SimpleQueue[tuple[Node, list[np.ndarray]] | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Node, Values] | object] = queue.SimpleQueue()
         self._drop = threading.Event()
         self.error: BaseException | None = None
         self._thread = _thread(self._run, "nnforge-receivers")
@@ -183,10 +192,10 @@ class Deliveries:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not _DONE:
-            node, arrays = item  # type: ignore[misc]
+            node, values = item  # type: ignore[misc]
             try:
                 if not self._drop.is_set():
-                    deliver(node, arrays)
+                    deliver(node, values() if callable(values) else values)
             except BaseException as e:  # handed to the loop's thread, which raises it
                 self.error = e
                 self._drop.set()
@@ -197,14 +206,14 @@ class Deliveries:
         if self.error is not None:
             raise self.error
 
-    def send(self, node: Node, arrays: list[np.ndarray]) -> None:
+    def send(self, node: Node, values: Values) -> None:
         """Queue ``node``'s values for delivery; waits while ``pending`` of them are undelivered."""
         self._check()
         self._slots[id(node)].acquire()
         if self.error is not None:
             self._slots[id(node)].release()
             self._check()
-        self._queue.put((node, arrays))
+        self._queue.put((node, values))
 
     def finish(self) -> None:
         """Wait until every value sent has been delivered; raise the first callback error."""
@@ -237,23 +246,23 @@ class LoopStreams:
     of one kind never depends on timing.
     """
 
-    def __init__(self, body: Graph, trips: int):
+    def __init__(self, body: Graph, trips: int, upload: Callable[[np.ndarray], Any] | None = None):
         feeders = [n for n in body.order if n.op == Op.FEEDER]
         receivers = [n for n in body.order if n.op == Op.RECEIVER]
         depth = min((int(n.attrs.get("prefetch", PREFETCH)) for n in feeders), default=0)
         threaded = trips > 0 and bool(receivers) and all(int(n.attrs.get("pending", PENDING)) > 0
                                                          for n in receivers)
-        self.feeders = Prefetcher(feeders, trips, depth) if trips > 0 and depth > 0 else None
+        self.feeders = Prefetcher(feeders, trips, depth, upload) if trips > 0 and depth > 0 else None
         self.receivers = Deliveries(receivers) if threaded else None
         self.nodes: list[Node] = (feeders if self.feeders else []) + (receivers if self.receivers else [])
 
-    def take(self, node: Node) -> np.ndarray:
+    def take(self, node: Node) -> Any:
         assert self.feeders is not None
         return self.feeders.take(node)
 
-    def send(self, node: Node, arrays: list[np.ndarray]) -> None:
+    def send(self, node: Node, values: Values) -> None:
         assert self.receivers is not None
-        self.receivers.send(node, arrays)
+        self.receivers.send(node, values)
 
     def __enter__(self) -> LoopStreams:
         if self.feeders:
