@@ -20,7 +20,12 @@ same-run ratios mean anything.
 The prefetch thread needs a free core: numpy's OpenBLAS starts one thread per core for the step's matrix
 products, so on a 2-core machine run it as ``OPENBLAS_NUM_THREADS=1 python bench/feeder.py`` too (the header
 prints the setting). Usage: ``python bench/feeder.py [--rounds 5] [--steps 60] [--io-ms 0]
-[--backends reference,cpu]``.
+[--backends reference,cpu] [--trace feeder.json]``.
+
+On a GPU, ``--backends cpu,triton --trace feeder.json`` runs the step as Triton kernels with the batches and losses
+crossing on a copy stream (``nnforge/runtime/staging.py``), then profiles one more run: the trace shows the copy
+stream's ``Memcpy HtoD`` / ``DtoH`` rows beside the compute stream's kernels, and the summary printed says how much
+of the copies' time a kernel ran on another stream (``nnforge/runtime/timeline.py``).
 """
 
 from __future__ import annotations
@@ -66,9 +71,10 @@ class Reader:
         return np.concatenate([f, f @ self.w_true], axis=1)
 
 
-def run(args: argparse.Namespace, prefetch: int, backend: str) -> tuple[float, list[float], float]:
+def run(args: argparse.Namespace, prefetch: int, backend: str,
+        trace: str | None = None) -> tuple[float, list[float], float]:
     """(seconds of the loop's second call, its losses, seconds spent making its batches on whichever thread made
-    them)."""
+    them). ``trace``: profile that call with torch's profiler (CUDA activity where a GPU is) into this file."""
     with fresh_session():
         nf.manual_seed(0)
         width = len(WINDOWS) * args.features
@@ -98,9 +104,35 @@ def run(args: argparse.Namespace, prefetch: int, backend: str) -> tuple[float, l
         train()  # traced, compiled, run: not timed
         del losses[:]
         made[0] = 0.0
+        if trace:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+            with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
+                t0 = time.perf_counter()
+                train()
+                elapsed = time.perf_counter() - t0
+            prof.export_chrome_trace(trace)
+            return elapsed, losses, made[0]
         t0 = time.perf_counter()
         train()
         return time.perf_counter() - t0, losses, made[0]
+
+
+def report_trace(args: argparse.Namespace, backend: str) -> None:
+    """One prefetching run of ``backend`` under torch's profiler: where its copies ran against its kernels."""
+    from nnforge.runtime.timeline import copy_overlap
+
+    t, _, _ = run(args, 2, backend, trace=args.trace)
+    o = copy_overlap(args.trace)
+    print(f"trace of {backend} (prefetch=2, pending=2, {t / args.steps * 1e3:.1f} ms/step under the profiler): "
+          f"{args.trace}; {o.kernels} kernels on streams {sorted(o.kernel_streams)}")
+    for direction, c in sorted(o.copies.items()):
+        print(f"  {direction}: {c.count} copies on streams {sorted(c.streams)}, {c.busy_us:.0f} µs, "
+              f"{c.overlapped:.0%} of it while a kernel ran on another stream")
+    if not o.copies:
+        print("  no device copies in the trace (a host backend, or no GPU)")
 
 
 def main() -> None:
@@ -113,6 +145,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--io-ms", type=float, default=0.0, help="time.sleep per batch standing for I/O (0: none)")
     ap.add_argument("--backends", default="reference,cpu", help="comma-separated; the first is the anchor")
+    ap.add_argument("--trace", default="", help="after the rounds, profile one prefetching run of the last "
+                    "backend into this Chrome trace (chrome://tracing, Perfetto) and print its copy overlap")
     args = ap.parse_args()
     backends = args.backends.split(",")
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}; "
@@ -144,6 +178,8 @@ def main() -> None:
               f"{statistics.median(made[b, 'off']) / args.steps * 1e3:.1f} ms/batch (off), "
               f"{statistics.median(made[b, 'on']) / args.steps * 1e3:.1f} ms/batch (on, on the prefetch thread); "
               f"losses identical in both modes, first {want[b][0]:.4f} last {want[b][-1]:.4f}")
+    if args.trace:
+        report_trace(args, backends[-1])
     first = backends[0]
     for b in backends[1:]:
         for mode in ("on", "off"):

@@ -2,7 +2,8 @@
 # The checks a lent GPU runs, in one go, each under its own time limit so that one hang costs only its share:
 # the device and its software; the Triton renderer's own tests; bench/lstm_gpu.py (times against cuDNN, errors
 # against float64); the backend-parametrized test matrix on backend "triton" with real kernels; the whole-model
-# tests. Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
+# tests; a streamed training loop's copies against its kernels (tests/control/test_staging.py, bench/feeder.py with a
+# profiler trace). Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
 #
 #   scripts/gpu-check.sh                    # everything
 #   BENCH="--hidden 96 --batch 128" scripts/gpu-check.sh   # bench/lstm_gpu.py's arguments
@@ -19,7 +20,7 @@ PY=${PY:-python3}
 JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
-STEPS=${STEPS:-render bench matrix whole_model cells}
+STEPS=${STEPS:-render bench matrix whole_model cells streams}
 KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
@@ -57,4 +58,7 @@ tail -5 "$OUT/whole_model.txt" 2>/dev/null | cut -c1-300
 step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 \
     --cells ${CELLS:-1024 96}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
+step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider tests/control/test_staging.py &&
+    $PY bench/feeder.py --backends cpu,triton --rounds 3 --steps 40 --trace $OUT/feeder-trace.json"
+tail -12 "$OUT/streams.txt" 2>/dev/null
 cat "$OUT/summary.txt"
