@@ -7,7 +7,9 @@ transpose, a gather) or a kernel form the program has no register spelling for w
 concat of tiles along the row stays a list of tiles when only products read it (the gate gradients that an
 LSTM's backward step multiplies by its weights); a row cut into gates by column slices (a GRU's ``h @ W_hrz`` into
 its reset and update gates, a layer-norm LSTM's normalized gate row) is held one tile per gate
-(``row_segments``). The scheduler asks ``register_body_refusal`` and keeps a
+(``row_segments``), and so is what is computed from such a row at full width (a layer-norm LSTM's gradient: the
+gate gradients joined into a row, normalized backwards, multiplied by the weights and summed over the steps in a
+carry). The scheduler asks ``register_body_refusal`` and keeps a
 loop it refuses work-shared (stepped by the host): the decision is made here, once, not by a renderer falling
 back.
 """
@@ -37,11 +39,13 @@ def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
         for s in m.srcs:
             readers.setdefault(id(s), []).append(m)
     carried = {id(o) for o in body.outputs[:n_carry]}
-    segs = row_segments(body)
+    segs = row_segments(body, n_carry)
     for m in body.order:
         where = f"{m.op.name.lower()} at {m.loc}"
         if m.op in _NESTED:
             return f"{where} in the body has no register form"
+        if m.op == Op.CONCAT and g.is_stored(m) and _by_ranges(m, segs):
+            continue  # its parts are the ranges' tiles (read range by range: _segment_refusal)
         if m.op == Op.CONCAT and g.is_stored(m):
             why = _tile_concat_refusal(m, readers.get(id(m), []), id(m) in carried)
             if why:
@@ -52,7 +56,7 @@ def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
         if m.op in (Op.SUM, Op.REDUCE_MAX) and tuple(m.attrs["axes"]) != tuple(range(1, m.srcs[0].ndim)):
             return f"{where} reduces other than each row's values"
         if m.op in _VIEWS and not _in_place(m) and _reaches(m.srcs[0], held, g, set()):
-            if id(m) in segs.slices and (why := _segment_refusal(body, segs, held, readers, n_carry)) is None:
+            if id(m) in segs.slices and (why := _segment_refusal(body, segs, held, readers)) is None:
                 continue
             return f"{where} reads a value of the step at another element" + (f" ({why})" if m.op == Op.SLICE
                                                                               and id(m) in segs.slices else "")
@@ -65,8 +69,9 @@ class Segments:
     a value normalized over the whole row, so that value (and the product it comes from) is never one register
     tile but one tile per gate. ``widths``: for each row width, the column ranges (offset, width) its column
     slices cut it into, when they partition it; ``nodes``: ids of the values evaluated at those ranges (the
-    sliced values and, through elementwise ops of the same width and row sums, what they are computed from);
-    ``slices``: ids of the column slices read through the ranges."""
+    sliced values and, through elementwise ops of the same width and row sums, what they are computed from and
+    what is computed from them at that width, and a carry with its next value); ``slices``: ids of the column
+    slices read through the ranges."""
 
     widths: dict[int, tuple[tuple[int, int], ...]]
     nodes: frozenset[int]
@@ -91,8 +96,9 @@ def _column_range(m: Node) -> tuple[int, int] | None:
     return int(a["starts"][1]), int(m.shape[1])
 
 
-def row_segments(body: Graph) -> Segments:
-    """The segments of ``body`` (see ``Segments``): one decision read by the scheduler's refusal and the renderer."""
+def row_segments(body: Graph, n_carry: int = 0) -> Segments:
+    """The segments of ``body`` (see ``Segments``; its first ``n_carry`` inputs and outputs are the carries): one
+    decision read by the scheduler's refusal and the renderer."""
     ranges: dict[int, set[tuple[int, int]]] = {}
     for m in body.order:
         r = _column_range(m)
@@ -106,37 +112,66 @@ def row_segments(body: Graph) -> Segments:
             widths[w] = tuple(cuts)
     slices = {id(m) for m in body.order if _column_range(m) is not None and row_width(m.srcs[0]) in widths}
     nodes: set[int] = set()
-    for m in reversed(body.order):
-        row_sum = m.op in (Op.SUM, Op.REDUCE_MAX) and m.srcs[0].ndim == 2 and row_width(m.srcs[0]) in widths
-        if id(m) in slices or row_sum:
-            nodes.add(id(m.srcs[0]))
-        if id(m) in nodes and m.op not in (Op.INPUT, Op.DATA, Op.CONST):
-            # through elementwise ops and views that keep the columns (a bias row broadcast along the batch);
-            # a per-row value broadcast along the row (a layer norm's mean) is read whole by every range
-            for s in m.srcs:
-                if s.ndim == m.ndim and row_width(s) == row_width(m) and (
-                        m.op in ELEMENTWISE or m.op == Op.EXPAND or _in_place(m)):
-                    nodes.add(id(s))
-    return Segments(widths, frozenset(nodes), frozenset(slices))
+    carries = list(zip(body.inputs[:n_carry], body.outputs[:n_carry]))
+    while True:  # until nothing joins: each rule can feed the others
+        before = len(nodes)
+        for m in reversed(body.order):  # towards the sources
+            row_sum = m.op in (Op.SUM, Op.REDUCE_MAX) and m.srcs[0].ndim == 2 and row_width(m.srcs[0]) in widths
+            if id(m) in slices or row_sum:
+                nodes.add(id(m.srcs[0]))
+            if id(m) in nodes and m.op not in (Op.INPUT, Op.DATA, Op.CONST):
+                # through elementwise ops and views that keep the columns (a bias row broadcast along the batch);
+                # a per-row value broadcast along the row (a layer norm's mean) is read whole by every range
+                for s in m.srcs:
+                    if _same_columns(s, m):
+                        nodes.add(id(s))
+        for m in body.order:  # towards the results: an elementwise op of a value held by ranges, at its width
+            if m.op in ELEMENTWISE and any(id(s) in nodes and _same_columns(s, m) for s in m.srcs):
+                nodes.add(id(m))
+        for x, nxt in carries:  # a carry is held as its next value is
+            if id(x) in nodes or id(nxt) in nodes:
+                nodes |= {id(x), id(nxt)}
+        if len(nodes) == before:
+            return Segments(widths, frozenset(nodes), frozenset(slices))
 
 
-def _segment_refusal(body: Graph, segs: Segments, held: set[int], readers: dict[int, list[Node]],
-                     n_carry: int) -> str | None:
-    """Why the values of ``segs`` cannot be computed range by range: a carry among them, in or out (it is one
-    tile), or a held one read otherwise than range by range (a view, an op of another width)."""
-    carries = {id(x) for x in body.inputs[:n_carry]} | {id(o) for o in body.outputs[:n_carry]}
+def _same_columns(s: Node, m: Node) -> bool:
+    """Whether ``m`` reads its source ``s`` column for column (an elementwise op, an expand or an in-place view of
+    the same width)."""
+    return s.ndim == m.ndim and row_width(s) == row_width(m) and (
+        m.op in ELEMENTWISE or m.op == Op.EXPAND or _in_place(m))
+
+
+def _by_ranges(m: Node, segs: Segments) -> bool:
+    """A concat along the row, held by ranges, whose parts are exactly its width's ranges (an LSTM's four gate
+    gradients joined): its parts are the ranges' tiles."""
+    if m.op != Op.CONCAT or id(m) not in segs.nodes or m.ndim != 2 or m.attrs["axis"] != 1:
+        return False
+    cuts, off = [], 0
+    for s in m.srcs:
+        w = row_width(s)
+        if w is None:
+            return False
+        cuts.append((off, w))
+        off += w
+    return tuple(cuts) == segs.widths.get(off)
+
+
+def _segment_refusal(body: Graph, segs: Segments, held: set[int], readers: dict[int, list[Node]]) -> str | None:
+    """Why the values of ``segs`` cannot be computed range by range: a held one with no form by ranges, or read
+    otherwise than range by range (a view, an op of another width)."""
     by_id = {id(m): m for m in body.order}
     for i in segs.nodes:
         m = by_id.get(i)
         if m is None or i not in held:
             continue
-        if i in carries:
-            return f"the carry {m.op.name.lower()} at {m.loc} would be cut into ranges"
-        if m.op not in ELEMENTWISE and m.op != Op.MATMUL:
+        if m.op not in ELEMENTWISE and m.op not in (Op.MATMUL, Op.INPUT) and not _in_place(m) and not _by_ranges(
+                m, segs):
             return f"{m.op.name.lower()} at {m.loc} has no form by ranges"
         for r in readers.get(i, []):
             ok = (id(r) in segs.nodes and r.op in ELEMENTWISE) or id(r) in segs.slices or (
-                r.op in (Op.SUM, Op.REDUCE_MAX) and r.srcs[0] is m)
+                r.op in (Op.SUM, Op.REDUCE_MAX) and r.srcs[0] is m) or (r.op == Op.MATMUL and r.srcs[0] is m
+                                                                        and r.srcs[1] is not m)
             if not ok:
                 return f"{r.op.name.lower()} at {r.loc} reads {m.op.name.lower()} at {m.loc} whole"
     return None

@@ -152,18 +152,30 @@ class ScanKernel:
             return "0"
         return "gr" if i == "r" else f"r0 + ({i})"
 
-    def bind_inputs(self, body: Ctx) -> list[str]:
-        """The body's inputs: carries as registers (returned: their names), scanned inputs as this step's
-        slice (of the source, or of a chunk buffer), loop invariants read from the loop's sources."""
+    def bind_inputs(self, body: Ctx) -> list[str | list[tuple[str, int, int]]]:
+        """The body's inputs: carries as registers (returned: their names; a carry held by column ranges, its
+        (tile, offset, width) per range), scanned inputs as this step's slice (of the source, or of a chunk
+        buffer), loop invariants read from the loop's sources."""
         loop, n = self.loop, self.loop.node
         split = loop.parallel
         inputs = body.graph.inputs
         chunked = {c.k: c for c in loop.chunked}
-        carries = []
+        carries: list[str | list[tuple[str, int, int]]] = []
         for k in range(self.nc):
             x = inputs[k]
             name = f"h{k}"
             tl_dtype(x.dtype)
+            if id(x) in self.segs.nodes:  # one register tile per range (schedule/registers.py)
+                pieces = []
+                for j, (off, w, idx) in enumerate(self.ranges(x)):
+                    init = self.outer_eval(self.mask(w), "pre").val(n.srcs[k], (self.global_row("r"), idx[1]))
+                    self.em.pre.append(f"{name}_{j} = tl.broadcast_to({init}, (ROWS, {_pad(w)}))")
+                    self.em.variant.add(f"{name}_{j}")
+                    pieces.append((f"{name}_{j}", off, w))
+                self.pieces[id(x)] = pieces
+                body.ranges[id(x)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
+                carries.append(pieces)
+                continue
             init = self.outer_eval(self.mask(self.width(x)), "pre").val(
                 n.srcs[k], (self.global_row("r"), *self.ident(x)[1:]))
             self.em.pre.append(f"{name} = tl.broadcast_to({init}, (ROWS, {_pad(self.width(x))}))")
@@ -209,32 +221,39 @@ class ScanKernel:
         if any(isinstance(k, Loop) for k in body_block.kernels):
             raise Unsupported("a loop nested in a persistent scan's body")
         body = Ctx(body_block.graph, body_block.grouping)
-        self.segs: Segments = row_segments(body_block.graph)
+        self.segs: Segments = row_segments(body_block.graph, self.nc)
         carries = self.bind_inputs(body)
         length = self.sz(loop.length)
         em.open(f"for t in range(0, {length}):")
         em.line(f"tt = {length} - 1 - t" if loop.reverse else "tt = t")
         for c in loop.chunked:
             self.chunk(c, length)
-        nxt: dict[int, str] = {}
+        nxt: dict[int, str | list[tuple[str, int, int]]] = {}
         for k in body_block.kernels:
             self.body_kernel(k, body, nxt)  # type: ignore[arg-type]
         for c in body_block.copies:
             if c.node.op == Op.CONCAT:  # a step output joined from step values: stored source by source
-                self.concat(c, body)
+                self.concat(c, body, nxt)
                 continue
             v = self.eval(body, self.mask(self.width(c.node))).val(c.node, self.ident(c.node))
             self.deliver(c.node, v, c.out, (), body, nxt)
         for k, name in enumerate(carries):
             if k not in nxt:
                 raise Unsupported(f"carry {k} of the scan is not computed by its body")
-            w = _pad(self.width(body.graph.inputs[k]))
-            em.line(f"{name} = tl.broadcast_to({nxt[k]}, (ROWS, {w}))")
+            new = nxt[k]
+            if isinstance(name, list) != isinstance(new, list) or (
+                    isinstance(name, list) and [p[1:] for p in name] != [p[1:] for p in new]):  # type: ignore
+                raise Unsupported(f"carry {k} of the scan is held by column ranges on one side of the step only")
+            for (tile, _, w), (v, _, _) in (zip(name, new) if isinstance(name, list) else  # type: ignore[arg-type]
+                                            [((name, 0, self.width(body.graph.inputs[k])), (new, 0, 0))]):
+                em.line(f"{tile} = tl.broadcast_to({v}, (ROWS, {_pad(w)}))")
         em.close()
         for k, name in enumerate(carries):
             x = body.graph.inputs[k]
-            self.store(self.results[k], n.types[k][0], (self.global_row("r"), *self.ident(x)[1:]), name,
-                       self.mask(self.width(x)))
+            pieces = name if isinstance(name, list) else [(name, None, self.width(x))]
+            for tile, off, w in pieces:
+                col = self.ident(x)[1:] if off is None else (sliced(self.cols(w), str(off)),)
+                self.store(self.results[k], n.types[k][0], (self.global_row("r"), *col), tile, self.mask(w))
         kinds = [kk.kind for kk in body_block.kernels]
         kind = "+".join(dict.fromkeys(["scan", *(s for kk in kinds for s in kk.split("+"))]))
         grid = [f"triton.cdiv({self.batch}, {self.r.tiles.scan_rows})"]
@@ -244,7 +263,7 @@ class ScanKernel:
         self.em.line(f"tl.store({ptr} + ({flat(idx, [self.sz(d) for d in shape])}), {value}, mask={mask})")
 
     def deliver(self, node: Node, value: str, buf: Buf, also: tuple[int, ...], body: Ctx,
-                nxt: dict[int, str]) -> None:
+                nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
         """A body value computed into registers: later kernels of the step read it there; a body result is the
         next carry or stored into this step's row of the stacked output (scratch gets no memory)."""
         body.reg[id(node)] = (value, self.ident(node))
@@ -257,11 +276,11 @@ class ScanKernel:
                 self.store(self.results[pos], shape, ("tt", self.global_row("r"), *self.ident(node)[1:]), value,
                            self.mask(self.width(node)))
 
-    def body_kernel(self, k, body: Ctx, nxt: dict[int, str]) -> None:
+    def body_kernel(self, k, body: Ctx, nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
         if isinstance(k, SlicedGemm):
             self.sliced(k, body, nxt)
         elif isinstance(k, Gemm | Elementwise | Copy) and id(stored_node(k)) in self.segs.nodes:
-            self.by_ranges(k, body)
+            self.by_ranges(k, body, nxt)
         elif isinstance(k, Gemm):
             p, root = k.node, k.epilogue
             acc = self.product(p, body, [(p.shape[-1], "0")], k.b_resident)[0]
@@ -274,7 +293,7 @@ class ScanKernel:
         elif isinstance(k, Reduce):
             self.row_reduce(k, body, nxt)
         elif isinstance(k, Concat):
-            self.concat(k, body)
+            self.concat(k, body, nxt)
         elif isinstance(k, Elementwise | Copy):
             n = k.node
             v = self.eval(body, self.mask(self.width(n)), root=n).val(n, self.ident(n))
@@ -325,7 +344,8 @@ class ScanKernel:
         """(offset, width, index) of each column range of ``n``'s width (``Segments``)."""
         return [(off, w, ("r", sliced(self.cols(w), str(off)))) for off, w in self.segs.widths[self.width(n)]]
 
-    def by_ranges(self, k: Gemm | Elementwise | Copy, body: Ctx) -> None:
+    def by_ranges(self, k: Gemm | Elementwise | Copy, body: Ctx,
+                  nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
         """A kernel whose value is held one tile per column range (a layer-norm LSTM's gate row): a product one
         ``tl.dot`` per range, its epilogue or an elementwise body evaluated at each range's columns; stored
         range by range where it is a step output."""
@@ -341,12 +361,12 @@ class ScanKernel:
         else:
             for _, w, idx in ranges:
                 tiles[idx] = self.eval(body, self.mask(w), root=node).val(node, idx)
-        self.hold_by_columns(node, k, [(tiles[idx], off, w) for off, w, idx in ranges], body)
+        self.hold_by_columns(node, k, [(tiles[idx], off, w) for off, w, idx in ranges], body, nxt)
 
-    def concat(self, k: Concat | Copy, body: Ctx) -> None:
-        """A concat of tiles along the row, kept as its tiles (``schedule/registers.py`` admits it only when
-        products alone read it): each stored into its columns of this step's output row, each multiplied by its
-        rows of a product's B (``product``)."""
+    def concat(self, k: Concat | Copy, body: Ctx, nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
+        """A concat of tiles along the row, kept as its tiles (``schedule/registers.py`` admits it when products
+        alone read it, or when its parts are the column ranges its readers compute by): each stored into its
+        columns of this step's output row, each multiplied by its rows of a product's B (``product``)."""
         n = k.node
         if n.attrs["axis"] != n.ndim - 1 or n.ndim != 2:
             raise Unsupported(f"concat at {n.loc}: inside a persistent scan only a concat along the row")
@@ -357,23 +377,25 @@ class ScanKernel:
                 v = self.eval(body, self.mask(w), root=n).val(src, self.ident(src))
                 pieces.append((v, off, w))
             off += w
-        self.hold_by_columns(n, k, pieces, body)
+        self.hold_by_columns(n, k, pieces, body, nxt)
 
-    def hold_by_columns(self, node: Node, k: Kernel, pieces: list[tuple[str, int, int]], body: Ctx) -> None:
+    def hold_by_columns(self, node: Node, k: Kernel, pieces: list[tuple[str, int, int]], body: Ctx,
+                        nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
         """``node`` held as one tile per column range (tile, offset, width): read there by later kernels of the
-        step (``Ctx.ranges``) and by products (``product``), stored range by range where it is a step output;
-        never a carry (``schedule/registers.py`` refuses those)."""
+        step (``Ctx.ranges``) and by products (``product``), the next value of a carry held the same way, stored
+        range by range where it is a step output."""
         self.pieces[id(node)] = pieces
         body.ranges[id(node)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
         for pos in ([k.out.output] if k.out.output is not None else []) + list(k.also):
             if pos < self.nc:
-                raise Unsupported(f"{node.op.name.lower()} at {node.loc}: a carry held by column ranges")
+                nxt[pos] = pieces
+                continue
             shape = self.loop.node.types[pos][0]
             for v, off, w in pieces:
                 self.store(self.results[pos], shape, ("tt", self.global_row("r"), sliced(self.cols(w), str(off))), v,
                            self.mask(w))
 
-    def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str]) -> None:
+    def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
         """One ``tl.dot`` per column slice (gate) on the step's A tile, the GEMM's epilogue on each gate tile,
         then the member kernels (the cell update) on the tiles: the gate matrix is never stored, only the product
         or the epilogue's value where the scan returns it (slice by slice into this step's row)."""
@@ -401,7 +423,7 @@ class ScanKernel:
             v = ev.val(m, self.ident(m))
             self.deliver(m, v, out, more, body, nxt)
 
-    def row_reduce(self, k: Reduce, body: Ctx, nxt: dict[int, str]) -> None:
+    def row_reduce(self, k: Reduce, body: Ctx, nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
         """A sum or max over all of a row's values (a layer norm's statistics): one reduction of the tile."""
         p, root = k.node, k.epilogue
         src = p.srcs[0]

@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from test_triton_render import lstm
+from test_triton_render import layer_norm_lstm, lstm
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, interpreted
@@ -93,16 +93,18 @@ def _shared(records: list[dict], tmp_path) -> dict[str, int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_basecaller_width_lstm_trains_in_kernels_that_fit_hopper(monkeypatch, tmp_path):
-    """H = 96 in float16, a training step: the forward and the backward scan are persistent kernels (checked), and
-    every kernel of the step compiles for sm_90 within the shared memory a program may use."""
+@pytest.mark.parametrize("cell", [lstm, layer_norm_lstm])
+def test_a_basecaller_width_lstm_trains_in_kernels_that_fit_hopper(cell, monkeypatch, tmp_path):
+    """H = 96 in float16, a training step of an LSTM and a layer-norm LSTM: the forward and the backward scan are
+    persistent kernels (checked), and every kernel of the step compiles for sm_90 within the shared memory a
+    program may use."""
     rng = np.random.default_rng(96)
     H, N = 96, 16
     args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
             for s in ((1, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
 
     def loss(*a):
-        ys = lstm(*a)[0]
+        ys = cell(*a)[0]
         return (ys * ys).sum()
 
     step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton")

@@ -237,8 +237,10 @@ def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
 
 def test_a_layer_norm_lstm_holds_its_gate_row_one_tile_per_gate(rng: np.random.Generator):
     """The gate row is normalized as a whole, then cut into gates: the persistent kernel computes it one tile per
-    gate (four dots, the row sums added over the tiles). Its gradient's scan stays a host loop (the reason is
-    logged); both agree with the reference. N = 20: two programs, the second partly masked."""
+    gate (four dots, the row sums added over the tiles). Its gradient's scan is one too: the four gate gradients
+    joined into a row are those tiles, normalized backwards tile by tile (row sums over the tiles), multiplied by
+    W_hh one dot per tile, and summed over the steps in a carry held one tile per gate (the bias gradient). Both
+    agree with the reference. N = 20: two programs, the second partly masked."""
     args = lstm_args(rng, T=5, N=20, I=6)
     program, _ = _scheduled(layer_norm_lstm, *args)
     assert [loop.parallel is not None for loop in program.loops()] == [True]
@@ -248,7 +250,11 @@ def test_a_layer_norm_lstm_holds_its_gate_row_one_tile_per_gate(rng: np.random.G
         ys, h, c = layer_norm_lstm(*a)
         return (ys * ys).sum() + (h * c).sum()
 
-    _check(nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5)), *args)
+    grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    program, rendered = _scheduled(grads, *args)
+    assert [loop.parallel is not None for loop in program.loops()] == [True, True]
+    assert sum("_scan_" in k for k in rendered.kernels) == 2, rendered.kernels
+    _check(grads, *args)
 
 
 def test_a_row_held_by_gates_is_stored_gate_by_gate_as_a_step_output(rng: np.random.Generator):
