@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 BROWSER := $(VENV)/.browser
 WEBJS   := node_modules/.installed
 
-.PHONY: demo test lint venv browser webjs clean
+.PHONY: demo test lint venv browser webjs clean gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,12 @@ $(WEBJS): package.json package-lock.json
 	else echo "warning: npm not found; the report and web view use plotly.py's full plotly.js bundle"; fi
 
 webjs: $(WEBJS)
+
+# Wheels a GPU machine without a network installs from (scripts/gpu-check.sh; carry gpu-wheels/ to it): FlashRNN,
+# the GPU bench's anchor, for the GPU machines' Python 3.12 on x86-64.
+gpu-wheels: | $(STAMP)
+	$(BIN)/pip download -q -d gpu-wheels --no-deps --only-binary=:all: --python-version 3.12 \
+		--platform manylinux2014_x86_64 flashrnn==1.0.8 einops ninja
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

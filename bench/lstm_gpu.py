@@ -1,7 +1,11 @@
 """One LSTM layer on a GPU: nnforge backend="triton" against cuDNN (torch.nn.LSTM, one single-layer module: only
 then can cuDNN pick its persistent kernels), measured in the same process, interleaved; with
-``--cells``, custom cells against TorchScript and torch.compile loops. (No FlashRNN anchor: the GPU
-machines we are lent do not have it.)
+``--cells``, custom cells against TorchScript and torch.compile loops; FlashRNN's LSTM where it is installed
+(``pip install flashrnn``; on a machine without a network ``make gpu-wheels`` fetches it to carry): its fused CUDA
+kernel with one head (compiled by torch's extension loader on first use: it needs nvcc) and its fused Triton
+kernel where one head fits its limit of 64 (``--flashrnn`` picks; a backend that cannot run is reported with the
+reason). FlashRNN takes the input projection precomputed; here torch computes it in the timed call, as nnforge and
+cuDNN do theirs.
 
 Per shape (T, batch, hidden; input size = hidden, input projection included) and mode (inference: forward;
 training: forward + backward of ``(ys * cot).sum()`` into the weights), each round times every candidate once
@@ -43,6 +47,39 @@ import nnforge as nf  # noqa: E402
 def lstm(x, h0, c0, w_ih, w_hh, b):
     """bench/lstm_cpu.py's layer, its stacked outputs only."""
     return lstm_cpu.lstm(x, h0, c0, w_ih, w_hh, b)[0]
+
+
+FLASHRNN_HEAD_LIMIT = 64  # FlashRNN's fused Triton kernel takes heads of at most 64 values (its README)
+
+
+def flashrnn_backends(H: int, device: str, wanted: str) -> list[str]:
+    """The FlashRNN backends timed for one head of width ``H`` (``wanted``: "auto", "none" or a comma-separated
+    list): on a GPU its fused CUDA kernel, and its fused Triton kernel up to the head limit; on the CPU (smoke
+    runs) its PyTorch loop, "vanilla", which checks the wiring; none where flashrnn is not installed."""
+    if wanted == "none":
+        return []
+    try:
+        import flashrnn  # noqa: F401
+    except ImportError:
+        return []
+    if wanted != "auto":
+        return wanted.split(",")
+    if device != "cuda":
+        return ["vanilla"]
+    return ["cuda_fused"] + (["triton_fused"] if H <= FLASHRNN_HEAD_LIMIT else [])
+
+
+def flashrnn_lstm(x, h0, c0, w_ih, w_hh, b, backend: str) -> torch.Tensor:
+    """The layer through FlashRNN's LSTM, one head (gate order i, f, g, o, as torch's): the input projection by
+    torch, batch-major as FlashRNN takes it; its stacked outputs [T, N, H]."""
+    import flashrnn
+
+    T, N, H = x.shape
+    wx = (x.transpose(0, 1) @ w_ih.T).reshape(N, T, 4, 1, H)
+    states = torch.stack([h0, c0]).reshape(2, N, 1, 1, H)
+    h, _ = flashrnn.flashrnn(wx, w_hh.reshape(4, 1, H, H), b.reshape(4, 1, H), states=states, function="lstm",
+                             backend=backend, dtype=str(x.dtype).removeprefix("torch."))
+    return h[0].reshape(N, T, H).transpose(0, 1)
 
 
 TABLE = [(96, 1024), (96, 8448), (384, 128), (384, 1024), (1024, 128), (1024, 1024)]  # (hidden, batch)
@@ -96,7 +133,8 @@ def gemm_peak(device: str, dtype: torch.dtype, clock: Clock) -> float:
     return 2 * n ** 3 / min(clock(lambda: a @ b) for _ in range(5)) / 1e12
 
 
-def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool) -> dict[str, Callable]:
+def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool,
+               flash: str = "auto") -> dict[str, Callable]:
     """name -> a call running one forward (or forward + backward) on the same weights and inputs."""
     torch.manual_seed(0)
     ref = torch.nn.LSTM(H, H).to(device=device, dtype=dtype)
@@ -121,6 +159,14 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
             ys.backward(cot)
 
         out[anchor] = cudnn
+        leaves = [w.detach().clone().requires_grad_() for w in (w_ih, w_hh, b)]
+        for fb in flashrnn_backends(H, device, flash):
+            def flash_step(fb: str = fb) -> None:
+                for w in leaves:
+                    w.grad = None
+                (flashrnn_lstm(x, h0, c0, *leaves, fb) * cot).sum().backward()
+
+            out[f"flashrnn.{fb}"] = flash_step
     else:
         fwd = nf.compile(lstm, backend="triton")
         out["nnforge.triton"] = lambda: fwd(x, h0, c0, w_ih, w_hh, b)
@@ -130,6 +176,12 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
                 ref(x, (h0[None], c0[None]))
 
         out[anchor] = cudnn_inference
+        for fb in flashrnn_backends(H, device, flash):
+            def flash_inference(fb: str = fb) -> None:
+                with torch.no_grad():
+                    flashrnn_lstm(x, h0, c0, w_ih, w_hh, b, fb)
+
+            out[f"flashrnn.{fb}"] = flash_inference
     return out
 
 
@@ -137,9 +189,9 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref).norm() / ref.norm())
 
 
-def accuracy(T: int, H: int, dtype: torch.dtype, device: str, training: bool, N: int) -> None:
-    """Error of nnforge and of cuDNN in ``dtype`` against the same layer in float64 (forward outputs; in training
-    also the gradients of the weights): a fast kernel must also compute the same function."""
+def accuracy(T: int, H: int, dtype: torch.dtype, device: str, training: bool, N: int, flash: str = "auto") -> None:
+    """Error of nnforge, cuDNN and FlashRNN in ``dtype`` against the same layer in float64 (forward outputs; in
+    training also the gradients of the weights): a fast kernel must also compute the same function."""
     torch.manual_seed(1)
     ref = torch.nn.LSTM(H, H).to(device=device, dtype=torch.float64)
     x = torch.randn(T, N, H, device=device, dtype=torch.float64)
@@ -150,12 +202,15 @@ def accuracy(T: int, H: int, dtype: torch.dtype, device: str, training: bool, N:
     low = torch.nn.LSTM(H, H).to(device=device, dtype=dtype)
     low.load_state_dict(ref.state_dict())
     cast = [t.to(dtype) for t in (x, h0, c0)]
+    low_ws = [w.detach().to(dtype) for w in ws]
     if not training:
         with torch.no_grad():
             got = nf.compile(lstm, backend="triton")(*cast, *(w.detach().to(dtype) for w in ws))
             cudnn, _ = low(cast[0], (cast[1][None], cast[2][None]))
         print(f"  error vs float64 (N={N}): nnforge {rel(got, ys64.detach()):.2e}  "
-              f"cudnn {rel(cudnn, ys64.detach()):.2e}")
+              f"cudnn {rel(cudnn, ys64.detach()):.2e}" + "".join(
+                  f"  flashrnn.{fb} {_flash_error(lambda fb=fb: rel(flashrnn_lstm(*cast, *low_ws, fb), ys64.detach()))}"
+                  for fb in flashrnn_backends(H, device, flash)))
         return
     g64 = torch.autograd.grad((ys64 * cot).sum(), [ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0])
 
@@ -169,11 +224,27 @@ def accuracy(T: int, H: int, dtype: torch.dtype, device: str, training: bool, N:
     names = ("w_ih", "w_hh", "b")
     print(f"  gradient error vs float64 (N={N}): " + "  ".join(
         f"{n} nnforge {rel(m, g):.2e} cudnn {rel(t, g):.2e}" for n, m, t, g in zip(names, mine, theirs, g64)))
+    for fb in flashrnn_backends(H, device, flash):
+        def flash_grads(fb: str = fb) -> str:
+            leaves = [w.detach().clone().requires_grad_() for w in low_ws]
+            grads = torch.autograd.grad((flashrnn_lstm(*cast, *leaves, fb) * cot.to(dtype)).sum(), leaves)
+            return "  ".join(f"{n} {rel(m, g):.2e}" for n, m, g in zip(names, grads, g64))
+
+        print(f"  gradient error vs float64, flashrnn.{fb}: {_flash_error(flash_grads)}")
+
+
+def _flash_error(measure: Callable[[], object]) -> str:
+    """An anchor's error, or why it could not run (its kernel may not build here)."""
+    try:
+        out = measure()
+    except Exception as e:  # reported, as a failing anchor in bench()
+        return f"failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return f"{out:.2e}" if isinstance(out, float) else str(out)
 
 
 def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool, rounds: int,
-          clock: Clock) -> None:
-    fns = candidates(T, N, H, dtype, device, training)
+          clock: Clock, flash: str = "auto") -> None:
+    fns = candidates(T, N, H, dtype, device, training, flash)
     t0 = time.perf_counter()
     fns["nnforge.triton"]()  # trace, render, and compile every kernel
     if device == "cuda":
@@ -185,8 +256,10 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
             fn()
             if device == "cuda":
                 torch.cuda.synchronize()
-        except RuntimeError as e:  # an anchor that cannot run this shape (cuDNN at batch 8448) is reported
-            failed[name] = str(e).splitlines()[0]
+        except Exception as e:  # an anchor that cannot run here (cuDNN at batch 8448, FlashRNN unbuilt) is reported
+            if name == "nnforge.triton":
+                raise
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             del fns[name]
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
@@ -269,6 +342,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--cells", type=int, nargs=2, metavar=("BATCH", "HIDDEN"),
                    help="also time the custom cells (layer-norm LSTM, GRU, peephole LSTM) at this shape, inference")
+    p.add_argument("--flashrnn", default="auto", metavar="BACKENDS",
+                   help="FlashRNN anchors: auto (cuda_fused, and triton_fused where H <= 64), none, or a list")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     a = p.parse_args()
     if a.smoke:
@@ -285,8 +360,8 @@ def main() -> None:
     for mode in a.mode:
         for H in dict.fromkeys(H for H, _ in shapes):
             for N in (N for h, N in shapes if h == H):
-                bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock)
-            accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H))
+                bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock, a.flashrnn)
+            accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H), a.flashrnn)
     if a.cells:
         bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock)
 

@@ -11,6 +11,8 @@
 #   STEPS="render bench" scripts/gpu-check.sh               # some of the steps
 #   SELECT="cast_to_int or save" scripts/gpu-check.sh      # the matrix step runs only the triton cases matching
 #   STEPS="tune bench" scripts/gpu-check.sh  # tune the Triton tiles for this GPU first (opt-in: not in the default)
+#   STEPS=flashrnn scripts/gpu-check.sh      # bench/lstm_gpu.py against FlashRNN (installed from gpu-wheels/, made by
+#                                            # `make gpu-wheels` and carried; its CUDA kernel builds with nvcc per shape)
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -20,7 +22,7 @@ PY=${PY:-python3}
 JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
-STEPS=${STEPS:-render bench matrix whole_model cells streams}
+STEPS=${STEPS:-render bench matrix whole_model cells streams flashrnn}
 KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
@@ -40,12 +42,16 @@ triton.__version__, torch.cuda.get_device_name())"
 } >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
+if [[ " $STEPS " == *" flashrnn "* ]] && ls gpu-wheels/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --find-links gpu-wheels flashrnn >"$OUT/flashrnn-install.txt" 2>&1
+fi
+
 step tune "${TUNE_S:-300}" $PY -c "import nnforge.tune as t; print(t.tune_triton())"
 tail -3 "$OUT/tune.txt" 2>/dev/null
 step render "${RENDER_S:-120}" $PY -m pytest -q -p no:cacheprovider tests/codegen/triton
 tail -3 "$OUT/render.txt" 2>/dev/null
 # shellcheck disable=SC2086  # BENCH is a list of arguments
-step bench "${BENCH_S:-240}" $PY bench/lstm_gpu.py ${BENCH:-}
+step bench "${BENCH_S:-240}" $PY bench/lstm_gpu.py --flashrnn none ${BENCH:-}
 cat "$OUT/bench.txt" 2>/dev/null
 # shellcheck disable=SC2086
 step matrix "${MATRIX_S:-300}" $PY -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadgroup -k "$KEYS" \
@@ -61,4 +67,6 @@ grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
 step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider tests/control/test_staging.py &&
     $PY bench/feeder.py --backends cpu,triton --rounds 3 --steps 40 --trace $OUT/feeder-trace.json"
 tail -12 "$OUT/streams.txt" 2>/dev/null
+step flashrnn "${FLASH_S:-300}" $PY bench/lstm_gpu.py --hidden 96 384 --batch 1024 --rounds 3 ${FLASH:-}
+cat "$OUT/flashrnn.txt" 2>/dev/null
 cat "$OUT/summary.txt"
