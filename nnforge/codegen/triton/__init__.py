@@ -67,6 +67,7 @@ class TritonBackend:
     passes and the scheduler (``triton_target()``; tests pass others to reach other schedules)."""
 
     tiles: Tiles | None = None  # None: tuned tiles cached for this GPU (``nnforge.tune.tune_triton``), else defaults
+    cuda_graphs: bool | None = None  # programs replayed as CUDA graphs (graphs.py); None: NNFORGE_CUDA_GRAPHS=1
     target: Target = field(default_factory=triton_target)
     _modules: dict[str, ModuleType] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)  # fallback reasons already reported
@@ -128,5 +129,8 @@ class TritonBackend:
             self._modules[key] = load_module(rendered.source)
             self.loads += 1
         data = [n.attrs["array"] for n in graph.order if n.op.name == "DATA"]
+        graphs = self.cuda_graphs
+        if graphs is None:
+            graphs = os.environ.get("NNFORGE_CUDA_GRAPHS", "") not in ("", "0")
         return TritonProgram(graph, self._modules[key], rendered.source, rendered.kernels,
-                             sorted(loop_length_symbols(graph)), data, self.device)
+                             sorted(loop_length_symbols(graph)), data, self.device, cuda_graphs=graphs)

@@ -57,8 +57,10 @@ class TritonProgram(CompiledProgram):
     run-time sizes. ``source``: the generated module; ``kernels``: its kernel names in launch order."""
 
     def __init__(self, graph: Graph, module: ModuleType, source: str, kernels: Sequence[str],
-                 dynamic: Sequence[str], data: Sequence[np.ndarray], device: str):
+                 dynamic: Sequence[str], data: Sequence[np.ndarray], device: str, cuda_graphs: bool = False):
         import torch
+
+        from .graphs import CudaGraphs
 
         self.module = module
         self.source = source
@@ -67,6 +69,10 @@ class TritonProgram(CompiledProgram):
         self.data = [np.asarray(d) for d in data]  # the constants, as saved with the program
         self._torch = torch
         self._data = [host_tensor(np.ascontiguousarray(d)).to(device) for d in data]
+        # the generated run, or run behind CUDA graphs (not for a program that draws: its seed would be frozen)
+        captured = cuda_graphs and device != "cpu" and not getattr(module, "SEEDED", False)
+        self.graphs = CudaGraphs(module.run) if captured else None
+        self._run = self.graphs or module.run
         super().__init__(graph, dynamic)
 
     def workspace_need(self, sizes: object) -> int:
@@ -83,7 +89,7 @@ class TritonProgram(CompiledProgram):
         ins = [t.to(self.device) for t in ins]
         outs = [torch.empty(o.shape, dtype=host_tensor(o.reshape(-1)[:0]).dtype, device=self.device)
                 for o in outputs]
-        self.module.run(ins, self._data, outs, list(sizes), self.device, self.seed())
+        self._run(ins, self._data, outs, list(sizes), self.device, self.seed())
         for o, t in zip(outputs, outs):
             host_tensor(o).copy_(t)
 
@@ -106,7 +112,7 @@ class TritonProgram(CompiledProgram):
         env = self.checked_sizes(ins)
         outs = [torch.empty(shape, dtype=getattr(torch, o.dtype.value), device=self.device)
                 for shape, o in zip(self.output_shapes(env), g.outputs)]
-        self.module.run(ins, self._data, outs, [env[name] for name in self.dynamic], self.device, self.seed())
+        self._run(ins, self._data, outs, [env[name] for name in self.dynamic], self.device, self.seed())
         return outs
 
     def seed(self) -> int:

@@ -1,0 +1,172 @@
+"""CUDA graphs behind a Triton program (``codegen/triton/graphs.py``). On a CPU machine the cache's logic runs
+against a stand-in for torch whose graphs record the program's work while capturing and redo it on replay, on
+tensors whose memory is a numpy array: the first call at given sizes runs the program and captures it, later calls
+copy inputs into the graph's own tensors, replay and copy the outputs out (each result right for its own inputs),
+new sizes capture anew, the least recently used graph is dropped, and a capture that fails leaves the program
+running uncaptured. On a GPU the same against real graphs of a host-loop scan, bit for bit against the program
+run without them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import numpy as np
+import pytest
+
+from nnforge.codegen.triton.graphs import CudaGraphs
+
+
+class _Tensor:
+    def __init__(self, a: np.ndarray):
+        self.a = a
+
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: self.a.dtype)
+
+    def copy_(self, other: _Tensor) -> _Tensor:
+        self.a[...] = other.a
+        return self
+
+
+class _Graph:
+    def __init__(self):
+        self.work: list = []
+
+    def replay(self) -> None:
+        for w in self.work:
+            w()
+
+
+class _Cuda:
+    def __init__(self, fail: bool):
+        self.capturing: _Graph | None = None
+        self.fail = fail
+        self.CUDAGraph = _Graph
+
+    @contextlib.contextmanager
+    def graph(self, g: _Graph, capture_error_mode: str = "global"):
+        assert capture_error_mode == "thread_local"
+        self.capturing = g
+        try:
+            yield
+            if self.fail:
+                raise RuntimeError("operation not permitted when stream is capturing")
+        finally:
+            self.capturing = None
+
+
+class _Torch:
+    def __init__(self, fail: bool = False):
+        self.cuda = _Cuda(fail)
+
+    @staticmethod
+    def empty_like(t: _Tensor) -> _Tensor:
+        return _Tensor(np.full_like(t.a, np.nan))
+
+
+def _program(api: _Torch):
+    """out = in * 2 + S[0], its scratch allocated per run as the generated code does; runs counted."""
+    runs = {"eager": 0, "captured": 0}
+
+    def run(ins, data, outs, S, dev, seed):
+        scratch = _Tensor(np.empty_like(ins[0].a))
+
+        def work() -> None:
+            scratch.a[...] = ins[0].a * 2
+            outs[0].a[...] = scratch.a + S[0]
+
+        if api.cuda.capturing is not None:
+            api.cuda.capturing.work.append(work)
+            runs["captured"] += 1
+        else:
+            work()
+            runs["eager"] += 1
+
+    return run, runs
+
+
+def _call(graphs: CudaGraphs, x: np.ndarray, size: int) -> np.ndarray:
+    out = _Tensor(np.empty_like(x))
+    graphs([_Tensor(x.copy())], [], [out], [size], "cuda")
+    return out.a
+
+
+def test_calls_replay_one_graph_per_sizes(rng: np.random.Generator):
+    api = _Torch()
+    run, runs = _program(api)
+    graphs = CudaGraphs(run, api=api, keep=2)
+    xs = [rng.standard_normal((3, 4)) for _ in range(4)]
+    for x in xs[:3]:
+        np.testing.assert_array_equal(_call(graphs, x, 5), x * 2 + 5)
+    assert runs == {"eager": 1, "captured": 1} and graphs.captures == 1
+    y = rng.standard_normal((6, 4))  # another sequence length: a new capture, no recompile
+    np.testing.assert_array_equal(_call(graphs, y, 7), y * 2 + 7)
+    np.testing.assert_array_equal(_call(graphs, xs[3], 5), xs[3] * 2 + 5)
+    assert graphs.captures == 2 and runs == {"eager": 2, "captured": 2}
+    z = rng.standard_normal((2, 4))  # a third: the least recently used (length 7) is dropped
+    np.testing.assert_array_equal(_call(graphs, z, 1), z * 2 + 1)
+    np.testing.assert_array_equal(_call(graphs, xs[0], 5), xs[0] * 2 + 5)  # still kept
+    assert graphs.captures == 3
+    np.testing.assert_array_equal(_call(graphs, y, 7), y * 2 + 7)  # captured again
+    assert graphs.captures == 4 and len(graphs.graphs) == 2
+
+
+def test_a_failed_capture_leaves_the_program_uncaptured(rng: np.random.Generator, caplog: pytest.LogCaptureFixture):
+    api = _Torch(fail=True)
+    run, runs = _program(api)
+    graphs = CudaGraphs(run, api=api)
+    with caplog.at_level(logging.WARNING, logger="nnforge.codegen"):
+        for _ in range(3):
+            x = rng.standard_normal((3, 4))
+            np.testing.assert_array_equal(_call(graphs, x, 2), x * 2 + 2)
+    assert graphs.failed and "operation not permitted" in graphs.failed and not graphs.graphs
+    assert runs == {"eager": 3, "captured": 1}
+    assert sum("CUDA graph capture failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_programs_on_the_interpreter_are_never_captured(rng: np.random.Generator):
+    import nnforge as nf
+    from nnforge.codegen.triton import TritonBackend, interpreted
+
+    if not (TritonBackend().available and interpreted()):
+        pytest.skip("the interpreter's programs run on the CPU")
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    program = TritonBackend(cuda_graphs=True)(nf.compile(lambda v: nf.tanh(v) * 2.0).trace(x))
+    assert program.graphs is None
+    np.testing.assert_allclose(program([x])[0], np.tanh(x) * 2, rtol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+def test_a_host_loop_replayed_as_a_graph_matches_it_run_eagerly(rng: np.random.Generator):
+    """A scan whose step reads its carry one column over (a host loop on Triton), at two sequence lengths, new
+    inputs each call: bit for bit the program run without graphs; one capture per length."""
+    torch = pytest.importorskip("torch")
+    import nnforge as nf
+    from nnforge.codegen.triton import TritonBackend, interpreted
+
+    if interpreted() or not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (real graphs)")
+
+    def f(h0, x, w):
+        def cell(h, x_t):
+            h = nf.tanh(h @ w + x_t + nf.concat([h[:, :1], h[:, :-1]], axis=1))
+            return h, h
+        return nf.scan(cell, h0, x)
+
+    N, H = 64, 32
+
+    def args(T: int):
+        return [torch.randn(N, H, device="cuda"), torch.randn(T, N, H, device="cuda"),
+                torch.randn(H, H, device="cuda") * 0.2]
+
+    trace_args = [a.cpu().numpy() for a in args(5)]
+    graph = nf.compile(f).trace(*trace_args)
+    plain, captured = TritonBackend(cuda_graphs=False)(graph), TritonBackend(cuda_graphs=True)(graph)
+    assert captured.graphs is not None and plain.graphs is None
+    for T in (5, 9, 5, 9, 5):
+        a = args(T)
+        for got, want in zip(captured.call_tensors(a), plain.call_tensors(a), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert captured.graphs.captures == 2 and captured.graphs.failed is None
