@@ -18,10 +18,12 @@ smallest batch of that hidden size; in training of the weight gradients too). An
 is reported with its error. Record results in docs/benchmarks.md with the device and date.
 
 Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024 --batch 128 1024] [--steps 2000] [--dtype float16]
-[--mode inference training] [--rounds 5] [--cells BATCH HIDDEN]``; without ``--hidden``/``--batch`` the shapes of
-issue 14's table (H 96 at batch 1024 and 8448 = 64 per SM of a 132-SM part; H 384 and 1024 at 128 and 1024).
+[--mode inference training] [--rounds 5] [--cells BATCH HIDDEN] [--cuda-graphs] [--flashrnn auto]``; without
+``--hidden``/``--batch`` the shapes of issue 14's table (H 96 at batch 1024 and 8448 = 64 per SM of a 132-SM
+part; H 384 and 1024 at 128 and 1024).
 ``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with ``TRITON_INTERPRET=1`` set by the script,
-anchors on the CPU): it proves the script runs, its times mean nothing.
+anchors on the CPU; ``nnforge+graphs`` there is the same program uncaptured): it proves the script runs, its times
+mean nothing.
 """
 
 from __future__ import annotations
@@ -133,9 +135,18 @@ def gemm_peak(device: str, dtype: torch.dtype, clock: Clock) -> float:
     return 2 * n ** 3 / min(clock(lambda: a @ b) for _ in range(5)) / 1e12
 
 
+def replayed(fn: Callable, args: list[torch.Tensor]) -> Callable[[], object]:
+    """``fn`` built by the Triton backend with CUDA graphs on (``codegen/triton/graphs.py``), called on ``args``."""
+    from nnforge.codegen.triton import TritonBackend
+
+    program = TritonBackend(cuda_graphs=True)(nf.compile(fn).trace(*(a.cpu().numpy() for a in args)))
+    return lambda: program.call_tensors(args)  # type: ignore[attr-defined]
+
+
 def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool,
-               flash: str = "auto") -> dict[str, Callable]:
-    """name -> a call running one forward (or forward + backward) on the same weights and inputs."""
+               flash: str = "auto", graphs: bool = False) -> dict[str, Callable]:
+    """name -> a call running one forward (or forward + backward) on the same weights and inputs; with
+    ``graphs``, also nnforge with its program replayed as CUDA graphs."""
     torch.manual_seed(0)
     ref = torch.nn.LSTM(H, H).to(device=device, dtype=dtype)
     x = torch.randn(T, N, H, device=device, dtype=dtype)
@@ -152,6 +163,8 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
 
         step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton")
         out["nnforge.triton"] = lambda: step(x, h0, c0, w_ih, w_hh, b, cot)
+        if graphs:
+            out["nnforge+graphs"] = replayed(nf.grad(loss, argnums=(3, 4, 5)), [x, h0, c0, w_ih, w_hh, b, cot])
 
         def cudnn() -> None:
             ref.zero_grad(set_to_none=True)
@@ -170,6 +183,8 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
     else:
         fwd = nf.compile(lstm, backend="triton")
         out["nnforge.triton"] = lambda: fwd(x, h0, c0, w_ih, w_hh, b)
+        if graphs:
+            out["nnforge+graphs"] = replayed(lstm, [x, h0, c0, w_ih, w_hh, b])
 
         def cudnn_inference() -> None:
             with torch.no_grad():
@@ -243,8 +258,8 @@ def _flash_error(measure: Callable[[], object]) -> str:
 
 
 def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool, rounds: int,
-          clock: Clock, flash: str = "auto") -> None:
-    fns = candidates(T, N, H, dtype, device, training, flash)
+          clock: Clock, flash: str = "auto", graphs: bool = False) -> None:
+    fns = candidates(T, N, H, dtype, device, training, flash, graphs)
     t0 = time.perf_counter()
     fns["nnforge.triton"]()  # trace, render, and compile every kernel
     if device == "cuda":
@@ -344,6 +359,8 @@ def main() -> None:
                    help="also time the custom cells (layer-norm LSTM, GRU, peephole LSTM) at this shape, inference")
     p.add_argument("--flashrnn", default="auto", metavar="BACKENDS",
                    help="FlashRNN anchors: auto (cuda_fused, and triton_fused where H <= 64), none, or a list")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="also time nnforge with its programs replayed as CUDA graphs (nnforge+graphs)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     a = p.parse_args()
     if a.smoke:
@@ -360,7 +377,8 @@ def main() -> None:
     for mode in a.mode:
         for H in dict.fromkeys(H for H, _ in shapes):
             for N in (N for h, N in shapes if h == H):
-                bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock, a.flashrnn)
+                bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock, a.flashrnn,
+                      a.cuda_graphs)
             accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H), a.flashrnn)
     if a.cells:
         bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, in one go, each under its own time limit so that one hang costs only its share:
-# the device and its software; the Triton renderer's own tests; bench/lstm_gpu.py (times against cuDNN, errors
-# against float64); the backend-parametrized test matrix on backend "triton" with real kernels; the whole-model
+# the device and its software; the Triton renderer's own tests; bench/lstm_gpu.py (times against cuDNN and with
+# CUDA graphs, errors against float64); the backend-parametrized test matrix on backend "triton" with real kernels; the whole-model
 # tests; a streamed training loop's copies against its kernels (tests/control/test_staging.py, bench/feeder.py with a
 # profiler trace). Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
 #
@@ -51,7 +51,7 @@ tail -3 "$OUT/tune.txt" 2>/dev/null
 step render "${RENDER_S:-120}" $PY -m pytest -q -p no:cacheprovider tests/codegen/triton
 tail -3 "$OUT/render.txt" 2>/dev/null
 # shellcheck disable=SC2086  # BENCH is a list of arguments
-step bench "${BENCH_S:-240}" $PY bench/lstm_gpu.py --flashrnn none ${BENCH:-}
+step bench "${BENCH_S:-300}" $PY bench/lstm_gpu.py --flashrnn none --cuda-graphs ${BENCH:-}
 cat "$OUT/bench.txt" 2>/dev/null
 # shellcheck disable=SC2086
 step matrix "${MATRIX_S:-300}" $PY -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadgroup -k "$KEYS" \
