@@ -86,8 +86,9 @@ class Renderer:
         self.buffers = [*ins, *(f"d{k}" for k in range(len(data))), *outs]
         self.block(self.program.block, ctx)
         syms = ", ".join(f"S{k}" for k in range(len(self.sz.dynamic)))
-        head = ["def run(ins, data, outs, S, dev, seed=0):",
-                '    """Launch the kernels in order on tensors of device ``dev``."""',
+        head = ["def run(ins, data, outs, S, dev, seed=0, launch=nf_launch):",
+                '    """Launch the kernels in order on tensors of device ``dev`` (with ``launch``: a pass that only '
+                'compiles them, warm.py)."""',
                 f"    ({', '.join(ins)}{',' if ins else ''}) = ins",
                 f"    ({', '.join(f'd{k}' for k in range(len(data)))}{',' if data else ''}) = data",
                 f"    ({', '.join(outs)}{',' if outs else ''}) = outs",
@@ -191,7 +192,7 @@ class Renderer:
         warps = t.scan_warps if "ROWS" in consts else t.gemm_warps if "BM" in consts else t.warps
         meta = "".join(f", {c}={v}" for c, v in consts.items()) + f", num_warps={warps}"
         args = [*bufs, *counters, *sizes]
-        self.run.append(f"{self.ind}nf_launch({name}, ({', '.join(grid)},), {', '.join(args)}{meta})")
+        self.run.append(f"{self.ind}launch({name}, ({', '.join(grid)},), {', '.join(args)}{meta})")
         return name
 
     # ---- kernels over the flat output index ---------------------------------------------------------------
