@@ -3,7 +3,7 @@
 # the device and its software; the Triton renderer's own tests; bench/lstm_gpu.py (times against cuDNN and with
 # CUDA graphs, errors against float64); the backend-parametrized test matrix on backend "triton" with real kernels; the whole-model
 # tests; a streamed training loop's copies against its kernels (tests/control/test_staging.py, bench/feeder.py with a
-# profiler trace). Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
+# profiler trace); each model's error against float64 per dtype (bench/precision_gpu.py). Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
 #
 #   scripts/gpu-check.sh                    # everything
 #   BENCH="--hidden 96 --batch 128" scripts/gpu-check.sh   # bench/lstm_gpu.py's arguments
@@ -22,7 +22,7 @@ PY=${PY:-python3}
 JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
-STEPS=${STEPS:-render bench matrix whole_model cells streams flashrnn}
+STEPS=${STEPS:-render bench matrix whole_model cells streams precision flashrnn}
 KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
@@ -67,6 +67,8 @@ grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
 step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider tests/control/test_staging.py &&
     $PY bench/feeder.py --backends cpu,triton --rounds 3 --steps 40 --trace $OUT/feeder-trace.json"
 tail -12 "$OUT/streams.txt" 2>/dev/null
+step precision "${PRECISION_S:-240}" $PY bench/precision_gpu.py
+cat "$OUT/precision.txt" 2>/dev/null
 step flashrnn "${FLASH_S:-300}" $PY bench/lstm_gpu.py --hidden 96 384 --batch 1024 --rounds 3 ${FLASH:-}
 cat "$OUT/flashrnn.txt" 2>/dev/null
 cat "$OUT/summary.txt"
