@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, in one go, each under its own time limit so that one hang costs only its share:
 # the device and its software; the Triton renderer's own tests; bench/lstm_gpu.py (times against cuDNN and with
-# CUDA graphs, errors against float64); the backend-parametrized test matrix on backend "triton" with real kernels; the whole-model
-# tests; a streamed training loop's copies against its kernels (tests/control/test_staging.py, bench/feeder.py with a
-# profiler trace); each model's error against float64 per dtype (bench/precision_gpu.py). Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
+# CUDA graphs, errors against float64); the backend-parametrized test matrix on backend "triton" with real
+# kernels; the whole-model tests; a streamed training loop's copies against its kernels
+# (tests/control/test_staging.py, bench/feeder.py with a profiler trace); each model's error against float64 per
+# dtype (bench/precision_gpu.py); bench/lstm_gpu.py against FlashRNN. Run from the repository root on a machine
+# with a CUDA GPU; logs go to $OUT (default gpu-out/).
 #
 #   scripts/gpu-check.sh                    # everything
 #   BENCH="--hidden 96 --batch 128" scripts/gpu-check.sh   # bench/lstm_gpu.py's arguments
