@@ -47,6 +47,14 @@ if TYPE_CHECKING:
     from .render import Renderer
 
 
+Pieces = list[tuple[str, int, int]]  # a value held one register tile per column range: (tile, offset, width)
+Held = str | Pieces  # a step value in registers: one tile, or its pieces
+
+
+def _pieces(held: Held, width: int) -> Pieces:
+    return held if isinstance(held, list) else [(held, 0, width)]
+
+
 def _pad(width: int) -> int:
     """Columns of a register tile holding ``width`` values per row: 1, or a power of two of 16 at least."""
     if width == 1:
@@ -71,7 +79,7 @@ class ScanKernel:
         self.widths: dict[int, str] = {}
         self.idents: dict[tuple, tuple[str, ...]] = {}
         self.outer_evals: dict[tuple[str, str | None], Eval] = {}
-        self.pieces: dict[int, list[tuple[str, int, int]]] = {}  # values held by columns: (tile, offset, width)
+        self.pieces: dict[int, Pieces] = {}  # values held by column ranges
         # half precision: the step computes in float32 and rounds where it stores (carries stay float32)
         self.wide = any(dt in HALF for _, dt in n.types)
 
@@ -152,7 +160,7 @@ class ScanKernel:
             return "0"
         return "gr" if i == "r" else f"r0 + ({i})"
 
-    def bind_inputs(self, body: Ctx) -> list[str | list[tuple[str, int, int]]]:
+    def bind_inputs(self, body: Ctx) -> list[Held]:
         """The body's inputs: carries as registers (returned: their names; a carry held by column ranges, its
         (tile, offset, width) per range), scanned inputs as this step's slice (of the source, or of a chunk
         buffer), loop invariants read from the loop's sources."""
@@ -160,7 +168,7 @@ class ScanKernel:
         split = loop.parallel
         inputs = body.graph.inputs
         chunked = {c.k: c for c in loop.chunked}
-        carries: list[str | list[tuple[str, int, int]]] = []
+        carries: list[Held] = []
         for k in range(self.nc):
             x = inputs[k]
             name = f"h{k}"
@@ -228,7 +236,7 @@ class ScanKernel:
         em.line(f"tt = {length} - 1 - t" if loop.reverse else "tt = t")
         for c in loop.chunked:
             self.chunk(c, length)
-        nxt: dict[int, str | list[tuple[str, int, int]]] = {}
+        nxt: dict[int, Held] = {}
         for k in body_block.kernels:
             self.body_kernel(k, body, nxt)  # type: ignore[arg-type]
         for c in body_block.copies:
@@ -240,20 +248,22 @@ class ScanKernel:
         for k, name in enumerate(carries):
             if k not in nxt:
                 raise Unsupported(f"carry {k} of the scan is not computed by its body")
-            new = nxt[k]
-            if isinstance(name, list) != isinstance(new, list) or (
-                    isinstance(name, list) and [p[1:] for p in name] != [p[1:] for p in new]):  # type: ignore
+            w = self.width(body.graph.inputs[k])
+            old, new = _pieces(name, w), _pieces(nxt[k], w)
+            if isinstance(name, list) != isinstance(nxt[k], list) or [q[1:] for q in old] != [q[1:] for q in new]:
                 raise Unsupported(f"carry {k} of the scan is held by column ranges on one side of the step only")
-            for (tile, _, w), (v, _, _) in (zip(name, new) if isinstance(name, list) else  # type: ignore[arg-type]
-                                            [((name, 0, self.width(body.graph.inputs[k])), (new, 0, 0))]):
-                em.line(f"{tile} = tl.broadcast_to({v}, (ROWS, {_pad(w)}))")
+            for (tile, _, tw), (v, _, _) in zip(old, new):
+                em.line(f"{tile} = tl.broadcast_to({v}, (ROWS, {_pad(tw)}))")
         em.close()
         for k, name in enumerate(carries):
             x = body.graph.inputs[k]
-            pieces = name if isinstance(name, list) else [(name, None, self.width(x))]
-            for tile, off, w in pieces:
-                col = self.ident(x)[1:] if off is None else (sliced(self.cols(w), str(off)),)
-                self.store(self.results[k], n.types[k][0], (self.global_row("r"), *col), tile, self.mask(w))
+            if isinstance(name, list):
+                for tile, off, w in name:
+                    self.store(self.results[k], n.types[k][0], (self.global_row("r"), sliced(self.cols(w), str(off))),
+                               tile, self.mask(w))
+            else:
+                self.store(self.results[k], n.types[k][0], (self.global_row("r"), *self.ident(x)[1:]), name,
+                           self.mask(self.width(x)))
         kinds = [kk.kind for kk in body_block.kernels]
         kind = "+".join(dict.fromkeys(["scan", *(s for kk in kinds for s in kk.split("+"))]))
         grid = [f"triton.cdiv({self.batch}, {self.r.tiles.scan_rows})"]
@@ -263,7 +273,7 @@ class ScanKernel:
         self.em.line(f"tl.store({ptr} + ({flat(idx, [self.sz(d) for d in shape])}), {value}, mask={mask})")
 
     def deliver(self, node: Node, value: str, buf: Buf, also: tuple[int, ...], body: Ctx,
-                nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
+                nxt: dict[int, Held]) -> None:
         """A body value computed into registers: later kernels of the step read it there; a body result is the
         next carry or stored into this step's row of the stacked output (scratch gets no memory)."""
         body.reg[id(node)] = (value, self.ident(node))
@@ -276,7 +286,7 @@ class ScanKernel:
                 self.store(self.results[pos], shape, ("tt", self.global_row("r"), *self.ident(node)[1:]), value,
                            self.mask(self.width(node)))
 
-    def body_kernel(self, k, body: Ctx, nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
+    def body_kernel(self, k, body: Ctx, nxt: dict[int, Held]) -> None:
         if isinstance(k, SlicedGemm):
             self.sliced(k, body, nxt)
         elif isinstance(k, Gemm | Elementwise | Copy) and id(stored_node(k)) in self.segs.nodes:
@@ -345,7 +355,7 @@ class ScanKernel:
         return [(off, w, ("r", sliced(self.cols(w), str(off)))) for off, w in self.segs.widths[self.width(n)]]
 
     def by_ranges(self, k: Gemm | Elementwise | Copy, body: Ctx,
-                  nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
+                  nxt: dict[int, Held]) -> None:
         """A kernel whose value is held one tile per column range (a layer-norm LSTM's gate row): a product one
         ``tl.dot`` per range, its epilogue or an elementwise body evaluated at each range's columns; stored
         range by range where it is a step output."""
@@ -363,7 +373,7 @@ class ScanKernel:
                 tiles[idx] = self.eval(body, self.mask(w), root=node).val(node, idx)
         self.hold_by_columns(node, k, [(tiles[idx], off, w) for off, w, idx in ranges], body, nxt)
 
-    def concat(self, k: Concat | Copy, body: Ctx, nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
+    def concat(self, k: Concat | Copy, body: Ctx, nxt: dict[int, Held]) -> None:
         """A concat of tiles along the row, kept as its tiles (``schedule/registers.py`` admits it when products
         alone read it, or when its parts are the column ranges its readers compute by): each stored into its
         columns of this step's output row, each multiplied by its rows of a product's B (``product``)."""
@@ -379,8 +389,8 @@ class ScanKernel:
             off += w
         self.hold_by_columns(n, k, pieces, body, nxt)
 
-    def hold_by_columns(self, node: Node, k: Kernel, pieces: list[tuple[str, int, int]], body: Ctx,
-                        nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
+    def hold_by_columns(self, node: Node, k: Kernel, pieces: Pieces, body: Ctx,
+                        nxt: dict[int, Held]) -> None:
         """``node`` held as one tile per column range (tile, offset, width): read there by later kernels of the
         step (``Ctx.ranges``) and by products (``product``), the next value of a carry held the same way, stored
         range by range where it is a step output."""
@@ -395,7 +405,7 @@ class ScanKernel:
                 self.store(self.results[pos], shape, ("tt", self.global_row("r"), sliced(self.cols(w), str(off))), v,
                            self.mask(w))
 
-    def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
+    def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, Held]) -> None:
         """One ``tl.dot`` per column slice (gate) on the step's A tile, the GEMM's epilogue on each gate tile,
         then the member kernels (the cell update) on the tiles: the gate matrix is never stored, only the product
         or the epilogue's value where the scan returns it (slice by slice into this step's row)."""
@@ -423,7 +433,7 @@ class ScanKernel:
             v = ev.val(m, self.ident(m))
             self.deliver(m, v, out, more, body, nxt)
 
-    def row_reduce(self, k: Reduce, body: Ctx, nxt: dict[int, str | list[tuple[str, int, int]]]) -> None:
+    def row_reduce(self, k: Reduce, body: Ctx, nxt: dict[int, Held]) -> None:
         """A sum or max over all of a row's values (a layer norm's statistics): one reduction of the tile."""
         p, root = k.node, k.epilogue
         src = p.srcs[0]
