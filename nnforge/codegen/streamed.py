@@ -5,7 +5,9 @@ values delivered behind on the threads of ``streams``.
 Why one program call per iteration rather than one program for the whole loop: generated code runs without the
 GIL and cannot call Python in the middle of its loop without taking it back every step (stalling the very
 threads that make the next batch); a call costs tens of microseconds, against a training step's milliseconds.
-The state stays where the program keeps it between calls (host arrays on the CPU, device tensors with Triton).
+The state stays where the program keeps it between calls (host arrays on the CPU, device tensors with Triton);
+batches and Receiver values cross to and from it as ``runtime/staging.py`` says (on a GPU: pinned memory and a
+copy stream, so the loop's thread never waits for a copy).
 
 Which loops: those at the top level of the graph whose Feeders and Receivers sit directly in their body (a
 Feeder becomes an input of the step program, a Receiver's values extra outputs). What runs once around them
@@ -32,7 +34,7 @@ from ..passes.rewrite import substitute
 from ..runtime.staging import HostStaging, staging_for
 from ..trace import session
 from .reference import Interpreter
-from .streams import LoopStreams, deliver, fetch
+from .streams import LoopStreams, arrived, deliver, fetch
 
 log = logging.getLogger("nnforge.codegen")
 
@@ -79,7 +81,7 @@ class CompiledStep:
         prefetch thread uploads with ``staging``)."""
         state, consts = staging.place(state), staging.place(consts)
         take = io.take if io.feeders else (lambda f: staging.upload(fetch(f)))  # where streams says so
-        send = io.send if io.receivers else (lambda r, values: deliver(r, values()))
+        send = io.send if io.receivers else (lambda r, values: deliver(r, arrived(r, values)))
         n = len(state)
         for i in range(trips):
             index = [staging.use(staging.upload(np.asarray(i, dtype=np.int64)))] if with_index else []

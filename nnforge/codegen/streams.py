@@ -114,6 +114,18 @@ Values = Sequence[np.ndarray] | Callable[[], Sequence[np.ndarray]]  # a Receiver
 _DONE = object()  # the end of a Deliveries queue (an immutable marker, not state)
 
 
+def arrived(node: Node, values: Values) -> Sequence[np.ndarray]:
+    """A Receiver's arrays, waiting for a device's copies where they were sent as a wait (an error there names the
+    Receiver, as a callback's does)."""
+    if not callable(values):
+        return values
+    try:
+        return values()
+    except Exception as e:
+        _note(e, node, "Receiver")
+        raise
+
+
 class Prefetcher:
     """Calls a loop's Feeders ahead of the loop, on one thread, in the body's order, ``trips`` rounds.
 
@@ -195,7 +207,7 @@ class Deliveries:
             node, values = item  # type: ignore[misc]
             try:
                 if not self._drop.is_set():
-                    deliver(node, values() if callable(values) else values)
+                    deliver(node, arrived(node, values))
             except BaseException as e:  # handed to the loop's thread, which raises it
                 self.error = e
                 self._drop.set()
