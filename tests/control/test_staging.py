@@ -172,6 +172,32 @@ def test_a_slow_receiver_holds_the_loop_back(rng: np.random.Generator):
     assert calls[0] < STEPS  # the loop waited for the deliveries: it did not run to the end first
 
 
+@pytest.mark.parametrize("pending", [2, 0])
+def test_a_failed_copy_back_names_its_receiver(pending: int, rng: np.random.Generator):
+    """A device error while waiting for a Receiver's values (threaded or not) stops the loop with that error,
+    noted with the Receiver's name, as a callback's error is."""
+    fn, args, got = _loop(rng, prefetch=2, pending=pending)
+    program = _program(fn, args)
+    api = FakeTorch(lambda: 0.0)
+
+    class Broken(CudaStaging):
+        def download(self, values):
+            def wait():
+                raise RuntimeError("an illegal memory access was encountered")
+            return wait
+
+    try:
+        for key, step in program.steps.items():
+            fake = FakeDeviceProgram(step.program, api)
+            program.steps[key] = dataclasses.replace(step, staging=lambda f=fake: Broken(f, api=api))
+        with pytest.raises(RuntimeError, match="illegal memory access") as caught:
+            program(args)
+    finally:
+        api.cuda.close()
+    assert any("Receiver 'loss'" in note for note in getattr(caught.value, "__notes__", []))
+    assert got["loss"] == [] and got["pair"] == []
+
+
 def test_each_program_gets_the_staging_of_where_it_runs():
     class Host:
         def __call__(self, inputs):
