@@ -12,7 +12,9 @@ outputs back (producers join their consumer, as in Inductor's vertical fusion):
   ``RECOMPUTE_OPS`` arithmetic ops over buffers of which at most one is read element by element (the others
   broadcast along the row: ``v - mean`` of a layer norm). A cheap node is recomputed by each reader kernel: its
   readers load the one buffer it reads instead of a stored copy, and the kernel that would have stored it is
-  gone (a layer norm's ``d = v - mean``, read by its variance and its output, was a whole pass per row);
+  gone (a layer norm's ``d = v - mean``, read by its variance and its output, was a whole pass per row). What
+  counts as cheap is a ``Recompute`` policy: the shared one above, or a target's own for the bodies of loops
+  stepped by the host, where every kernel is a launch per step (``Target.step_recompute``);
 * a node its one kernel reads through overlapping windows (a convolution's im2col: one strided slice per tap of
   ``silu(conv(x))``) would be evaluated once per window, so it is stored unless it is cheap: the swish of a
   Conv1d with 19 taps and stride 5 was computed 3.8 times per element, scalar, inside the gather;
@@ -34,6 +36,20 @@ log = logging.getLogger("nnforge.fuse")
 RECOMPUTE_OPS = 2
 OVERLAP = 1.5  # evaluations per element above which a non-cheap node read through windows is stored
 _CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.NEG})
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Which elementwise nodes read by several kernels each reader recomputes instead of one kernel storing them:
+    a cone of at most ``ops`` nodes whose ops are in ``op_set`` (None: any elementwise op) over at most ``reads``
+    buffers read element by element (broadcast ones do not count)."""
+
+    ops: int = RECOMPUTE_OPS
+    op_set: frozenset[Op] | None = _CHEAP
+    reads: int = 1
+
+
+CHEAP = Recompute()  # the shared rule (module docstring)
 
 INHERENT = frozenset({Op.INPUT, Op.DATA, Op.MATMUL, Op.SUM, Op.REDUCE_MAX, Op.PROJ, Op.RAND, Op.FEEDER,
                       Op.SCAN, Op.LOOP, Op.RECEIVER, Op.SCATTER_ADD})
@@ -85,8 +101,8 @@ def _view_of_reshape(n: Node, readers: list[Node], g: Grouping, outputs: set[int
             and bool(readers) and all(u.op == Op.MATMUL for u in readers))
 
 
-def group(graph: Graph) -> Grouping:
-    """Decide kernels for one graph (not its bodies)."""
+def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
+    """Decide kernels for one graph (not its bodies); ``recompute``: which nodes readers recompute."""
     g = Grouping(graph)
     order = graph.order
     us = users(order)
@@ -105,7 +121,7 @@ def group(graph: Graph) -> Grouping:
             return id(u)
         return g.kernel_of.get(id(u), id(u))
 
-    cost = _recompute_costs(order, g)
+    cost = _recompute_costs(order, g, recompute)
     reads: dict[int, dict[tuple[int, ...], float]] = {}
     for n in reversed(order):  # backward: producers join their consumer's kernel
         if id(n) in g.stored:
@@ -194,8 +210,8 @@ def _window_reads(n: Node, readers: list[Node], g: Grouping,
     return out
 
 
-def _recompute_costs(order: tuple[Node, ...], g: Grouping) -> dict[int, int]:
-    """id -> op count of the nodes cheap enough to recompute in each reader (see the module docstring).
+def _recompute_costs(order: tuple[Node, ...], g: Grouping, policy: Recompute) -> dict[int, int]:
+    """id -> op count of the nodes cheap enough to recompute in each reader (``policy``; module docstring).
 
     Leaves are the nodes stored by nature (inputs, matmuls, reductions..., the graph's results), free nodes and
     constants; a broadcast (``expand``) makes the leaves under it row-invariant, so they do not count as
@@ -211,10 +227,11 @@ def _recompute_costs(order: tuple[Node, ...], g: Grouping) -> dict[int, int]:
         if id(n) in g.free or n.op == Op.CONST:  # a view of leaves: reads what they read
             full[id(n)], cost[id(n)] = reads, 0
             continue
-        if any(id(s) not in cost for s in n.srcs) or (n.op not in _CHEAP and n.op not in STRIDED):
+        counted = n.op in ELEMENTWISE and (policy.op_set is None or n.op in policy.op_set)
+        if any(id(s) not in cost for s in n.srcs) or (not counted and n.op not in STRIDED):
             continue
-        ops = sum(cost[id(s)] for s in n.srcs) + (n.op in _CHEAP)
-        if ops <= RECOMPUTE_OPS and len(reads) <= 1:
+        ops = sum(cost[id(s)] for s in n.srcs) + counted
+        if ops <= policy.ops and len(reads) <= policy.reads:
             cost[id(n)], full[id(n)] = ops, reads
     return {k: v for k, v in cost.items() if v > 0}
 

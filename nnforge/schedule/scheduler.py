@@ -31,7 +31,7 @@ from ..ir.index import index_map, sliced_index, strided
 from ..ir.lengths import loop_length_symbols
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, REDUCE, Op
-from ..passes.fuse import STRIDED, Grouping, SlicedGroup, group
+from ..passes.fuse import CHEAP, STRIDED, Grouping, Recompute, SlicedGroup, group
 from ..passes.rows import ROWS, NotSeparable, RowSplit, is_rows, worth_splitting
 from .program import (
     Block,
@@ -74,7 +74,7 @@ class _Scheduler:
         self.dynamic = dynamic
         self.names = names
         self.draws = draws  # numbers the program's random nodes: each draws its own stream
-        self.groupings: dict[int, tuple[Graph, Grouping]] = {}  # the graph is kept: its id stays its own
+        self.groupings: dict[tuple[int, Recompute], tuple[Graph, Grouping]] = {}  # the graph kept: its id its own
 
     def buf(self, n: Node, output: int | None = None) -> Buf:
         """The buffer of node ``n``: result ``output`` of its graph, or scratch."""
@@ -84,10 +84,10 @@ class _Scheduler:
         name = f"out{output}" if output is not None else f"b{next(self.names)}"
         return Buf(name, dtype, tuple(shape), output)
 
-    def block(self, graph: Graph, top: bool, resident: frozenset[int]) -> Block:
+    def block(self, graph: Graph, top: bool, resident: frozenset[int], recompute: Recompute = CHEAP) -> Block:
         """The kernels of ``graph``; ``resident``: ids of its inputs that do not change across the steps of the
-        enclosing loop (none at the top level)."""
-        g = self.grouping(graph)
+        enclosing loop (none at the top level); ``recompute``: the fuser's policy for it."""
+        g = self.grouping(graph, recompute)
         splits = {id(n): self.row_split(n) for n in graph.order if top and n.op == Op.SCAN}
         chunked = find_chunked(graph, g, splits) if top and self.target.chunk_bytes else {}
         sliced = {id(sg.root): sg for sg in g.sliced}
@@ -279,7 +279,10 @@ class _Scheduler:
         resident = frozenset(id(body.inputs[first + k]) for k in range(nc + nx, len(n.srcs)) if k not in per_row)
         ins = [ChunkedInput(k, chunk_steps(view, self.target), self.chunk_gemm(p, root, view, g), view)
                for _, k, view, root, p in chunked]
-        block = self.block(body, top=False, resident=resident)
+        # a loop the host steps launches each kernel of its body every step: the target may fuse more by recomputing
+        stepped = split is None and self.target.step_recompute is not None
+        block = self.block(body, top=False, resident=resident,
+                           recompute=self.target.step_recompute if stepped else CHEAP)  # type: ignore[arg-type]
         return Loop(n, tuple(results), length, bool(is_scan and a["reverse"]), block, split,
                     self.row_block(split, block) if split else 0, tuple(ins))
 
@@ -326,11 +329,13 @@ class _Scheduler:
         holds_sums = epilogue is None or epilogue.dtype == p.dtype
         return pack, pack and holds_sums and t.k_slice > 0 and t.k_slice < K
 
-    def grouping(self, graph: Graph) -> Grouping:
-        """The fusion grouping of ``graph``, made once (the row-split checks and the block read the same one)."""
-        if id(graph) not in self.groupings:
-            self.groupings[id(graph)] = (graph, group(graph))
-        return self.groupings[id(graph)][1]
+    def grouping(self, graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
+        """The fusion grouping of ``graph`` under ``recompute``, made once (the row-split checks and the block read
+        the same one)."""
+        key = (id(graph), recompute)
+        if key not in self.groupings:
+            self.groupings[key] = (graph, group(graph, recompute))
+        return self.groupings[key][1]
 
     def row_split(self, n: Node) -> RowSplit | None:
         """``n``'s row-local body when splitting its batch rows among workers is possible and worth it: the body

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..dtypes import DType
 from ..errors import NNForgeError
 from ..ir.ops import Op
+from ..passes.fuse import Recompute
 
 
 class Unsupported(NNForgeError):
@@ -49,6 +50,9 @@ class Target:
     so only bodies that ``registers.register_body_refusal`` accepts are split.
     ``random``: the backend draws random numbers itself (``Random`` kernels); without it a graph that draws any
     runs on the reference interpreter.
+    ``step_recompute``: the fuser's recompute policy (``passes.fuse.Recompute``) for the body of a loop the host
+    steps without splitting its rows, where every kernel of the body is a launch per step (a GPU's host loop);
+    None: the shared policy there too.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
@@ -71,6 +75,7 @@ class Target:
     pow2_weights: bool = False
     random: bool = False
     gemm_tiles: tuple[tuple[int, int, int], ...] = ()
+    step_recompute: Recompute | None = None
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...passes.fuse import Recompute
 from ...schedule import Target
+
+STEP_RECOMPUTE_OPS = 24  # see triton_target: a host loop's elementwise cones recomputed by each reader kernel
+STEP_RECOMPUTE_READS = 8
 
 
 def triton_target() -> Target:
@@ -39,10 +43,17 @@ def triton_target() -> Target:
       at another element (a shifted slice of a carry, as a CTC lattice does) stays a host loop of per-step
       launches (``steps.py``).
     * ``random``: draws are kernels of their own (``tl.rand`` / ``tl.randn``, Philox), keyed on the host.
+    * ``step_recompute``: in a host loop every kernel of the body is a Python launch per step (~20 µs each on an
+      H200, docs/benchmarks.md) and its stored values make a round trip through memory that the next launch
+      reads back; so an elementwise value read by several of the step's kernels is recomputed by each of them
+      when its cone is at most ``STEP_RECOMPUTE_OPS`` ops of any kind over at most ``STEP_RECOMPUTE_READS``
+      buffers (an LSTM's backward step: the gate derivatives, recomputed from the saved gate sums, were eight
+      kernels of their own per step at H = 384).
     """
     return Target(name="triton", min_split_rows=1, max_split_weight_bytes=160 * 1024, reduction_hoist_bytes=0,
                   chunk_bytes=0, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
-                  pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True, random=True)
+                  pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True, random=True,
+                  step_recompute=Recompute(ops=STEP_RECOMPUTE_OPS, op_set=None, reads=STEP_RECOMPUTE_READS))
 
 
 @dataclass(frozen=True)

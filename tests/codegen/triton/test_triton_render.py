@@ -159,6 +159,30 @@ def test_lstm_backward_through_time_is_a_persistent_kernel_too(fn, rng: np.rando
     _check(grads, *args)
 
 
+def test_a_host_loop_step_recomputes_what_its_kernels_share(rng: np.random.Generator):
+    """An LSTM's backward step stepped by the host (a target that splits no rows, as for weights too large for one
+    program): each of its kernels recomputes the gate derivatives it reads from the saved gate sums
+    (``Target.step_recompute``), so a step is four launches — the joined gate gradients, their products with W_hh
+    and W_ih (the gradients of h and of this step's x), the next cell-state gradient — where the shared recompute
+    rule launched eleven; the values agree."""
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        ys, h, c = lstm(x, h0, c0, w_ih, w_hh, b)
+        return (ys * ys).sum() + (h * c).sum()
+
+    grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    args = lstm_args(rng, T=6, N=5, H=16)
+    target = dataclasses.replace(triton_target(), row_split=False)
+    steps = {}
+    for name, t in (("stepped", target), ("shared", dataclasses.replace(target, step_recompute=None))):
+        program, _ = lower(prepare(nf.compile(grads).trace(*args), t), target=t)
+        forward, backward = program.loops()
+        assert forward.parallel is None and backward.parallel is None and backward.reverse
+        steps[name] = [type(k).__name__ for k in backward.body.kernels]
+    assert sorted(steps["stepped"]) == ["Concat", "Elementwise", "Gemm", "Gemm"], steps
+    assert len(steps["shared"]) == 11, steps
+    _check(grads, *args, backend=TritonBackend(target=target))
+
+
 @pytest.mark.parametrize("fn", [lstm, reverse_lstm])
 def test_a_float16_persistent_scan_keeps_its_step_in_float32(fn, rng: np.random.Generator):
     """A half-precision persistent kernel computes each step in float32 and rounds only what it stores (its
