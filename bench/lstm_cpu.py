@@ -19,7 +19,7 @@ import nnforge as nf
 SHAPES = [(2000, 64, 96, 96), (1000, 64, 384, 384), (100, 64, 512, 512)]
 
 
-def lstm(x, h0, c0, w_ih, w_hh, b):
+def lstm(x, h0, c0, w_ih, w_hh, b, reverse=False):
     def cell(carry, x_t):
         h, c = carry
         i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
@@ -27,7 +27,7 @@ def lstm(x, h0, c0, w_ih, w_hh, b):
         h = nf.sigmoid(o) * nf.tanh(c)
         return (h, c), h
 
-    (h, c), ys = nf.scan(cell, (h0, c0), x)
+    (h, c), ys = nf.scan(cell, (h0, c0), x, reverse=reverse)
     return ys, h, c
 
 
