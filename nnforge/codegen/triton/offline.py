@@ -4,7 +4,9 @@ device (shared memory) and how long Triton takes to build it.
 ``record_launches`` runs a call under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton was
 imported) and notes each distinct kernel launched: its module file, name, argument types, constants and
 meta-parameters. ``compile_offline`` then compiles those kernels for a CUDA architecture with Triton's own
-compiler and ptxas in a fresh process without the interpreter, one after another or on a thread pool. The first
+compiler and ptxas in a fresh process without the interpreter, one after another or on a thread pool, and reports
+each kernel's shared memory, registers per thread and bytes spilled to local memory (a persistent scan that spills
+pays a local-memory round trip every step). The first
 GPU run found a kernel asking for more shared memory than a program may have (``tests/codegen/triton/
 test_sm90.py`` now catches that class of bug on a CPU machine); ``bench/triton_compile_time.py`` times the builds.
 """
@@ -25,13 +27,27 @@ _TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "
           "int32": "i32", "uint8": "u8", "int8": "i8", "bool": "i1"}
 
 _COMPILE = textwrap.dedent("""
-    import importlib.util, json, sys, time
+    import importlib.util, json, os, re, subprocess, sys, tempfile, time
     from concurrent.futures import ThreadPoolExecutor
     import triton
     from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
     records, arch, threads = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
     target = GPUTarget("cuda", arch, 32)
     backend = triton.compiler.make_backend(target)
+
+    def usage(ptx):
+        # ptxas -v on the kernel's PTX, as Triton assembles it: registers per thread, bytes spilled to local memory
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.ptx")
+            with open(path, "w") as f:
+                f.write(ptx)
+            gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+            out = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={gpu}", path, "-o", os.devnull],
+                                 capture_output=True, text=True, check=True).stderr
+        regs = re.search(r"Used (\\d+) registers", out)
+        spills = re.search(r"(\\d+) bytes spill stores", out)
+        return int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else 0
 
     def one(rec):
         spec = importlib.util.spec_from_file_location("m_" + rec["name"], rec["path"])
@@ -42,7 +58,10 @@ _COMPILE = textwrap.dedent("""
         src = triton.compiler.ASTSource(fn=fn, constexprs=consts, signature=rec["signature"])
         t0 = time.perf_counter()
         k = triton.compile(src, target=target, options=backend.parse_options(rec["meta"]).__dict__)
-        return rec["name"], {"shared": k.metadata.shared, "seconds": time.perf_counter() - t0}
+        seconds = time.perf_counter() - t0
+        registers, spills = usage(k.asm["ptx"])
+        return rec["name"], {"shared": k.metadata.shared, "seconds": seconds, "registers": registers,
+                             "spill_bytes": spills}
 
     t0 = time.perf_counter()
     if threads == 1:
@@ -95,7 +114,9 @@ def record_launches(call: Callable[[], object]) -> list[dict[str, Any]]:
 def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int = 1,
                     timeout: float = 900) -> dict[str, Any]:
     """Build ``records`` (from ``record_launches``) for CUDA architecture ``arch`` in a fresh process with an
-    empty Triton cache: ``{"total": seconds, "kernels": {name: {"shared": bytes, "seconds": s}}}``. Raises
+    empty Triton cache: ``{"total": seconds, "kernels": {name: {"shared": bytes, "seconds": s, "registers": per
+    thread, "spill_bytes": spill stores to local memory}}}`` (``seconds`` is Triton's build; ptxas runs again
+    after it for the register report). Raises
     ``NoPtxas`` where Triton cannot build for CUDA here, ``RuntimeError`` with the compiler's output otherwise."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     with tempfile.TemporaryDirectory() as tmp:
