@@ -3,8 +3,10 @@
 Triton compiles a kernel when it is first launched, so a program's kernels compile one after another: for a 5-layer
 LSTM stack (H = 96, float16) the three kernels took 5.3 s in sequence for sm_90 on the 2-core VM and 3.4 s on two
 threads (docs/benchmarks.md). ``precompile`` runs the program once with a launcher that only asks each kernel to
-compile (``warmup``) under Triton's ``AsyncCompileMode``, which hands the compiles to a thread pool, and waits for
-them all: the real run that follows finds every kernel built. The pass runs the program's other device work (its
+compile (``warmup``, once per kernel: a host loop's step launches the same kernels every step) under Triton's
+``AsyncCompileMode``, which hands the compiles to a thread pool, and waits for them all: the real run that follows
+finds every kernel built (one launched with other argument properties than at its first launch, such as a
+pointer's alignment, still compiles there). The pass runs the program's other device work (its
 scratch allocations, copies into the outputs) on values the real run then overwrites. With a Triton that has no
 ``AsyncCompileMode`` it does nothing, and kernels compile at their first launch as before; a pass that fails is
 logged and leaves them to compile there too.
@@ -32,8 +34,11 @@ def precompile(run: Callable[..., None], ins: list, data: list, outs: list, size
         if mode is None:
             return False
 
+    asked: set[int] = set()  # a host loop launches its kernels every step: each is asked once
+
     def compile_only(kernel: Any, grid: tuple, *args: Any, **meta: Any) -> None:
-        if all(g > 0 for g in grid):
+        if all(g > 0 for g in grid) and id(kernel) not in asked:
+            asked.add(id(kernel))
             kernel.warmup(*args, grid=grid, **meta)
 
     try:
