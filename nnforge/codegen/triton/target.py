@@ -43,12 +43,12 @@ def triton_target() -> Target:
       at another element (a shifted slice of a carry, as a CTC lattice does) stays a host loop of per-step
       launches (``steps.py``).
     * ``random``: draws are kernels of their own (``tl.rand`` / ``tl.randn``, Philox), keyed on the host.
-    * ``step_recompute``: in a host loop every kernel of the body is a Python launch per step (~20 µs each on an
-      H200, docs/benchmarks.md) and its stored values make a round trip through memory that the next launch
-      reads back; so an elementwise value read by several of the step's kernels is recomputed by each of them
-      when its cone is at most ``STEP_RECOMPUTE_OPS`` ops of any kind over at most ``STEP_RECOMPUTE_READS``
-      buffers (an LSTM's backward step: the gate derivatives, recomputed from the saved gate sums, were eight
-      kernels of their own per step at H = 384).
+    * ``step_recompute``: in a host loop every kernel of the body is a Python launch per step (a host-loop step
+      took 19–40 µs on an H200 whatever its work, docs/benchmarks.md) and its stored values make a round trip
+      through memory that the next launch reads back; so an elementwise value read by several of the step's
+      kernels is recomputed by each of them when its cone is at most ``STEP_RECOMPUTE_OPS`` ops of any kind over
+      at most ``STEP_RECOMPUTE_READS`` buffers (an LSTM's backward step at H = 384: ten launches became three;
+      the gate derivatives recomputed from the saved gate sums had a kernel each).
     """
     return Target(name="triton", min_split_rows=1, max_split_weight_bytes=160 * 1024, reduction_hoist_bytes=0,
                   chunk_bytes=0, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
