@@ -128,8 +128,7 @@ class Renderer:
             out = self.place(k.out)
             self.kernel(k, ctx, [out, *(f"out{i}" for i in k.also)])
             ctx.buffers[id(stored_node(k))] = out
-        for c in block.copies:
-            self.elementwise(c, ctx, [self.place(c.out)])
+        self.copies([(c.node, [self.place(c.out), *(f"out{i}" for i in c.also)]) for c in block.copies], ctx)
 
     def place(self, buf: Buf) -> str:
         """A buffer's name: a result of the program, or scratch allocated by ``run`` (per call)."""
@@ -219,6 +218,23 @@ class Renderer:
         for o in outs:
             em.line(f"tl.store({o} + offs, {v}, mask=m)")
         self.emit_flat(kind, em, self.sz.prod(n.shape))
+
+    def copies(self, copies: list[tuple[Node, list[str]]], ctx: Ctx) -> None:
+        """A block's copies into its results (each node loaded from its buffer or through its view into its
+        outputs), those of one shape in one kernel: in a host loop each kernel is a launch per step, and a training
+        forward's step saves two carries this way."""
+        groups: dict[tuple[str, ...], list[tuple[Node, list[str]]]] = {}
+        for n, outs in copies:
+            groups.setdefault(tuple(self.sz(d) for d in n.shape), []).append((n, outs))
+        for group in groups.values():
+            em = Emitter()
+            idx, dims = self.flat_index(em, group[0][0].shape)
+            ev = Eval(em, ctx, self.sz, "m", 1, root=None, flat_hint={(idx, dims): "offs"})
+            for n, outs in group:
+                v = ev.val(n, idx)
+                for o in outs:
+                    em.line(f"tl.store({o} + offs, {v}, mask=m)")
+            self.emit_flat("copy", em, self.sz.prod(group[0][0].shape))
 
     def emit_flat(self, kind: str, em: Emitter, count: str, masked: bool = True) -> str:
         """``emit`` for a kernel over ``count`` flat elements (or lines), ``BLOCK`` per program: its code finds

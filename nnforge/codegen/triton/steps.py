@@ -45,7 +45,7 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
         shape, dt = n.types[k]
         r.alloc(Buf(cur[k], dt, shape))
         r.alloc(Buf(nxt[k], dt, shape))
-        r.fill(n.srcs[k], ctx, [cur[k]])
+    r.copies([(n.srcs[k], [cur[k]]) for k in range(nc)], ctx)  # the initial carries
     body = Ctx(block.graph, block.grouping)
     for k in range(nc):
         body.buffers[id(inputs[k])] = cur[k]
@@ -103,8 +103,7 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
             outs = dests(k.out, k.also)
             r.kernel(k, body, outs)
             body.buffers[id(stored_node(k))] = outs[0]
-        for c in block.copies:
-            r.fill(c.node, body, dests(c.out, c.also))
+        r.copies([(c.node, dests(c.out, c.also)) for c in block.copies], body)
         if nc:
             r.run.append(f"{r.ind}{', '.join(cur)}, {', '.join(nxt)} = {', '.join(nxt)}, {', '.join(cur)}")
     finally:

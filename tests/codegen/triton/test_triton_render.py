@@ -172,14 +172,18 @@ def test_a_host_loop_step_recomputes_what_its_kernels_share(rng: np.random.Gener
     grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
     args = lstm_args(rng, T=6, N=5, H=16)
     target = dataclasses.replace(triton_target(), row_split=False)
-    steps = {}
+    steps, launched = {}, {}
     for name, t in (("stepped", target), ("shared", dataclasses.replace(target, step_recompute=None))):
-        program, _ = lower(prepare(nf.compile(grads).trace(*args), t), target=t)
+        program, rendered = lower(prepare(nf.compile(grads).trace(*args), t), target=t)
         forward, backward = program.loops()
         assert forward.parallel is None and backward.parallel is None and backward.reverse
         steps[name] = [type(k).__name__ for k in backward.body.kernels]
+        launched[name] = rendered.kernels
     assert sorted(steps["stepped"]) == ["Concat", "Elementwise", "Gemm", "Gemm"], steps
     assert len(steps["shared"]) == 11, steps
+    # copies of one shape share a launch: each loop's initial carries, the forward step's two saved carries, and
+    # the final result: four copy kernels, not seven
+    assert sum("_copy" in k for k in launched["stepped"]) == 4, launched["stepped"]
     _check(grads, *args, backend=TritonBackend(target=target))
 
 
