@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -89,8 +89,8 @@ class CompiledFunction:
 
     loaded_from: str | None = None  # the file of a program ``nf.load`` rebuilt (``saving.LoadedFunction``)
 
-    def __init__(self, fn: Callable, backend: str = "reference"):
-        from .codegen import BACKENDS
+    def __init__(self, fn: Callable, backend: str = "reference", options: Mapping[str, Any] | None = None):
+        from .codegen import BACKENDS, backend_with
 
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; available: {', '.join(sorted(BACKENDS))}")
@@ -98,6 +98,8 @@ class CompiledFunction:
             raise TraceError(at(f"compile: expected a function, got {type(fn).__name__}"))
         self.fn = fn
         self.backend = backend
+        self.options = dict(options or {})
+        self._builder = backend_with(backend, self.options)  # raises early on options the backend does not take
         self.trace_count = 0
         self._entries: list[_Entry] = []
         self._vjps: dict[tuple, CompiledFunction] = {}
@@ -170,7 +172,7 @@ class CompiledFunction:
         if key not in self._vjps:
             fn = vjp_function(self.fn, treedef, n_leaves, diff)
             fn.__qualname__ = f"{_name(self.fn)}.vjp"
-            self._vjps[key] = CompiledFunction(fn, self.backend)
+            self._vjps[key] = CompiledFunction(fn, self.backend, self.options)
         return self._vjps[key]
 
     def _program(self, entry: _Entry, shapes: tuple) -> Callable:
@@ -182,7 +184,7 @@ class CompiledFunction:
             start = time.perf_counter()
             env = {f"a{i}.{ax}": shapes[i][ax] for i, ax in entry.generic}
             graph = specialize(entry.graph, env) if env else entry.graph
-            entry.programs[key] = build_program(self.backend, graph)
+            entry.programs[key] = build_program(self.backend, graph, self._builder)
             log.info("%s: %s program built in %.3f s", _name(self.fn), self.backend, time.perf_counter() - start)
         return entry.programs[key]
 
@@ -401,11 +403,14 @@ def _captured(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node
     return out
 
 
-def compile(fn: Callable | None = None, *, backend: str = "reference") -> Any:
-    """Compile ``fn`` (usable as ``@nf.compile`` or ``@nf.compile(backend="cpu")``)."""
+def compile(fn: Callable | None = None, *, backend: str = "reference", options: Mapping[str, Any] | None = None
+            ) -> Any:
+    """Compile ``fn`` (usable as ``@nf.compile`` or ``@nf.compile(backend="cpu")``). ``options``: settings of the
+    backend, for ``triton`` ``{"cuda_graphs": True}`` (replay its programs as CUDA graphs) and ``{"tiles":
+    Tiles(...)}`` (block sizes); an option the backend does not take raises ``ValueError``."""
     if fn is None:
-        return lambda f: CompiledFunction(f, backend)
-    return CompiledFunction(fn, backend)
+        return lambda f: CompiledFunction(f, backend, options)
+    return CompiledFunction(fn, backend, options)
 
 
 def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:

@@ -440,8 +440,9 @@ def _read_members(path: Path) -> dict[str, bytes]:
 def _triton_program(path: Path, p: SavedTriton, graph: Graph, members: dict[str, bytes]) -> Any:
     """The saved Triton module imported from the cache (written there from the file) behind a program for this
     machine's device: no trace, pass or render; Triton compiles (or finds in its cache) each kernel at its first
-    launch."""
+    launch. CUDA graphs as ``NNFORGE_CUDA_GRAPHS`` says (an ``options`` choice is not saved: it changes no code)."""
     from .codegen import BACKENDS
+    from .codegen.triton import cuda_graphs_on
     from .codegen.triton.program import TritonProgram, load_module
 
     backend = BACKENDS["triton"]
@@ -450,7 +451,7 @@ def _triton_program(path: Path, p: SavedTriton, graph: Graph, members: dict[str,
                         "TRITON_INTERPRET=1)")
     source = members[f"src/{p.key}.py"].decode()
     return TritonProgram(graph, load_module(source), source, p.kernels, p.dynamic, p.data,
-                         backend.device)  # type: ignore[attr-defined]
+                         backend.device, cuda_graphs=cuda_graphs_on(None))  # type: ignore[attr-defined]
 
 
 def _library(path: Path, key: str, members: dict[str, bytes], reason: str | None, manifest: dict) -> tuple:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,15 +32,37 @@ BACKENDS: dict[str, Callable[[Graph], Callable]] = {"reference": _reference, "cp
                                                     "triton": _triton_backend()}
 
 
-def build_program(backend: str, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
-    """``graph`` made executable by ``backend``; an ``nf.loop`` calling Feeders or Receivers runs its steps as
-    the backend's code, the rest of its graph on the interpreter (``streamed``)."""
+def backend_with(backend: str, options: Mapping[str, Any] | None) -> Callable[[Graph], Callable]:
+    """The builder of ``backend`` with ``options``: the shared one without options; with them, a builder of its
+    own (only ``triton`` takes options: ``cuda_graphs``, ``tiles``). Bad options raise ``ValueError`` naming the
+    ones the backend takes."""
+    if not options:
+        return BACKENDS[backend]
+    if backend != "triton":
+        raise ValueError(f"backend {backend!r} takes no options (got {', '.join(sorted(options))})")
+    from .triton import TritonBackend
+
+    allowed = ("cuda_graphs", "tiles")
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"backend 'triton' takes the options {', '.join(allowed)}; got {', '.join(unknown)}")
+    return TritonBackend(**options)
+
+
+Program = Callable[[Sequence[np.ndarray]], list[np.ndarray]]
+
+
+def build_program(backend: str, graph: Graph, builder: Callable[[Graph], Callable] | None = None) -> Program:
+    """``graph`` made executable by ``backend`` (by ``builder``, its builder with options, where given); an
+    ``nf.loop`` calling Feeders or Receivers runs its steps as the backend's code, the rest of its graph on the
+    interpreter (``streamed``)."""
+    build = builder or BACKENDS[backend]
     if backend != "reference":
         from .streamed import StreamedProgram, streamed_loops
 
         if streamed_loops(graph):
-            return StreamedProgram(graph, BACKENDS[backend], backend)
-    return BACKENDS[backend](graph)
+            return StreamedProgram(graph, build, backend)
+    return build(graph)
 
 
 def available_backends() -> list[str]:

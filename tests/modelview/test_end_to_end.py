@@ -75,8 +75,9 @@ def test_training_mode_with_torch_compile_checks_gradients(db: str, fast: dict):
 
 
 def test_nnforge_backend_runs_or_says_why_not(db: str, fast: dict):
-    res = sweep(variants=["torch_gru"], backends=["eager", "nnforge.reference", "nnforge.triton"], batch=[2],
-                seq_len=[3], params={"input_size": 3, "hidden": 4}, db=db, progress=False, table=False, **fast)
+    backends = ["eager", "nnforge.reference", "nnforge.triton", "nnforge.triton+graphs"]
+    res = sweep(variants=["torch_gru"], backends=backends, batch=[2], seq_len=[3],
+                params={"input_size": 3, "hidden": 4}, db=db, progress=False, table=False, **fast)
     with open_store(db) as s:
         df = s.cells(res.run_id).set_index("backend")
     try:
@@ -91,8 +92,9 @@ def test_nnforge_backend_runs_or_says_why_not(db: str, fast: dict):
         assert row["artifact"]  # the IR listing
     else:
         assert row["status"] == "skipped" and row["error"]
-    row = df.loc["nnforge.triton"]  # these cells are on the CPU: Triton kernels are measured on a GPU only
-    assert row["status"] == "skipped" and "cuda" in row["error"], row["error"]
+    for name in ("nnforge.triton", "nnforge.triton+graphs"):  # CPU cells: Triton kernels are measured on a GPU only
+        row = df.loc[name]
+        assert row["status"] == "skipped" and "cuda" in row["error"], row["error"]
 
 
 def test_cuda_cells_without_a_gpu_are_skipped_with_the_reason(db: str, fast: dict):

@@ -14,7 +14,13 @@ import torch
 from nnforge.modelview import metrics as mt
 from nnforge.modelview import open_store, sweep, worker
 from nnforge.modelview.backends import Context
-from nnforge.modelview.backends.external import NnforgeCpu, NnforgeReference, NnforgeTriton, OnnxRuntime
+from nnforge.modelview.backends.external import (
+    NnforgeCpu,
+    NnforgeReference,
+    NnforgeTriton,
+    NnforgeTritonGraphs,
+    OnnxRuntime,
+)
 from nnforge.modelview.spec import Cell
 from nnforge.modelview.variants.base import Request
 from nnforge.modelview.variants.lstm import LSTMManual
@@ -306,3 +312,24 @@ def test_energy_per_item_divides_the_energy_per_call_by_the_cells_items() -> Non
     assert energy_per_item({"energy_per_call_j": None}, 96.0) == {}
     assert energy_per_item({"nvml": "no samples"}, 96.0) == {}
     assert energy_per_item({"energy_per_call_j": 0.3}, 0.0) == {}
+
+
+def test_the_graphs_form_of_nnforge_triton_compiles_with_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nnforge.triton+graphs`` is ``nnforge.triton`` with ``options={"cuda_graphs": True}`` handed to nf.compile
+    (and recorded in the row's info), so a GPU sweep times both forms side by side."""
+    import nnforge
+
+    seen: list[tuple[str, object]] = []
+    real = nnforge.compile
+
+    def spy(fn=None, *, backend="reference", options=None):
+        seen.append((backend, options))
+        return real(fn, backend="reference")
+
+    monkeypatch.setattr(nnforge, "compile", spy)
+    ctx = _cuda_context()
+    for b, options in ((NnforgeTriton(), {}), (NnforgeTritonGraphs(), {"cuda_graphs": True})):
+        seen.clear()
+        prepared = b.prepare(ctx)
+        assert seen and all(s == ("triton", options) for s in seen if s[0] == "triton"), seen
+        assert prepared.info.get("nnforge_options", {}) == options

@@ -54,6 +54,13 @@ def render(program: Program, graph: Graph, tiles: Tiles | None = None) -> Render
     return Renderer(program, Sizes(sorted(loop_length_symbols(graph))), tiles).render()
 
 
+def cuda_graphs_on(choice: bool | None) -> bool:
+    """Whether programs replay as CUDA graphs (``graphs.py``): the caller's choice, else ``NNFORGE_CUDA_GRAPHS=1``."""
+    if choice is not None:
+        return choice
+    return os.environ.get("NNFORGE_CUDA_GRAPHS", "") not in ("", "0")
+
+
 def interpreted() -> bool:
     """Kernels run on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
@@ -129,8 +136,6 @@ class TritonBackend:
             self._modules[key] = load_module(rendered.source)
             self.loads += 1
         data = [n.attrs["array"] for n in graph.order if n.op.name == "DATA"]
-        graphs = self.cuda_graphs
-        if graphs is None:
-            graphs = os.environ.get("NNFORGE_CUDA_GRAPHS", "") not in ("", "0")
         return TritonProgram(graph, self._modules[key], rendered.source, rendered.kernels,
-                             sorted(loop_length_symbols(graph)), data, self.device, cuda_graphs=graphs)
+                             sorted(loop_length_symbols(graph)), data, self.device,
+                             cuda_graphs=cuda_graphs_on(self.cuda_graphs))

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from ..registry import Registry, build_registry
 from .base import Backend, Context, Prepared
-from .external import NnforgeCpu, NnforgeReference, NnforgeTriton, OnnxRuntime, TensorRT
+from .external import NnforgeCpu, NnforgeReference, NnforgeTriton, NnforgeTritonGraphs, OnnxRuntime, TensorRT
 from .torch_backends import Compile, CompileMaxAutotune, CompileReduceOverhead, CudaGraphs, Eager, JitScript, JitTrace
 
 BUILTIN_BACKENDS: tuple[type[Backend], ...] = (
@@ -27,6 +27,7 @@ BUILTIN_BACKENDS: tuple[type[Backend], ...] = (
     NnforgeReference,
     NnforgeCpu,
     NnforgeTriton,
+    NnforgeTritonGraphs,
 )
 
 

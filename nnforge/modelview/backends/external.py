@@ -143,6 +143,7 @@ class _Nnforge(Backend):
     """nnforge's own compiler. The variant supplies ``nnforge_impl`` (its model written with nnforge ops)."""
 
     target: str = "reference"
+    options: tuple[tuple[str, Any], ...] = ()  # the backend's settings (``nf.compile(..., options=...)``)
     devices: tuple[str, ...] = ("cpu",)  # where the target's code runs
     lazy = True  # nf.compile traces on the first call with a new signature
 
@@ -177,7 +178,7 @@ class _Nnforge(Backend):
 
         impl = ctx.variant.nnforge_impl(ctx.request)
         assert impl is not None
-        compiled = nf.compile(impl.fn, backend=self.target)
+        compiled = nf.compile(impl.fn, backend=self.target, options=dict(self.options))
         args = impl.bind(ctx.module)
 
         def run(*inputs: torch.Tensor) -> Any:
@@ -194,7 +195,8 @@ class _Nnforge(Backend):
             except Exception as e:
                 artifact = f"(nf.show failed: {type(e).__name__}: {e})"
         train = self._training(impl, ctx, args) if ctx.cell.mode == "training" else None
-        return Prepared(fn=run, artifact=clip_artifact(artifact), info={"nnforge_backend": self.target}, train=train)
+        info = {"nnforge_backend": self.target, **({"nnforge_options": dict(self.options)} if self.options else {})}
+        return Prepared(fn=run, artifact=clip_artifact(artifact), info=info, train=train)
 
     def _training(self, impl: Any, ctx: Context, args: Any) -> Any:
         """The training step factory: one compiled nnforge program computes the outputs and the weights' gradients
@@ -208,7 +210,8 @@ class _Nnforge(Backend):
             out = impl.fn(*a[:-1])
             return (out * a[-1]).sum(), out
 
-        step_fn = nf.compile(nf.value_and_grad(loss, argnums=nums, has_aux=True), backend=self.target)
+        step_fn = nf.compile(nf.value_and_grad(loss, argnums=nums, has_aux=True), backend=self.target,
+                             options=dict(self.options))
 
         def make(cots: list[torch.Tensor]) -> Any:
             shape = nf.compile(impl.fn).trace(*args(*ctx.inputs)).outputs[0].shape
@@ -263,3 +266,10 @@ class NnforgeTriton(_Nnforge):
             # the kernels would run on the host, one program after another: not a GPU measurement
             return "Triton runs under its interpreter here (TRITON_INTERPRET=1): unset it to measure on the GPU"
         return reason
+
+
+@backend
+class NnforgeTritonGraphs(NnforgeTriton):
+    name = "nnforge.triton+graphs"
+    description = "nnforge, generated Triton kernels replayed as CUDA graphs"
+    options = (("cuda_graphs", True),)

@@ -170,3 +170,24 @@ def test_a_host_loop_replayed_as_a_graph_matches_it_run_eagerly(rng: np.random.G
         for got, want in zip(captured.call_tensors(a), plain.call_tensors(a), strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert captured.graphs.captures == 2 and captured.graphs.failed is None
+
+
+def test_compile_options_reach_the_triton_backend_and_bad_ones_fail_early(rng: np.random.Generator):
+    """``nf.compile(..., options=...)``: the Triton backend's settings per function (here CUDA graphs: on the
+    interpreter a program is never captured, so the result is the same); a misspelled option, or an option for a
+    backend that takes none, raises at ``nf.compile`` naming what it takes; the pullback torch autograd uses gets
+    the same options."""
+    import nnforge as nf
+    from nnforge.codegen.triton import TritonBackend, interpreted
+
+    with pytest.raises(ValueError, match="takes the options cuda_graphs, tiles; got cuda_graph"):
+        nf.compile(lambda v: v * 2.0, backend="triton", options={"cuda_graph": True})
+    with pytest.raises(ValueError, match="backend 'cpu' takes no options"):
+        nf.compile(lambda v: v * 2.0, backend="cpu", options={"cuda_graphs": True})
+    if not (TritonBackend().available and interpreted()):
+        pytest.skip("the interpreter's programs run on the CPU")
+    f = nf.compile(lambda v: nf.tanh(v) * 2.0, backend="triton", options={"cuda_graphs": True})
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(f(x), np.tanh(x) * 2, rtol=1e-6)
+    assert isinstance(f._builder, TritonBackend) and f._builder.cuda_graphs is True
+    assert f.vjp_program(None, 1, (0,)).options == {"cuda_graphs": True}
