@@ -135,14 +135,6 @@ def gemm_peak(device: str, dtype: torch.dtype, clock: Clock) -> float:
     return 2 * n ** 3 / min(clock(lambda: a @ b) for _ in range(5)) / 1e12
 
 
-def replayed(fn: Callable, args: list[torch.Tensor]) -> Callable[[], object]:
-    """``fn`` built by the Triton backend with CUDA graphs on (``codegen/triton/graphs.py``), called on ``args``."""
-    from nnforge.codegen.triton import TritonBackend
-
-    program = TritonBackend(cuda_graphs=True)(nf.compile(fn).trace(*(a.cpu().numpy() for a in args)))
-    return lambda: program.call_tensors(args)  # type: ignore[attr-defined]
-
-
 def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool,
                flash: str = "auto", graphs: bool = False) -> dict[str, Callable]:
     """name -> a call running one forward (or forward + backward) on the same weights and inputs; with
@@ -164,7 +156,8 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
         step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton")
         out["nnforge.triton"] = lambda: step(x, h0, c0, w_ih, w_hh, b, cot)
         if graphs:
-            out["nnforge+graphs"] = replayed(nf.grad(loss, argnums=(3, 4, 5)), [x, h0, c0, w_ih, w_hh, b, cot])
+            replayed = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options={"cuda_graphs": True})
+            out["nnforge+graphs"] = lambda: replayed(x, h0, c0, w_ih, w_hh, b, cot)
 
         def cudnn() -> None:
             ref.zero_grad(set_to_none=True)
@@ -184,7 +177,8 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
         fwd = nf.compile(lstm, backend="triton")
         out["nnforge.triton"] = lambda: fwd(x, h0, c0, w_ih, w_hh, b)
         if graphs:
-            out["nnforge+graphs"] = replayed(lstm, [x, h0, c0, w_ih, w_hh, b])
+            replayed_fwd = nf.compile(lstm, backend="triton", options={"cuda_graphs": True})
+            out["nnforge+graphs"] = lambda: replayed_fwd(x, h0, c0, w_ih, w_hh, b)
 
         def cudnn_inference() -> None:
             with torch.no_grad():
