@@ -145,7 +145,7 @@ def _same_columns(s: Node, m: Node) -> bool:
 def _by_ranges(m: Node, segs: Segments) -> bool:
     """A concat along the row, held by ranges, whose parts are exactly its width's ranges (an LSTM's four gate
     gradients joined): its parts are the ranges' tiles."""
-    if m.op != Op.CONCAT or id(m) not in segs.nodes or m.ndim != 2 or m.attrs["axis"] != 1:
+    if m.op != Op.CONCAT or id(m) not in segs.nodes or not _along_the_row(m):
         return False
     cuts, off = [], 0
     for s in m.srcs:
@@ -181,7 +181,7 @@ def _tile_concat_refusal(m: Node, readers: list[Node], carried: bool) -> str | N
     """A stored concat of tiles along the row (the gate gradients of an LSTM's backward step) stays a list of
     tiles: stored part by part, and read only as the left operand of products (one ``tl.dot`` per part, summed).
     Why ``m`` is not such a concat; None when it is."""
-    if m.ndim != 2 or m.attrs["axis"] != 1:
+    if not _along_the_row(m):
         return "joins other than the values of a row"
     if carried:
         return "is carried to the next step"
@@ -189,6 +189,11 @@ def _tile_concat_refusal(m: Node, readers: list[Node], carried: bool) -> str | N
         if r.op != Op.MATMUL or r.srcs[0] is not m or r.srcs[1] is m:
             return f"is read by {r.op.name.lower()} at {r.loc}, not as a product's left operand"
     return None
+
+
+def _along_the_row(concat: Node) -> bool:
+    """A concat of ``[rows, w]`` values along their row (its parts are column ranges of one tile's width)."""
+    return concat.ndim == 2 and concat.attrs["axis"] == 1
 
 
 def _in_place(m: Node) -> bool:

@@ -280,9 +280,8 @@ class _Scheduler:
         ins = [ChunkedInput(k, chunk_steps(view, self.target), self.chunk_gemm(p, root, view, g), view)
                for _, k, view, root, p in chunked]
         # a loop the host steps launches each kernel of its body every step: the target may fuse more by recomputing
-        stepped = split is None and self.target.step_recompute is not None
         block = self.block(body, top=False, resident=resident,
-                           recompute=self.target.step_recompute if stepped else CHEAP)  # type: ignore[arg-type]
+                           recompute=CHEAP if split else self.target.step_recompute)
         return Loop(n, tuple(results), length, bool(is_scan and a["reverse"]), block, split,
                     self.row_block(split, block) if split else 0, tuple(ins))
 

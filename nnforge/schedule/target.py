@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..dtypes import DType
 from ..errors import NNForgeError
 from ..ir.ops import Op
-from ..passes.fuse import Recompute
+from ..passes.fuse import CHEAP, Recompute
 
 
 class Unsupported(NNForgeError):
@@ -52,7 +52,7 @@ class Target:
     runs on the reference interpreter.
     ``step_recompute``: the fuser's recompute policy (``passes.fuse.Recompute``) for the body of a loop the host
     steps without splitting its rows, where every kernel of the body is a launch per step (a GPU's host loop);
-    None: the shared policy there too.
+    by default the shared policy, as everywhere else.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
@@ -75,7 +75,7 @@ class Target:
     pow2_weights: bool = False
     random: bool = False
     gemm_tiles: tuple[tuple[int, int, int], ...] = ()
-    step_recompute: Recompute | None = None
+    step_recompute: Recompute = CHEAP
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",

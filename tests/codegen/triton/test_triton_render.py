@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lower, prepare, triton_target
+from nnforge.passes.fuse import CHEAP
 from nnforge.schedule import Gemm, Loop, SlicedGemm
 
 pytestmark = [pytest.mark.triton,
@@ -173,7 +174,7 @@ def test_a_host_loop_step_recomputes_what_its_kernels_share(rng: np.random.Gener
     args = lstm_args(rng, T=6, N=5, H=16)
     target = dataclasses.replace(triton_target(), row_split=False)
     steps, launched = {}, {}
-    for name, t in (("stepped", target), ("shared", dataclasses.replace(target, step_recompute=None))):
+    for name, t in (("stepped", target), ("shared", dataclasses.replace(target, step_recompute=CHEAP))):
         program, rendered = lower(prepare(nf.compile(grads).trace(*args), t), target=t)
         forward, backward = program.loops()
         assert forward.parallel is None and backward.parallel is None and backward.reverse
