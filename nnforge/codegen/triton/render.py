@@ -206,35 +206,30 @@ class Renderer:
     def elementwise(self, k: Elementwise | Copy, ctx: Ctx, outs: list[str]) -> None:
         """``k.node`` element by element into ``outs`` (a copy loads the node's buffer, or its view)."""
         copy = isinstance(k, Copy)
-        self.fill(k.node, ctx, outs, "copy" if copy else k.kind, copy)
+        self.fill([(k.node, outs)], ctx, "copy" if copy else k.kind, None if copy else k.node)
 
-    def fill(self, n: Node, ctx: Ctx, outs: list[str], kind: str = "copy", copy: bool = True) -> None:
-        """Node ``n`` of ``ctx``'s graph evaluated element by element into ``outs``: loaded from its buffer
-        (or through its view) when ``copy``, else computed from its sources."""
+    def fill(self, nodes: list[tuple[Node, list[str]]], ctx: Ctx, kind: str = "copy", root: Node | None = None
+             ) -> None:
+        """Nodes of ``ctx``'s graph, all of one shape, evaluated element by element into their outputs in one
+        kernel: loaded from their buffers (or through their views), ``root`` computed from its sources."""
         em = Emitter()
-        idx, dims = self.flat_index(em, n.shape)
-        ev = Eval(em, ctx, self.sz, "m", 1, root=None if copy else n, flat_hint={(idx, dims): "offs"})
-        v = ev.val(n, idx)
-        for o in outs:
-            em.line(f"tl.store({o} + offs, {v}, mask=m)")
-        self.emit_flat(kind, em, self.sz.prod(n.shape))
+        shape = nodes[0][0].shape
+        idx, dims = self.flat_index(em, shape)
+        ev = Eval(em, ctx, self.sz, "m", 1, root=root, flat_hint={(idx, dims): "offs"})
+        for n, outs in nodes:
+            v = ev.val(n, idx)
+            for o in outs:
+                em.line(f"tl.store({o} + offs, {v}, mask=m)")
+        self.emit_flat(kind, em, self.sz.prod(shape))
 
     def copies(self, copies: list[tuple[Node, list[str]]], ctx: Ctx) -> None:
-        """A block's copies into its results (each node loaded from its buffer or through its view into its
-        outputs), those of one shape in one kernel: in a host loop each kernel is a launch per step, and a training
-        forward's step saves two carries this way."""
+        """A block's copies into its results, those of one shape in one kernel (``fill``): in a host loop each
+        kernel is a launch per step, and a training forward's step saves two carries this way."""
         groups: dict[tuple[str, ...], list[tuple[Node, list[str]]]] = {}
         for n, outs in copies:
             groups.setdefault(tuple(self.sz(d) for d in n.shape), []).append((n, outs))
         for group in groups.values():
-            em = Emitter()
-            idx, dims = self.flat_index(em, group[0][0].shape)
-            ev = Eval(em, ctx, self.sz, "m", 1, root=None, flat_hint={(idx, dims): "offs"})
-            for n, outs in group:
-                v = ev.val(n, idx)
-                for o in outs:
-                    em.line(f"tl.store({o} + offs, {v}, mask=m)")
-            self.emit_flat("copy", em, self.sz.prod(group[0][0].shape))
+            self.fill(group, ctx)
 
     def emit_flat(self, kind: str, em: Emitter, count: str, masked: bool = True) -> str:
         """``emit`` for a kernel over ``count`` flat elements (or lines), ``BLOCK`` per program: its code finds

@@ -89,7 +89,7 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
                 body.bind_results(k.node, inner)
                 for m in block.graph.order:  # results that are also the body's outputs
                     if m.op == Op.PROJ and m.srcs[0] is k.node and k.results[m.attrs["index"]].output is not None:
-                        r.fill(m, body, dests(k.results[m.attrs["index"]], ()))
+                        r.fill([(m, dests(k.results[m.attrs["index"]], ()))], body)
                 continue
             if isinstance(k, SlicedGemm):
                 outs = [dests(o, more) for o, more in zip(k.outs, k.also_of)]
