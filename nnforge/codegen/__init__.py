@@ -34,19 +34,18 @@ BACKENDS: dict[str, Callable[[Graph], Callable]] = {"reference": _reference, "cp
 
 def backend_with(backend: str, options: Mapping[str, Any] | None) -> Callable[[Graph], Callable]:
     """The builder of ``backend`` with ``options``: the shared one without options; with them, a builder of its
-    own (only ``triton`` takes options: ``cuda_graphs``, ``tiles``). Bad options raise ``ValueError`` naming the
-    ones the backend takes."""
+    own, made from the options its class names (``OPTIONS``: the Triton backend's ``cuda_graphs`` and ``tiles``).
+    Others raise ``ValueError`` naming the ones the backend takes."""
+    shared = BACKENDS[backend]
     if not options:
-        return BACKENDS[backend]
-    if backend != "triton":
+        return shared
+    allowed = getattr(type(shared), "OPTIONS", ())
+    if not allowed:
         raise ValueError(f"backend {backend!r} takes no options (got {', '.join(sorted(options))})")
-    from .triton import TritonBackend
-
-    allowed = ("cuda_graphs", "tiles")
     unknown = sorted(set(options) - set(allowed))
     if unknown:
-        raise ValueError(f"backend 'triton' takes the options {', '.join(allowed)}; got {', '.join(unknown)}")
-    return TritonBackend(**options)
+        raise ValueError(f"backend {backend!r} takes the options {', '.join(allowed)}; got {', '.join(unknown)}")
+    return type(shared)(**options)
 
 
 Program = Callable[[Sequence[np.ndarray]], list[np.ndarray]]

@@ -61,7 +61,6 @@ class TritonProgram(CompiledProgram):
         import torch
 
         from .graphs import CudaGraphs
-        from .warm import precompile
 
         self.module = module
         self.source = source
@@ -74,7 +73,7 @@ class TritonProgram(CompiledProgram):
         captured = cuda_graphs and device != "cpu" and not getattr(module, "SEEDED", False)
         self.graphs = CudaGraphs(module.run) if captured else None
         self._run = self.graphs or module.run
-        self._precompile = precompile if device != "cpu" else None  # before the first launch (warm.py)
+        self._compile_ahead = device != "cpu"  # on a GPU the first call builds every kernel at once (warm.py)
         super().__init__(graph, dynamic)
 
     def workspace_need(self, sizes: object) -> int:
@@ -91,8 +90,7 @@ class TritonProgram(CompiledProgram):
         ins = [t.to(self.device) for t in ins]
         outs = [torch.empty(o.shape, dtype=host_tensor(o.reshape(-1)[:0]).dtype, device=self.device)
                 for o in outputs]
-        self._first(ins, outs, list(sizes))
-        self._run(ins, self._data, outs, list(sizes), self.device, self.seed())
+        self._launch(ins, outs, list(sizes))
         for o, t in zip(outputs, outs):
             host_tensor(o).copy_(t)
 
@@ -115,16 +113,18 @@ class TritonProgram(CompiledProgram):
         env = self.checked_sizes(ins)
         outs = [torch.empty(shape, dtype=getattr(torch, o.dtype.value), device=self.device)
                 for shape, o in zip(self.output_shapes(env), g.outputs)]
-        sizes = [env[name] for name in self.dynamic]
-        self._first(ins, outs, sizes)
-        self._run(ins, self._data, outs, sizes, self.device, self.seed())
+        self._launch(ins, outs, [env[name] for name in self.dynamic])
         return outs
 
-    def _first(self, ins: list, outs: list, sizes: list[int]) -> None:
-        """Before the first launch on a GPU: every kernel compiled, in parallel (``warm.py``)."""
-        if self._precompile is not None:
-            warm, self._precompile = self._precompile, None
-            warm(self.module.run, ins, self._data, outs, sizes, self.device)
+    def _launch(self, ins: list, outs: list, sizes: list[int]) -> None:
+        """Run on device tensors; before the first launch on a GPU, every kernel compiled in parallel
+        (``warm.py``)."""
+        if self._compile_ahead:
+            from .warm import precompile
+
+            self._compile_ahead = False
+            precompile(self.module.run, ins, self._data, outs, sizes, self.device)
+        self._run(ins, self._data, outs, sizes, self.device, self.seed())
 
     def seed(self) -> int:
         """This call's random seed (``call_seed``) for a program that draws random numbers; 0, and no draw from

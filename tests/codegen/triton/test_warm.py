@@ -76,7 +76,7 @@ def test_generated_programs_take_the_launcher_and_the_interpreter_skips_the_pass
         pytest.skip("the interpreter's programs run on the CPU")
     x = rng.standard_normal((5, 3)).astype(np.float32)
     program = TritonBackend()(nf.compile(lambda v: (v * 2.0).sum(0)).trace(x))
-    assert program._precompile is None
+    assert not program._compile_ahead
     seen: list = []
     out = np.empty(3, np.float32)
     program.module.run([program._torch.from_numpy(x)], [], [program._torch.from_numpy(out)], [], "cpu",
