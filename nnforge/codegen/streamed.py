@@ -80,11 +80,13 @@ class CompiledStep:
         """The loop's final state after ``trips`` calls, Feeders taken from and Receivers sent to ``io`` (whose
         prefetch thread uploads with ``staging``)."""
         state, consts = staging.place(state), staging.place(consts)
+        # every step's index placed at once: a step reads its own element, no copy per step
+        indices = staging.place([np.arange(trips, dtype=np.int64)])[0] if with_index else None
         take = io.take if io.feeders else (lambda f: staging.upload(fetch(f)))  # where streams says so
         send = io.send if io.receivers else (lambda r, values: deliver(r, arrived(r, values)))
         n = len(state)
         for i in range(trips):
-            index = [staging.use(staging.upload(np.asarray(i, dtype=np.int64)))] if with_index else []
+            index = [indices[i, ...]] if indices is not None else []  # a 0-d view
             outs = staging.call([*index, *state, *consts, *(staging.use(take(f)) for f in self.feeders)])
             state, k = outs[:n], n
             for r, m in self.receivers:

@@ -157,6 +157,9 @@ class FakeTensor:
             stream.synchronize()
         return self
 
+    def __getitem__(self, index: Any) -> FakeTensor:
+        return FakeTensor(self.array[index], self.where, self._cuda)  # a view, as torch's indexing is
+
     def record_stream(self, stream: FakeStream) -> None:
         assert self.where == "device", "record_stream on host memory"
         self.recorded_on.append(stream)
