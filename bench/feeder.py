@@ -31,10 +31,12 @@ of the copies' time a kernel ran on another stream (``nnforge/runtime/timeline.p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -104,20 +106,27 @@ def run(args: argparse.Namespace, prefetch: int, backend: str,
         train()  # traced, compiled, run: not timed
         del losses[:]
         made[0] = 0.0
-        if trace:
-            import torch
-            from torch.profiler import ProfilerActivity, profile
+        with profiled(trace):
+            t0 = time.perf_counter()
+            train()
+            elapsed = time.perf_counter() - t0
+        return elapsed, losses, made[0]
 
-            cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
-            with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
-                t0 = time.perf_counter()
-                train()
-                elapsed = time.perf_counter() - t0
-            prof.export_chrome_trace(trace)
-            return elapsed, losses, made[0]
-        t0 = time.perf_counter()
-        train()
-        return time.perf_counter() - t0, losses, made[0]
+
+@contextlib.contextmanager
+def profiled(trace: str | None) -> Iterator[None]:
+    """Torch's profiler around the block (CUDA activity where a GPU is), its Chrome trace written to ``trace``;
+    nothing without one."""
+    if not trace:
+        yield
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    with profile(activities=[ProfilerActivity.CPU, *cuda]) as prof:
+        yield
+    prof.export_chrome_trace(trace)
 
 
 def report_trace(args: argparse.Namespace, backend: str) -> None:

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 import nnforge as nf  # noqa: E402
 from nnforge.dtypes import as_dtype  # noqa: E402
+from nnforge.interop.convert import to_torch  # noqa: E402
 
 # name: (nnforge model, torch eager loop, weights: name -> shape as a function of H, number of initial states)
 MODELS = {
@@ -73,8 +74,7 @@ def measure(name: str, T: int, N: int, H: int, dtype: str, device: str) -> None:
         *args, cot = a
         return (model(*args)[0] * cot).sum()
 
-    on = [(torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if dtype == "bfloat16" else torch.from_numpy(a))
-          .to(device) for a in low]
+    on = [to_torch(a).to(device) for a in low]
     got = [o.cpu() if hasattr(o, "cpu") else o for o in nf.compile(model, backend="triton")(*on[:-1])]
     ref = nf.compile(model, backend="reference")(*exact[:-1])
     with torch.no_grad():
