@@ -42,7 +42,19 @@ from .evaluate import Ctx, Emitter, Eval
 from .scan import render_loop
 from .steps import render_steps
 from .target import Tiles
-from .texpr import HALF, PRELUDE, TORCH_DTYPE, Sizes, acc_dtype, dot, flat, rounded, sliced, tl_dtype
+from .texpr import (
+    HALF,
+    PRELUDE,
+    TORCH_DTYPE,
+    Sizes,
+    acc_dtype,
+    dot,
+    flat,
+    rounded,
+    sliced,
+    tile_ids,
+    tl_dtype,
+)
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
@@ -390,12 +402,9 @@ class Renderer:
         M, K, N = sz(p.shape[-2]), sz(a.shape[-1]), sz(p.shape[-1])
         batch = p.shape[:-2]
         em = Emitter()
-        prologue = ["pid_m = tl.program_id(0).to(tl.int64)", "pid_n = tl.program_id(1).to(tl.int64)",
-                    "rm = (pid_m * BM + tl.arange(0, BM))[:, None]", "rn = (pid_n * BN + tl.arange(0, BN))[None, :]",
-                    f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
+        prologue = [*tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
         bidx: tuple[str, ...] = ()
         if batch:
-            prologue.append("pid_b = tl.program_id(2).to(tl.int64)")
             bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
         em.open(f"for k0 in range(0, {K}, BK):")
         em.line("ka = (k0 + tl.arange(0, BK))[None, :]")
@@ -416,9 +425,8 @@ class Renderer:
         for o in outs:
             em.line(f"tl.store({o} + ({flat(idx, dims)}), {value}, mask=mo)")
         t = self.tiles
-        grid = [f"triton.cdiv({M}, {t.gemm_m})", f"triton.cdiv({N}, {t.gemm_n})"]
-        if batch:
-            grid.append(sz.prod(batch))
+        grid = [f"triton.cdiv({M}, {t.gemm_m}) * triton.cdiv({N}, {t.gemm_n})"
+                + (f" * ({sz.prod(batch)})" if batch else "")]
         self.emit(k.kind, em, grid, {"BM": t.gemm_m, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
 
 
@@ -436,9 +444,8 @@ class Renderer:
         sz = self.sz
         M, K, W = sz(p.shape[0]), sz(a.shape[-1]), sz(sg.width)
         em = Emitter()
-        prologue = ["pid_m = tl.program_id(0).to(tl.int64)", "pid_n = tl.program_id(1).to(tl.int64)",
-                    "rm = (pid_m * BM + tl.arange(0, BM))[:, None]", "rn = (pid_n * BN + tl.arange(0, BN))[None, :]",
-                    *(f"acc{g} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})" for g in range(len(sg.offsets)))]
+        prologue = [*tile_ids(M, W), *(f"acc{g} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"
+                                       for g in range(len(sg.offsets)))]
         em.open(f"for k0 in range(0, {K}, BK):")
         em.line("ka = (k0 + tl.arange(0, BK))[None, :]")
         em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
@@ -469,5 +476,5 @@ class Renderer:
             for o in dests:
                 em.line(f"tl.store({o} + ({flat(('rm', 'rn'), [M, W])}), {v}, mask=mo)")
         t = self.tiles
-        grid = [f"triton.cdiv({M}, {t.gemm_m})", f"triton.cdiv({W}, {t.gemm_n})"]
+        grid = [f"triton.cdiv({M}, {t.gemm_m}) * triton.cdiv({W}, {t.gemm_n})"]
         self.emit(k.kind, em, grid, {"BM": t.gemm_m, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)

@@ -284,6 +284,17 @@ def dot(a: str, b: str, dt: DType) -> str:
     raise Unsupported(f"no Triton GEMM on {dt.value}")
 
 
+def tile_ids(rows: str, cols: str) -> list[str]:
+    """A GEMM program's tile from its one-axis program id: ``pid_m`` fastest (programs launched together share a
+    column tile of B, as a two-axis grid would order them), then ``pid_n``, then the batch index ``pid_b``. One
+    axis because CUDA caps a grid's second and third at 65535 programs, which a batch of products (attention's
+    batch x heads) passes; the first takes 2^31 - 1."""
+    return ["pid = tl.program_id(0).to(tl.int64)", f"tiles_m = ({rows} + BM - 1) // BM",
+            f"tiles_n = ({cols} + BN - 1) // BN", "pid_m = pid % tiles_m", "pid_n = (pid // tiles_m) % tiles_n",
+            "pid_b = pid // (tiles_m * tiles_n)", "rm = (pid_m * BM + tl.arange(0, BM))[:, None]",
+            "rn = (pid_n * BN + tl.arange(0, BN))[None, :]"]
+
+
 def acc_dtype(dt: DType) -> str:
     """The accumulator type of a product or sum in ``dt``."""
     if dt in (DType.float32, *HALF):

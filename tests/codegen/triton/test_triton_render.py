@@ -86,6 +86,20 @@ def test_gemm_with_bias_and_activation_epilogue(rng: np.random.Generator):
     assert program.kernels[0].startswith("k0_gemm_add_tanh")
 
 
+def test_a_batch_of_products_takes_its_tiles_from_one_grid_axis(rng: np.random.Generator):
+    """CUDA caps a grid's second and third axes at 65535 programs, which a batch of products passes (attention at
+    batch 8448 with 8 heads), so every kernel numbers its programs on the first axis alone: a GEMM splits its id
+    into row tile, column tile and batch index (here 2 x 3 tiles of 32 x 32 in each of 6 products, against the
+    reference; a wrong split fails it)."""
+    def f(u, v, x, w):
+        return u @ v, nf.sigmoid(x @ w.T)
+
+    program = _check(f, _f32(rng, 2, 3, 40, 20), _f32(rng, 2, 3, 20, 70), _f32(rng, 33, 8), _f32(rng, 65, 8))
+    assert "tl.program_id(0)" in program.source
+    assert "tl.program_id(1)" not in program.source and "tl.program_id(2)" not in program.source
+
+
+
 def test_concat_and_pad(rng: np.random.Generator):
     def f(x, y):
         c = nf.concat([nf.sigmoid(x), y * 2.0], axis=1)
