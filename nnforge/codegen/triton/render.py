@@ -7,9 +7,10 @@ kernel storing each source into its range, and a row-split ``Loop`` one persiste
 generated ``run(ins, data, outs, S, dev)`` allocates the program's scratch buffers, computes each grid from the
 run-time sizes ``S`` and launches the kernels in order: no Python runs per time step.
 
-What the renderer decides itself (no record holds it yet): the block sizes (``target.Tiles``), float32 dots in
-IEEE precision (not TF32: results must match the float32 reference), that scratch is allocated per call, and that
-a half-precision persistent scan computes its step in float32 (``scan.ScanKernel.wide``).
+What the renderer decides itself (no record holds it yet): the block sizes (``target.Tiles``), multiply-adds
+contracted to FMA (``target.FP_FUSION``), float32 dots in IEEE precision (not TF32: results must match the float32
+reference), that scratch is allocated per call, and that a half-precision persistent scan computes its step in
+float32 (``scan.ScanKernel.wide``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ...schedule import (
 from .evaluate import Ctx, Emitter, Eval
 from .scan import render_loop
 from .steps import render_steps
-from .target import Tiles
+from .target import FP_FUSION, Tiles
 from .texpr import (
     HALF,
     PRELUDE,
@@ -201,7 +202,7 @@ class Renderer:
         self.names.append(name)
         t = self.tiles
         warps = t.scan_warps if "ROWS" in consts else t.gemm_warps if "BM" in consts else t.warps
-        meta = "".join(f", {c}={v}" for c, v in consts.items()) + f", num_warps={warps}"
+        meta = "".join(f", {c}={v}" for c, v in consts.items()) + f", num_warps={warps}, enable_fp_fusion={FP_FUSION}"
         args = [*bufs, *counters, *sizes]
         self.run.append(f"{self.ind}launch({name}, ({', '.join(grid)},), {', '.join(args)}{meta})")
         return name

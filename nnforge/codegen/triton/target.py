@@ -16,6 +16,10 @@ from ...schedule import Target
 
 STEP_RECOMPUTE_OPS = 24  # see triton_target: a host loop's elementwise cones recomputed by each reader kernel
 STEP_RECOMPUTE_READS = 8
+# Multiply-adds contracted to FMA in every kernel, said at each launch: the C backend's compiler contracts them
+# too (gnu11), one rounding is as accurate or more, and Triton 3.9 warns that its unset default turns off in 3.10,
+# which would change results and speed with a Triton upgrade alone.
+FP_FUSION = True
 
 
 def triton_target() -> Target:

@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lower, prepare, triton_target
+from nnforge.codegen.triton.target import FP_FUSION
 from nnforge.passes.fuse import CHEAP
 from nnforge.schedule import Gemm, Loop, SlicedGemm
 
@@ -98,6 +99,13 @@ def test_a_batch_of_products_takes_its_tiles_from_one_grid_axis(rng: np.random.G
     assert "tl.program_id(0)" in program.source
     assert "tl.program_id(1)" not in program.source and "tl.program_id(2)" not in program.source
 
+
+def test_every_launch_says_whether_multiply_adds_contract(rng: np.random.Generator):
+    """Triton 3.9 contracts a * b + c to FMA unless told otherwise and warns that 3.10 will not: each launch
+    passes the target's choice, so a Triton upgrade alone changes neither results nor speed."""
+    program = _check(lambda x, w: nf.tanh(x @ w.T) * 2.0 + 1.0, _f32(rng, 5, 8), _f32(rng, 6, 8))
+    launches = [line for line in program.source.splitlines() if line.strip().startswith("launch(")]
+    assert launches and all(line.endswith(f"enable_fp_fusion={FP_FUSION})") for line in launches)
 
 
 def test_concat_and_pad(rng: np.random.Generator):
