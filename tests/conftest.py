@@ -4,14 +4,17 @@ never read from a developer's ~/.cache), and ``backend`` runs a test on every ba
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import nnforge as nf
 from nnforge.codegen.triton import interpreted
+from nnforge.codegen.triton.offline import LaunchRecorder
 from nnforge.trace import fresh_session
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels on the CPU, unless a GPU run sets 0
@@ -51,3 +54,18 @@ def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "triton" and interpreted() and request.node.get_closest_marker("whole_model"):
         pytest.skip("a whole model on Triton's interpreter takes minutes: checked on a GPU")
     return request.param
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _recorded_launches():
+    """With ``NNFORGE_RECORD_LAUNCHES=<folder>`` (``scripts/gpu-build.py``), every kernel launched under Triton's
+    interpreter is noted with the test that launched it first, and written to ``<folder>/<worker>.json`` at the
+    end, to be compiled for a GPU without one."""
+    folder = os.environ.get("NNFORGE_RECORD_LAUNCHES")
+    if not folder or not interpreted():
+        yield
+        return
+    with LaunchRecorder(origin=lambda: os.environ.get("PYTEST_CURRENT_TEST", "").split(" (")[0]) as recorder:
+        yield
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    Path(folder, f"{worker}.json").write_text(json.dumps(recorder.records, default=str))

@@ -50,18 +50,24 @@ _COMPILE = textwrap.dedent("""
         return int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else 0
 
     def one(rec):
-        spec = importlib.util.spec_from_file_location("m_" + rec["name"], rec["path"])
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        fn = getattr(module, rec["name"])
-        consts = {(fn.arg_names.index(k),): v for k, v in rec["consts"].items()}
-        src = triton.compiler.ASTSource(fn=fn, constexprs=consts, signature=rec["signature"])
-        t0 = time.perf_counter()
-        k = triton.compile(src, target=target, options=backend.parse_options(rec["meta"]).__dict__)
-        seconds = time.perf_counter() - t0
-        registers, spills = usage(k.asm["ptx"])
-        return rec["name"], {"shared": k.metadata.shared, "seconds": seconds, "registers": registers,
-                             "spill_bytes": spills}
+        label = rec.get("label", rec["name"])
+        try:
+            spec = importlib.util.spec_from_file_location("m_" + rec["name"], rec["path"])
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            fn = getattr(module, rec["name"])
+            consts = {(fn.arg_names.index(k),): v for k, v in rec["consts"].items()}
+            src = triton.compiler.ASTSource(fn=fn, constexprs=consts, signature=rec["signature"])
+            t0 = time.perf_counter()
+            k = triton.compile(src, target=target, options=backend.parse_options(rec["meta"]).__dict__)
+            seconds = time.perf_counter() - t0
+            registers, spills = usage(k.asm["ptx"])
+        except Exception as e:  # the kernel's own failure, reported beside the others
+            if "ptxas" in str(e) and "not found" in str(e).lower():
+                raise
+            return label, {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
+        return label, {"shared": k.metadata.shared, "seconds": seconds, "registers": registers,
+                       "spill_bytes": spills}
 
     t0 = time.perf_counter()
     if threads == 1:
@@ -73,20 +79,51 @@ _COMPILE = textwrap.dedent("""
 """)
 
 
+# Shared memory one program may use, per CUDA architecture (bytes): what a kernel built for it must fit.
+MAX_SHARED = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+
+
 class NoPtxas(RuntimeError):
     """Triton's CUDA backend on this machine has no ptxas to build with."""
 
 
-def record_launches(call: Callable[[], object]) -> list[dict[str, Any]]:
-    """Each distinct kernel ``call()`` launches under Triton's interpreter, in first-launch order."""
-    import torch
-    from triton.runtime.interpreter import InterpretedFunction
+class LaunchRecorder:
+    """Notes each distinct kernel launched under Triton's interpreter while it is entered (a context manager),
+    in first-launch order: ``records``, as ``compile_offline`` takes them. Kernels are told apart by module file
+    and name (a generated module's file is named by the hash of its source). ``origin``, where given, names what
+    launched a kernel first (a test's id): each record keeps it."""
 
-    seen: dict[tuple[str, str], dict[str, Any]] = {}
-    original = InterpretedFunction.run
+    def __init__(self, origin: Callable[[], str] | None = None) -> None:
+        self.origin = origin
+        self.records: list[dict[str, Any]] = []
+        self._seen: set[tuple[str, str]] = set()
+        self._original: Any = None
 
-    def run(self, *args, grid, warmup, **kwargs):
-        fn = self.fn
+    def __enter__(self) -> LaunchRecorder:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self._original = original = InterpretedFunction.run
+        recorder = self
+
+        def run(interpreted, *args, grid, warmup, **kwargs):
+            recorder._note(interpreted.fn, args, kwargs)
+            return original(interpreted, *args, grid=grid, warmup=warmup, **kwargs)
+
+        InterpretedFunction.run = run
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        InterpretedFunction.run = self._original
+
+    def _note(self, fn: Callable, args: tuple, kwargs: dict[str, Any]) -> None:
+        import torch
+
+        key = (fn.__code__.co_filename, fn.__name__)
+        if key in self._seen:
+            return
+        self._seen.add(key)
         params = list(inspect.signature(fn).parameters)
         values = dict(zip(params, args)) | {k: v for k, v in kwargs.items() if k in params}
         signature, consts = {}, {}
@@ -98,26 +135,26 @@ def record_launches(call: Callable[[], object]) -> list[dict[str, Any]]:
                 signature[p] = "*" + _TYPES[str(v.dtype).removeprefix("torch.")]
             else:
                 signature[p] = "i32" if -2**31 <= int(v) < 2**31 else "i64"
-        seen.setdefault((fn.__code__.co_filename, fn.__name__), {
-            "path": fn.__code__.co_filename, "name": fn.__name__, "signature": signature, "consts": consts,
-            "meta": {k: v for k, v in kwargs.items() if k not in params}})
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        self.records.append({"path": key[0], "name": key[1], "signature": signature, "consts": consts,
+                             "meta": {k: v for k, v in kwargs.items() if k not in params}}
+                            | ({"origin": self.origin()} if self.origin else {}))
 
-    InterpretedFunction.run = run
-    try:
+
+def record_launches(call: Callable[[], object]) -> list[dict[str, Any]]:
+    """Each distinct kernel ``call()`` launches under Triton's interpreter, in first-launch order."""
+    with LaunchRecorder() as recorder:
         call()
-    finally:
-        InterpretedFunction.run = original
-    return list(seen.values())
+    return recorder.records
 
 
-def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int = 1,
-                    timeout: float = 900) -> dict[str, Any]:
+def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int = 1, timeout: float = 900,
+                    keep_going: bool = False) -> dict[str, Any]:
     """Build ``records`` (from ``record_launches``) for CUDA architecture ``arch`` in a fresh process with an
-    empty Triton cache: ``{"total": seconds, "kernels": {name: {"shared": bytes, "seconds": s, "registers": per
-    thread, "spill_bytes": spill stores to local memory}}}`` (``seconds`` is Triton's build; ptxas runs again
-    after it for the register report). Raises
-    ``NoPtxas`` where Triton cannot build for CUDA here, ``RuntimeError`` with the compiler's output otherwise."""
+    empty Triton cache: ``{"total": seconds, "kernels": {label: {"shared": bytes, "seconds": s, "registers": per
+    thread, "spill_bytes": spill stores to local memory}}}``, a record's label being its ``"label"`` or else its
+    kernel's name (``seconds`` is Triton's build; ptxas runs again after it for the register report). A kernel
+    Triton cannot build raises ``RuntimeError`` with the compiler's message, or with ``keep_going`` is reported
+    as ``{"error": message}`` beside the others. Raises ``NoPtxas`` where Triton cannot build for CUDA here."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "launches.json")
@@ -130,4 +167,8 @@ def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int 
         if "ptxas" in done.stderr and "not found" in done.stderr.lower():
             raise NoPtxas(done.stderr[-500:])
         raise RuntimeError(done.stderr[-3000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    built = json.loads(done.stdout.strip().splitlines()[-1])
+    failed = {label: k["error"] for label, k in built["kernels"].items() if "error" in k}
+    if failed and not keep_going:
+        raise RuntimeError("\n".join(f"{label}: {error}" for label, error in failed.items()))
+    return built

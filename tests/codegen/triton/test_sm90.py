@@ -11,9 +11,9 @@ from test_triton_render import layer_norm_lstm, lstm
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, interpreted
-from nnforge.codegen.triton.offline import NoPtxas, compile_offline, record_launches
+from nnforge.codegen.triton.offline import MAX_SHARED, NoPtxas, compile_offline, record_launches
 
-HOPPER_SHARED = 227 * 1024  # bytes of shared memory one program may use on an H100 / H200
+HOPPER_SHARED = MAX_SHARED[90]  # bytes of shared memory one program may use on an H100 / H200
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(not (TritonBackend().available and interpreted()),
                                                     reason="records launches under Triton's interpreter")]
@@ -51,3 +51,56 @@ def test_a_basecaller_width_lstm_trains_in_kernels_that_fit_hopper(cell):
     if cell is lstm:
         spills = {name: k["spill_bytes"] for name, k in built["kernels"].items() if k["spill_bytes"]}
         assert not spills, f"kernels spilling registers (bytes stored): {spills}"
+
+
+KERNELS = '''
+import triton
+import triton.language as tl
+
+
+def twice(x):  # not @triton.jit: the interpreter calls it, a GPU build cannot
+    return x * 2
+
+
+@triton.jit
+def good(p, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(p + i, tl.load(p + i) * 2)
+
+
+@triton.jit
+def bad(p, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(p + i, twice(tl.load(p + i)))
+'''
+
+
+def test_a_kernel_only_the_interpreter_accepts_is_named_with_the_compilers_reason(tmp_path):
+    """The interpreter runs a kernel calling a plain Python function; a GPU build refuses it. The build reports
+    that kernel's error and still builds the others (``keep_going``, as ``scripts/gpu-build.py`` does), or
+    raises naming it."""
+    import importlib.util
+
+    import torch
+
+    path = tmp_path / "two_kernels.py"
+    path.write_text(KERNELS)
+    spec = importlib.util.spec_from_file_location("two_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.arange(16, dtype=torch.float32) + 1
+
+    def run() -> None:
+        module.good[(1,)](x, N=16)
+        module.bad[(1,)](x, N=16)
+
+    records = record_launches(run)
+    assert torch.equal(x, (torch.arange(16, dtype=torch.float32) + 1) * 4)  # both ran under the interpreter
+    try:
+        built = compile_offline(records, arch=90, keep_going=True)
+    except NoPtxas:
+        pytest.skip("Triton's CUDA backend has no ptxas here")
+    assert built["kernels"]["good"]["shared"] >= 0 and "error" not in built["kernels"]["good"]
+    assert "twice" in built["kernels"]["bad"]["error"]
+    with pytest.raises(RuntimeError, match=r"^bad: "):
+        compile_offline(records, arch=90)
