@@ -15,6 +15,11 @@
 #   STEPS="tune bench" scripts/gpu-check.sh  # tune the Triton tiles for this GPU first (opt-in: not in the default)
 #   STEPS=flashrnn scripts/gpu-check.sh      # bench/lstm_gpu.py against FlashRNN (installed from gpu-wheels/, made by
 #                                            # `make gpu-wheels` and carried; its CUDA kernel builds with nvcc per shape)
+#
+# The steps run in order of what a short lease should learn first; their limits add up to more than one 10-minute
+# command, so a lease runs `STEPS="render bench matrix"` first and the rest in a second command where time is left
+# (each step's log is in $OUT as soon as it ends, so a command cut short still returns the steps it finished).
+# Before a lease, `python scripts/gpu-build.py` on any machine finds kernels a GPU build refuses.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
