@@ -157,6 +157,9 @@ def main() -> None:
     ap.add_argument("--trace", default="", help="after the rounds, profile one prefetching run of the last "
                     "backend into this Chrome trace (chrome://tracing, Perfetto) and print its copy overlap")
     args = ap.parse_args()
+    if args.chunk < max(WINDOWS) + args.features:
+        ap.error(f"--chunk {args.chunk} is shorter than the widest moving average ({max(WINDOWS)} samples) plus the "
+                 f"--features {args.features} it keeps: at least {max(WINDOWS) + args.features}")
     backends = args.backends.split(",")
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numpy {np.__version__}; "
           f"{args.steps} steps of batch {args.batch} x {args.chunk} int16 samples, MLP "
