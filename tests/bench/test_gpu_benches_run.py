@@ -1,0 +1,60 @@
+"""The GPU bench scripts run to the end on a CPU machine, at tiny sizes under Triton's interpreter.
+
+A lent GPU is rare and short (``scripts/gpu-check.sh`` runs these scripts there): a script that broke since its
+last GPU run would spend a lease on a traceback. Each is run as ``gpu-check.sh`` runs it, in its CPU form, and
+must print the lines that the benchmarks are read from. Nothing here is timed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nnforge.codegen.triton import TritonBackend, interpreted
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.triton, pytest.mark.skipif(not (TritonBackend().available and interpreted()),
+                                                    reason="the scripts' CPU forms run under Triton's interpreter")]
+
+
+def run(*args: str) -> str:
+    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+def test_lstm_gpu_bench_times_every_candidate_and_reports_errors():
+    out = run("bench/lstm_gpu.py", "--smoke", "--cuda-graphs")
+    for mode in ("inference", "training"):
+        assert f"float32 {mode}: first call" in out
+    assert out.count("nnforge+graphs / nnforge = ") == 2
+    assert "error vs float64 (N=4): nnforge " in out and "gradient error vs float64 (N=4): w_ih nnforge " in out
+    for cell in ("layer-norm LSTM", "GRU (reset before matmul)", "peephole LSTM"):
+        assert f"{cell} T=3 N=4 H=16 float32 inference (error vs float64: nnforge " in out
+    assert out.count("TorchScript / nnforge = ") == 3
+
+
+def test_precision_bench_reports_each_model_and_dtype():
+    """Every model in both dtypes the interpreter can check, each value's error within its dtype's reach."""
+    out = run("bench/precision_gpu.py", "--interpret")
+    blocks = re.split(r"\n(?=\S)", out.strip())[1:]
+    heads = [b.splitlines()[0].split(" T=")[0] for b in blocks]
+    assert heads == [f"{m} {d}" for m in ("LSTM", "layer-norm LSTM", "GRU (reset before matmul)", "peephole LSTM")
+                     for d in ("float32", "float16")]
+    for block in blocks:
+        worst = max(float(v) for v in re.findall(r"^\s+\w+\s+max (\S+)", block, re.M))
+        assert worst < (1e-5 if " float32 " in block.splitlines()[0] else 1e-2), block
+
+
+def test_feeder_bench_streams_on_the_triton_backend_and_reads_its_trace(tmp_path):
+    trace = tmp_path / "feeder.json"
+    out = run("bench/feeder.py", "--backends", "cpu,triton", "--rounds", "1", "--steps", "3", "--batch", "4",
+              "--chunk", "300", "--hidden", "16", "--trace", str(trace))
+    assert out.count("losses identical in both modes") == 2
+    assert "trace of triton (prefetch=2, pending=2" in out and trace.stat().st_size > 0
