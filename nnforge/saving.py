@@ -3,15 +3,18 @@
 A saved program is a zip file: ``manifest.json`` (format, the nnforge build that wrote it, the machine and
 toolchain a binary was built for, a SHA-256 per member), ``program.pkl`` (every traced signature: its optimized
 graph and, per program, the scheduled graph, the size slots and the constants), ``src/<key>.c`` (the generated
-C) and ``lib/<key>.so`` (the built binary), or ``src/<key>.py`` (a generated Triton module, whose kernels Triton
-compiles for the device at their first launch). Tensors the function captured (parameters, optimizer state) are
+C) and ``lib/<key>.so`` (the built binary), or ``src/<key>.py`` (a generated Triton module) and ``triton/<hash>/``
+(each of its kernels Triton built before the save, as Triton's cache holds them: ``codegen/triton/binaries.py``).
+Tensors the function captured (parameters, optimizer state) are
 saved with their values at save time; the loaded function owns copies of them (``captured``) and updates them
 in place as the original would.
 
 Loading trusts nothing it can check: a member whose bytes do not match the manifest is an error (truncated or
 altered file); a file written by another nnforge build is refused (graphs are pickled objects of that build);
 a binary built for another machine (architecture, or CPU features this one lacks) or that does not load here is
-rebuilt from its saved source with this machine's compiler, or refused when there is none. A saved program
+rebuilt from its saved source with this machine's compiler, or refused when there is none; a built Triton kernel
+is found by a launch only where the GPU, Triton and its toolchain are those it was built with, and is otherwise
+built again at its first launch. A saved program
 contains machine code: load only files you trust, as you would a shared library.
 """
 
@@ -165,14 +168,15 @@ class SavedC:
 @dataclass(frozen=True)
 class SavedTriton:
     """A Triton program: its scheduled graph, kernel names, run-time size symbols and constants; the generated
-    module by key (``src/<key>.py``). Triton compiles its kernels for the device they first run on (and caches
-    them itself), so nothing device-specific is saved."""
+    module by key (``src/<key>.py``) and the Triton cache hashes of its kernels built before the save
+    (``triton/<hash>/``), which loading puts back into this machine's Triton cache."""
 
     graph: FlatGraph
     key: str
     kernels: tuple[str, ...]
     dynamic: tuple[str, ...]
     data: tuple[np.ndarray, ...]
+    built: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,7 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
     tensors: list[SavedTensor] = []
     binaries: dict[str, tuple[str, bytes]] = {}
     modules: dict[str, str] = {}  # generated Triton modules by key
+    kernels: dict[str, dict[str, bytes]] = {}  # built Triton kernels: cache hash -> file name -> bytes
 
     def capture(ref: weakref.ref) -> int:
         t = ref()
@@ -236,6 +241,7 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
         from .codegen.c.program import CProgram
         from .codegen.reference import ReferenceProgram
         from .codegen.streamed import StreamedProgram
+        from .codegen.triton.binaries import collect
         from .codegen.triton.program import TritonProgram, source_key
 
         if isinstance(p, CProgram):
@@ -244,7 +250,10 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
         if isinstance(p, TritonProgram):
             key = source_key(p.source)
             modules[key] = p.source
-            return SavedTriton(flatten_graph(p.graph), key, tuple(p.kernels), tuple(p.dynamic), tuple(p.data))
+            built = collect(p.module)
+            kernels.update(built)
+            return SavedTriton(flatten_graph(p.graph), key, tuple(p.kernels), tuple(p.dynamic), tuple(p.data),
+                               tuple(built))
         if isinstance(p, ReferenceProgram):
             return SavedReference(flatten_graph(p.graph))
         if isinstance(p, StreamedProgram):
@@ -279,6 +288,8 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
         members[f"lib/{key}.so"] = lib
     for key, source in modules.items():
         members[f"src/{key}.py"] = source.encode()
+    for key, files in kernels.items():
+        members.update({f"triton/{key}/{name}": data for name, data in files.items()})
     manifest = {
         "format": FORMAT,
         "nnforge": forge_build(),
@@ -286,6 +297,7 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
         "backend": cf.backend,
         "machine": machine(),
         "toolchain": _toolchain_identity() if binaries else None,
+        "triton": _triton_identity() if kernels else None,
         "signatures": [describe(e.dtypes, e.shapes, e.generic) for e in cf._entries],
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
     }
@@ -302,6 +314,15 @@ def _toolchain_identity() -> str:
     from .codegen import BACKENDS
 
     return BACKENDS["cpu"].toolchain.identity
+
+
+def _triton_identity() -> dict[str, str]:
+    """What built Triton kernels were built with, for the reader (Triton's own cache hashes decide reuse)."""
+    import torch
+    import triton
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return {"triton": triton.__version__, "device": device, "cuda": str(torch.version.cuda)}
 
 
 def describe(dtypes: tuple, shapes: tuple, generic: frozenset) -> str:
@@ -439,10 +460,12 @@ def _read_members(path: Path) -> dict[str, bytes]:
 
 def _triton_program(path: Path, p: SavedTriton, graph: Graph, members: dict[str, bytes]) -> Any:
     """The saved Triton module imported from the cache (written there from the file) behind a program for this
-    machine's device: no trace, pass or render; Triton compiles (or finds in its cache) each kernel at its first
-    launch. CUDA graphs as ``NNFORGE_CUDA_GRAPHS`` says (an ``options`` choice is not saved: it changes no code)."""
+    machine's device, its built kernels put into Triton's cache: no trace, pass or render, and no kernel build
+    where the GPU, Triton and its toolchain are those that built them (elsewhere each builds at its first
+    launch). CUDA graphs as ``NNFORGE_CUDA_GRAPHS`` says (an ``options`` choice is not saved: it changes no code)."""
     from .codegen import BACKENDS
     from .codegen.triton import cuda_graphs_on
+    from .codegen.triton.binaries import restore
     from .codegen.triton.program import TritonProgram, load_module
 
     backend = BACKENDS["triton"]
@@ -450,6 +473,16 @@ def _triton_program(path: Path, p: SavedTriton, graph: Graph, members: dict[str,
         raise LoadError(f"{path}: a Triton program, and Triton cannot run here (it needs a CUDA device or "
                         "TRITON_INTERPRET=1)")
     source = members[f"src/{p.key}.py"].decode()
+    groups: dict[str, dict[str, bytes]] = {key: {} for key in p.built}
+    for name, data in members.items():
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "triton" and parts[1] in groups:
+            groups[parts[1]][parts[2]] = data
+    try:
+        restore(groups)
+    except OSError as e:  # an unwritable cache: each kernel is built at its first launch instead
+        log.warning("%s: the built Triton kernels could not be put in Triton's cache (%s); they are built again "
+                    "at their first launch", path, e)
     return TritonProgram(graph, load_module(source), source, p.kernels, p.dynamic, p.data,
                          backend.device, cuda_graphs=cuda_graphs_on(None))  # type: ignore[attr-defined]
 

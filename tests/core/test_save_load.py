@@ -21,8 +21,8 @@ from nnforge import nn, saving
 from nnforge.errors import NNForgeError, TraceError
 from nnforge.saving import LoadError
 
-# The child loads the saved step with tracing, the pass pipeline, code generation and the C compiler replaced by
-# functions that fail: any of them called makes it exit non-zero.
+# The child loads the saved step with tracing, the pass pipeline, code generation, the C compiler and Triton's
+# compiler replaced by functions that fail: any of them called makes it exit non-zero.
 CHILD = textwrap.dedent("""
     import sys
     import numpy as np
@@ -40,6 +40,11 @@ CHILD = textwrap.dedent("""
     nnforge.passes.run_pipeline = forbidden("passes.run_pipeline")
     nnforge.codegen.c.lower = forbidden("codegen.c.lower")
     nnforge.codegen.c.toolchain.Toolchain._compile = forbidden("the C compiler")
+    try:  # Triton's first compile stage: a loaded GPU program's kernels come from the file
+        from triton.backends.nvidia.compiler import CUDABackend
+        CUDABackend.make_ttir = staticmethod(forbidden("Triton's compiler"))
+    except ImportError:
+        pass
     step = nf.load(sys.argv[1])
     data = np.load(sys.argv[2])
     n = len([k for k in data.files if k.startswith("b0_")])
@@ -74,7 +79,8 @@ def test_a_saved_training_step_runs_in_a_fresh_process_without_compiling(backend
     want = [float(step(*b)) for b in batches[1:]]  # the original goes on from the state it had when saved
     np.savez(tmp_path / "batches.npz", steps=len(batches) - 1,
              **{f"b{k}_{j}": a for k, b in enumerate(batches[1:]) for j, a in enumerate(b)})
-    env = {**os.environ, "NNFORGE_CACHE_DIR": str(tmp_path / "empty-cache")}  # the binary comes from the file
+    env = {**os.environ, "NNFORGE_CACHE_DIR": str(tmp_path / "empty-cache"),  # the binaries come from the file
+           "TRITON_CACHE_DIR": str(tmp_path / "empty-triton-cache")}
     res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "step.nfp"), str(tmp_path / "batches.npz"),
                           str(tmp_path / "out.npz")], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -295,3 +301,37 @@ def test_the_manifest_says_what_the_file_holds(rng: np.random.Generator, tmp_pat
     assert manifest["signatures"] == ["(float32[a0.0, 3, 4], float32[3, 5], float32[4, 5], float32[5, 5])"]
     with zipfile.ZipFile(path) as z:
         assert set(json.loads(z.read("manifest.json"))["sha256"]) == {"program.pkl"}
+
+
+def test_built_triton_kernels_travel_in_the_file_into_tritons_cache(rng: np.random.Generator, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels Triton built before the save are members of the file (checksummed like the others) and loading
+    puts them into this machine's Triton cache under their hashes, where a launch finds them. On a CPU machine the
+    interpreter builds nothing, so a stand-in gives the save one built kernel's files;
+    ``codegen/triton/test_binaries.py`` checks a real sm_90 build is found, the GPU run of the whole-model test
+    above that a loaded training step builds nothing."""
+    from nnforge.codegen.triton import TritonBackend, binaries
+
+    if not TritonBackend().available:
+        pytest.skip("needs Triton")
+    import triton
+    from triton.runtime.cache import get_cache_manager
+
+    key = "5e" * 32  # a SHA-256, as Triton names a build
+    files = {"k0_scan.json": b'{"name": "k0_scan"}', "k0_scan.cubin": bytes(range(256)), "k0_scan.ptx": b"//"}
+    monkeypatch.setattr(binaries, "collect", lambda module: {key: files})
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    f = nf.compile(_rnn, backend="triton")
+    args = _rnn_args(rng, 5)
+    want = f(*args)
+    f.save(tmp_path / "rnn.nfp")
+    with zipfile.ZipFile(tmp_path / "rnn.nfp") as z:
+        assert {n for n in z.namelist() if n.startswith("triton/")} == {f"triton/{key}/{n}" for n in files}
+    manifest = saving.read_manifest(tmp_path / "rnn.nfp")
+    assert manifest["triton"]["triton"] == triton.__version__ and f"triton/{key}/k0_scan.cubin" in manifest["sha256"]
+    assert get_cache_manager(key).get_group("k0_scan.json") is None
+    g = nf.load(tmp_path / "rnn.nfp")
+    group = get_cache_manager(key).get_group("k0_scan.json")
+    assert group is not None and {n: Path(p).read_bytes() for n, p in group.items()} == files
+    for a, b in zip(g(*args), want):
+        np.testing.assert_array_equal(a, b)
