@@ -26,8 +26,21 @@ def cache_dirs(backend: str) -> list[Path]:
         return [Path(d)]
     if backend.startswith("nnforge.") and backend != "nnforge.reference":
         root = os.environ.get("NNFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nnforge")
-        return [Path(root)]
+        # nnforge caches the generated module; Triton builds its kernels into a cache of its own
+        return [Path(root), *([triton_cache_dir()] if backend.startswith("nnforge.triton") else [])]
     return []
+
+
+def triton_cache_dir() -> Path:
+    """Where Triton keeps the kernels it builds: ``$TRITON_CACHE_DIR``, else Triton's own default."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return Path(os.environ["TRITON_CACHE_DIR"])
+    try:
+        from triton import knobs
+
+        return Path(knobs.cache.dir)
+    except Exception:  # an older Triton without knobs: its documented default
+        return Path(os.path.expanduser("~")) / ".triton" / "cache"
 
 
 def snapshot(dirs: list[Path]) -> set[str]:
@@ -45,4 +58,4 @@ def verdict(dirs: list[Path], before: set[str], after: set[str]) -> dict[str, ob
         return {"compile_cache": "n/a"}
     new = len(after - before)
     return {"compile_cache": "miss" if new else "hit", "compile_cache_new_files": new,
-            "compile_cache_dir": str(dirs[0])}
+            "compile_cache_dir": ", ".join(str(d) for d in dirs)}

@@ -140,6 +140,16 @@ def test_compile_cache_hit_or_miss(tmp_path: Path, monkeypatch):
     assert cc.verdict(dirs, after, cc.snapshot(dirs)) == {"compile_cache": "hit", "compile_cache_new_files": 0,
                                                           "compile_cache_dir": str(tmp_path / "cache")}
     assert cc.verdict([], set(), set()) == {"compile_cache": "n/a"}
+    # nnforge.triton: the generated module in nnforge's cache, the built kernels in Triton's
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    dirs = cc.cache_dirs("nnforge.triton+graphs")
+    assert dirs == [tmp_path / "cache", tmp_path / "triton"]
+    before = cc.snapshot(dirs)
+    (tmp_path / "triton" / "HASH").mkdir(parents=True)
+    (tmp_path / "triton" / "HASH" / "k0_scan.cubin").write_bytes(b"\x7fELF")
+    assert cc.verdict(dirs, before, cc.snapshot(dirs))["compile_cache"] == "miss"
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    assert cc.triton_cache_dir().name == "cache"  # Triton's default, ~/.triton/cache
 
 
 def test_an_unreachable_ray_cluster_is_one_line_in_seconds(tmp_path: Path, faulty: str):
