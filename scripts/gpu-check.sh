@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, in one go, each under its own time limit so that one hang costs only its share:
 # the device and its software; the Triton renderer's own tests; bench/lstm_gpu.py (times against cuDNN and with
-# CUDA graphs, errors against float64); the backend-parametrized test matrix on backend "triton" with real
+# CUDA graphs, errors against float64); bench/compile_gpu.py (a 5-layer stack's cold first call, new lengths
+# building nothing); the backend-parametrized test matrix on backend "triton" with real
 # kernels; the whole-model tests; a streamed training loop's copies against its kernels
 # (tests/control/test_staging.py, bench/feeder.py with a profiler trace); each model's error against float64 per
 # dtype (bench/precision_gpu.py); bench/lstm_gpu.py against FlashRNN. Run from the repository root on a machine
@@ -17,8 +18,8 @@
 #                                            # `make gpu-wheels` and carried; its CUDA kernel builds with nvcc per shape)
 #
 # The steps run in order of what a short lease should learn first; their limits add up to more than one 10-minute
-# command, so a lease runs `STEPS="render bench matrix"` first and the rest in a second command where time is left
-# (each step's log is in $OUT as soon as it ends, so a command cut short still returns the steps it finished).
+# command, so a lease runs `STEPS="render bench compile"` first, `STEPS="matrix whole_model"` second and the rest
+# where time is left (each step's log is in $OUT as soon as it ends: a command cut short returns those it finished).
 # Before a lease, `python scripts/gpu-build.py` on any machine finds kernels a GPU build refuses.
 set -u
 OUT=${OUT:-gpu-out}
@@ -29,7 +30,7 @@ PY=${PY:-python3}
 JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
-STEPS=${STEPS:-render bench matrix whole_model cells streams precision flashrnn}
+STEPS=${STEPS:-render bench compile matrix whole_model cells streams precision flashrnn}
 KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
@@ -60,6 +61,8 @@ tail -3 "$OUT/render.txt" 2>/dev/null
 # shellcheck disable=SC2086  # BENCH is a list of arguments
 step bench "${BENCH_S:-300}" $PY bench/lstm_gpu.py --flashrnn none --cuda-graphs ${BENCH:-}
 cat "$OUT/bench.txt" 2>/dev/null
+step compile "${COMPILE_S:-240}" $PY bench/compile_gpu.py --rounds "${COMPILE_ROUNDS:-1}"
+cat "$OUT/compile.txt" 2>/dev/null
 # shellcheck disable=SC2086
 step matrix "${MATRIX_S:-300}" $PY -m pytest -q -p no:cacheprovider -n "$JOBS" --dist loadgroup -k "$KEYS" \
     -m "not timing and not whole_model" --maxfail=300 --junitxml="$OUT/matrix.xml" $DIRS

@@ -58,3 +58,12 @@ def test_feeder_bench_streams_on_the_triton_backend_and_reads_its_trace(tmp_path
               "--chunk", "300", "--hidden", "16", "--trace", str(trace))
     assert out.count("losses identical in both modes") == 2
     assert "trace of triton (prefetch=2, pending=2" in out and trace.stat().st_size > 0
+
+
+def test_compile_bench_measures_a_cold_first_call_and_new_lengths():
+    """Fresh processes with empty caches for nnforge and the torch.compile anchor; the interpreter builds
+    nothing, so every later length must report 0 files built (on a GPU, the goal's check)."""
+    out = run("bench/compile_gpu.py", "--smoke", "--mode", "inference")
+    line = next(x for x in out.splitlines() if x.strip().startswith("inference round 1 nnforge"))
+    assert "T=4 " in line and "T=6 " in line and "T=4 again " in line and line.count("(built 0)") == 3
+    assert "inference round 1 torch.compile T=4 " in out and "torch.compile / nnforge = " in out
