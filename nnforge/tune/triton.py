@@ -20,7 +20,7 @@ from ..errors import NNForgeError
 from .coordinate import coordinate_search, load_result, save_result
 
 AXES: dict[str, tuple[int, ...]] = {
-    "scan_rows": (16, 32, 64),    # batch rows per persistent program: fewer programs, wider tl.dot
+    "scan_rows": (8, 16, 32, 64),  # batch rows per persistent program: fewer programs, wider tl.dot
     "scan_warps": (4, 8),
     "gemm_m": (32, 64, 128),      # the input projection's and the weight gradients' GEMM tiles
     "gemm_n": (32, 64, 128),

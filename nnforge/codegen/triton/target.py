@@ -67,8 +67,10 @@ class Tiles:
     ``flat``: elements per program of an elementwise, copy or concat kernel. ``gemm_m``, ``gemm_n``, ``gemm_k``:
     a GEMM program's output tile and K step (``tl.dot`` needs 16 at least in each). ``reduce_rows`` /
     ``reduce_cols``: a reduction program's outputs and the reduced elements it reads per iteration.
-    ``scan_rows``: batch rows per program of a persistent scan kernel (at least 16: the rows are the M side of the
-    step's ``tl.dot``). ``scan_warps``, ``gemm_warps``, ``warps``: warps per program of a persistent scan, of a
+    ``scan_rows``: batch rows per program of a persistent scan kernel, the M side of the step's ``tl.dot`` (at
+    least 8: Triton pads a narrower M to the tensor cores' 16 rows, so 8 leaves half of each MMA idle but makes
+    twice the programs — at batch 1024, 128 of them on a 132-SM part instead of 64; whether that wins is the
+    tuner's measurement). ``scan_warps``, ``gemm_warps``, ``warps``: warps per program of a persistent scan, of a
     GEMM, of any other kernel. ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per
     device; ``TritonBackend`` then uses it there."""
 
@@ -89,5 +91,7 @@ class Tiles:
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two, got {v}")
-        if min(self.gemm_m, self.gemm_n, self.gemm_k, self.scan_rows) < 16:
-            raise ValueError("tl.dot needs tiles of 16 at least")
+        if min(self.gemm_m, self.gemm_n, self.gemm_k) < 16:
+            raise ValueError("tl.dot needs GEMM tiles of 16 at least")
+        if self.scan_rows < 8:
+            raise ValueError("Tiles.scan_rows must be 8 at least (a persistent scan's rows are its tl.dot's M side)")

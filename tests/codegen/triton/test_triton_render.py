@@ -22,7 +22,7 @@ pytest.importorskip("triton")
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lower, prepare, triton_target
-from nnforge.codegen.triton.target import FP_FUSION
+from nnforge.codegen.triton.target import FP_FUSION, Tiles
 from nnforge.passes.fuse import CHEAP
 from nnforge.schedule import Gemm, Loop, SlicedGemm
 
@@ -180,6 +180,22 @@ def test_lstm_backward_through_time_is_a_persistent_kernel_too(fn, rng: np.rando
     program, _ = _scheduled(grads, *args)
     assert [loop.parallel is not None for loop in program.loops()] == [True, True]
     _check(grads, *args)
+
+
+def test_a_persistent_scan_of_eight_rows_per_program(rng: np.random.Generator):
+    """``Tiles.scan_rows`` 8 (Triton pads the step's ``tl.dot`` to 16 rows; twice the programs of 16): a training
+    step of 20 rows is three programs per scan, the last partly masked, and agrees with the reference; fewer than 8
+    rows per program is refused when the tiles are made."""
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        ys, h, c = lstm(x, h0, c0, w_ih, w_hh, b)
+        return (ys * ys).sum() + (h * c).sum()
+
+    grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    program = _check(grads, *lstm_args(rng, T=5, N=20), backend=TritonBackend(tiles=Tiles(scan_rows=8)))
+    scans = [line for line in program.source.splitlines() if "launch(k" in line and "_scan_" in line]
+    assert len(scans) == 2 and all("triton.cdiv(20, 8)" in line and "ROWS=8" in line for line in scans), scans
+    with pytest.raises(ValueError, match="scan_rows must be 8 at least"):
+        Tiles(scan_rows=4)
 
 
 def test_a_host_loop_step_recomputes_what_its_kernels_share(rng: np.random.Generator):
