@@ -40,11 +40,24 @@ class Emitter:
         self.variant: set[str] = set()
         self.scalars: set[str] = set()  # the kernel's own scalar names (its step counters): the same in every lane
         self.counter = 0
+        self.made: list[str] = []  # every temporary's name, in the order made (``canonical`` renumbers them)
         self._pre_names: dict[str, str] = {}
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
-        return f"{prefix}{self.counter}"
+        self.made.append(f"{prefix}{self.counter}")
+        return self.made[-1]
+
+    def canonical(self, lines: list[str]) -> list[str]:
+        """``lines`` with the temporaries numbered in order of first use from 1: kernels that differ only in how
+        many temporaries were made and dropped on the way (an index computed, then unused) read the same. Left
+        as they are where a new name would be one the lines already use otherwise."""
+        made = set(self.made)
+        used = list(dict.fromkeys(tok for line in lines for tok in _TOKEN.findall(line)))
+        mapping = {tok: f"{tok.rstrip('0123456789')}{k}" for k, tok in enumerate((t for t in used if t in made), 1)}
+        if not set(mapping.values()).isdisjoint(set(used) - made):
+            return lines
+        return [_TOKEN.sub(lambda m: mapping.get(m.group(0), m.group(0)), line) for line in lines]
 
     def is_variant(self, expr: str) -> bool:
         return any(tok in self.variant for tok in _TOKEN.findall(expr))

@@ -173,12 +173,13 @@ class Renderer:
             raise Unsupported(f"no Triton form of kernel {type(k).__name__}")
 
     def emit(self, kind: str, em: Emitter, grid: Sequence[str], consts: dict[str, int],
-             prologue: Sequence[str] = ()) -> str:
+             prologue: Sequence[str] = (), extents: Sequence[str] = ()) -> str:
         """Add one ``@triton.jit`` kernel named after what it fuses and its launch; returns the name. Its
-        arguments are the buffers its code names, the host loop counters it reads, then every run-time size
-        (counters and sizes never specialized on: a new step or sequence length reuses the compiled kernel),
-        then the block sizes."""
-        body = [*prologue, *em.pre, *em.code]
+        arguments are the buffers its code names, the host loop counters it reads, then every run-time size,
+        then ``extents`` (host expressions its code names ``n0``, ``n1``...: a count passed rather than printed,
+        so that kernels alike but for it are one), none of them specialized on (a new step, sequence length or
+        count reuses the compiled kernel), then the block sizes."""
+        body = em.canonical([*prologue, *em.pre, *em.code])
         used = list(dict.fromkeys(tok for line in body for tok in _NAME.findall(line)))  # in order of first use
         known = set(self.buffers)
         bufs = [b for b in used if b in known]
@@ -188,7 +189,7 @@ class Renderer:
         # stack, each direction) are one kernel, compiled once
         formal = {b: f"ptr{i}" for i, b in enumerate(bufs)} | {c: f"ctr{i}" for i, c in enumerate(counters)}
         body = [_NAME.sub(lambda m: formal.get(m.group(0), m.group(0)), line) for line in body]
-        syms = [*(formal[c] for c in counters), *sizes]
+        syms = [*(formal[c] for c in counters), *sizes, *(f"n{i}" for i in range(len(extents)))]
         params = [*(formal[b] for b in bufs), *syms, *(f"{c}: tl.constexpr" for c in consts)]
         nospec = f"(do_not_specialize={syms!r})" if syms else ""
         # counters and sizes arrive as int32: offsets built from them (a step times a step's size) pass 2^31
@@ -203,7 +204,7 @@ class Renderer:
         t = self.tiles
         warps = t.scan_warps if "ROWS" in consts else t.gemm_warps if "BM" in consts else t.warps
         meta = "".join(f", {c}={v}" for c, v in consts.items()) + f", num_warps={warps}, enable_fp_fusion={FP_FUSION}"
-        args = [*bufs, *counters, *sizes]
+        args = [*bufs, *counters, *sizes, *extents]
         self.run.append(f"{self.ind}launch({name}, ({', '.join(grid)},), {', '.join(args)}{meta})")
         return name
 
@@ -228,12 +229,18 @@ class Renderer:
         em = Emitter()
         shape = nodes[0][0].shape
         idx, dims = self.flat_index(em, shape)
+        index_lines = len(em.code)
         ev = Eval(em, ctx, self.sz, "m", 1, root=root, flat_hint={(idx, dims): "offs"})
         for n, outs in nodes:
             v = ev.val(n, idx)
             for o in outs:
                 em.line(f"tl.store({o} + offs, {v}, mask=m)")
-        self.emit_flat(kind, em, self.sz.prod(shape))
+        read = {tok for line in em.code[index_lines:] for tok in _NAME.findall(line)}
+        if read.isdisjoint(set(idx) - {"offs"}):  # every access at the flat offset: only the count is the shape's
+            del em.code[:index_lines]
+            self.emit_flat(kind, em, self.sz.prod(shape), passed=True)
+        else:
+            self.emit_flat(kind, em, self.sz.prod(shape))
 
     def copies(self, copies: list[tuple[Node, list[str]]], ctx: Ctx) -> None:
         """A block's copies into its results, those of one shape in one kernel (``fill``): in a host loop each
@@ -244,13 +251,15 @@ class Renderer:
         for group in groups.values():
             self.fill(group, ctx)
 
-    def emit_flat(self, kind: str, em: Emitter, count: str, masked: bool = True) -> str:
+    def emit_flat(self, kind: str, em: Emitter, count: str, masked: bool = True, passed: bool = False) -> str:
         """``emit`` for a kernel over ``count`` flat elements (or lines), ``BLOCK`` per program: its code finds
-        ``pid``, its offsets ``offs`` and (``masked``) their mask ``m = offs < count`` set."""
+        ``pid``, its offsets ``offs`` and (``masked``) their mask ``m = offs < count`` set. ``passed``: the code
+        depends on no shape but through the count, which is then an argument: the same update of every
+        parameter of a model (an optimizer's), or copies of any size, are one kernel, built once."""
         prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BLOCK + tl.arange(0, BLOCK)",
-                    *([f"m = offs < {count}"] if masked else [])]
+                    *([f"m = offs < {'n0' if passed else count}"] if masked else [])]
         return self.emit(kind, em, [f"triton.cdiv({count}, {self.tiles.flat})"], {"BLOCK": self.tiles.flat},
-                         prologue)
+                         prologue, extents=[count] if passed else [])
 
     def random(self, k: Random, outs: list[str]) -> None:
         """The draw's numbers into ``outs``: Philox (``tl.rand`` / ``tl.randn``) at each flat offset, keyed by
@@ -266,7 +275,7 @@ class Renderer:
             em.line(f"tl.store({o} + offs, {value}, mask=m)")
         self.scalars.append(key)  # a kernel argument like a loop counter: never specialized on
         try:
-            self.emit_flat(k.kind, em, self.sz.prod(n.shape))
+            self.emit_flat(k.kind, em, self.sz.prod(n.shape), passed=True)
         finally:
             self.scalars.pop()
 

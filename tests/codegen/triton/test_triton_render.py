@@ -359,6 +359,21 @@ def test_alike_layers_share_their_kernels(rng: np.random.Generator):
     _check(stack, *args)
 
 
+def test_the_same_update_of_tensors_of_any_size_is_one_kernel(rng: np.random.Generator):
+    """An optimizer's step updates every parameter alike: an elementwise kernel that reads and writes only at its
+    flat offset takes its element count as an argument, so the updates of a 5 x 3, a 7 and a 4 x 2 x 9 tensor are
+    one kernel launched three times (a model's parameters compile once, not once per shape); one that indexes by
+    the shape (a broadcast) keeps it."""
+    def f(a, b, c, v):
+        return a * 0.9 + a.exp(), b * 0.9 + b.exp(), c * 0.9 + c.exp(), v * 0.9 + v.exp().sum(0)
+
+    _, rendered = _scheduled(f, _f32(rng, 5, 3), _f32(rng, 7), _f32(rng, 4, 2, 9), _f32(rng, 6, 3))
+    updates = [k for k in rendered.kernels if k.endswith("_mul_exp_add")]
+    assert len(updates) == 3 and len(set(updates)) == 1, rendered.kernels
+    assert "m = offs < n0" in rendered.source and "m = offs < 18" in rendered.source  # the broadcast: 6 x 3
+    _check(f, _f32(rng, 5, 3), _f32(rng, 7), _f32(rng, 4, 2, 9), _f32(rng, 6, 3))
+
+
 def test_two_sequence_lengths_share_one_compile(rng: np.random.Generator):
     """One program serves T = 3, 16 and 0; a trace at another T renders the same source, which the backend does
     not load again: T is a run-time argument of the kernel, not a constexpr, and never specialized on."""
