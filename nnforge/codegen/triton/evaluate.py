@@ -25,6 +25,13 @@ _TOKEN = re.compile(r"[A-Za-z_]\w*")
 _SCALAR = re.compile(r"S\d+|t\d+")  # run-time sizes and host loop counters: the same in every lane
 
 
+def _defines(line: str, made: set[str]) -> tuple[str | None, str]:
+    """The temporary ``line`` assigns (``name = expr``, where name is one of ``made``; else None) and what the
+    line reads."""
+    head, eq, rest = line.strip().partition(" = ")
+    return (head, rest) if eq and head in made else (None, line)
+
+
 class Emitter:
     """The statements of one kernel. ``code`` holds the kernel's statements in order (indented as the loops
     opened with ``open`` nest them). With ``hoist`` (a persistent kernel), a temporary whose expression names no
@@ -40,7 +47,7 @@ class Emitter:
         self.variant: set[str] = set()
         self.scalars: set[str] = set()  # the kernel's own scalar names (its step counters): the same in every lane
         self.counter = 0
-        self.made: list[str] = []  # every temporary's name, in the order made (``canonical`` renumbers them)
+        self.made: list[str] = []  # every temporary's name, in the order made (``finished`` drops and renumbers them)
         self._pre_names: dict[str, str] = {}
 
     def fresh(self, prefix: str) -> str:
@@ -48,11 +55,19 @@ class Emitter:
         self.made.append(f"{prefix}{self.counter}")
         return self.made[-1]
 
-    def canonical(self, lines: list[str]) -> list[str]:
-        """``lines`` with the temporaries numbered in order of first use from 1: kernels that differ only in how
-        many temporaries were made and dropped on the way (an index computed, then unused) read the same. Left
-        as they are where a new name would be one the lines already use otherwise."""
+    def finished(self, lines: list[str]) -> list[str]:
+        """``lines`` without the temporaries nothing reads (an index computed for an access that did not need
+        it), the others numbered in order of first use from 1: kernels that differ only in the temporaries made
+        on the way read the same, and are one kernel. Names are left as they are where a new one would be a name
+        the lines already use otherwise."""
         made = set(self.made)
+        while True:
+            parts = [_defines(line, made) for line in lines]
+            reads = {tok for _, read in parts for tok in _TOKEN.findall(read)}
+            dead = {name for name, _ in parts if name is not None and name not in reads}
+            if not dead:
+                break
+            lines = [line for line, (name, _) in zip(lines, parts) if name not in dead]
         used = list(dict.fromkeys(tok for line in lines for tok in _TOKEN.findall(line)))
         mapping = {tok: f"{tok.rstrip('0123456789')}{k}" for k, tok in enumerate((t for t in used if t in made), 1)}
         if not set(mapping.values()).isdisjoint(set(used) - made):

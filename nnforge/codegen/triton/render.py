@@ -179,7 +179,7 @@ class Renderer:
         then ``extents`` (host expressions its code names ``n0``, ``n1``...: a count passed rather than printed,
         so that kernels alike but for it are one), none of them specialized on (a new step, sequence length or
         count reuses the compiled kernel), then the block sizes."""
-        body = em.canonical([*prologue, *em.pre, *em.code])
+        body = em.finished([*prologue, *em.pre, *em.code])
         used = list(dict.fromkeys(tok for line in body for tok in _NAME.findall(line)))  # in order of first use
         known = set(self.buffers)
         bufs = [b for b in used if b in known]
@@ -236,11 +236,8 @@ class Renderer:
             for o in outs:
                 em.line(f"tl.store({o} + offs, {v}, mask=m)")
         read = {tok for line in em.code[index_lines:] for tok in _NAME.findall(line)}
-        if read.isdisjoint(set(idx) - {"offs"}):  # every access at the flat offset: only the count is the shape's
-            del em.code[:index_lines]
-            self.emit_flat(kind, em, self.sz.prod(shape), passed=True)
-        else:
-            self.emit_flat(kind, em, self.sz.prod(shape))
+        # every access at the flat offset (the multi-index unread: ``emit`` drops it): only the count is the shape's
+        self.emit_flat(kind, em, self.sz.prod(shape), passed=read.isdisjoint(set(idx) - {"offs"}))
 
     def copies(self, copies: list[tuple[Node, list[str]]], ctx: Ctx) -> None:
         """A block's copies into its results, those of one shape in one kernel (``fill``): in a host loop each
