@@ -83,18 +83,13 @@ def child(mode: str, what: str, T: int, N: int, H: int, device: str, triton_cach
             x = lstm_cpu.lstm(x, h0, c0, *ws[3 * k:3 * k + 3], reverse=bool(k % 2))[0]
         return x
 
-    if mode == "inference":
-        fn = nf.compile(stack, backend="triton")
-        run = lambda x: fn(x, h0, c0, *ws)  # noqa: E731
-    else:
-        def loss(x, h0, c0, *ws):
-            y = stack(x, h0, c0, *ws)
-            return (y * y).sum()
+    def loss(x, h0, c0, *ws):
+        y = stack(x, h0, c0, *ws)
+        return (y * y).sum()
 
-        fn = nf.compile(nf.grad(loss, argnums=tuple(range(3, 18))), backend="triton")
-        run = lambda x: fn(x, h0, c0, *ws)  # noqa: E731
+    fn = nf.compile(stack if mode == "inference" else nf.grad(loss, argnums=tuple(range(3, 18))), backend="triton")
     for steps in (T, T * 3 // 2, T):
-        timed(f"T={steps}" + (" again" if f"T={steps}" in out else ""), run, rnd(steps, N, H))
+        timed(f"T={steps}" + (" again" if f"T={steps}" in out else ""), fn, rnd(steps, N, H), h0, c0, *ws)
     return out
 
 
