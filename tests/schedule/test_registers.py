@@ -172,5 +172,5 @@ def test_rows_held_by_ranges_agree_with_the_interpreter(cell, backend: str, rng:
             rng.standard_normal((H, H)).astype(np.float32) * 0.3)
     want = nf.compile(_cell_scan(cell), backend="reference")(*args)
     got = nf.compile(_cell_scan(cell), backend=backend)(*args)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+    for g, w in zip(got, want, strict=True):  # float32 sums in another order: errors scale with the largest value
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=max(2e-5, 2e-6 * float(np.abs(w).max())))
