@@ -42,7 +42,7 @@ from ...schedule import (
 from .evaluate import Ctx, Emitter, Eval
 from .scan import render_loop
 from .steps import render_steps
-from .target import FP_FUSION, Tiles
+from .target import DOT_PROMOTE_K, FP_FUSION, Tiles
 from .texpr import (
     HALF,
     PRELUDE,
@@ -58,6 +58,32 @@ from .texpr import (
 )
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def open_k_loop(em: Emitter, K: str, static_k: int | None, dt: DType, accs: Sequence[str]) -> list[str]:
+    """Open a GEMM's loop over K (printed ``K``; ``static_k`` where it is fixed, else None) by ``BK`` (``k0``),
+    accumulating into ``accs``; returns the names each product is added into. A half-precision product whose K
+    may exceed ``DOT_PROMOTE_K`` sums each block of that many into a
+    fresh accumulator, added into its float32 one when the block ends: the tensor cores' own accumulation does
+    not round to nearest, and over the millions of a weight gradient's K its error would grow with K."""
+    if dt not in HALF or (static_k is not None and static_k <= DOT_PROMOTE_K):
+        em.open(f"for k0 in range(0, {K}, BK):")
+        return list(accs)
+    parts = [f"part{g}" for g in range(len(accs))]
+    em.open(f"for k1 in range(0, {K}, {DOT_PROMOTE_K}):")
+    for part in parts:
+        em.line(f"{part} = tl.zeros([BM, BN], tl.float32)")
+    em.open(f"for k0 in range(k1, tl.minimum(k1 + {DOT_PROMOTE_K}, {K}), BK):")
+    return parts
+
+
+def close_k_loop(em: Emitter, accs: Sequence[str], into: Sequence[str]) -> None:
+    """Close what ``open_k_loop`` opened, adding each block's sum into its accumulator."""
+    em.close()
+    if list(into) != list(accs):
+        for acc, part in zip(accs, into, strict=True):
+            em.line(f"{acc} += {part}")
+        em.close()
 
 
 @dataclass
@@ -398,6 +424,10 @@ class Renderer:
                   {"BO": self.tiles.reduce_rows, "BR": self.tiles.reduce_cols}, prologue)
 
     # ---- GEMM ---------------------------------------------------------------------------------------------
+    def static(self, d: object) -> int | None:
+        """A size's value where it is fixed when the program is built, else None (a run-time size)."""
+        return int(d) if self.sz.is_static(d) else None  # type: ignore[call-overload]
+
     def gemm(self, k: Gemm, ctx: Ctx, outs: list[str]) -> None:
         """``tl.dot`` over K blocks into a ``BM`` x ``BN`` accumulator (one program per output tile and batch
         index), then the epilogue on the accumulator and the stores."""
@@ -413,15 +443,15 @@ class Renderer:
         bidx: tuple[str, ...] = ()
         if batch:
             bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
-        em.open(f"for k0 in range(0, {K}, BK):")
+        accs = open_k_loop(em, K, self.static(a.shape[-1]), p.dtype, ["acc"])
         em.line("ka = (k0 + tl.arange(0, BK))[None, :]")
         em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
         em.line(f"ma = (rm < {M}) & (ka < {K})")
         em.line(f"mb = (kb < {K}) & (rn < {N})")
         va = Eval(em, ctx, sz, "ma", 2).val(a, (*bidx, "rm", "ka"))
         vb = Eval(em, ctx, sz, "mb", 2).val(b, (*bidx, "kb", "rn"))
-        em.line(f"acc += {dot(f'tl.where(ma, {va}, 0)', f'tl.where(mb, {vb}, 0)', p.dtype)}")
-        em.close()
+        em.line(f"{accs[0]} += {dot(f'tl.where(ma, {va}, 0)', f'tl.where(mb, {vb}, 0)', p.dtype)}")
+        close_k_loop(em, ["acc"], accs)
         em.line(f"mo = (rm < {M}) & (rn < {N})")
         idx = (*bidx, "rm", "rn")
         value = "acc" if p.dtype not in HALF else em.tmp(rounded("acc", p.dtype), "acc")
@@ -453,7 +483,8 @@ class Renderer:
         em = Emitter()
         prologue = [*tile_ids(M, W), *(f"acc{g} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"
                                        for g in range(len(sg.offsets)))]
-        em.open(f"for k0 in range(0, {K}, BK):")
+        names = [f"acc{g}" for g in range(len(sg.offsets))]
+        accs = open_k_loop(em, K, self.static(a.shape[-1]), p.dtype, names)
         em.line("ka = (k0 + tl.arange(0, BK))[None, :]")
         em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
         em.line(f"ma = (rm < {M}) & (ka < {K})")
@@ -462,8 +493,8 @@ class Renderer:
         ta = em.tmp(f"tl.where(ma, {va}, 0)", "a")
         for g, off in enumerate(sg.offsets):
             vb = Eval(em, ctx, sz, "mb", 2).val(b, ("kb", sliced("rn", str(off))))
-            em.line(f"acc{g} += {dot(ta, f'tl.where(mb, {vb}, 0)', p.dtype)}")
-        em.close()
+            em.line(f"{accs[g]} += {dot(ta, f'tl.where(mb, {vb}, 0)', p.dtype)}")
+        close_k_loop(em, names, accs)
         em.line(f"mo = (rm < {M}) & (rn < {W})")
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
         for g, off in enumerate(sg.offsets):

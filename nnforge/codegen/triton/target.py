@@ -21,6 +21,12 @@ STEP_RECOMPUTE_READS = 8
 # which would change results and speed with a Triton upgrade alone.
 FP_FUSION = True
 
+# K elements a half-precision ``tl.dot`` accumulates on the tensor cores before its sum is added into the float32
+# accumulator by an ordinary add: the tensor cores' accumulation does not round to nearest, so over a weight
+# gradient's K = steps x batch (millions) its error grows with K (H200, 2026-11-27: 2.4e-3 at K = 2,048,000 where
+# cuDNN's is 6.4e-4, docs/benchmarks.md); promoted every 4096 it stays near a rounding of the output.
+DOT_PROMOTE_K = 4096
+
 
 def triton_target() -> Target:
     """The thresholds the shared passes and the scheduler take for Triton kernels (placeholders, see the module).

@@ -22,7 +22,7 @@ pytest.importorskip("triton")
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lower, prepare, triton_target
-from nnforge.codegen.triton.target import FP_FUSION, Tiles
+from nnforge.codegen.triton.target import DOT_PROMOTE_K, FP_FUSION, Tiles
 from nnforge.passes.fuse import CHEAP
 from nnforge.schedule import Gemm, Loop, SlicedGemm
 
@@ -98,6 +98,20 @@ def test_a_batch_of_products_takes_its_tiles_from_one_grid_axis(rng: np.random.G
     program = _check(f, _f32(rng, 2, 3, 40, 20), _f32(rng, 2, 3, 20, 70), _f32(rng, 33, 8), _f32(rng, 65, 8))
     assert "tl.program_id(0)" in program.source
     assert "tl.program_id(1)" not in program.source and "tl.program_id(2)" not in program.source
+
+
+@pytest.mark.parametrize("k,blocks", [(64, False), (DOT_PROMOTE_K + 904, True)])
+def test_a_long_half_precision_product_adds_its_blocks_in_float32(k: int, blocks: bool, rng: np.random.Generator):
+    """A weight gradient's K (steps x batch) runs to millions, and the tensor cores' accumulation does not round
+    to nearest: a half-precision product longer than ``DOT_PROMOTE_K`` sums each block of K apart and adds the
+    blocks in float32 (the last one partial here); a short one keeps one loop. Against float64 on the same
+    float16 values, to the rounding of the float16 output."""
+    x, y = (rng.standard_normal((k, n)).astype(np.float16) for n in (16, 24))
+    program = TritonBackend()(nf.compile(lambda a, b: a.T @ b).trace(x, y))
+    assert ("for k1 in range(" in program.source) == blocks
+    (got,) = program([x, y])
+    want = x.T.astype(np.float64) @ y.astype(np.float64)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
 
 
 def test_every_launch_says_whether_multiply_adds_contract(rng: np.random.Generator):
