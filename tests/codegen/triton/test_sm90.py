@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.triton, pytest.mark.skipif(not (TritonBackend().availa
 def test_a_basecaller_width_lstm_trains_in_kernels_that_fit_hopper(cell, rows):
     """H = 96 in float16, a training step of an LSTM and a layer-norm LSTM: the forward and the backward scan are
     persistent kernels (checked), and every kernel of the step compiles for sm_90 within the shared memory a
-    program may use; the LSTM's kernels at the default tiles, and at 8 rows per program (the tuner's narrowest),
-    without spilling registers to local memory (a persistent scan that spills pays for it every step; the
-    layer-norm LSTM's scans spill at 4 warps: docs/benchmarks.md)."""
+    program may use; the LSTM's kernels at 8 rows per program (the default) and at 16 without spilling registers
+    to local memory (a persistent scan that spills pays for it every step; the layer-norm LSTM's scans spill at 4
+    warps: docs/benchmarks.md)."""
     rng = np.random.default_rng(96)
     H, N = 96, 16
     args = [(rng.standard_normal(s) * 0.1).astype(np.float16)

@@ -196,18 +196,20 @@ def test_lstm_backward_through_time_is_a_persistent_kernel_too(fn, rng: np.rando
     _check(grads, *args)
 
 
-def test_a_persistent_scan_of_eight_rows_per_program(rng: np.random.Generator):
-    """``Tiles.scan_rows`` 8 (Triton pads the step's ``tl.dot`` to 16 rows; twice the programs of 16): a training
-    step of 20 rows is three programs per scan, the last partly masked, and agrees with the reference; fewer than 8
-    rows per program is refused when the tiles are made."""
+@pytest.mark.parametrize("rows", [8, 16])
+def test_a_persistent_scan_of_eight_or_sixteen_rows_per_program(rows: int, rng: np.random.Generator):
+    """``Tiles.scan_rows`` 8 (the default; Triton pads the step's ``tl.dot`` to 16 rows) or 16: a training step of
+    20 rows is three or two programs per scan, the last partly masked, and agrees with the reference; fewer than
+    8 rows per program is refused when the tiles are made."""
     def loss(x, h0, c0, w_ih, w_hh, b):
         ys, h, c = lstm(x, h0, c0, w_ih, w_hh, b)
         return (ys * ys).sum() + (h * c).sum()
 
     grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
-    program = _check(grads, *lstm_args(rng, T=5, N=20), backend=TritonBackend(tiles=Tiles(scan_rows=8)))
+    program = _check(grads, *lstm_args(rng, T=5, N=20), backend=TritonBackend(tiles=Tiles(scan_rows=rows)))
     scans = [line for line in program.source.splitlines() if "launch(k" in line and "_scan_" in line]
-    assert len(scans) == 2 and all("triton.cdiv(20, 8)" in line and "ROWS=8" in line for line in scans), scans
+    assert len(scans) == 2, scans
+    assert all(f"triton.cdiv(20, {rows})" in line and f"ROWS={rows}" in line for line in scans), scans
     with pytest.raises(ValueError, match="scan_rows must be 8 at least"):
         Tiles(scan_rows=4)
 
