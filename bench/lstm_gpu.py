@@ -22,7 +22,7 @@ Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024 --batch 128 1024] [--ste
 ``--hidden``/``--batch`` the shapes of issue 14's table (H 96 at batch 1024 and 8448 = 64 per SM of a 132-SM
 part; H 384 and 1024 at 128 and 1024).
 ``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with ``TRITON_INTERPRET=1`` set by the script,
-anchors on the CPU; ``nnforge+graphs`` there is the same program uncaptured): it proves the script runs, its times
+anchors on the CPU; ``nnforge±graphs`` there are the same program uncaptured): it proves the script runs, its times
 mean nothing.
 """
 
@@ -135,10 +135,19 @@ def gemm_peak(device: str, dtype: torch.dtype, clock: Clock) -> float:
     return 2 * n ** 3 / min(clock(lambda: a @ b) for _ in range(5)) / 1e12
 
 
+def _nnforge_forms(graphs: bool) -> dict[str, dict]:
+    """nnforge as a user gets it (CUDA graphs where the program has a host loop), and with ``graphs`` also with
+    graphs forced off and on."""
+    forms: dict[str, dict] = {"nnforge.triton": {}}
+    if graphs:
+        forms |= {"nnforge-graphs": {"cuda_graphs": False}, "nnforge+graphs": {"cuda_graphs": True}}
+    return forms
+
+
 def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool,
                flash: str = "auto", graphs: bool = False) -> dict[str, Callable]:
     """name -> a call running one forward (or forward + backward) on the same weights and inputs; with
-    ``graphs``, also nnforge with its program replayed as CUDA graphs."""
+    ``graphs``, also nnforge with CUDA graphs forced off and on (``_nnforge_forms``)."""
     torch.manual_seed(0)
     ref = torch.nn.LSTM(H, H).to(device=device, dtype=dtype)
     x = torch.randn(T, N, H, device=device, dtype=dtype)
@@ -153,11 +162,9 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
         def loss(x, h0, c0, w_ih, w_hh, b, cot):
             return (lstm(x, h0, c0, w_ih, w_hh, b) * cot).sum()
 
-        step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton")
-        out["nnforge.triton"] = lambda: step(x, h0, c0, w_ih, w_hh, b, cot)
-        if graphs:
-            replayed = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options={"cuda_graphs": True})
-            out["nnforge+graphs"] = lambda: replayed(x, h0, c0, w_ih, w_hh, b, cot)
+        for name, options in _nnforge_forms(graphs).items():
+            step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options=options)
+            out[name] = lambda step=step: step(x, h0, c0, w_ih, w_hh, b, cot)
 
         def cudnn() -> None:
             ref.zero_grad(set_to_none=True)
@@ -174,11 +181,9 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
 
             out[f"flashrnn.{fb}"] = flash_step
     else:
-        fwd = nf.compile(lstm, backend="triton")
-        out["nnforge.triton"] = lambda: fwd(x, h0, c0, w_ih, w_hh, b)
-        if graphs:
-            replayed_fwd = nf.compile(lstm, backend="triton", options={"cuda_graphs": True})
-            out["nnforge+graphs"] = lambda: replayed_fwd(x, h0, c0, w_ih, w_hh, b)
+        for name, options in _nnforge_forms(graphs).items():
+            fwd = nf.compile(lstm, backend="triton", options=options)
+            out[name] = lambda fwd=fwd: fwd(x, h0, c0, w_ih, w_hh, b)
 
         def cudnn_inference() -> None:
             with torch.no_grad():
@@ -354,7 +359,8 @@ def main() -> None:
     p.add_argument("--flashrnn", default="auto", metavar="BACKENDS",
                    help="FlashRNN anchors: auto (cuda_fused, and triton_fused where H <= 64), none, or a list")
     p.add_argument("--cuda-graphs", action="store_true",
-                   help="also time nnforge with its programs replayed as CUDA graphs (nnforge+graphs)")
+                   help="also time nnforge with CUDA graphs forced off (nnforge-graphs) and on (nnforge+graphs); "
+                        "nnforge.triton is the default: graphs where a program has a host loop")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     a = p.parse_args()
     if a.smoke:

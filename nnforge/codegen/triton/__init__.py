@@ -55,11 +55,13 @@ def render(program: Program, graph: Graph, tiles: Tiles | None = None) -> Render
     return Renderer(program, Sizes(sorted(loop_length_symbols(graph))), tiles).render()
 
 
-def cuda_graphs_on(choice: bool | None) -> bool:
-    """Whether programs replay as CUDA graphs (``graphs.py``): the caller's choice, else ``NNFORGE_CUDA_GRAPHS=1``."""
+def cuda_graphs_on(choice: bool | None) -> bool | None:
+    """Whether programs replay as CUDA graphs (``graphs.py``): the caller's choice, else ``NNFORGE_CUDA_GRAPHS``
+    (``1`` on, ``0`` off), else None: the program decides (``graphs.captured_by_default``)."""
     if choice is not None:
         return choice
-    return os.environ.get("NNFORGE_CUDA_GRAPHS", "") not in ("", "0")
+    env = os.environ.get("NNFORGE_CUDA_GRAPHS", "")
+    return None if env == "" else env != "0"
 
 
 def interpreted() -> bool:
@@ -76,7 +78,8 @@ class TritonBackend:
 
     OPTIONS: ClassVar[tuple[str, ...]] = ("cuda_graphs", "tiles")  # what ``nf.compile(..., options=...)`` may set
     tiles: Tiles | None = None  # None: tuned tiles cached for this GPU (``nnforge.tune.tune_triton``), else defaults
-    cuda_graphs: bool | None = None  # programs replayed as CUDA graphs (graphs.py); None: NNFORGE_CUDA_GRAPHS=1
+    cuda_graphs: bool | None = None  # programs replayed as CUDA graphs (graphs.py); None: NNFORGE_CUDA_GRAPHS, else
+    # those with a host loop
     target: Target = field(default_factory=triton_target)
     _modules: dict[str, ModuleType] = field(default_factory=dict)
     _warned: set[str] = field(default_factory=set)  # fallback reasons already reported

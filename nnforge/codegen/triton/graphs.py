@@ -9,9 +9,11 @@ outputs out (device-to-device copies, on the caller's stream). A new sequence le
 compile; the ``keep`` most recently used graphs are kept (each holds its scratch memory). A capture that fails
 (something in the program that a graph cannot hold) is logged once and the program runs uncaptured from then on.
 
-Not captured: programs that draw random numbers (a graph would freeze their seed). Turned on by
-``NNFORGE_CUDA_GRAPHS=1`` or ``TritonBackend(cuda_graphs=True)``; whether it becomes the default is a measurement
-on a GPU (``bench/lstm_gpu.py`` times both), not yet made.
+Not captured: programs that draw random numbers (a graph would freeze their seed). By default a program with a
+host loop is captured and one without is not (``captured_by_default``): on an H200 replaying a host loop took
+0.40–0.90 of its time at batch 128 (and at H = 384, batch 1024, in training) and was never slower, while programs
+whose loops are persistent kernels gained nothing (0.97–1.02; docs/benchmarks.md) and a graph keeps its scratch
+memory. ``NNFORGE_CUDA_GRAPHS=1`` / ``0`` or ``TritonBackend(cuda_graphs=True / False)`` decide for every program.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ log = logging.getLogger("nnforge.codegen")
 KEEP = 4  # graphs kept per program (by run-time sizes), least recently used dropped first
 
 Run = Callable[[list, list, list, list, str, int], None]  # a generated module's run(ins, data, outs, S, dev, seed)
+
+
+def captured_by_default(module: Any) -> bool:
+    """Whether a generated module's ``run`` is replayed as CUDA graphs when nobody chose: where it steps through
+    a host loop, a launch per kernel per step (``HOST_LOOPS``), which a graph replays without Python."""
+    return getattr(module, "HOST_LOOPS", 0) > 0
 
 
 class CudaGraphs:

@@ -57,10 +57,10 @@ class TritonProgram(CompiledProgram):
     run-time sizes. ``source``: the generated module; ``kernels``: its kernel names in launch order."""
 
     def __init__(self, graph: Graph, module: ModuleType, source: str, kernels: Sequence[str],
-                 dynamic: Sequence[str], data: Sequence[np.ndarray], device: str, cuda_graphs: bool = False):
+                 dynamic: Sequence[str], data: Sequence[np.ndarray], device: str, cuda_graphs: bool | None = False):
         import torch
 
-        from .graphs import CudaGraphs
+        from .graphs import CudaGraphs, captured_by_default
 
         self.module = module
         self.source = source
@@ -69,7 +69,10 @@ class TritonProgram(CompiledProgram):
         self.data = [np.asarray(d) for d in data]  # the constants, as saved with the program
         self._torch = torch
         self._data = [host_tensor(np.ascontiguousarray(d)).to(device) for d in data]
-        # the generated run, or run behind CUDA graphs (not for a program that draws: its seed would be frozen)
+        # the generated run, or run behind CUDA graphs (not for a program that draws: its seed would be frozen);
+        # None: graphs where the program has a host loop
+        if cuda_graphs is None:
+            cuda_graphs = captured_by_default(module)
         captured = cuda_graphs and device != "cpu" and not getattr(module, "SEEDED", False)
         self.graphs = CudaGraphs(module.run) if captured else None
         self._run = self.graphs or module.run

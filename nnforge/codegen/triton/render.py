@@ -134,7 +134,8 @@ class Renderer:
                 f"    ({syms}{',' if syms else ''}) = S"]
         seeded = any(isinstance(k, Random) for k in self.program.kernels())
         source = "\n".join(["import torch", "import triton", "import triton.language as tl", "", "", PRELUDE,
-                            f"SEEDED = {seeded}  # run() draws random numbers from its seed", "",
+                            f"SEEDED = {seeded}  # run() draws random numbers from its seed",
+                            f"HOST_LOOPS = {self.tags}  # loops run() steps through itself, a launch per step", "",
                             *("\n\n" + k for k in self.kernels), "", "", *head, *self.run, "    return None", ""])
         return Rendered(source, list(self.names))
 

@@ -165,11 +165,43 @@ def test_a_host_loop_replayed_as_a_graph_matches_it_run_eagerly(rng: np.random.G
     graph = nf.compile(f).trace(*trace_args)
     plain, captured = TritonBackend(cuda_graphs=False)(graph), TritonBackend(cuda_graphs=True)(graph)
     assert captured.graphs is not None and plain.graphs is None
+    assert TritonBackend(cuda_graphs=None)(graph).graphs is not None  # a host loop: captured by default
     for T in (5, 9, 5, 9, 5):
         a = args(T)
         for got, want in zip(captured.call_tensors(a), plain.call_tensors(a), strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert captured.graphs.captures == 2 and captured.graphs.failed is None
+
+
+def test_by_default_only_a_program_with_a_host_loop_is_replayed(rng: np.random.Generator,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    """Replaying pays where Python launches a step's kernels every step (a host loop: a scan whose rows depend on
+    each other) and not where the loop is one persistent kernel: by default only the first is captured;
+    ``NNFORGE_CUDA_GRAPHS`` ``1`` / ``0`` decides for every program, and a function's own option over both."""
+    import nnforge as nf
+    from nnforge.codegen.triton import TritonBackend, cuda_graphs_on
+    from nnforge.codegen.triton.graphs import captured_by_default
+
+    if not TritonBackend().available:
+        pytest.skip("Triton does not import here")
+
+    def scan(mixing: bool):
+        def f(h0, x, w):
+            def cell(h, x_t):
+                h = nf.tanh(h @ w + x_t + (h.sum(axis=0, keepdims=True) if mixing else 0.0))
+                return h, h
+            return nf.scan(cell, h0, x)
+        return f
+
+    args = [rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, 8), (5, 4, 8), (8, 8))]
+    host, persistent = (TritonBackend()(nf.compile(scan(m)).trace(*args)) for m in (True, False))
+    assert captured_by_default(host.module) and not captured_by_default(persistent.module)
+    monkeypatch.delenv("NNFORGE_CUDA_GRAPHS", raising=False)
+    assert cuda_graphs_on(None) is None and cuda_graphs_on(True) is True
+    monkeypatch.setenv("NNFORGE_CUDA_GRAPHS", "0")
+    assert cuda_graphs_on(None) is False
+    monkeypatch.setenv("NNFORGE_CUDA_GRAPHS", "1")
+    assert cuda_graphs_on(None) is True and cuda_graphs_on(False) is False
 
 
 def test_compile_options_reach_the_triton_backend_and_bad_ones_fail_early(rng: np.random.Generator):
