@@ -15,7 +15,9 @@ TFLOP/s and GB/s (the fewest bytes the layer must move, ``fewest_bytes``) and th
 bandwidth, and per hidden size the error of nnforge and of cuDNN against a float64
 reference (cuDNN's LSTM in float64 on the same weights; ``|out - ref| / |ref|`` over all elements, at the
 smallest batch of that hidden size; in training of the weight gradients too). An anchor that fails at a shape
-is reported with its error. Record results in docs/benchmarks.md with the device and date.
+is reported with its error; on a GPU every anchor's first call at every shape runs first in a child process
+(``probe_anchors``), so one that ends its process's CUDA context (cuDNN at batch 8448 on an H200) is left out
+with its reason instead of ending the run. Record results in docs/benchmarks.md with the device and date.
 
 Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024 --batch 128 1024] [--steps 2000] [--dtype float16]
 [--mode inference training] [--rounds 5] [--cells BATCH HIDDEN] [--cuda-graphs] [--flashrnn auto]``; without
@@ -29,8 +31,10 @@ mean nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -145,7 +149,7 @@ def _nnforge_forms(graphs: bool) -> dict[str, dict]:
 
 
 def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool,
-               flash: str = "auto", graphs: bool = False) -> dict[str, Callable]:
+               flash: str = "auto", graphs: bool = False, nnforge: bool = True) -> dict[str, Callable]:
     """name -> a call running one forward (or forward + backward) on the same weights and inputs; with
     ``graphs``, also nnforge with CUDA graphs forced off and on (``_nnforge_forms``)."""
     torch.manual_seed(0)
@@ -162,7 +166,7 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
         def loss(x, h0, c0, w_ih, w_hh, b, cot):
             return (lstm(x, h0, c0, w_ih, w_hh, b) * cot).sum()
 
-        for name, options in _nnforge_forms(graphs).items():
+        for name, options in _nnforge_forms(graphs).items() if nnforge else ():
             step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options=options)
             out[name] = lambda step=step: step(x, h0, c0, w_ih, w_hh, b, cot)
 
@@ -181,7 +185,7 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
 
             out[f"flashrnn.{fb}"] = flash_step
     else:
-        for name, options in _nnforge_forms(graphs).items():
+        for name, options in _nnforge_forms(graphs).items() if nnforge else ():
             fwd = nf.compile(lstm, backend="triton", options=options)
             out[name] = lambda fwd=fwd: fwd(x, h0, c0, w_ih, w_hh, b)
 
@@ -256,15 +260,59 @@ def _flash_error(measure: Callable[[], object]) -> str:
     return f"{out:.2e}" if isinstance(out, float) else str(out)
 
 
+Case = tuple[str, int, int]  # (mode, hidden, batch)
+
+
+def probe_anchors(cases: list[Case], T: int, dtype: str, flash: str) -> dict[Case, dict[str, str]]:
+    """Each anchor's first call at each case, in child processes: an anchor that faults (cuDNN's LSTM at batch
+    8448 on an H200 makes an illegal memory access, which ends the process's CUDA context) is left out of this
+    run with its reason instead of ending it. Returns case -> {anchor: why it failed}."""
+    items = [(case, name) for case in cases for name in ("cudnn", *(f"flashrnn.{fb}" for fb in
+                                                                      flashrnn_backends(case[1], "cuda", flash)))]
+    failed: dict[Case, dict[str, str]] = {}
+    k = 0
+    while k < len(items):
+        done = subprocess.run([sys.executable, __file__, "--probe", json.dumps(items[k:]), "--steps", str(T),
+                               "--dtype", dtype, "--flashrnn", flash], capture_output=True, text=True)
+        reported = [line.split("\t") for line in done.stdout.splitlines() if line.startswith(("ok\t", "fail\t"))]
+        for verdict, _, *why in reported:
+            case, name = items[k]
+            if verdict == "fail":
+                failed.setdefault(tuple(case), {})[name] = why[0]
+            k += 1
+        if k < len(items) and (not reported or done.returncode not in (0, 3)):  # died inside that call
+            case, name = items[k]
+            tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            failed.setdefault(tuple(case), {})[name] = f"the process died: {tail}"
+            k += 1
+    return failed
+
+
+def probe_child(items: list, T: int, dtype: torch.dtype, flash: str) -> None:
+    """``--probe``: call each (case, anchor) once in order, printing ok / fail; stop at the first failure (exit
+    status 3), since it may have ended this process's CUDA context."""
+    for (mode, H, N), name in items:
+        try:
+            candidates(T, N, H, dtype, "cuda", mode == "training", flash, nnforge=False)[name]()
+            torch.cuda.synchronize()
+        except Exception as e:
+            print(f"fail\t{name}\t{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+            sys.exit(3)
+        print(f"ok\t{name}", flush=True)
+
+
 def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool, rounds: int,
-          clock: Clock, flash: str = "auto", graphs: bool = False) -> None:
-    fns = candidates(T, N, H, dtype, device, training, flash, graphs)
+          clock: Clock, flash: str = "auto", graphs: bool = False, known: dict[str, str] | None = None) -> None:
+    """Time nnforge and its anchors at one shape, interleaved; ``known``: anchors that failed in a probe (left
+    out, reported)."""
+    known = known or {}
+    fns = {k: f for k, f in candidates(T, N, H, dtype, device, training, flash, graphs).items() if k not in known}
     t0 = time.perf_counter()
     fns["nnforge.triton"]()  # trace, render, and compile every kernel
     if device == "cuda":
         torch.cuda.synchronize()
     first = time.perf_counter() - t0
-    failed = {}
+    failed = {name: f"{why} (in a separate process)" for name, why in known.items()}
     for name, fn in list(fns.items()):
         try:
             fn()
@@ -362,7 +410,10 @@ def main() -> None:
                    help="also time nnforge with CUDA graphs forced off (nnforge-graphs) and on (nnforge+graphs); "
                         "nnforge.triton is the default: graphs where a program has a host loop")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
+    p.add_argument("--probe", help=argparse.SUPPRESS)  # probe_anchors' child: a JSON list of (case, anchor)
     a = p.parse_args()
+    if a.probe:
+        return probe_child(json.loads(a.probe), a.steps, getattr(torch, a.dtype), a.flashrnn)
     if a.smoke:
         a.hidden, a.batch, a.steps, a.rounds, a.dtype, a.cells = [16], [4], 3, 1, "float32", (4, 16)
     device = "cpu" if a.smoke else "cuda"
@@ -374,11 +425,13 @@ def main() -> None:
     print(f"device: {name}; dense {a.dtype} GEMM peak measured {gemm_peak(device, dtype, clock):.1f} TFLOP/s, "
           f"copy {copy_peak(device, clock):.0f} GB/s (read + write)")
     shapes = [(H, N) for H in a.hidden or [96, 384, 1024] for N in a.batch or []] or list(TABLE)
+    cases = [(mode, H, N) for mode in a.mode for H, N in shapes]
+    known = probe_anchors(cases, a.steps, a.dtype, a.flashrnn) if device == "cuda" else {}
     for mode in a.mode:
         for H in dict.fromkeys(H for H, _ in shapes):
             for N in (N for h, N in shapes if h == H):
                 bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock, a.flashrnn,
-                      a.cuda_graphs)
+                      a.cuda_graphs, known.get((mode, H, N)))
             accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H), a.flashrnn)
     if a.cells:
         bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock)

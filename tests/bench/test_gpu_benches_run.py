@@ -6,6 +6,7 @@ must print the lines that the benchmarks are read from. Nothing here is timed.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -38,6 +39,34 @@ def test_lstm_gpu_bench_times_every_candidate_and_reports_errors():
     for cell in ("layer-norm LSTM", "GRU (reset before matmul)", "peephole LSTM"):
         assert f"{cell} T=3 N=4 H=16 float32 inference (error vs float64: nnforge " in out
     assert out.count("TorchScript / nnforge = ") == 3
+
+
+def test_an_anchor_that_kills_its_process_is_left_out_with_its_reason(monkeypatch: pytest.MonkeyPatch):
+    """cuDNN's LSTM at batch 8448 ends its process's CUDA context on an H200: the anchors' first calls run in
+    child processes first, and one that fails (reported by the child, or the child dying inside it) is left out
+    with its reason while the probing goes on in a fresh child; here against scripted children."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import lstm_gpu
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    cases = [("inference", 96, 1024), ("inference", 96, 8448), ("training", 96, 8448), ("training", 384, 128)]
+    children = [  # what each child prints for the items it is given, and how it ends
+        (["ok\tcudnn"], "an illegal memory access was encountered", -6),  # dies inside the second item
+        (["fail\tcudnn\tRuntimeError: CUDNN_STATUS_EXECUTION_FAILED"], "", 3),
+        (["ok\tcudnn"], "", 0)]
+    given = []
+
+    def fake_run(cmd, **kw):
+        given.append([tuple(c) for c, _ in json.loads(cmd[cmd.index("--probe") + 1])])
+        lines, err, rc = children[len(given) - 1]
+        return subprocess.CompletedProcess(cmd, rc, "\n".join(lines) + "\n", err)
+
+    monkeypatch.setattr(lstm_gpu.subprocess, "run", fake_run)
+    failed = lstm_gpu.probe_anchors(cases, 2000, "float16", "none")
+    assert given == [cases, cases[2:], cases[3:]]
+    assert failed == {("inference", 96, 8448): {"cudnn": "the process died: an illegal memory access was encountered"},
+                      ("training", 96, 8448): {"cudnn": "RuntimeError: CUDNN_STATUS_EXECUTION_FAILED"}}
 
 
 def test_precision_bench_reports_each_model_and_dtype():
