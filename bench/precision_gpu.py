@@ -9,7 +9,8 @@ dtype's arithmetic, not the rounding of the inputs. For context, the same model 
 (cells_cpu's loops; forward only). Per output: max |got - ref| / max |ref| and ||got - ref|| / ||ref||. Training:
 gradients of ``(ys * cot).sum()`` with respect to every weight.
 
-On a GPU: float32, float16 and bfloat16 at ``--steps``/``--batch``/``--hidden`` (default 512 x 256 x 96).
+On a GPU: float32, float16 and bfloat16 at ``--steps``/``--batch``/``--hidden`` (default 512 x 256 x 96; the
+layer-norm LSTM at 64 steps at most, ``MAX_STEPS``).
 ``--interpret``: under Triton's interpreter on the CPU (``TRITON_INTERPRET=1`` set here), tiny shapes, float32 and
 float16 only (the interpreter's bfloat16 arithmetic is wrong). Usage: ``python bench/precision_gpu.py
 [--interpret] [--steps T --batch N --hidden H] [--dtypes float32 float16 bfloat16]``. Record in docs/benchmarks.md.
@@ -48,6 +49,12 @@ MODELS = {
                       {"w_ih": lambda H: (4 * H, H), "w_hh": lambda H: (4 * H, H), "b": lambda H: (4 * H,),
                        "p": lambda H: (3 * H,)}, 2),
 }
+
+# Steps at most per model. The layer-norm LSTM (no learned gains) is chaotic with random weights: a float32
+# evaluation of it leaves float64 by 7e-6 at T = 16, 2e-4 at 64 and 5e-2 at 256, and its weight gradients grow
+# past float16's range (1e6 at T = 256, batch 64). At 64 steps float32 still measures nnforge; half precision's
+# error there is the model's amplification for any implementation (the eager loop's is printed beside it).
+MAX_STEPS = {"layer-norm LSTM": 64}
 
 
 def errors(got: np.ndarray, ref: np.ndarray) -> str:
@@ -116,7 +123,7 @@ def main() -> None:
           "||err|| / ||ref||)")
     for name in a.models:
         for dtype in dtypes:
-            measure(name, T, N, H, dtype, device)
+            measure(name, min(T, MAX_STEPS.get(name, T)), N, H, dtype, device)
 
 
 if __name__ == "__main__":
