@@ -20,6 +20,9 @@
 # The steps run in order of what a short lease should learn first; their limits add up to more than one 10-minute
 # command, so a lease runs `STEPS="render bench compile"` first, `STEPS="matrix whole_model"` second and the rest
 # where time is left (each step's log is in $OUT as soon as it ends: a command cut short returns those it finished).
+# With PARALLEL=1 the timed steps (tune bench compile cells flashrnn) run first, alone on the GPU, then the
+# checks side by side in three groups — matrix; render and whole_model; precision and streams — each under its
+# own limits (2026-11-27 on a 16-core H200 machine: bench with --rounds 3 and compile, then those checks, 330 s).
 # Before a lease, `python scripts/gpu-build.py` on any machine finds kernels a GPU build refuses.
 set -u
 OUT=${OUT:-gpu-out}
@@ -35,13 +38,25 @@ KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
     local name=$1 limit=$2
-    [[ " $STEPS " == *" $name "* ]] || return 0
+    [[ " $STEPS " == *" $name "* && " $SKIP " != *" $name "* ]] || return 0
     shift 2
     local t0=$SECONDS
     timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
     local rc=$?
     echo "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
 }
+
+SKIP=${SKIP:-}
+if [[ ${PARALLEL:-0} == 1 ]]; then  # the timed steps alone, then the checks in three groups at once
+    timed="tune bench compile cells flashrnn"
+    SKIP="render matrix whole_model streams precision" PARALLEL=0 "$0"
+    SKIP="$timed" STEPS="matrix" PARALLEL=0 "$0" >"$OUT/group-matrix.txt" 2>&1 &
+    SKIP="$timed" STEPS="render whole_model" PARALLEL=0 "$0" >"$OUT/group-render.txt" 2>&1 &
+    SKIP="$timed" STEPS="precision streams" PARALLEL=0 "$0" >"$OUT/group-precision.txt" 2>&1 &
+    wait
+    cat "$OUT"/group-*.txt
+    exit 0
+fi
 
 {
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
@@ -74,8 +89,8 @@ tail -5 "$OUT/whole_model.txt" 2>/dev/null | cut -c1-300
 step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 \
     --cells ${CELLS:-1024 96}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
-step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider tests/control/test_staging.py &&
-    $PY bench/feeder.py --backends cpu,triton --rounds 3 --steps 40 --trace $OUT/feeder-trace.json"
+step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider tests/control/test_staging.py; t=\$?;
+    $PY bench/feeder.py --backends cpu,triton --rounds 3 --steps 40 --trace $OUT/feeder-trace.json && exit \$t"
 tail -12 "$OUT/streams.txt" 2>/dev/null
 step precision "${PRECISION_S:-240}" $PY bench/precision_gpu.py
 cat "$OUT/precision.txt" 2>/dev/null
