@@ -17,6 +17,7 @@ from .products import shared_weight_products, sums_of_products
 from .reductions import hoist_reductions
 from .scans import merge_augmented_scans
 from .simplify import sigmoid_forms, simplify
+from .sinks import sink_output_products
 from .views import views_into_scans
 
 log = logging.getLogger("nnforge.passes")
@@ -40,6 +41,8 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         # first: a scan rid of its weight-gradient sums may split by rows, which decides how much of the carry-free
         # work hoist lifts out
         ("hoist_reductions", functools.partial(hoist_reductions, target=target)),
+        # after it, whose stacked d_t the products sunk read; before hoist, which prunes the invariants left unread
+        ("sink_output_products", sink_output_products),
         ("hoist", functools.partial(hoist, target=target)),
         ("shared_weight_products", shared_weight_products),  # after hoist, which makes some of them
         ("views_into_scans", views_into_scans),  # after hoist, which would lift the views back out
