@@ -9,7 +9,8 @@ synchronization with other programs (the rows are independent). Inside the kerne
 * the recurrent weights (GEMM operands the schedule marks ``b_resident``) are loaded once, before the time loop,
   into register tiles; so is everything else that does not change across steps (biases);
 * T is a run-time argument of the kernel (``range(0, T)``), never a ``tl.constexpr``: a new sequence length
-  runs the same compiled kernel; a reverse scan walks ``tt = T - 1 - t``;
+  runs the same compiled kernel; a reverse scan walks ``tt = T - 1 - t``, the direction an argument too, so a
+  stack's layers of either direction share one kernel;
 * each step reads its slice of the scanned inputs (or of the chunk buffer its chunked input projection is
   computed into, every ``steps`` steps, by each program for its own rows), evaluates the body's kernels in order
   on register tiles — a ``SlicedGemm`` as one ``tl.dot`` per gate slice with the cell update on the tiles, the
@@ -233,7 +234,8 @@ class ScanKernel:
         carries = self.bind_inputs(body)
         length = self.sz(loop.length)
         em.open(f"for t in range(0, {length}):")
-        em.line(f"tt = {length} - 1 - t" if loop.reverse else "tt = t")
+        # the direction is an argument (n0: 1 reverse, 0 forward), so a layer and its reverse are one kernel
+        em.line(f"tt = t + n0 * ({length} - 1 - 2 * t)")
         for c in loop.chunked:
             self.chunk(c, length)
         nxt: dict[int, Held] = {}
@@ -267,7 +269,8 @@ class ScanKernel:
         kinds = [kk.kind for kk in body_block.kernels]
         kind = "+".join(dict.fromkeys(["scan", *(s for kk in kinds for s in kk.split("+"))]))
         grid = [f"triton.cdiv({self.batch}, {self.r.tiles.scan_rows})"]
-        self.r.emit(kind, em, grid, {"ROWS": self.r.tiles.scan_rows}, self.prologue)
+        self.r.emit(kind, em, grid, {"ROWS": self.r.tiles.scan_rows}, self.prologue,
+                    extents=["1" if loop.reverse else "0"])
 
     def store(self, ptr: str, shape: tuple, idx: tuple[str, ...], value: str, mask: str) -> None:
         self.em.line(f"tl.store({ptr} + ({flat(idx, [self.sz(d) for d in shape])}), {value}, mask={mask})")
@@ -474,7 +477,7 @@ class ScanKernel:
         root = c.gemm.epilogue or p
         em.line(f"cstart = (t // {steps}) * {steps}")
         em.line(f"ccount = tl.minimum({length} - cstart, {steps})")
-        em.line(f"clo = {length} - cstart - ccount" if self.loop.reverse else "clo = cstart")
+        em.line(f"clo = cstart + n0 * ({length} - 2 * cstart - ccount)")  # the chunk's steps in the scan's direction
         em.variant |= {"cstart", "ccount", "s", "grow"}
         em.open(f"if t % {steps} == 0:")
         em.line("tl.debug_barrier()")
