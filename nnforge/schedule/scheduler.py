@@ -101,6 +101,8 @@ class _Scheduler:
             if id(o) in dest:
                 extra.setdefault(id(o), []).append(pos)
                 dups.append((o, pos))
+            elif _stored_as_output(o, g, dest, sliced_out):
+                dest[id(o.srcs[0])] = pos  # a reshape of a stored value: that value stored into the result
             elif id(o) not in sliced_out and (o.op in (Op.INPUT, Op.DATA) or not g.is_stored(o) or id(o) in g.alias):
                 copies.append((o, pos))
             else:
@@ -453,6 +455,17 @@ def _resident(p: Node, g: Grouping, resident: frozenset[int]) -> bool:
 
 def _name(n: Node) -> str:
     return {Op.MATMUL: "gemm", Op.REDUCE_MAX: "max"}.get(n.op, n.op.name.lower())
+
+
+def _stored_as_output(o: Node, g: Grouping, dest: dict[int, int], sliced_out: set[int]) -> bool:
+    """Whether result ``o``, a reshape another name for its source's buffer, is best made by storing that source
+    straight into the result (a GEMM's ``[T * N, P]`` product returned as ``[T, N, P]``), not by a copy: the
+    source is computed by a kernel of this graph, stored, and not yet stored into another result."""
+    if o.op != Op.RESHAPE or id(o) not in g.alias:
+        return False
+    s = o.srcs[0]
+    return (s.op not in (Op.INPUT, Op.DATA, Op.PROJ, Op.SCAN, Op.LOOP) and g.is_stored(s) and id(s) not in g.alias
+            and id(s) not in dest and id(s) not in sliced_out)
 
 
 def _fuses(g: Grouping, root: Node, p: Node, members: tuple[Node, ...] = ()) -> tuple[str, ...]:

@@ -79,6 +79,29 @@ def test_kernel_forms_and_where_results_go(rng: np.random.Generator) -> None:
     assert isinstance(copy, Copy) and copy.out.output == 2 and copy.kind == "copy"
 
 
+def test_a_result_returned_reshaped_is_stored_in_place(rng: np.random.Generator) -> None:
+    """A GEMM's product returned as another shape (a sunk ``[T * N, P]`` product returned as ``[T, N, P]``) is
+    stored by the GEMM into the result, not stored and then copied; the same value returned twice, reshaped and
+    not, is stored into both; a reshaped input is still copied."""
+
+    def fn(x, w):
+        y = x @ w
+        return y.reshape(2, 3, 4), x.reshape(3, 2, 3), nf.tanh(y).reshape(24), y
+
+    x, w = rng.standard_normal((6, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    block = _program(fn, (x, w)).block
+    gemm = next(k for k in block.kernels if isinstance(k, Gemm))
+    tanh = next(k for k in block.kernels if isinstance(k, Elementwise))
+    assert gemm.out.output == 0 and gemm.also == (3,) and tanh.out.output == 2
+    assert [c.out.output for c in block.copies] == [1]  # the input's reshape only
+    for backend in nf.available_backends():
+        got = nf.compile(fn, backend=backend)(x, w)
+        wants = ((x @ w).reshape(2, 3, 4), x.reshape(3, 2, 3), np.tanh(x @ w).reshape(24), x @ w)
+        assert len(got) == len(wants)
+        for g, want in zip(got, wants):
+            np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6, err_msg=backend)
+
+
 def test_training_sums_weight_gradients_over_leading_axes(rng: np.random.Generator) -> None:
     def loss(*a):
         return (lstm(*a)[0] ** 2).sum()
