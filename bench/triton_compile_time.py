@@ -2,12 +2,14 @@
 them at their first launches) against a thread pool (``nnforge/codegen/triton/warm.py`` on a GPU).
 
 The program is a 5-layer LSTM stack (bench/lstm_cpu.py's layer, H = ``--hidden``, float16, alternating direction,
-batch ``--batch``). Its kernels' launches are recorded while Triton's interpreter runs it once (three steps: the
-kernels do not depend on T); each round then compiles every recorded kernel for sm_90 with Triton's own ptxas in a
-fresh process and an empty Triton cache (``nnforge/codegen/triton/offline.py``), in sequence and on ``--threads``
-threads, the order alternating by round. Printed: per-kernel seconds, each round's totals, and the median of
+batch ``--batch``), its forward (``--mode inference``) or a training step (the gradients of every weight). Its
+kernels' launches are recorded while Triton's interpreter runs it once (three steps: the kernels do not depend on
+T); each round then compiles every recorded kernel for sm_90 with Triton's own ptxas in a fresh process and an
+empty Triton cache (``nnforge/codegen/triton/offline.py``), in sequence and on ``--threads`` threads, the order
+alternating by round. Printed: per-kernel seconds, each round's totals, and the median of
 per-round sequence / pool ratios (> 1: the pool is faster). On a shared machine only the same-round ratio means
-anything. Usage: ``python bench/triton_compile_time.py [--rounds 3] [--threads 2] [--hidden 96] [--batch 16]``.
+anything. Usage: ``python bench/triton_compile_time.py [--rounds 3] [--threads 2] [--hidden 96] [--batch 16]
+[--mode inference|training]``.
 """
 
 from __future__ import annotations
@@ -33,12 +35,18 @@ def stack(x, h0, c0, *ws):
     return x
 
 
+def loss(x, h0, c0, *ws):
+    y = stack(x, h0, c0, *ws)
+    return (y * y).sum()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=96)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--mode", choices=["inference", "training"], default="inference")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     H, N = a.hidden, a.batch
@@ -47,9 +55,11 @@ def main() -> None:
     x, h0, c0 = ((rng.standard_normal(s) * 0.1).astype(np.float16) for s in ((3, N, H), (N, H), (N, H)))
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["NNFORGE_CACHE_DIR"] = tmp  # the generated modules, where the compile processes import them
-        records = record_launches(lambda: nf.compile(stack, backend="triton")(x, h0, c0, *ws))
+        fn = stack if a.mode == "inference" else nf.grad(loss, argnums=tuple(range(3, 18)))
+        records = record_launches(lambda: nf.compile(fn, backend="triton")(x, h0, c0, *ws))
         names = [r["name"] for r in records]
-        print(f"5-layer LSTM stack, H={H}, batch {N}, float16: {len(names)} kernels {names}; compiled for sm_90 by "
+        print(f"5-layer LSTM stack, H={H}, batch {N}, float16, {a.mode}: {len(names)} kernels {names}; compiled "
+              f"for sm_90 by "
               f"Triton {triton.__version__} on {os.cpu_count()} CPUs")
         ratios = []
         for r in range(a.rounds):
