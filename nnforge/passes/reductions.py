@@ -10,8 +10,9 @@ K = T * N:
 
 so the carry is dropped, ``dg_t`` becomes a new stacked output (ys) of the scan, and the GEMM / sum runs once
 after it. Applies when the carry's only use in the body is ``carry + term`` and that sum is the carry's next
-value, with ``term`` either ``permute(x_t) @ d_t`` (x_t one of the scan's xs, 2-D) or any value shaped like the
-carry. Summing in a different order changes float rounding, so this pass belongs to the CPU pipeline.
+value, with ``term`` either ``permute(x_t) @ d_t`` (x_t one of the scan's xs, 2-D, or any 2-D step value, then stacked
+too: a GRU's ``(r * h)ᵀ @ dn`` for its W_hn) or any value shaped like the carry. Summing in a different order
+changes float rounding, so this pass belongs to the CPU pipeline.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from .rewrite import rewrite_top
 from .rows import RowSplit, worth_splitting
 
 
-def _term(body: Graph, k: int, nc: int, nx: int) -> tuple[str, Node, int] | None:
-    """("matmul", d_t, xs index) or ("sum", d_t, -1) when carry ``k`` only accumulates, else None."""
+def _term(body: Graph, k: int, nc: int, nx: int) -> tuple[str, Node, int | Node] | None:
+    """("matmul", d_t, a_t) — ``a_t`` an xs index, or a 2-D body value to stack too — or ("sum", d_t, -1) when
+    carry ``k`` only accumulates, else None."""
     carry, nxt = body.inputs[k], body.outputs[k]
     if nxt.op != Op.ADD or not nxt.dtype.is_float or carry not in nxt.srcs or nxt.srcs[0] is nxt.srcs[1]:
         return None
@@ -38,10 +40,15 @@ def _term(body: Graph, k: int, nc: int, nx: int) -> tuple[str, Node, int] | None
     if tuple(term.shape) != tuple(carry.shape) or term.dtype != carry.dtype:
         return None  # a broadcast add: not a plain sum of the term
     xs = {id(p): j for j, p in enumerate(body.inputs) if nc <= j < nc + nx}
+    consts = {id(p) for j, p in enumerate(body.inputs) if j >= nc + nx}
     if term.op == Op.MATMUL and term.ndim == 2:
         a, d = term.srcs
-        if a.op == Op.PERMUTE and tuple(a.attrs["perm"]) == (1, 0) and id(a.srcs[0]) in xs and d.ndim == 2:
-            return "matmul", d, xs[id(a.srcs[0])]
+        if a.op == Op.PERMUTE and tuple(a.attrs["perm"]) == (1, 0) and d.ndim == 2:
+            v = a.srcs[0]
+            if id(v) in xs:
+                return "matmul", d, xs[id(v)]
+            if v.ndim == 2 and id(v) not in consts and v is not carry:
+                return "matmul", d, v  # a step value (a GRU's r * h): stacked beside d_t
     return "sum", term, -1
 
 
@@ -85,10 +92,11 @@ def _hoisted(n: Node, found: dict[int, tuple[str, Node, int]], gemms: set[int],
     stacked_d = {id(found[k][1]) for k in gemms}
     found = {k: t for k, t in found.items() if id(t[1]) in stacked_d}  # d_t stacked anyway: all its sums go
     T = n.srcs[nc].shape[0]
-    stacked: list[Node] = []  # new ys, each distinct d_t once
-    for _, d, _ in found.values():
-        if all(s is not d for s in stacked):
-            stacked.append(d)
+    stacked: list[Node] = []  # new ys, each distinct d_t (and step value a_t) once
+    for _, d, v in found.values():
+        for m in (d, v) if isinstance(v, Node) else (d,):
+            if all(s is not m for s in stacked):
+                stacked.append(m)
     keep = [k for k in range(nc) if k not in found]
     inputs = [body.inputs[k] for k in keep] + list(body.inputs[nc:])
     outputs = [body.outputs[k] for k in keep] + list(body.outputs[nc:]) + stacked
@@ -98,12 +106,15 @@ def _hoisted(n: Node, found: dict[int, tuple[str, Node, int]], gemms: set[int],
                 tuple(types), loc=n.loc)
     base = len(types) - len(stacked)
     after: dict[int, Node] = {}
+    def stacked_result(m: Node) -> Node:
+        return make(Op.PROJ, (scan,), {"index": base + next(i for i, s in enumerate(stacked) if s is m)}, loc=n.loc)
+
     for k, (kind, d, j) in found.items():
-        ds = make(Op.PROJ, (scan,), {"index": base + next(i for i, s in enumerate(stacked) if s is d)}, loc=n.loc)
+        ds = stacked_result(d)
         if kind == "sum":
             total = make(Op.SUM, (ds,), {"axes": (0,), "keepdims": False}, loc=n.loc)
         else:
-            x = n.srcs[j]  # [T, N, P]
+            x = stacked_result(j) if isinstance(j, Node) else n.srcs[j]  # [T, N, P]
             flat_x = make(Op.RESHAPE, (x,), {"shape": (T * x.shape[1], x.shape[2])}, loc=n.loc)
             flat_d = make(Op.RESHAPE, (ds,), {"shape": (T * d.shape[0], d.shape[1])}, loc=n.loc)
             if k in read_transposed:

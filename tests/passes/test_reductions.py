@@ -145,3 +145,33 @@ def test_stacked_layers_keep_one_backward_scan_each(rng: np.random.Generator):
     want = ReferenceProgram(g)(list(args))
     for a, b in zip(ReferenceProgram(after)(list(args)), want):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
+def accumulate_step_value(xs, w, acc0, h0):
+    """acc += (h * x_t)ᵀ @ d_t: the left factor a step value the body computes (a GRU's r * h for its W_hn)."""
+
+    def body(carry, x_t):
+        acc, h = carry
+        d = nf.tanh(x_t @ w + h)
+        v = nf.sigmoid(x_t) * h[:, :x_t.shape[1]]
+        return (acc + v.T @ d, d), d
+
+    (acc, h), ys = nf.scan(body, (acc0, h0), xs)
+    return acc, h, ys
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.float32])
+def test_a_sum_of_products_of_a_step_value_leaves_the_loop(dt):
+    rng = np.random.default_rng(1)
+    T, N, P, Q = 6, 5, 3, 7
+    args = [rng.standard_normal(s).astype(dt) for s in [(T, N, P), (P, Q), (P, Q), (N, Q)]]
+    g = traced(accumulate_step_value, *args)
+    after = hoist_reductions(g, ZERO)
+    (scan,) = _scans(after)
+    assert scan.attrs["n_carry"] == 1  # acc left the loop; v_t and d_t are stacked outputs
+    assert sum(n.op == Op.MATMUL for n in scan.attrs["body"].order) == 1  # x_t @ w only
+    want = ReferenceProgram(g)(args)
+    got = ReferenceProgram(after)(args)
+    tol = 1e-12 if dt == np.float64 else 1e-4
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
