@@ -74,7 +74,10 @@ def _identity(n: Node) -> Node | None:
 
 
 def _zero_pad_axis(n: Node) -> int | None:
-    """The one axis a zero-filled pad pads, else None."""
+    """The one axis a zero-filled pad pads — or a concat with a part of zeros joins (a GRU's input-projection
+    gradient ``concat(dr, 0, dn)``) — else None."""
+    if n.op == Op.CONCAT and any(_is(p, 0) for p in n.srcs):
+        return n.attrs["axis"]
     if n.op != Op.PAD or n.attrs["value"] != 0:
         return None
     axes = [k for k, (lo, hi) in enumerate(n.attrs["pads"]) if int(lo) or int(hi)]
@@ -83,7 +86,8 @@ def _zero_pad_axis(n: Node) -> int | None:
 
 def _pads_to_concat(n: Node) -> Node | None:
     """``pad(a) + pad(b)``, both zero-filled along one axis where their values do not overlap, is
-    ``pad(concat(a, 0, b))`` (zeros in a concat count as padding, so sums of several such terms merge too).
+    ``pad(concat(a, 0, b))`` (zeros in a concat count as padding, so sums of several such terms merge too, and a
+    concat with zeros where the other term has its values: ``concat(a, 0, c) + pad(b)`` is ``concat(a, b, c)``).
 
     Autodiff writes the gradient of a tensor read through slices (an LSTM's four gates) as a sum of padded slice
     gradients: every element then evaluates every term behind a select. As a concat each element is computed once
@@ -93,8 +97,8 @@ def _pads_to_concat(n: Node) -> Node | None:
         return None
     a, b = n.srcs
     axis = _zero_pad_axis(a)
-    if axis is None or _zero_pad_axis(b) != axis:
-        return None
+    if axis is None or _zero_pad_axis(b) != axis or not tuple(a.shape) == tuple(b.shape) == tuple(n.shape):
+        return None  # not both placed along one axis, or a broadcast
     segments = sorted(_segments(a, axis) + _segments(b, axis), key=lambda seg: int(seg[0]))
     if not segments:
         return None
@@ -118,9 +122,9 @@ def _pads_to_concat(n: Node) -> Node | None:
 
 
 def _segments(pad: Node, axis: int) -> list[tuple[int, int, Node]]:
-    """(start, length, node) of the values a zero pad places along ``axis`` (zero parts of a concat left out)."""
-    start = pad.attrs["pads"][axis][0]
-    src = pad.srcs[0]
+    """(start, length, node) of the values a zero pad (or a concat) places along ``axis`` (zero parts of a concat
+    left out)."""
+    start, src = (pad.attrs["pads"][axis][0], pad.srcs[0]) if pad.op == Op.PAD else (0, pad)
     parts = list(src.srcs) if src.op == Op.CONCAT and src.attrs["axis"] == axis else [src]
     out = []
     for part in parts:

@@ -83,7 +83,8 @@ def test_reference_identical_after_pipeline():
 
 def test_sums_of_disjoint_zero_pads_become_a_concat(rng: np.random.Generator):
     """The gradient of a tensor read through its four gate slices is a sum of four padded slices: simplify
-    turns it into one concat (same values, bit for bit here), and leaves overlapping pads a sum."""
+    turns it into one concat (same values, bit for bit here), and leaves overlapping pads a sum; a concat with
+    zeros where a pad has its values is one concat too."""
     from nnforge.codegen.reference import ReferenceProgram
 
     def gate_grads(z):
@@ -115,6 +116,16 @@ def test_sums_of_disjoint_zero_pads_become_a_concat(rng: np.random.Generator):
     np.testing.assert_array_equal(ReferenceProgram(s)([z])[0], want)
     got = nf.compile(gap, backend="cpu")(z) if "cpu" in nf.available_backends() else want
     np.testing.assert_array_equal(got, want)
+
+    def filled(x):  # a concat with zeros where a pad has its values (a GRU's input-projection gradient): one concat
+        zeros = nf.zeros((5, 4), dtype=nf.float32)
+        return nf.concat([nf.tanh(x[:, :6]), zeros, x[:, 10:]], axis=1) + nf.pad(x[:, 6:10] * 2.0, ((0, 0), (6, 6)))
+
+    s = simplify(traced(filled, z))
+    ops = body_lines(repr(s))
+    assert sum(o.startswith("concat(") for o in ops) == 1 and not any(o.startswith(("add(", "pad(")) for o in ops)
+    joined = np.concatenate([np.tanh(z[:, :6]), z[:, 6:10] * 2.0, z[:, 10:]], axis=1)
+    np.testing.assert_allclose(ReferenceProgram(s)([z])[0], joined, rtol=1e-6)
 
 
 def test_constants_read_by_a_scan_become_constants_of_its_body(rng: np.random.Generator):

@@ -302,6 +302,23 @@ def test_a_product_read_through_column_slices_stays_in_the_persistent_kernel(rng
     _check(gru_reset_before_matmul, *args)
 
 
+def test_a_gru_training_step_runs_both_loops_in_persistent_kernels(rng: np.random.Generator):
+    """The GRU above, trained: its backward joins the input projection's gate gradients as ``concat(dr, 0, dn) +
+    pad(dz)``, which simplify makes one concat, and sums ``(r * h)ᵀ @ dn`` after the loop; so the backward step
+    holds its rows in registers like the forward one (it was a host loop), and the gradients agree."""
+    H, I, N = 8, 4, 20
+    args = [_f32(rng, *s) for s in [(9, N, I), (N, H), (3 * H, I), (2 * H, H), (H, H), (3 * H,)]]
+
+    def loss(*a):
+        ys, h = gru_reset_before_matmul(*a)
+        return (ys * ys).sum() + h.sum()
+
+    grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    program, _ = _scheduled(grads, *args)
+    assert [loop.parallel is not None for loop in program.loops()] == [True, True]
+    _check(grads, *args)
+
+
 def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
     """Layer norm over each product's whole gate row, then the gates as slices of the normalized sum."""
     def ln(v):
