@@ -463,9 +463,9 @@ class Renderer:
         for o in outs:
             em.line(f"tl.store({o} + ({flat(idx, dims)}), {value}, mask=mo)")
         t = self.tiles
-        grid = [f"triton.cdiv({M}, {t.gemm_m}) * triton.cdiv({N}, {t.gemm_n})"
-                + (f" * ({sz.prod(batch)})" if batch else "")]
-        self.emit(k.kind, em, grid, {"BM": t.gemm_m, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
+        bm = t.gemm_m if p.dtype in HALF else t.gemm_m_f32
+        grid = [f"triton.cdiv({M}, {bm}) * triton.cdiv({N}, {t.gemm_n})" + (f" * ({sz.prod(batch)})" if batch else "")]
+        self.emit(k.kind, em, grid, {"BM": bm, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
 
 
     def sliced(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]], product: Sequence[str] = ()) -> None:
@@ -515,5 +515,6 @@ class Renderer:
             for o in dests:
                 em.line(f"tl.store({o} + ({flat(('rm', 'rn'), [M, W])}), {v}, mask=mo)")
         t = self.tiles
-        grid = [f"triton.cdiv({M}, {t.gemm_m}) * triton.cdiv({W}, {t.gemm_n})"]
-        self.emit(k.kind, em, grid, {"BM": t.gemm_m, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
+        bm = t.gemm_m if p.dtype in HALF else t.gemm_m_f32
+        grid = [f"triton.cdiv({M}, {bm}) * triton.cdiv({W}, {t.gemm_n})"]
+        self.emit(k.kind, em, grid, {"BM": bm, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)

@@ -72,7 +72,9 @@ class Tiles:
     (2026-11-27, docs/benchmarks.md), a device's own tuned tiles replace them there; no schedule record holds them.
 
     ``flat``: elements per program of an elementwise, copy or concat kernel. ``gemm_m``, ``gemm_n``, ``gemm_k``:
-    a GEMM program's output tile and K step (``tl.dot`` needs 16 at least in each). ``reduce_rows`` /
+    a GEMM program's output tile and K step (``tl.dot`` needs 16 at least in each); ``gemm_m_f32``: its rows
+    when the product is float32 or float64 (multiply-adds on the CUDA cores, not the tensor cores: at 64 rows and
+    4 warps ptxas spills 180 bytes of registers, at 32 none; not tuned — the tuner times float16). ``reduce_rows`` /
     ``reduce_cols``: a reduction program's outputs and the reduced elements it reads per iteration.
     ``scan_rows``: batch rows per program of a persistent scan kernel, the M side of the step's ``tl.dot`` (at
     least 8: Triton pads a narrower M to the tensor cores' 16 rows, so 8 leaves half of each MMA idle but makes
@@ -83,6 +85,7 @@ class Tiles:
 
     flat: int = 1024
     gemm_m: int = 64
+    gemm_m_f32: int = 32
     gemm_n: int = 32
     gemm_k: int = 32
     reduce_rows: int = 16
@@ -93,12 +96,12 @@ class Tiles:
     scan_warps: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("flat", "gemm_m", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows", "warps",
-                     "gemm_warps", "scan_warps"):
+        for name in ("flat", "gemm_m", "gemm_m_f32", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows",
+                     "warps", "gemm_warps", "scan_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two, got {v}")
-        if min(self.gemm_m, self.gemm_n, self.gemm_k) < 16:
+        if min(self.gemm_m, self.gemm_m_f32, self.gemm_n, self.gemm_k) < 16:
             raise ValueError("tl.dot needs GEMM tiles of 16 at least")
         if self.scan_rows < 8:
             raise ValueError("Tiles.scan_rows must be 8 at least (a persistent scan's rows are its tl.dot's M side)")

@@ -114,6 +114,17 @@ def test_a_long_half_precision_product_adds_its_blocks_in_float32(k: int, blocks
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
 
 
+def test_a_float32_product_takes_tiles_of_its_own_rows(rng: np.random.Generator):
+    """A float32 GEMM multiplies on the CUDA cores and spills registers at the 64 rows a float16 one takes for
+    the tensor cores (ptxas, sm_90, 4 warps: 180 bytes): it takes ``Tiles.gemm_m_f32`` rows."""
+    x, w = _f32(rng, 40, 24), _f32(rng, 24, 48)
+    for dtype, rows in ((np.float32, Tiles().gemm_m_f32), (np.float16, Tiles().gemm_m)):
+        program = TritonBackend()(nf.compile(lambda a, b: nf.tanh(a @ b)).trace(x.astype(dtype), w.astype(dtype)))
+        (launch,) = [line for line in program.source.splitlines() if "launch(k" in line and "gemm" in line]
+        assert f"BM={rows}," in launch, launch
+    assert Tiles().gemm_m_f32 < Tiles().gemm_m
+
+
 def test_every_launch_says_whether_multiply_adds_contract(rng: np.random.Generator):
     """Triton 3.9 contracts a * b + c to FMA unless told otherwise and warns that 3.10 will not: each launch
     passes the target's choice, so a Triton upgrade alone changes neither results nor speed."""

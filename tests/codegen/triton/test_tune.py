@@ -64,7 +64,7 @@ def test_chosen_tiles_reach_the_launches_and_compute_the_same(rng: np.random.Gen
 
     args = [rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 48)).astype(np.float32)]
     graph = nf.compile(f).trace(*args)
-    tiles = Tiles(gemm_m=64, gemm_n=16, gemm_k=16, gemm_warps=8, flat=256, warps=2, reduce_cols=32)
+    tiles = Tiles(gemm_m=32, gemm_m_f32=64, gemm_n=16, gemm_k=16, gemm_warps=8, flat=256, warps=2, reduce_cols=32)
     program = TritonBackend(tiles=tiles)(graph)
     assert "BM=64, BN=16, BK=16, num_warps=8" in program.source and "num_warps=2" in program.source
     np.testing.assert_allclose(program(args)[0], nf.compile(f)(*args), rtol=2e-5, atol=2e-5)
