@@ -21,7 +21,7 @@ from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from ..schedule import Target
-from .rewrite import rewrite_top
+from .rewrite import replace_scan_results
 from .rows import RowSplit, worth_splitting
 
 
@@ -146,23 +146,5 @@ def hoist_reductions(graph: Graph, target: Target) -> Graph:
         if n.op == Op.PROJ and n.srcs[0].op == Op.SCAN and us.get(id(n)) and all(
                 u.op == Op.PERMUTE and tuple(u.attrs["perm"]) == (1, 0) for u in us[id(n)]):
             read_transposed.setdefault(id(n.srcs[0]), set()).add(n.attrs["index"])
-    new_scan: dict[int, tuple[Node, dict[int, Node], list[int]]] = {}
-
-    def rule(node: Node, original: Node) -> Node | None:
-        if original.op == Op.SCAN:
-            r = _hoist_reductions(node, target, read_transposed.get(id(original), set()))
-            if r is None:
-                return None
-            keep = [k for k in range(original.attrs["n_carry"]) if k not in r[1]]
-            new_scan[id(original)] = (r[0], r[1], keep)
-            return r[0]
-        if original.op != Op.PROJ or id(original.srcs[0]) not in new_scan:
-            return None
-        scan, after, keep = new_scan[id(original.srcs[0])]
-        i, nc = original.attrs["index"], original.srcs[0].attrs["n_carry"]
-        if i in after:
-            return after[i]
-        j = keep.index(i) if i < nc else i - (nc - len(keep))
-        return make(Op.PROJ, (scan,), {"index": j}, loc=original.loc)
-
-    return rewrite_top(graph, rule)
+    return replace_scan_results(
+        graph, lambda node, original: _hoist_reductions(node, target, read_transposed.get(id(original), set())))

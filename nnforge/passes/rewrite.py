@@ -49,6 +49,33 @@ def rewrite_top(graph: Graph, rule: Callable[[Node, Node], Node | None]) -> Grap
     return _rebuilt(graph, step)
 
 
+def replace_scan_results(graph: Graph,
+                         fn: Callable[[Node, Node], tuple[Node, dict[int, Node]] | None]) -> Graph:
+    """Rewrite top-level scans with ``fn(scan, original)``, which returns None or ``(new_scan, after)``: ``after``
+    maps a result index of the old scan to the value replacing it (computed after the loop); every other result
+    is read from ``new_scan`` at its place among those kept, in order (results the new scan adds come after).
+    Scans are rewritten in order, each on its already rewritten sources (``rewrite_top``)."""
+    new: dict[int, tuple[Node, dict[int, Node], list[int]]] = {}
+
+    def rule(node: Node, original: Node) -> Node | None:
+        if original.op == Op.SCAN:
+            r = fn(node, original)
+            if r is None:
+                return None
+            scan, after = r
+            new[id(original)] = (scan, after, [i for i in range(len(original.types)) if i not in after])
+            return scan
+        if original.op != Op.PROJ or id(original.srcs[0]) not in new:
+            return None
+        scan, after, kept = new[id(original.srcs[0])]
+        i = original.attrs["index"]
+        if i in after:
+            return after[i]
+        return make(Op.PROJ, (scan,), {"index": kept.index(i)}, loc=original.loc)
+
+    return rewrite_top(graph, rule)
+
+
 def redirect_results(graph: Graph, target: Mapping[int, Node]) -> Graph:
     """``graph`` with each loop result ``p`` (a ``proj``) whose id is in ``target`` read from the same result of
     the loop ``target[id(p)]`` instead, that loop rebuilt on rewritten sources like every other node: the loop

@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
-from .rewrite import rewrite_top
+from .rewrite import replace_scan_results
 
 
 def _invariant(w: Node, consts: dict[int, int]) -> tuple[int, bool] | None:
@@ -83,22 +83,4 @@ def _sunk(n: Node) -> tuple[Node, dict[int, Node]] | None:
 def sink_output_products(graph: Graph) -> Graph:
     """Compute the stacked outputs of top-level scans that are products of a step value with a loop invariant
     after the loop, as one GEMM each (see module doc); the body no longer reads that invariant."""
-    new_scan: dict[int, tuple[Node, dict[int, Node], list[int]]] = {}
-
-    def rule(node: Node, original: Node) -> Node | None:
-        if original.op == Op.SCAN:
-            r = _sunk(node)
-            if r is None:
-                return None
-            kept = [i for i in range(len(original.types)) if i not in r[1]]
-            new_scan[id(original)] = (r[0], r[1], kept)
-            return r[0]
-        if original.op != Op.PROJ or id(original.srcs[0]) not in new_scan:
-            return None
-        scan, after, kept = new_scan[id(original.srcs[0])]
-        i = original.attrs["index"]
-        if i in after:
-            return after[i]
-        return make(Op.PROJ, (scan,), {"index": kept.index(i)}, loc=original.loc)
-
-    return rewrite_top(graph, rule)
+    return replace_scan_results(graph, lambda node, _: _sunk(node))
