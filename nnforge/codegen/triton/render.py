@@ -463,7 +463,7 @@ class Renderer:
         for o in outs:
             em.line(f"tl.store({o} + ({flat(idx, dims)}), {value}, mask=mo)")
         t = self.tiles
-        bm = t.gemm_m if p.dtype in HALF else t.gemm_m_f32
+        bm = t.gemm_rows(p.dtype in HALF)
         grid = [f"triton.cdiv({M}, {bm}) * triton.cdiv({N}, {t.gemm_n})" + (f" * ({sz.prod(batch)})" if batch else "")]
         self.emit(k.kind, em, grid, {"BM": bm, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
 
@@ -515,6 +515,6 @@ class Renderer:
             for o in dests:
                 em.line(f"tl.store({o} + ({flat(('rm', 'rn'), [M, W])}), {v}, mask=mo)")
         t = self.tiles
-        bm = t.gemm_m if p.dtype in HALF else t.gemm_m_f32
+        bm = t.gemm_rows(p.dtype in HALF)
         grid = [f"triton.cdiv({M}, {bm}) * triton.cdiv({W}, {t.gemm_n})"]
         self.emit(k.kind, em, grid, {"BM": bm, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)

@@ -105,3 +105,8 @@ class Tiles:
             raise ValueError("tl.dot needs GEMM tiles of 16 at least")
         if self.scan_rows < 8:
             raise ValueError("Tiles.scan_rows must be 8 at least (a persistent scan's rows are its tl.dot's M side)")
+
+    def gemm_rows(self, half: bool) -> int:
+        """Rows of a GEMM program's tile: ``gemm_m`` for a half-precision product (tensor cores), else
+        ``gemm_m_f32``."""
+        return self.gemm_m if half else self.gemm_m_f32
