@@ -78,16 +78,7 @@ def child(mode: str, what: str, T: int, N: int, H: int, device: str, triton_cach
         timed(f"T={T}", step)
         return out
 
-    def stack(x, h0, c0, *ws):
-        for k in range(5):
-            x = lstm_cpu.lstm(x, h0, c0, *ws[3 * k:3 * k + 3], reverse=bool(k % 2))[0]
-        return x
-
-    def loss(x, h0, c0, *ws):
-        y = stack(x, h0, c0, *ws)
-        return (y * y).sum()
-
-    fn = nf.compile(stack if mode == "inference" else nf.grad(loss, argnums=tuple(range(3, 18))), backend="triton")
+    fn = nf.compile(lstm_cpu.stack_step(mode), backend="triton")
     for steps in (T, T * 3 // 2, T):
         timed(f"T={steps}" + (" again" if f"T={steps}" in out else ""), fn, rnd(steps, N, H), h0, c0, *ws)
     return out

@@ -31,6 +31,23 @@ def lstm(x, h0, c0, w_ih, w_hh, b, reverse=False):
     return ys, h, c
 
 
+def stack(x, h0, c0, *ws):
+    """Five of these layers, alternating direction (a basecaller's encoder; ``ws``: w_ih, w_hh, b per layer)."""
+    for k in range(5):
+        x = lstm(x, h0, c0, *ws[3 * k:3 * k + 3], reverse=bool(k % 2))[0]
+    return x
+
+
+def stack_step(mode: str):
+    """What the GPU compile benches build of ``stack``: the stack itself (``"inference"``) or the gradients of
+    ``(y * y).sum()`` with respect to its 15 weights (``"training"``)."""
+    def loss(x, h0, c0, *ws):
+        y = stack(x, h0, c0, *ws)
+        return (y * y).sum()
+
+    return stack if mode == "inference" else nf.grad(loss, argnums=tuple(range(3, 18)))
+
+
 def flops(T: int, N: int, I: int, H: int) -> float:
     return 2.0 * T * N * 4 * H * (I + H)
 

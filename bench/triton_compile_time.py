@@ -29,17 +29,6 @@ import nnforge as nf
 from nnforge.codegen.triton.offline import compile_offline, record_launches
 
 
-def stack(x, h0, c0, *ws):
-    for k in range(5):
-        x = lstm_cpu.lstm(x, h0, c0, *ws[3 * k:3 * k + 3], reverse=bool(k % 2))[0]
-    return x
-
-
-def loss(x, h0, c0, *ws):
-    y = stack(x, h0, c0, *ws)
-    return (y * y).sum()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -55,7 +44,7 @@ def main() -> None:
     x, h0, c0 = ((rng.standard_normal(s) * 0.1).astype(np.float16) for s in ((3, N, H), (N, H), (N, H)))
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["NNFORGE_CACHE_DIR"] = tmp  # the generated modules, where the compile processes import them
-        fn = stack if a.mode == "inference" else nf.grad(loss, argnums=tuple(range(3, 18)))
+        fn = lstm_cpu.stack_step(a.mode)
         records = record_launches(lambda: nf.compile(fn, backend="triton")(x, h0, c0, *ws))
         names = [r["name"] for r in records]
         print(f"5-layer LSTM stack, H={H}, batch {N}, float16, {a.mode}: {len(names)} kernels {names}; compiled "
