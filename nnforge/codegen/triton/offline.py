@@ -1,14 +1,15 @@
 """A program's Triton kernels compiled for a GPU on a machine without one: what each kernel would ask of the
 device (shared memory) and how long Triton takes to build it.
 
-``record_launches`` runs a call under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton was
-imported) and notes each distinct kernel launched: its module file, name, argument types, constants and
-meta-parameters. ``compile_offline`` then compiles those kernels for a CUDA architecture with Triton's own
-compiler and ptxas in a fresh process without the interpreter, one after another or on a thread pool, and reports
-each kernel's shared memory, registers per thread and bytes spilled to local memory (a persistent scan that spills
-pays a local-memory round trip every step). The first
-GPU run found a kernel asking for more shared memory than a program may have (``tests/codegen/triton/
-test_sm90.py`` now catches that class of bug on a CPU machine); ``bench/triton_compile_time.py`` times the builds.
+``record_launches`` runs a call under Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton was imported) and
+notes each distinct kernel launched: its module file, name, argument types, constants, meta-parameters and what Triton's
+launcher specializes on (pointers and integers divisible by 16, integers equal to 1: without it loads are built element
+by element, not as 16-byte vectors). ``compile_offline`` then compiles those kernels for a CUDA architecture with
+Triton's own compiler and ptxas in a fresh process without the interpreter, one after another or on a thread pool, and
+reports each kernel's shared memory, registers per thread and bytes spilled to local memory (a persistent scan that
+spills pays a local-memory round trip every step). The first GPU run found a kernel asking for more shared memory than a
+program may have (``tests/codegen/triton/test_sm90.py`` now catches that class of bug on a CPU machine);
+``bench/triton_compile_time.py`` times the builds.
 """
 
 from __future__ import annotations
@@ -57,17 +58,20 @@ _COMPILE = textwrap.dedent("""
             spec.loader.exec_module(module)
             fn = getattr(module, rec["name"])
             consts = {(fn.arg_names.index(k),): v for k, v in rec["consts"].items()}
-            src = triton.compiler.ASTSource(fn=fn, constexprs=consts, signature=rec["signature"])
+            # the launcher's specialization: a pointer or integer divisible by 16 is compiled as such
+            attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in rec.get("aligned", ())}
+            src = triton.compiler.ASTSource(fn=fn, constexprs=consts, signature=rec["signature"], attrs=attrs)
             t0 = time.perf_counter()
             k = triton.compile(src, target=target, options=backend.parse_options(rec["meta"]).__dict__)
             seconds = time.perf_counter() - t0
             registers, spills = usage(k.asm["ptx"])
+            wide = len(re.findall(r"ld\\.global(?:\\.[a-z]+)*\\.v4\\.b32", k.asm["ptx"]))  # 16 bytes a thread
         except Exception as e:  # the kernel's own failure, reported beside the others
             if "ptxas" in str(e) and "not found" in str(e).lower():
                 raise
             return label, {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
         return label, {"shared": k.metadata.shared, "seconds": seconds, "registers": registers,
-                       "spill_bytes": spills}
+                       "spill_bytes": spills, "wide_loads": wide}
 
     t0 = time.perf_counter()
     if threads == 1:
@@ -106,7 +110,7 @@ class LaunchRecorder:
         recorder = self
 
         def run(interpreted, *args, grid, warmup, **kwargs):
-            recorder._note(interpreted.fn, args, kwargs)
+            recorder._note(interpreted, args, kwargs)
             return original(interpreted, *args, grid=grid, warmup=warmup, **kwargs)
 
         InterpretedFunction.run = run
@@ -117,26 +121,34 @@ class LaunchRecorder:
 
         InterpretedFunction.run = self._original
 
-    def _note(self, fn: Callable, args: tuple, kwargs: dict[str, Any]) -> None:
+    def _note(self, interpreted: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         import torch
 
+        fn = interpreted.fn
         key = (fn.__code__.co_filename, fn.__name__)
         if key in self._seen:
             return
         self._seen.add(key)
         params = list(inspect.signature(fn).parameters)
         values = dict(zip(params, args)) | {k: v for k, v in kwargs.items() if k in params}
-        signature, consts = {}, {}
+        fixed = set(interpreted.kwargs.get("do_not_specialize") or ())
+        signature, consts, aligned = {}, {}, []
         for p in params:
             v = values[p]
             if "constexpr" in str(fn.__annotations__.get(p, "")):
                 signature[p], consts[p] = "constexpr", v
             elif isinstance(v, torch.Tensor):
                 signature[p] = "*" + _TYPES[str(v.dtype).removeprefix("torch.")]
+                if v.data_ptr() % 16 == 0:
+                    aligned.append(p)
+            elif p not in fixed and int(v) == 1:  # Triton's launcher makes an integer argument of 1 a constant
+                signature[p], consts[p] = "constexpr", 1
             else:
                 signature[p] = "i32" if -2**31 <= int(v) < 2**31 else "i64"
+                if p not in fixed and int(v) % 16 == 0:
+                    aligned.append(p)
         self.records.append({"path": key[0], "name": key[1], "signature": signature, "consts": consts,
-                             "meta": {k: v for k, v in kwargs.items() if k not in params}}
+                             "aligned": aligned, "meta": {k: v for k, v in kwargs.items() if k not in params}}
                             | ({"origin": self.origin()} if self.origin else {}))
 
 
@@ -151,8 +163,9 @@ def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int 
                     keep_going: bool = False) -> dict[str, Any]:
     """Build ``records`` (from ``record_launches``) for CUDA architecture ``arch`` in a fresh process with an
     empty Triton cache: ``{"total": seconds, "kernels": {label: {"shared": bytes, "seconds": s, "registers": per
-    thread, "spill_bytes": spill stores to local memory}}}``, a record's label being its ``"label"`` or else its
-    kernel's name (``seconds`` is Triton's build; ptxas runs again after it for the register report). A kernel
+    thread, "spill_bytes": spill stores to local memory, "wide_loads": global loads of 16 bytes per thread in its
+    PTX}}}``, a record's label being its ``"label"`` or else its kernel's name (``seconds`` is Triton's
+    build; ptxas runs again after it for the register report). A kernel
     Triton cannot build raises ``RuntimeError`` with the compiler's message, or with ``keep_going`` is reported
     as ``{"error": message}`` beside the others. Raises ``NoPtxas`` where Triton cannot build for CUDA here."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

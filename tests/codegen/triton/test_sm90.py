@@ -105,3 +105,46 @@ def test_a_kernel_only_the_interpreter_accepts_is_named_with_the_compilers_reaso
     assert "twice" in built["kernels"]["bad"]["error"]
     with pytest.raises(RuntimeError, match=r"^bad: "):
         compile_offline(records, arch=90)
+
+
+COPY = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy(p, q, n, N: tl.constexpr):
+    i = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(q + i, tl.load(p + i, mask=i < n), mask=i < n)
+'''
+
+
+def test_a_kernel_is_built_as_the_launcher_specializes_it(tmp_path):
+    """Triton's launcher compiles a kernel for what its arguments are: pointers and integers divisible by 16
+    (then a thread loads 16 bytes at once), integers equal to 1 (a constant). The recorder notes that of each
+    launch and the offline build follows it: the same copy on 16-byte-aligned float16 tensors and a count of
+    4096 builds vector loads, on a view one element in (2 bytes off) and a count of 4095 element loads."""
+    import importlib.util
+
+    import torch
+
+    path = tmp_path / "copy_kernel.py"
+    path.write_text(COPY)
+    spec = importlib.util.spec_from_file_location("copy_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    gen = torch.Generator().manual_seed(16)
+    x = torch.randn(4097, generator=gen).to(torch.float16)
+    out = torch.empty_like(x)
+    aligned = record_launches(lambda: module.copy[(4,)](x, out, 4096, N=1024))
+    assert torch.equal(out[:4096], x[:4096])
+    off = record_launches(lambda: module.copy[(4,)](x[1:], out[1:], 4095, N=1024))
+    assert torch.equal(out[1:4096], x[1:4096])
+    one = record_launches(lambda: module.copy[(1,)](x, out, 1, N=1024))
+    assert aligned[0]["aligned"] == ["p", "q", "n"] and off[0]["aligned"] == []
+    assert one[0]["consts"] == {"n": 1, "N": 1024} and one[0]["signature"]["n"] == "constexpr"
+    try:
+        built = [compile_offline(r, arch=90)["kernels"]["copy"] for r in (aligned, off, one)]
+    except NoPtxas:
+        pytest.skip("Triton's CUDA backend has no ptxas here")
+    assert built[0]["wide_loads"] > 0 and built[1]["wide_loads"] == 0, built  # and the constant one builds
