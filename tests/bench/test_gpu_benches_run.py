@@ -96,3 +96,23 @@ def test_compile_bench_measures_a_cold_first_call_and_new_lengths():
     line = next(x for x in out.splitlines() if x.strip().startswith("inference round 1 nnforge"))
     assert "T=4 " in line and "T=6 " in line and "T=4 again " in line and line.count("(built 0)") == 3
     assert "inference round 1 torch.compile T=4 " in out and "torch.compile / nnforge = " in out
+
+
+def test_scan_sass_counts_each_step_of_the_persistent_kernels_per_pipeline_depth():
+    """``bench/scan_sass.py`` builds the LSTM's scan kernels for sm_90 at each pipeline depth and counts its step:
+    with 2 stages the forward's step inputs are asynchronous copies, without a pipeline global loads (at H = 64:
+    a narrower tile gives each thread less than the 4 bytes an asynchronous copy moves, and is not pipelined)."""
+    try:
+        out = run("bench/scan_sass.py", "--hidden", "64", "--batch", "8", "--stages", "1", "2")
+    except AssertionError as e:
+        if "ptxas" in str(e):
+            pytest.skip("Triton's CUDA backend has no ptxas here")
+        raise
+    rows = [line.split() for line in out.splitlines() if line.startswith("LSTM")]
+    assert len(rows) == 6, out  # inference: 1 scan; training: forward and backward; at 2 depths each
+    forward = {int(r[3]): r for r in rows if r[1] == "inference"}
+    cols = ["instructions", "barriers", "global_loads", "async_copies"]
+    count = {s: dict(zip(cols, map(int, r[7:11]))) for s, r in forward.items()}
+    assert count[2]["async_copies"] > 0 and count[2]["global_loads"] == 0, out
+    assert count[1]["async_copies"] == 0 and count[1]["global_loads"] > 0, out
+    assert count[2]["barriers"] < count[1]["barriers"], out  # a copy into shared memory needs no layout exchange

@@ -33,7 +33,11 @@ _COMPILE = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
-    records, arch, threads = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
+    records, arch, threads, loops = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    KINDS = {"BAR": "barriers", "LDG": "global_loads", "LDGSTS": "async_copies", "LDS": "shared_loads",
+             "LDSM": "shared_loads", "HMMA": "mma", "HGMMA": "mma", "MUFU": "special", "LDL": "local", "STL": "local"}
+    INS = re.compile(r"/\\*([0-9a-f]{4,})\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)")  # address, opcode
+    JUMP = re.compile(r"/\\*([0-9a-f]{4,})\\*/[^;]*BRA\\s+`?\\(?0x([0-9a-f]+)")  # a branch's address and target
     target = GPUTarget("cuda", arch, 32)
     backend = triton.compiler.make_backend(target)
 
@@ -49,6 +53,28 @@ _COMPILE = textwrap.dedent("""
         regs = re.search(r"Used (\\d+) registers", out)
         spills = re.search(r"(\\d+) bytes spill stores", out)
         return int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else 0
+
+    def loop(cubin):
+        # the kernel's longest loop in its SASS (a persistent scan's time loop): its instructions, and how many
+        # of them are barriers, global loads, asynchronous copies, shared loads, MMAs, special functions, and
+        # local-memory (spill) accesses
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(cubin)
+            tool = os.path.join(os.path.dirname(get_ptxas(arch).path), "cuobjdump")
+            sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+        code = [(int(a, 16), op) for a, op in INS.findall(sass)]
+        back = [(a - t, t, a) for a, t in ((int(a, 16), int(t, 16)) for a, t in JUMP.findall(sass)) if t < a]
+        if not back:
+            return None
+        _, lo, hi = max(back)
+        ops = [op.split(".")[0] for a, op in code if lo <= a <= hi]
+        out = {"instructions": len(ops)} | {k: 0 for k in KINDS.values()}
+        for op in ops:
+            if op in KINDS:
+                out[KINDS[op]] += 1
+        return out
 
     def one(rec):
         label = rec.get("label", rec["name"])
@@ -66,12 +92,16 @@ _COMPILE = textwrap.dedent("""
             seconds = time.perf_counter() - t0
             registers, spills = usage(k.asm["ptx"])
             wide = len(re.findall(r"ld\\.global(?:\\.[a-z]+)*\\.v4\\.b32", k.asm["ptx"]))  # 16 bytes a thread
+            copies = len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global", k.asm["ptx"]))  # pipelined loads
         except Exception as e:  # the kernel's own failure, reported beside the others
             if "ptxas" in str(e) and "not found" in str(e).lower():
                 raise
             return label, {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
-        return label, {"shared": k.metadata.shared, "seconds": seconds, "registers": registers,
-                       "spill_bytes": spills, "wide_loads": wide}
+        built = {"shared": k.metadata.shared, "seconds": seconds, "registers": registers, "spill_bytes": spills,
+                 "wide_loads": wide, "async_copies": copies}
+        if loops == "1":
+            built["loop"] = loop(k.asm["cubin"])
+        return label, built
 
     t0 = time.perf_counter()
     if threads == 1:
@@ -160,12 +190,16 @@ def record_launches(call: Callable[[], object]) -> list[dict[str, Any]]:
 
 
 def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int = 1, timeout: float = 900,
-                    keep_going: bool = False) -> dict[str, Any]:
+                    keep_going: bool = False, loops: bool = False) -> dict[str, Any]:
     """Build ``records`` (from ``record_launches``) for CUDA architecture ``arch`` in a fresh process with an
     empty Triton cache: ``{"total": seconds, "kernels": {label: {"shared": bytes, "seconds": s, "registers": per
     thread, "spill_bytes": spill stores to local memory, "wide_loads": global loads of 16 bytes per thread in its
-    PTX}}}``, a record's label being its ``"label"`` or else its kernel's name (``seconds`` is Triton's
-    build; ptxas runs again after it for the register report). A kernel
+    PTX, "async_copies": its asynchronous copies from global to shared memory (a load Triton's software pipeliner
+    issues ahead)}}}``, a record's label being its ``"label"`` or else its kernel's name (``seconds`` is Triton's
+    build; ptxas runs again after it for the register report). With ``loops`` each kernel also has ``"loop"``:
+    its longest loop in the built machine code (SASS, by ``cuobjdump``; a persistent scan's time loop, so per
+    step) — ``{"instructions", "barriers", "global_loads", "async_copies", "shared_loads", "mma", "special",
+    "local"}``, counts of instructions — or None where it has no loop. A kernel
     Triton cannot build raises ``RuntimeError`` with the compiler's message, or with ``keep_going`` is reported
     as ``{"error": message}`` beside the others. Raises ``NoPtxas`` where Triton cannot build for CUDA here."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -174,7 +208,7 @@ def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int 
         with open(path, "w") as f:
             json.dump(records, f)
         env["TRITON_CACHE_DIR"] = os.path.join(tmp, "cache")
-        done = subprocess.run([sys.executable, "-c", _COMPILE, path, str(arch), str(threads)], env=env,
+        done = subprocess.run([sys.executable, "-c", _COMPILE, path, str(arch), str(threads), str(int(loops))], env=env,
                               capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         if "ptxas" in done.stderr and "not found" in done.stderr.lower():

@@ -8,11 +8,12 @@ synchronization with other programs (the rows are independent). Inside the kerne
   be the left operand of ``tl.dot``), loaded once from the scan's initial values and stored once at the end;
 * the recurrent weights (GEMM operands the schedule marks ``b_resident``) are loaded once, before the time loop,
   into register tiles; so is everything else that does not change across steps (biases);
-* T is a run-time argument of the kernel (``range(0, T)``), never a ``tl.constexpr``: a new sequence length
+* T is a run-time argument of the kernel (the time loop's bound), never a ``tl.constexpr``: a new sequence length
   runs the same compiled kernel; a reverse scan walks ``tt = T - 1 - t``, the direction an argument too, so a
   stack's layers of either direction share one kernel;
-* each step reads its slice of the scanned inputs (or of the chunk buffer its chunked input projection is
-  computed into, every ``steps`` steps, by each program for its own rows), evaluates the body's kernels in order
+* each step reads its slice of the scanned inputs — copied into shared memory a step ahead by Triton's software
+  pipeliner (``Tiles.scan_stages``) — or of the chunk buffer its chunked input projection is computed into,
+  every ``steps`` steps, by each program for its own rows; it evaluates the body's kernels in order
   on register tiles — a ``SlicedGemm`` as one ``tl.dot`` per gate slice with the cell update on the tiles, the
   gate matrix never stored — and writes this step's rows of the stacked outputs.
 
@@ -233,7 +234,11 @@ class ScanKernel:
         self.segs: Segments = row_segments(body_block.graph, self.nc)
         carries = self.bind_inputs(body)
         length = self.sz(loop.length)
-        em.open(f"for t in range(0, {length}):")
+        # Triton's software pipeliner copies each step's input tiles into shared memory asynchronously, stages - 1
+        # steps ahead; not where the step reads a chunk buffer the kernel itself writes, every few steps
+        stages = self.r.tiles.scan_stages if not loop.chunked else 1
+        em.open(f"for t in tl.range(0, {length}, num_stages={stages}):" if stages > 1
+                else f"for t in range(0, {length}):")
         # the direction is an argument (n0: 1 reverse, 0 forward), so a layer and its reverse are one kernel
         em.line(f"tt = t + n0 * ({length} - 1 - 2 * t)")
         for c in loop.chunked:

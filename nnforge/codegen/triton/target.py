@@ -80,8 +80,12 @@ class Tiles:
     least 8: Triton pads a narrower M to the tensor cores' 16 rows, so 8 leaves half of each MMA idle but makes
     twice the programs — at batch 1024, 128 of them on a 132-SM part instead of 64: 1.5x faster there than 16 on
     an H200). ``scan_warps``, ``gemm_warps``, ``warps``: warps per program of a persistent scan, of a
-    GEMM, of any other kernel. ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per
-    device; ``TritonBackend`` then uses it there."""
+    GEMM, of any other kernel. ``scan_stages``: a persistent scan's time loop is ``tl.range(..., num_stages=
+    scan_stages)``, so Triton's software pipeliner copies each step's input tiles into shared memory
+    asynchronously ``scan_stages - 1`` steps ahead (at 1 a plain ``range``: each load waits where it is used;
+    built for sm_90 at 2, an LSTM step's four loads are ``cp.async`` copies and its barriers 4 per step rather
+    than 10: docs/benchmarks.md). ``nnforge.tune.tune_triton`` searches these on a GPU and caches the
+    winner per device; ``TritonBackend`` then uses it there."""
 
     flat: int = 1024
     gemm_m: int = 64
@@ -94,6 +98,7 @@ class Tiles:
     warps: int = 4
     gemm_warps: int = 4
     scan_warps: int = 4
+    scan_stages: int = 2
 
     def __post_init__(self) -> None:
         for name in ("flat", "gemm_m", "gemm_m_f32", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows",
@@ -103,6 +108,8 @@ class Tiles:
                 raise ValueError(f"Tiles.{name} must be a power of two, got {v}")
         if min(self.gemm_m, self.gemm_m_f32, self.gemm_n, self.gemm_k) < 16:
             raise ValueError("tl.dot needs GEMM tiles of 16 at least")
+        if self.scan_stages < 1:
+            raise ValueError(f"Tiles.scan_stages must be 1 at least, got {self.scan_stages}")
         if self.scan_rows < 8:
             raise ValueError("Tiles.scan_rows must be 8 at least (a persistent scan's rows are its tl.dot's M side)")
 

@@ -52,6 +52,8 @@ def test_a_basecaller_width_lstm_trains_in_kernels_that_fit_hopper(cell, rows):
     if cell is lstm:
         spills = {name: k["spill_bytes"] for name, k in built["kernels"].items() if k["spill_bytes"]}
         assert not spills, f"kernels spilling registers (bytes stored): {spills}"
+        # each step's input tiles copied into shared memory ahead of the step by Triton's pipeliner
+        assert all(built["kernels"][k]["async_copies"] for k in scans), built["kernels"]
 
 
 KERNELS = '''

@@ -8,6 +8,7 @@ With ``TRITON_INTERPRET=0`` set before the run and a CUDA device, the same tests
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import os
@@ -223,6 +224,44 @@ def test_a_persistent_scan_of_eight_or_sixteen_rows_per_program(rows: int, rng: 
     assert all(f"triton.cdiv(20, {rows})" in line and f"ROWS={rows}" in line for line in scans), scans
     with pytest.raises(ValueError, match="scan_rows must be 8 at least"):
         Tiles(scan_rows=4)
+
+
+def _time_loops(source: str) -> list[tuple[str, int | None]]:
+    """For each persistent scan kernel of a program's source: how its time loop iterates (``range`` or
+    ``tl.range``) and the ``num_stages`` it asks of Triton's pipeliner (None: not asked)."""
+    loops = []
+    for fn in ast.parse(source).body:
+        if isinstance(fn, ast.FunctionDef) and "_scan_" in fn.name:
+            call = next(st for st in fn.body if isinstance(st, ast.For)).iter
+            stages = {k.arg: k.value.value for k in call.keywords}.get("num_stages")
+            loops.append((ast.unparse(call.func), stages))
+    return loops
+
+
+@pytest.mark.parametrize("fn", [lstm, reverse_lstm])
+@pytest.mark.parametrize("T", [0, 1, 2, 6])
+def test_a_persistent_scan_has_its_step_inputs_pipelined(fn, T: int, rng: np.random.Generator):
+    """``Tiles.scan_stages`` (2 by default) is the ``num_stages`` of the persistent kernels' time loops, a
+    ``tl.range`` (Triton's pipeliner then copies each step's input tiles into shared memory a step ahead; the
+    interpreter runs it as a plain loop: ``test_sm90.py`` checks the copies on a sm_90 build), 1 a plain
+    ``range``; a training step agrees with the reference either way, forward and in reverse, at 0, 1, 2 and 6
+    steps. A loop reading a chunk buffer that it writes itself every few steps is never pipelined."""
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        ys, h, c = fn(x, h0, c0, w_ih, w_hh, b)
+        return (ys * ys).sum() + (h * c).sum()
+
+    grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    args = lstm_args(rng, T=T, N=10)
+    for stages, want in ((2, ("tl.range", 2)), (3, ("tl.range", 3)), (1, ("range", None))):
+        program = _check(grads, *args, backend=TritonBackend(tiles=Tiles(scan_stages=stages)))
+        assert _time_loops(program.source) == [want, want]
+    with pytest.raises(ValueError, match="scan_stages must be 1 at least"):
+        Tiles(scan_stages=0)
+    if T == 6 and fn is lstm:
+        chunked = TritonBackend(target=dataclasses.replace(triton_target(), chunk_bytes=1 << 16))
+        program = _check(lstm, *args, backend=chunked)
+        assert _time_loops(program.source) == [("range", None)]
+        assert "cstart" in {n.id for n in ast.walk(ast.parse(program.source)) if isinstance(n, ast.Name)}  # chunked
 
 
 def test_a_host_loop_step_recomputes_what_its_kernels_share(rng: np.random.Generator):

@@ -1,0 +1,82 @@
+"""A persistent scan's step as a GPU would run it, built without one: for each pipeline depth (``Tiles.scan_stages``)
+each scan kernel's registers, spill, shared memory and the machine code of its time loop — one step — counted.
+
+The models are bench/lstm_cpu.py's LSTM layer (H = ``--hidden``, float16, batch ``--batch``), its forward and a
+training step (the gradients of its weights), and with ``--cells`` bench/cells_cpu.py's layer-norm LSTM, GRU and
+peephole LSTM. Their launches are recorded while Triton's interpreter runs them once (three steps: the kernels do
+not depend on T), then each scan kernel is built for sm_90 by Triton's compiler and ptxas and its SASS read with
+cuobjdump (``nnforge/codegen/triton/offline.py``, ``loops=True``). Per step: instructions, barriers, global loads
+(each waits where it is used), asynchronous copies (Triton's pipeliner issues them ahead), shared-memory loads,
+MMAs, special functions (exp, reciprocal) and local-memory accesses (spill). Counts, not times: what a step costs
+is a GPU measurement (bench/lstm_gpu.py). Usage: ``python bench/scan_sass.py [--stages 1 2 3] [--hidden 96]
+[--batch 1024] [--cells]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the launches are recorded by its interpreter
+
+import cells_cpu  # this folder, on sys.path when run as a script
+import lstm_cpu
+import numpy as np
+import triton
+
+import nnforge as nf
+from nnforge.codegen.triton.offline import compile_offline, record_launches
+from nnforge.codegen.triton.target import Tiles
+
+COLUMNS = ("instructions", "barriers", "global_loads", "async_copies", "shared_loads", "mma", "special", "local")
+
+
+def models(H: int, N: int, cells: bool) -> dict[str, tuple]:
+    """name -> (function, arguments, the weights a training step differentiates)."""
+    rng = np.random.default_rng(96)
+
+    def rnd(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.1).astype(np.float16)
+
+    x, h0, c0 = rnd(3, N, H), rnd(N, H), rnd(N, H)
+    out = {"LSTM": (lambda *a: lstm_cpu.lstm(*a)[0], (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H)), (3, 4, 5))}
+    if cells:
+        out |= {"layer-norm LSTM": (lambda *a: cells_cpu.nf_ln_lstm(*a)[0],
+                                    (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H)), (3, 4, 5)),
+                "GRU (reset before matmul)": (lambda *a: cells_cpu.nf_gru_cho(*a)[0],
+                                              (x, h0, rnd(3 * H, H), rnd(2 * H, H), rnd(H, H), rnd(3 * H)), (2, 3, 4)),
+                "peephole LSTM": (lambda *a: cells_cpu.nf_peephole_lstm(*a)[0],
+                                  (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H), rnd(3 * H)), (3, 4, 6))}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--hidden", type=int, default=96)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--cells", action="store_true", help="also the layer-norm LSTM, GRU and peephole LSTM")
+    a = ap.parse_args()
+    print(f"H={a.hidden}, batch {a.batch}, float16, {Tiles().scan_rows} rows x {Tiles().scan_warps} warps per "
+          f"program; built for sm_90 by Triton {triton.__version__}; per step of each persistent scan kernel:")
+    print(f"{'model':26s} {'mode':9s} {'kernel':36s} stages regs spill sharedKiB " + " ".join(COLUMNS))
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["NNFORGE_CACHE_DIR"] = tmp  # the generated modules, where the build process imports them
+        for name, (fn, args, weights) in models(a.hidden, a.batch, a.cells).items():
+            def loss(*xs, fn=fn):
+                ys = fn(*xs)
+                return (ys * ys).sum()
+
+            for mode, step in (("inference", fn), ("training", nf.grad(loss, argnums=weights))):
+                for stages in a.stages:
+                    compiled = nf.compile(step, backend="triton", options={"tiles": Tiles(scan_stages=stages)})
+                    scans = [r for r in record_launches(lambda c=compiled, xs=args: c(*xs)) if "_scan_" in r["name"]]
+                    for kernel, k in compile_offline(scans, arch=90, loops=True)["kernels"].items():
+                        step_counts = " ".join(f"{k['loop'][c]:{len(c)}d}" for c in COLUMNS)
+                        print(f"{name:26s} {mode:9s} {kernel[:36]:36s} {stages:6d} {k['registers']:4d} "
+                              f"{k['spill_bytes']:5d} {k['shared'] // 1024:9d} {step_counts}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
