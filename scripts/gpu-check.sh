@@ -5,8 +5,10 @@
 # building nothing); the backend-parametrized test matrix on backend "triton" with real
 # kernels; the whole-model tests; a streamed training loop's copies against its kernels
 # (tests/control/test_staging.py, bench/feeder.py with a profiler trace); each model's error against float64 per
-# dtype (bench/precision_gpu.py); bench/lstm_gpu.py against FlashRNN. Run from the repository root on a machine
-# with a CUDA GPU; logs go to $OUT (default gpu-out/).
+# dtype (bench/precision_gpu.py); bench/lstm_gpu.py against FlashRNN; ModelView's GPU tests (CUDA events, NVML,
+# a CUDA out-of-memory cell as a row); the ModelView sweep of scripts/gpu-sweep.toml into $OUT/gpu-sweep.db
+# (resumed where a run of it stopped; `nnforge report` draws it on any machine). Run from the repository root on
+# a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
 #
 #   scripts/gpu-check.sh                    # everything
 #   BENCH="--hidden 96 --batch 128" scripts/gpu-check.sh   # bench/lstm_gpu.py's arguments
@@ -16,6 +18,7 @@
 #   STEPS="tune bench" scripts/gpu-check.sh  # tune the Triton tiles for this GPU first (opt-in: not in the default)
 #   STEPS=flashrnn scripts/gpu-check.sh      # bench/lstm_gpu.py against FlashRNN (installed from gpu-wheels/, made by
 #                                            # `make gpu-wheels` and carried; its CUDA kernel builds with nvcc per shape)
+#   STEPS=sweep SWEEP_FROM=gpu-sweep.db scripts/gpu-check.sh  # continue a sweep a lease cut short
 #
 # The steps run in order of what a short lease should learn first; their limits add up to more than one 10-minute
 # command, so a lease runs `STEPS="render bench compile"` first, `STEPS="matrix whole_model"` second and the rest
@@ -33,7 +36,7 @@ PY=${PY:-python3}
 JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
-STEPS=${STEPS:-render bench compile matrix whole_model cells streams precision flashrnn}
+STEPS=${STEPS:-render bench compile matrix whole_model cells streams precision modelview flashrnn sweep}
 KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
@@ -48,10 +51,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt
 
 SKIP=${SKIP:-}
 if [[ ${PARALLEL:-0} == 1 ]]; then  # the timed steps alone, then the checks in three groups at once
-    timed="tune bench compile cells flashrnn"
-    SKIP="render matrix whole_model streams precision" PARALLEL=0 "$0"
+    timed="tune bench compile cells flashrnn sweep"
+    SKIP="render matrix whole_model streams precision modelview" PARALLEL=0 "$0"
     SKIP="$timed" STEPS="matrix" PARALLEL=0 "$0" >"$OUT/group-matrix.txt" 2>&1 &
-    SKIP="$timed" STEPS="render whole_model" PARALLEL=0 "$0" >"$OUT/group-render.txt" 2>&1 &
+    SKIP="$timed" STEPS="render whole_model modelview" PARALLEL=0 "$0" >"$OUT/group-render.txt" 2>&1 &
     SKIP="$timed" STEPS="precision streams" PARALLEL=0 "$0" >"$OUT/group-precision.txt" 2>&1 &
     wait
     cat "$OUT"/group-*.txt
@@ -94,6 +97,14 @@ step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider t
 tail -12 "$OUT/streams.txt" 2>/dev/null
 step precision "${PRECISION_S:-240}" $PY bench/precision_gpu.py
 cat "$OUT/precision.txt" 2>/dev/null
+step modelview "${MODELVIEW_S:-240}" $PY -m pytest -q -p no:cacheprovider tests/modelview/test_gpu.py
+tail -5 "$OUT/modelview.txt" 2>/dev/null | cut -c1-300
 step flashrnn "${FLASH_S:-300}" $PY bench/lstm_gpu.py --hidden 96 384 --batch 1024 --rounds 3 ${FLASH:-}
 cat "$OUT/flashrnn.txt" 2>/dev/null
+# SWEEP_FROM=path: the store of a run cut short (a lease's limit), continued into $OUT/gpu-sweep.db
+[[ -n ${SWEEP_FROM:-} && " $STEPS " == *" sweep "* ]] && cp "$SWEEP_FROM" "$OUT/gpu-sweep.db"
+step sweep "${SWEEP_S:-480}" $PY -c "import sys; from nnforge.modelview import sweep
+r = sweep('scripts/gpu-sweep.toml', db=sys.argv[1], resume=True, progress=False)
+print(r)" "$OUT/gpu-sweep.db"
+tail -60 "$OUT/sweep.txt" 2>/dev/null | cut -c1-300
 cat "$OUT/summary.txt"

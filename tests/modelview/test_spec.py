@@ -148,3 +148,17 @@ def test_keys_are_stable_strings():
     c = Cell("lstm_manual", "eager", 16, 100, "TNC", "float32", "inference", "cpu", (("hidden", 64),))
     assert c.key == 'lstm_manual|N=16|T=100|TNC|float32|inference|cpu|{"hidden":64}|eager'
     assert c.setting_key == c.with_backend("compile").setting_key
+
+
+def test_the_sweep_a_lent_gpu_runs_is_a_valid_spec() -> None:
+    """``scripts/gpu-sweep.toml`` (scripts/gpu-check.sh, step ``sweep``) names variants, backends and parameters
+    that exist — a typo would cost a GPU lease its sweep — and puts nnforge's Triton backend beside cuDNN's and
+    TensorRT on the GPU, in both half precisions and modes."""
+    from nnforge.modelview import runner
+
+    spec = spec_from_toml(Path(__file__).resolve().parents[2] / "scripts" / "gpu-sweep.toml")
+    plan = runner.plan(spec)
+    assert (plan.cells, plan.settings) == (160, 32)
+    assert {"nnforge.triton", "eager", "tensorrt"} <= set(spec.backends) and spec.device == ("cuda",)
+    assert set(spec.dtype) == {"float16", "bfloat16"} and set(spec.mode) == {"inference", "training"}
+    assert spec.timing.flush_cache
