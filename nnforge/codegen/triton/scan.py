@@ -442,7 +442,8 @@ class ScanKernel:
             self.deliver(m, v, out, more, body, nxt)
 
     def row_reduce(self, k: Reduce, body: Ctx, nxt: dict[int, Held]) -> None:
-        """A sum or max over all of a row's values (a layer norm's statistics): one reduction of the tile."""
+        """A sum or max over all of a row's values (a layer norm's statistics): one reduction of the tile (of a
+        value held by column ranges, one of the ranges' tiles combined)."""
         p, root = k.node, k.epilogue
         src = p.srcs[0]
         if tuple(p.attrs["axes"]) != tuple(range(1, src.ndim)) or not p.dtype.is_float:
@@ -451,14 +452,20 @@ class ScanKernel:
         ws = self.width(src)
         parts = ([(self.mask(w), idx) for _, w, idx in self.ranges(src)] if id(src) in self.segs.nodes
                  else [(self.mask(ws), self.ident(src))])  # a value held by column ranges: range by range
-        terms = []
+        # ranges of one width are tiles of one shape: combined element by element first, then one reduction
+        # across the row (a reduction across a program's warps goes through shared memory between barriers)
+        tiles: dict[str, list[str]] = {}
         for mask, idx in parts:
-            v = self.eval(body, mask).val(src, idx)
-            wide = f"{v}.to({acc_dtype(p.dtype)})"
+            tiles.setdefault(mask, []).append(f"{self.eval(body, mask).val(src, idx)}.to({acc_dtype(p.dtype)})")
+        terms = []
+        for mask, vs in tiles.items():
             if p.op == Op.SUM:
-                terms.append(f"tl.sum(tl.where({mask}, {wide}, 0), axis=1)")
+                terms.append(f"tl.sum(tl.where({mask}, {' + '.join(vs)}, 0), axis=1)")
             else:
-                terms.append(f"tl.max(tl.where({mask}, {wide}, -float(\"inf\")), axis=1)")
+                both = vs[0]
+                for v in vs[1:]:
+                    both = f"tl.maximum({both}, {v}, propagate_nan=tl.PropagateNan.ALL)"
+                terms.append(f"tl.max(tl.where({mask}, {both}, -float(\"inf\")), axis=1)")
         if p.op == Op.SUM:
             total = " + ".join(terms)
         else:

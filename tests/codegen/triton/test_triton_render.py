@@ -385,6 +385,39 @@ def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
     return ys, h, c
 
 
+def _scan_calls(source: str, name: str) -> list[int]:
+    """How many times each persistent scan kernel of a program's source calls ``tl.<name>``."""
+    return [sum(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+                for n in ast.walk(fn))
+            for fn in ast.parse(source).body if isinstance(fn, ast.FunctionDef) and "_scan_" in fn.name]
+
+
+def max_centred_lstm(x, h0, c0, w_ih, w_hh, b):
+    """An LSTM whose gate row is centred on its largest value, then cut into gates: a row max over the tiles."""
+    def cell(carry, x_t):
+        h, c = carry
+        v = x_t @ w_ih.T + h @ w_hh.T + b
+        i, f, g, o = (v - v.max(-1, keepdims=True) + v.mean(-1, keepdims=True)).chunk(4, axis=-1)
+        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+        return (nf.sigmoid(o) * nf.tanh(c), c), nf.sigmoid(o) * nf.tanh(c)
+
+    (h, c), ys = nf.scan(cell, (h0, c0), x)
+    return ys, h, c
+
+
+@pytest.mark.parametrize(("fn", "op", "per_row"), [(layer_norm_lstm, "sum", 6), (max_centred_lstm, "max", 1)])
+def test_a_row_held_one_tile_per_gate_is_reduced_once(fn, op: str, per_row: int, rng: np.random.Generator):
+    """A sum or max over a row held one tile per gate combines the gate tiles element by element and reduces
+    once (a reduction across a program's warps exchanges through shared memory between barriers), not once per
+    tile: the layer-norm LSTM's step makes six row sums (two per normalized row: the gate rows of x and h, and
+    the cell state, whose row is one tile), the max-centred one a single row max; both agree with the reference."""
+    args = lstm_args(rng, T=4, N=10, I=6)
+    program, _ = _scheduled(fn, *args)
+    assert [loop.parallel is not None for loop in program.loops()] == [True]
+    built = _check(fn, *args)
+    assert _scan_calls(built.source, op) == [per_row]
+
+
 def test_a_layer_norm_lstm_holds_its_gate_row_one_tile_per_gate(rng: np.random.Generator):
     """The gate row is normalized as a whole, then cut into gates: the persistent kernel computes it one tile per
     gate (four dots, the row sums added over the tiles). Its gradient's scan is one too: the four gate gradients
