@@ -22,7 +22,7 @@ from .coordinate import coordinate_search, load_result, save_result
 AXES: dict[str, tuple[int, ...]] = {
     "scan_rows": (8, 16, 32, 64),  # batch rows per persistent program: fewer programs, wider tl.dot
     "scan_warps": (4, 8),
-    "scan_stages": (1, 2, 3),     # each step's input tiles copied 0, 1 or 2 steps ahead (Triton's pipeliner)
+    "scan_stages": (1, 2, 3),     # the time loop's pipeline: Triton's default, or input tiles 1 or 2 steps ahead
     "gemm_m": (32, 64, 128),      # the input projection's and the weight gradients' GEMM tiles
     "gemm_n": (32, 64, 128),
     "gemm_k": (32, 64),

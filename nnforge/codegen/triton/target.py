@@ -82,10 +82,11 @@ class Tiles:
     an H200). ``scan_warps``, ``gemm_warps``, ``warps``: warps per program of a persistent scan, of a
     GEMM, of any other kernel. ``scan_stages``: a persistent scan's time loop is ``tl.range(..., num_stages=
     scan_stages)``, so Triton's software pipeliner copies each step's input tiles into shared memory
-    asynchronously ``scan_stages - 1`` steps ahead (at 1 a plain ``range``: each load waits where it is used;
-    built for sm_90 at 2, an LSTM step's four loads are ``cp.async`` copies and its barriers 4 per step rather
-    than 10: docs/benchmarks.md). ``nnforge.tune.tune_triton`` searches these on a GPU and caches the
-    winner per device; ``TritonBackend`` then uses it there."""
+    asynchronously ``scan_stages - 1`` steps ahead (at 1 a plain ``range``, left to Triton's own default, which
+    pipelined an LSTM's backward loads but left its forward's waiting where used; built for sm_90 at 2, an LSTM
+    step's four loads are ``cp.async`` copies and its barriers 4 per step rather than 10: docs/benchmarks.md).
+    ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per device; ``TritonBackend``
+    then uses it there."""
 
     flat: int = 1024
     gemm_m: int = 64
