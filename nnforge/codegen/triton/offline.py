@@ -41,15 +41,19 @@ _COMPILE = textwrap.dedent("""
     target = GPUTarget("cuda", arch, 32)
     backend = triton.compiler.make_backend(target)
 
+    def tool(exe, data, file, *args):
+        # ``exe`` run on ``data`` written to ``file`` (its suffix says what it holds): its standard output and error
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, file)
+            with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+                f.write(data)
+            done = subprocess.run([exe, *args, path], capture_output=True, text=True, check=True)
+        return done.stdout, done.stderr
+
     def usage(ptx):
         # ptxas -v on the kernel's PTX, as Triton assembles it: registers per thread, bytes spilled to local memory
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.ptx")
-            with open(path, "w") as f:
-                f.write(ptx)
-            gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-            out = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={gpu}", path, "-o", os.devnull],
-                                 capture_output=True, text=True, check=True).stderr
+        gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        out = tool(get_ptxas(arch).path, ptx, "kernel.ptx", "-v", f"--gpu-name={gpu}", "-o", os.devnull)[1]
         regs = re.search(r"Used (\\d+) registers", out)
         spills = re.search(r"(\\d+) bytes spill stores", out)
         return int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else 0
@@ -58,12 +62,8 @@ _COMPILE = textwrap.dedent("""
         # the kernel's longest loop in its SASS (a persistent scan's time loop): its instructions, and how many
         # of them are barriers, global loads, asynchronous copies, shared loads, MMAs, special functions, and
         # local-memory (spill) accesses
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.cubin")
-            with open(path, "wb") as f:
-                f.write(cubin)
-            tool = os.path.join(os.path.dirname(get_ptxas(arch).path), "cuobjdump")
-            sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+        cuobjdump = os.path.join(os.path.dirname(get_ptxas(arch).path), "cuobjdump")  # CUDA's, beside ptxas
+        sass = tool(cuobjdump, cubin, "kernel.cubin", "-sass")[0]
         code = [(int(a, 16), op) for a, op in INS.findall(sass)]
         back = [(a - t, t, a) for a, t in ((int(a, 16), int(t, 16)) for a, t in JUMP.findall(sass)) if t < a]
         if not back:
@@ -92,13 +92,12 @@ _COMPILE = textwrap.dedent("""
             seconds = time.perf_counter() - t0
             registers, spills = usage(k.asm["ptx"])
             wide = len(re.findall(r"ld\\.global(?:\\.[a-z]+)*\\.v4\\.b32", k.asm["ptx"]))  # 16 bytes a thread
-            copies = len(re.findall(r"cp\\.async\\.c[ag]\\.shared\\.global", k.asm["ptx"]))  # pipelined loads
         except Exception as e:  # the kernel's own failure, reported beside the others
             if "ptxas" in str(e) and "not found" in str(e).lower():
                 raise
             return label, {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
         built = {"shared": k.metadata.shared, "seconds": seconds, "registers": registers, "spill_bytes": spills,
-                 "wide_loads": wide, "async_copies": copies}
+                 "wide_loads": wide}
         if loops == "1":
             built["loop"] = loop(k.asm["cubin"])
         return label, built
@@ -194,12 +193,12 @@ def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int 
     """Build ``records`` (from ``record_launches``) for CUDA architecture ``arch`` in a fresh process with an
     empty Triton cache: ``{"total": seconds, "kernels": {label: {"shared": bytes, "seconds": s, "registers": per
     thread, "spill_bytes": spill stores to local memory, "wide_loads": global loads of 16 bytes per thread in its
-    PTX, "async_copies": its asynchronous copies from global to shared memory (a load Triton's software pipeliner
-    issues ahead)}}}``, a record's label being its ``"label"`` or else its kernel's name (``seconds`` is Triton's
+    PTX}}}``, a record's label being its ``"label"`` or else its kernel's name (``seconds`` is Triton's
     build; ptxas runs again after it for the register report). With ``loops`` each kernel also has ``"loop"``:
     its longest loop in the built machine code (SASS, by ``cuobjdump``; a persistent scan's time loop, so per
-    step) — ``{"instructions", "barriers", "global_loads", "async_copies", "shared_loads", "mma", "special",
-    "local"}``, counts of instructions — or None where it has no loop. A kernel
+    step) — ``{"instructions", "barriers", "global_loads", "async_copies" (copies from global to shared memory
+    Triton's software pipeliner issues ahead), "shared_loads", "mma", "special", "local"}``, counts of
+    instructions — or None where it has no loop. A kernel
     Triton cannot build raises ``RuntimeError`` with the compiler's message, or with ``keep_going`` is reported
     as ``{"error": message}`` beside the others. Raises ``NoPtxas`` where Triton cannot build for CUDA here."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
