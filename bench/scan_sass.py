@@ -1,9 +1,9 @@
 """A persistent scan's step as a GPU would run it, built without one: for each pipeline depth (``Tiles.scan_stages``)
 each scan kernel's registers, spill, shared memory and the machine code of its time loop — one step — counted.
 
-The models are bench/lstm_cpu.py's LSTM layer (H = ``--hidden``, float16, batch ``--batch``), its forward and a
-training step (the gradients of its weights), and with ``--cells`` bench/cells_cpu.py's layer-norm LSTM, GRU and
-peephole LSTM. Their launches are recorded while Triton's interpreter runs them once (three steps: the kernels do
+The models are bench/precision_gpu.py's (H = ``--hidden``, float16, batch ``--batch``): the LSTM layer, and with
+``--cells`` the layer-norm LSTM, GRU and peephole LSTM; each its forward and a training step (the gradients of its
+weights). Their launches are recorded while Triton's interpreter runs them once (three steps: the kernels do
 not depend on T), then each scan kernel is built for sm_90 by Triton's compiler and ptxas and its SASS read with
 cuobjdump (``nnforge/codegen/triton/offline.py``, ``loops=True``). Per step: instructions, barriers, global loads
 (each waits where it is used), asynchronous copies (Triton's pipeliner issues them ahead), shared-memory loads,
@@ -20,10 +20,9 @@ import tempfile
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the launches are recorded by its interpreter
 
-import cells_cpu  # this folder, on sys.path when run as a script
-import lstm_cpu
 import numpy as np
 import triton
+from precision_gpu import MODELS  # this folder, on sys.path when run as a script
 
 import nnforge as nf
 from nnforge.codegen.triton.offline import compile_offline, record_launches
@@ -33,21 +32,18 @@ COLUMNS = ("instructions", "barriers", "global_loads", "async_copies", "shared_l
 
 
 def models(H: int, N: int, cells: bool) -> dict[str, tuple]:
-    """name -> (function, arguments, the weights a training step differentiates)."""
+    """name -> (function of the stacked outputs, arguments, the weights a training step differentiates), from
+    bench/precision_gpu.py's table of the models."""
     rng = np.random.default_rng(96)
 
     def rnd(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.1).astype(np.float16)
 
-    x, h0, c0 = rnd(3, N, H), rnd(N, H), rnd(N, H)
-    out = {"LSTM": (lambda *a: lstm_cpu.lstm(*a)[0], (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H)), (3, 4, 5))}
-    if cells:
-        out |= {"layer-norm LSTM": (lambda *a: cells_cpu.nf_ln_lstm(*a)[0],
-                                    (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H)), (3, 4, 5)),
-                "GRU (reset before matmul)": (lambda *a: cells_cpu.nf_gru_cho(*a)[0],
-                                              (x, h0, rnd(3 * H, H), rnd(2 * H, H), rnd(H, H), rnd(3 * H)), (2, 3, 4)),
-                "peephole LSTM": (lambda *a: cells_cpu.nf_peephole_lstm(*a)[0],
-                                  (x, h0, c0, rnd(4 * H, H), rnd(4 * H, H), rnd(4 * H), rnd(3 * H)), (3, 4, 6))}
+    out = {}
+    for name, (model, _, weights, n_states) in MODELS.items():
+        if name == "LSTM" or cells:
+            args = (rnd(3, N, H), *(rnd(N, H) for _ in range(n_states)), *(rnd(*w(H)) for w in weights.values()))
+            out[name] = (lambda *a, m=model: m(*a)[0], args, tuple(range(1 + n_states, len(args))))
     return out
 
 
