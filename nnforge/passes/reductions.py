@@ -21,7 +21,7 @@ from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from ..schedule import Target
-from .rewrite import replace_scan_results
+from .rewrite import replace_scan_results, step_rows
 from .rows import RowSplit, worth_splitting
 
 
@@ -115,8 +115,7 @@ def _hoisted(n: Node, found: dict[int, tuple[str, Node, int]], gemms: set[int],
             total = make(Op.SUM, (ds,), {"axes": (0,), "keepdims": False}, loc=n.loc)
         else:
             x = stacked_result(j) if isinstance(j, Node) else n.srcs[j]  # [T, N, P]
-            flat_x = make(Op.RESHAPE, (x,), {"shape": (T * x.shape[1], x.shape[2])}, loc=n.loc)
-            flat_d = make(Op.RESHAPE, (ds,), {"shape": (T * d.shape[0], d.shape[1])}, loc=n.loc)
+            flat_x, flat_d = step_rows(x, n.loc), step_rows(ds, n.loc)
             if k in read_transposed:
                 # its readers take dWᵀ (the autodiff of x @ Wᵀ): compute dWᵀ = dgᵀ @ x straight into place and let
                 # simplify cancel the two transposes, instead of a GEMM and a transposing copy of the result

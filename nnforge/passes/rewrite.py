@@ -49,6 +49,11 @@ def rewrite_top(graph: Graph, rule: Callable[[Node, Node], Node | None]) -> Grap
     return _rebuilt(graph, step)
 
 
+def step_rows(ys: Node, loc: object) -> Node:
+    """A stacked ``[T, N, P]`` value as one matrix of its ``T * N`` rows: a product over every step at once."""
+    return make(Op.RESHAPE, (ys,), {"shape": (ys.shape[0] * ys.shape[1], ys.shape[2])}, loc=loc)
+
+
 def replace_scan_results(graph: Graph,
                          fn: Callable[[Node, Node], tuple[Node, dict[int, Node]] | None]) -> Graph:
     """Rewrite top-level scans with ``fn(scan, original)``, which returns None or ``(new_scan, after)``: ``after``

@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
-from .rewrite import replace_scan_results
+from .rewrite import replace_scan_results, step_rows
 
 
 def _invariant(w: Node, consts: dict[int, int]) -> tuple[int, bool] | None:
@@ -70,12 +70,11 @@ def _sunk(n: Node) -> tuple[Node, dict[int, Node]] | None:
     for i, (d, k, transposed) in sink.items():
         j = nc + next(j for j, o in enumerate(outputs[nc:]) if o is d)
         ds = make(Op.PROJ, (scan,), {"index": j}, loc=n.loc)
-        flat = make(Op.RESHAPE, (ds,), {"shape": (T * d.shape[0], d.shape[1])}, loc=n.loc)
         w = n.srcs[k]
         if transposed:
             w = make(Op.PERMUTE, (w,), {"perm": (1, 0)}, loc=n.loc)
         y = body.outputs[i]
-        prod = make(Op.MATMUL, (flat, w), loc=y.loc)
+        prod = make(Op.MATMUL, (step_rows(ds, n.loc), w), loc=y.loc)
         after[i] = make(Op.RESHAPE, (prod,), {"shape": (T, *y.shape)}, loc=y.loc)
     return scan, after
 
