@@ -226,15 +226,18 @@ def test_a_persistent_scan_of_eight_or_sixteen_rows_per_program(rows: int, rng: 
         Tiles(scan_rows=4)
 
 
+def _scan_kernels(source: str) -> list[ast.FunctionDef]:
+    """The persistent scan kernels of a program's source, parsed."""
+    return [fn for fn in ast.parse(source).body if isinstance(fn, ast.FunctionDef) and "_scan_" in fn.name]
+
+
 def _time_loops(source: str) -> list[tuple[str, int | None]]:
     """For each persistent scan kernel of a program's source: how its time loop iterates (``range`` or
     ``tl.range``) and the ``num_stages`` it asks of Triton's pipeliner (None: not asked)."""
     loops = []
-    for fn in ast.parse(source).body:
-        if isinstance(fn, ast.FunctionDef) and "_scan_" in fn.name:
-            call = next(st for st in fn.body if isinstance(st, ast.For)).iter
-            stages = {k.arg: k.value.value for k in call.keywords}.get("num_stages")
-            loops.append((ast.unparse(call.func), stages))
+    for fn in _scan_kernels(source):
+        call = next(st for st in fn.body if isinstance(st, ast.For)).iter
+        loops.append((ast.unparse(call.func), {k.arg: k.value.value for k in call.keywords}.get("num_stages")))
     return loops
 
 
@@ -389,7 +392,7 @@ def _scan_calls(source: str, name: str) -> list[int]:
     """How many times each persistent scan kernel of a program's source calls ``tl.<name>``."""
     return [sum(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
                 for n in ast.walk(fn))
-            for fn in ast.parse(source).body if isinstance(fn, ast.FunctionDef) and "_scan_" in fn.name]
+            for fn in _scan_kernels(source)]
 
 
 def max_centred_lstm(x, h0, c0, w_ih, w_hh, b):
