@@ -34,7 +34,6 @@ from ...schedule import (
     Copy,
     Elementwise,
     Gemm,
-    Kernel,
     Loop,
     Reduce,
     SlicedGemm,
@@ -64,6 +63,24 @@ def _pad(width: int) -> int:
     return max(16, 1 << (width - 1).bit_length())
 
 
+def tile_pieces(width: int) -> tuple[tuple[int, int], ...]:
+    """The column ranges (offset, width) of the register tiles that hold ``width`` values of a row with the least
+    padding: power-of-two tiles, widest first (96 as 64 + 32, where one tile would be 128 wide and a step's
+    ``tl.dot`` would multiply a third of zeros); one range where pieces save no column (24 as 16 + 8 pads to 32
+    either way) or one would be a single column (no ``tl.dot`` operand)."""
+    if width < 2:
+        return ((0, width),)
+    pieces, off = [], 0
+    while off < width:
+        rest = width - off
+        w = rest if _pad(rest) in (rest, 16) else 1 << (rest.bit_length() - 1)
+        pieces.append((off, w))
+        off += w
+    if sum(_pad(w) for _, w in pieces) >= _pad(width) or any(w == 1 for _, w in pieces):
+        return ((0, width),)
+    return tuple(pieces)
+
+
 class ScanKernel:
     """The state of one persistent kernel being rendered (see the module docstring)."""
 
@@ -84,6 +101,7 @@ class ScanKernel:
         self.pieces: dict[int, Pieces] = {}  # values held by column ranges
         # half precision: the step computes in float32 and rounds where it stores (carries stay float32)
         self.wide = any(dt in HALF for _, dt in n.types)
+        self.split = r.tiles.scan_pieces  # rows of other widths than powers of two held as power-of-two tiles
 
     def eval(self, ctx: Ctx, mask: str | None, **kw) -> Eval:
         """An evaluator of ``ctx``'s nodes in this kernel (wide in a half-precision scan)."""
@@ -175,9 +193,10 @@ class ScanKernel:
             x = inputs[k]
             name = f"h{k}"
             tl_dtype(x.dtype)
-            if id(x) in self.segs.nodes:  # one register tile per range (schedule/registers.py)
+            tiles = self.tiling(x)
+            if len(tiles) > 1:  # one register tile per range
                 pieces = []
-                for j, (off, w, idx) in enumerate(self.ranges(x)):
+                for j, (off, w, idx) in enumerate(tiles):
                     init = self.outer_eval(self.mask(w), "pre").val(n.srcs[k], (self.global_row("r"), idx[1]))
                     self.em.pre.append(f"{name}_{j} = tl.broadcast_to({init}, (ROWS, {_pad(w)}))")
                     self.em.variant.add(f"{name}_{j}")
@@ -250,8 +269,9 @@ class ScanKernel:
             if c.node.op == Op.CONCAT:  # a step output joined from step values: stored source by source
                 self.concat(c, body, nxt)
                 continue
-            v = self.eval(body, self.mask(self.width(c.node))).val(c.node, self.ident(c.node))
-            self.deliver(c.node, v, c.out, (), body, nxt)
+            tiles = self.tiling(c.node)
+            pieces = [(self.eval(body, self.mask(w)).val(c.node, idx), off, w) for off, w, idx in tiles]
+            self.keep(c.node, pieces, c.out, (), body, nxt)
         for k, name in enumerate(carries):
             if k not in nxt:
                 raise Unsupported(f"carry {k} of the scan is not computed by its body")
@@ -280,42 +300,39 @@ class ScanKernel:
     def store(self, ptr: str, shape: tuple, idx: tuple[str, ...], value: str, mask: str) -> None:
         self.em.line(f"tl.store({ptr} + ({flat(idx, [self.sz(d) for d in shape])}), {value}, mask={mask})")
 
-    def deliver(self, node: Node, value: str, buf: Buf, also: tuple[int, ...], body: Ctx,
-                nxt: dict[int, Held]) -> None:
-        """A body value computed into registers: later kernels of the step read it there; a body result is the
-        next carry or stored into this step's row of the stacked output (scratch gets no memory)."""
-        body.reg[id(node)] = (value, self.ident(node))
+    def keep(self, node: Node, pieces: Pieces, buf: Buf, also: tuple[int, ...], body: Ctx,
+             nxt: dict[int, Held]) -> None:
+        """A body value computed into registers, one tile per piece of its ``tiling``: later kernels of the step
+        read it there (a value of several pieces through ``Ctx.ranges``, and products piece by piece); a body
+        result is the next carry or stored into this step's row of the stacked output, piece by piece (scratch
+        gets no memory)."""
         positions = ([buf.output] if buf.output is not None else []) + list(also)
+        if len(pieces) > 1:
+            self.pieces[id(node)] = pieces
+            body.ranges[id(node)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
+            held: Held = pieces
+            at = [(v, ("tt", self.global_row("r"), sliced(self.cols(w), str(off))), self.mask(w))
+                  for v, off, w in pieces]
+        else:
+            held = pieces[0][0]
+            body.reg[id(node)] = (held, self.ident(node))
+            at = [(held, ("tt", self.global_row("r"), *self.ident(node)[1:]), self.mask(self.width(node)))]
         for pos in positions:
             if pos < self.nc:
-                nxt[pos] = value
-            else:
-                shape = self.loop.node.types[pos][0]
-                self.store(self.results[pos], shape, ("tt", self.global_row("r"), *self.ident(node)[1:]), value,
-                           self.mask(self.width(node)))
+                nxt[pos] = held
+                continue
+            for v, idx, mask in at:
+                self.store(self.results[pos], self.loop.node.types[pos][0], idx, v, mask)
 
     def body_kernel(self, k, body: Ctx, nxt: dict[int, Held]) -> None:
         if isinstance(k, SlicedGemm):
             self.sliced(k, body, nxt)
-        elif isinstance(k, Gemm | Elementwise | Copy) and id(stored_node(k)) in self.segs.nodes:
-            self.by_ranges(k, body, nxt)
-        elif isinstance(k, Gemm):
-            p, root = k.node, k.epilogue
-            acc = self.product(p, body, [(p.shape[-1], "0")], k.b_resident)[0]
-            w = self.width(p)
-            idx = ("r", self.cols(w))
-            value = acc
-            if root is not None:
-                value = self.eval(body, self.mask(w), root=root, overrides={(id(p), idx): acc}).val(root, idx)
-            self.deliver(stored_node(k), value, k.out, k.also, body, nxt)
+        elif isinstance(k, Gemm | Elementwise | Copy):
+            self.by_tiles(k, body, nxt)
         elif isinstance(k, Reduce):
             self.row_reduce(k, body, nxt)
         elif isinstance(k, Concat):
             self.concat(k, body, nxt)
-        elif isinstance(k, Elementwise | Copy):
-            n = k.node
-            v = self.eval(body, self.mask(self.width(n)), root=n).val(n, self.ident(n))
-            self.deliver(n, v, k.out, k.also, body, nxt)
         else:
             raise Unsupported(f"{type(k).__name__} inside a persistent scan is not rendered by this slice")
 
@@ -329,18 +346,17 @@ class ScanKernel:
             raise Unsupported("a batched matmul inside a persistent scan")
         if not all(sz.is_static(d) for d in b.shape):
             raise Unsupported("a matmul with a run-time width inside a persistent scan")
-        K = int(b.shape[0])
-        if id(a) in self.pieces:  # A is held by columns: one dot per tile against its rows of B, summed
-            pieces = self.pieces[id(a)]
-        else:
-            ck = self.cols(K)
-            va = self.eval(body, self.mask(K)).val(a, ("r", ck))
-            pieces = [(va, 0, K)]
+        # A held (or computed) one tile per column range: one dot per tile against its rows of B, summed
+        pieces = self.pieces.get(id(a)) or [(self.eval(body, self.mask(w)).val(a, idx), off, w)
+                                            for off, w, idx in self.tiling(a)]
         narrow = f".to({tl_dtype(p.dtype)})" if self.wide else ""  # a dot's operands in the product's dtype
         tas = []
         for va, k0, kw in pieces:
-            ck = self.cols(kw)
-            tas.append((em.tmp(f"tl.where({ck} < {kw}, {va}, 0){narrow}", "a"), k0, kw))
+            # padded columns zeroed (a computed value need not be 0 there); where there are none, the select keeps
+            # the operand a value of its own, not the one the step stores: built for sm_90, an LSTM backward step
+            # sharing them had 32 barriers, 18 without (Triton then copies the dots' operands to shared memory
+            # together)
+            tas.append((em.tmp(f"tl.where({self.cols(kw)} < {kw}, {va}, 0){narrow}", "a"), k0, kw))
         accs = []
         for width, off in columns:
             w = int(width)  # type: ignore[call-overload]
@@ -358,28 +374,37 @@ class ScanKernel:
             accs.append(em.tmp(total if self.wide else rounded(total, p.dtype), "acc"))
         return accs
 
-    def ranges(self, n: Node) -> list[tuple[int, int, tuple[str, ...]]]:
-        """(offset, width, index) of each column range of ``n``'s width (``Segments``)."""
-        return [(off, w, ("r", sliced(self.cols(w), str(off)))) for off, w in self.segs.widths[self.width(n)]]
+    def tiling(self, n: Node) -> list[tuple[int, int, tuple[str, ...]]]:
+        """(offset, width, index) of each register tile that holds body value ``n``: the column ranges of a value
+        computed range by range (``Segments``: a layer-norm LSTM's gate row), and a row of another width than a
+        power of two, cut into power-of-two pieces (``tile_pieces``, unless ``Tiles.scan_pieces`` is off); one
+        tile at the value's own index otherwise."""
+        w = self.width(n)
+        if id(n) in self.segs.nodes:
+            base = self.segs.widths[w]
+        elif n.ndim == 2:
+            base = ((0, w),)
+        else:
+            base = ()
+        cuts = [(off + o, pw) for off, bw in base for o, pw in (tile_pieces(bw) if self.split else ((0, bw),))]
+        if len(cuts) < 2:
+            return [(0, w, self.ident(n))]
+        return [(off, pw, ("r", sliced(self.cols(pw), str(off)))) for off, pw in cuts]
 
-    def by_ranges(self, k: Gemm | Elementwise | Copy, body: Ctx,
-                  nxt: dict[int, Held]) -> None:
-        """A kernel whose value is held one tile per column range (a layer-norm LSTM's gate row): a product one
-        ``tl.dot`` per range, its epilogue or an elementwise body evaluated at each range's columns; stored
-        range by range where it is a step output."""
+    def by_tiles(self, k: Gemm | Elementwise | Copy, body: Ctx, nxt: dict[int, Held]) -> None:
+        """A kernel's value computed tile by tile of its ``tiling``: a product one ``tl.dot`` per tile (summed
+        over A's tiles), its epilogue or an elementwise body evaluated at each tile's columns."""
         node = stored_node(k)
-        ranges = self.ranges(node)
-        tiles: dict[tuple[str, ...], str] = {}
+        tiles = self.tiling(node)
         if isinstance(k, Gemm):
             p, root = k.node, k.epilogue
-            accs = self.product(p, body, [(w, str(off)) for off, w, _ in ranges], k.b_resident)
-            for (_, w, idx), acc in zip(ranges, accs):
-                tiles[idx] = acc if root is None else self.eval(body, self.mask(w), root=root,
-                                                            overrides={(id(p), idx): acc}).val(root, idx)
+            accs = self.product(p, body, [(w, str(off)) for off, w, _ in tiles], k.b_resident)
+            values = [acc if root is None else self.eval(body, self.mask(w), root=root,
+                                                         overrides={(id(p), idx): acc}).val(root, idx)
+                      for (_, w, idx), acc in zip(tiles, accs)]
         else:
-            for _, w, idx in ranges:
-                tiles[idx] = self.eval(body, self.mask(w), root=node).val(node, idx)
-        self.hold_by_columns(node, k, [(tiles[idx], off, w) for off, w, idx in ranges], body, nxt)
+            values = [self.eval(body, self.mask(w), root=node).val(node, idx) for _, w, idx in tiles]
+        self.keep(node, [(v, off, w) for v, (off, w, _) in zip(values, tiles)], k.out, k.also, body, nxt)
 
     def concat(self, k: Concat | Copy, body: Ctx, nxt: dict[int, Held]) -> None:
         """A concat of tiles along the row, kept as its tiles (``schedule/registers.py`` admits it when products
@@ -390,28 +415,10 @@ class ScanKernel:
             raise Unsupported(f"concat at {n.loc}: inside a persistent scan only a concat along the row")
         pieces, off = [], 0
         for src in n.srcs:
-            w = self.width(src)
-            if w:
-                v = self.eval(body, self.mask(w), root=n).val(src, self.ident(src))
-                pieces.append((v, off, w))
-            off += w
-        self.hold_by_columns(n, k, pieces, body, nxt)
-
-    def hold_by_columns(self, node: Node, k: Kernel, pieces: Pieces, body: Ctx,
-                        nxt: dict[int, Held]) -> None:
-        """``node`` held as one tile per column range (tile, offset, width): read there by later kernels of the
-        step (``Ctx.ranges``) and by products (``product``), the next value of a carry held the same way, stored
-        range by range where it is a step output."""
-        self.pieces[id(node)] = pieces
-        body.ranges[id(node)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
-        for pos in ([k.out.output] if k.out.output is not None else []) + list(k.also):
-            if pos < self.nc:
-                nxt[pos] = pieces
-                continue
-            shape = self.loop.node.types[pos][0]
-            for v, off, w in pieces:
-                self.store(self.results[pos], shape, ("tt", self.global_row("r"), sliced(self.cols(w), str(off))), v,
-                           self.mask(w))
+            for o, w, idx in self.tiling(src) if self.width(src) else ():
+                pieces.append((self.eval(body, self.mask(w), root=n).val(src, idx), off + o, w))
+            off += self.width(src)
+        self.keep(n, pieces, k.out, k.also, body, nxt)
 
     def sliced(self, k: SlicedGemm, body: Ctx, nxt: dict[int, Held]) -> None:
         """One ``tl.dot`` per column slice (gate) on the step's A tile, the GEMM's epilogue on each gate tile,
@@ -419,12 +426,13 @@ class ScanKernel:
         or the epilogue's value where the scan returns it (slice by slice into this step's row)."""
         sg = k.group
         p, root = sg.gemm, sg.root
-        w = int(sg.width)
-        cw = self.cols(w)
-        accs = self.product(p, body, [(w, str(o)) for o in sg.offsets], k.b_resident)
+        # the members' tiling (each [rows, slice width]): the tiles of every slice are the same pieces of it
+        parts = self.tiling(sg.members[0])
+        cuts = [(off + o, w) for off in sg.offsets for o, w, _ in parts]
+        accs = self.product(p, body, [(w, str(off)) for off, w in cuts], k.b_resident)
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
-        for off, acc in zip(sg.offsets, accs):
-            idx = ("r", sliced(cw, str(off)))
+        for (off, w), acc in zip(cuts, accs):
+            idx = ("r", sliced(self.cols(w), str(off)))
             value = acc
             if root is not p:
                 value = self.eval(body, self.mask(w), root=root, overrides={(id(p), idx): acc}).val(root, idx)
@@ -435,11 +443,12 @@ class ScanKernel:
                 self.store(self.results[pos], self.loop.node.types[pos][0], ("tt", self.global_row("r"), idx[1]),
                            value if k.returns_root else acc, self.mask(w))
             tiles[(id(root), idx)] = value
-        ev = self.eval(body, self.mask(w), overrides=tiles)
+        evs = [self.eval(body, self.mask(w), overrides=tiles) for _, w, _ in parts]
         for m, out, more in zip(sg.members, k.outs, k.also_of):
-            ev.root = m
-            v = ev.val(m, self.ident(m))
-            self.deliver(m, v, out, more, body, nxt)
+            for ev in evs:
+                ev.root = m
+            values = [ev.val(m, idx) for ev, (_, _, idx) in zip(evs, parts)]
+            self.keep(m, [(v, off, w) for v, (off, w, _) in zip(values, parts)], out, more, body, nxt)
 
     def row_reduce(self, k: Reduce, body: Ctx, nxt: dict[int, Held]) -> None:
         """A sum or max over all of a row's values (a layer norm's statistics): one reduction of the tile (of a
@@ -449,9 +458,7 @@ class ScanKernel:
         if tuple(p.attrs["axes"]) != tuple(range(1, src.ndim)) or not p.dtype.is_float:
             raise Unsupported("a reduction inside a persistent scan other than a float sum or max over each row")
         em = self.em
-        ws = self.width(src)
-        parts = ([(self.mask(w), idx) for _, w, idx in self.ranges(src)] if id(src) in self.segs.nodes
-                 else [(self.mask(ws), self.ident(src))])  # a value held by column ranges: range by range
+        parts = [(self.mask(w), idx) for _, w, idx in self.tiling(src)]  # a value held by pieces: piece by piece
         # ranges of one width are tiles of one shape: combined element by element first, then one reduction
         # across the row (a reduction across a program's warps goes through shared memory between barriers)
         tiles: dict[str, list[str]] = {}
@@ -477,7 +484,7 @@ class ScanKernel:
         value = res
         if root is not None:
             value = self.eval(body, self.mask(1), root=root, overrides={(id(p), idx): res}).val(root, idx)
-        self.deliver(stored_node(k), value, k.out, (), body, nxt)
+        self.keep(stored_node(k), [(value, 0, 1)], k.out, (), body, nxt)
 
     def chunk(self, c: ChunkedInput, length: str) -> None:
         """Every ``c.steps`` steps, the projection of this program's rows for the next chunk of steps (in the

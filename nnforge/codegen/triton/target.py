@@ -85,6 +85,9 @@ class Tiles:
     asynchronously ``scan_stages - 1`` steps ahead (at 1 a plain ``range``, left to Triton's own default, which
     pipelined an LSTM's backward loads but left its forward's waiting where used; built for sm_90 at 2, an LSTM
     step's four loads are ``cp.async`` copies and its barriers 4 per step rather than 10: docs/benchmarks.md).
+    ``scan_pieces``: a persistent scan holds a row whose width is not a power of two as power-of-two tiles
+    (``scan.tile_pieces``: H = 96 as 64 + 32), so its step's ``tl.dot`` multiplies 96 x 96 per gate rather than
+    the 128 x 128 of one padded tile (72 MMAs a warp rather than 128); off, each such row is one padded tile.
     ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per device; ``TritonBackend``
     then uses it there."""
 
@@ -100,6 +103,7 @@ class Tiles:
     gemm_warps: int = 4
     scan_warps: int = 4
     scan_stages: int = 2
+    scan_pieces: bool = True
 
     def __post_init__(self) -> None:
         for name in ("flat", "gemm_m", "gemm_m_f32", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows",

@@ -9,6 +9,7 @@ runs on a GPU is the source the CPU-only tests check.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 from ...dtypes import DType
@@ -199,8 +200,15 @@ def add(a: str, b: str) -> str:
 
 def sliced(i: str, start: str, step: int = 1) -> str:
     """The source index that index ``i`` of a slice (``start``, ``step``) reads (one spelling for every user, so
-    equal indices are equal strings)."""
+    equal indices are equal strings: a constant start adds into the constant an index begins with, so a slice of
+    a slice at 96 + 64 reads where a tile at 160 is held)."""
+    lead = _LEAD.fullmatch(i)
+    if step == 1 and start.isdigit() and lead:
+        return add(str(int(start) + int(lead[1])), lead[2])
     return add(start, mul(i, str(step)))
+
+
+_LEAD = re.compile(r"(\d+) \+ (.+)")  # an index that begins by adding a constant
 
 
 def flat(idx: Sequence[str], shape: Sequence[str]) -> str:

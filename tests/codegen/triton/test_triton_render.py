@@ -23,6 +23,7 @@ pytest.importorskip("triton")
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lower, prepare, triton_target
+from nnforge.codegen.triton.scan import tile_pieces
 from nnforge.codegen.triton.target import DOT_PROMOTE_K, FP_FUSION, Tiles
 from nnforge.passes.fuse import CHEAP
 from nnforge.schedule import Gemm, Loop, SlicedGemm
@@ -441,6 +442,55 @@ def test_a_layer_norm_lstm_holds_its_gate_row_one_tile_per_gate(rng: np.random.G
     assert [loop.parallel is not None for loop in program.loops()] == [True, True]
     assert sum("_scan_" in k for k in rendered.kernels) == 2, rendered.kernels
     _check(grads, *args)
+
+
+@pytest.mark.parametrize(("width", "pieces"), [
+    (96, ((0, 64), (64, 32))), (48, ((0, 32), (32, 16))), (384, ((0, 256), (256, 128))), (40, ((0, 32), (32, 8))),
+    (100, ((0, 64), (64, 32), (96, 4))), (128, ((0, 128),)), (24, ((0, 24),)), (97, ((0, 97),)), (1, ((0, 1),)),
+    (0, ((0, 0),))])
+def test_a_row_is_held_in_the_power_of_two_tiles_that_pad_it_least(width: int, pieces: tuple):
+    """96 as 64 + 32 (one tile would be 128 wide); 40 as 32 + 8, the 8 in a tile of 16 (48 columns, not 64); one
+    tile where pieces pad as much (24: 16 + 8 is 32 as well) or one would be a single column (97)."""
+    assert tile_pieces(width) == pieces
+
+
+def _tile_widths(source: str) -> set[int]:
+    """The widths of the register tiles a program's persistent scan kernels make (``tl.arange(0, width)``)."""
+    return {n.args[1].value for fn in _scan_kernels(source) for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and ast.unparse(n.func) == "tl.arange" and isinstance(n.args[1], ast.Constant)}
+
+
+def _trained(fn):
+    def loss(*a):
+        ys, *carries = fn(*a)
+        return (ys * ys).sum() + sum(c.sum() for c in carries)
+
+    return nf.grad(loss, argnums=tuple(range(6)))
+
+
+def _gru_args(rng: np.random.Generator, H: int) -> list[np.ndarray]:
+    return [_f32(rng, *s) for s in [(3, 10, 4), (10, H), (3 * H, 4), (2 * H, H), (H, H), (3 * H,)]]
+
+
+@pytest.mark.parametrize(("fn", "make"), [
+    (lstm, lstm_args), (reverse_lstm, lstm_args), (layer_norm_lstm, lstm_args), (max_centred_lstm, lstm_args),
+    (gru_reset_before_matmul, _gru_args), (_trained(lstm), lstm_args), (_trained(reverse_lstm), lstm_args),
+    (_trained(layer_norm_lstm), lstm_args), (_trained(gru_reset_before_matmul), _gru_args)],
+    ids=["lstm", "reverse", "layer-norm", "max-centred", "gru", "lstm-grad", "reverse-grad", "layer-norm-grad",
+         "gru-grad"])
+def test_a_persistent_scan_holds_rows_of_48_as_tiles_of_32_and_16(fn, make, rng: np.random.Generator):
+    """H = 48 (``Tiles.scan_pieces``, the default): every row of 48 values — carries, gate tiles, a layer-norm
+    LSTM's gate row held gate by gate, the backward's joined gate gradients — is two register tiles of 32 and 16
+    columns, each step's product one ``tl.dot`` per pair of A and B tiles, and no tile is 64 wide; padded to 64
+    instead, the kernels' widest tile is 64. Both agree with the reference, forward and trained, at T = 3 with N =
+    10 (two programs, the second partly masked)."""
+    args = make(rng, T=3, N=10, H=48) if make is lstm_args else make(rng, H=48)
+    widths = {}
+    for pieces in (True, False):
+        program = _check(fn, *args, backend=TritonBackend(tiles=Tiles(scan_pieces=pieces)))
+        widths[pieces] = _tile_widths(program.source)
+    assert {16, 32} <= widths[True] and max(widths[True]) == 32, widths
+    assert 64 in widths[False], widths
 
 
 def test_a_row_held_by_gates_is_stored_gate_by_gate_as_a_step_output(rng: np.random.Generator):
