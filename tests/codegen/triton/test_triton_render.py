@@ -493,6 +493,18 @@ def test_a_persistent_scan_holds_rows_of_48_as_tiles_of_32_and_16(fn, make, rng:
     assert 64 in widths[False], widths
 
 
+def test_a_float16_scan_in_tiles_of_32_and_16_agrees_with_the_padded_one(rng: np.random.Generator):
+    """H = 48 in float16, a training step: the tiles' dot operands are rounded to float16 piece by piece; the
+    gradients agree with the padded kernel's to float16 rounding (the sums differ only in order)."""
+    args = [a.astype(np.float16) for a in lstm_args(rng, T=4, N=10, H=48)]
+    fn = _trained(lstm)
+    got = {p: TritonBackend(tiles=Tiles(scan_pieces=p))(nf.compile(fn).trace(*args))(list(args)) for p in (True, False)}
+    want = nf.compile(fn)(*args)
+    for a, b, w in zip(got[True], got[False], want):
+        np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(a.astype(np.float32), np.asarray(w).astype(np.float32), rtol=2e-2, atol=2e-2)
+
+
 def test_a_row_held_by_gates_is_stored_gate_by_gate_as_a_step_output(rng: np.random.Generator):
     """``h @ W`` cut into two gates (the second feeding the next product's epilogue) and also stacked as the
     scan's output: held one tile per gate, stored into its columns of each step's row."""
