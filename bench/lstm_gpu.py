@@ -20,9 +20,13 @@ is reported with its error; on a GPU every anchor's first call at every shape ru
 with its reason instead of ending the run. Record results in docs/benchmarks.md with the device and date.
 
 Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024 --batch 128 1024] [--steps 2000] [--dtype float16]
-[--mode inference training] [--rounds 5] [--cells BATCH HIDDEN] [--cuda-graphs] [--flashrnn auto]``; without
+[--mode inference training] [--rounds 5] [--cells BATCH HIDDEN] [--cuda-graphs] [--flashrnn auto]
+[--tiles scan_pieces=0 ...]``; without
 ``--hidden``/``--batch`` the shapes of issue 14's table (H 96 at batch 1024 and 8448 = 64 per SM of a 132-SM
 part; H 384 and 1024 at 128 and 1024).
+``--tiles`` also times nnforge with other tiles (``Tiles`` fields, ``name=value`` joined by commas, each set
+replacing those of the tiles the backend uses on the device), interleaved with the default, as
+``nnforge[scan_pieces=0]`` with its time over the default's: a tiling choice compared in one run.
 ``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with ``TRITON_INTERPRET=1`` set by the script,
 anchors on the CPU; ``nnforge±graphs`` there are the same program uncaptured): it proves the script runs, its times
 mean nothing.
@@ -31,6 +35,7 @@ mean nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -48,6 +53,8 @@ import lstm_cpu  # noqa: E402
 import torch  # noqa: E402
 
 import nnforge as nf  # noqa: E402
+from nnforge.codegen.triton import TritonBackend  # noqa: E402
+from nnforge.codegen.triton.target import Tiles  # noqa: E402
 
 
 def lstm(x, h0, c0, w_ih, w_hh, b):
@@ -139,19 +146,35 @@ def gemm_peak(device: str, dtype: torch.dtype, clock: Clock) -> float:
     return 2 * n ** 3 / min(clock(lambda: a @ b) for _ in range(5)) / 1e12
 
 
-def _nnforge_forms(graphs: bool) -> dict[str, dict]:
-    """nnforge as a user gets it (CUDA graphs where the program has a host loop), and with ``graphs`` also with
-    graphs forced off and on."""
+def _nnforge_forms(graphs: bool, variants: tuple[str, ...] = ()) -> dict[str, dict]:
+    """nnforge as a user gets it (CUDA graphs where the program has a host loop), with ``graphs`` also with
+    graphs forced off and on, and one form per tiles variant (``tiles_variant``)."""
     forms: dict[str, dict] = {"nnforge.triton": {}}
     if graphs:
         forms |= {"nnforge-graphs": {"cuda_graphs": False}, "nnforge+graphs": {"cuda_graphs": True}}
-    return forms
+    return forms | {f"nnforge[{v}]": {"tiles": tiles_variant(v)} for v in variants}
+
+
+def tiles_variant(spec: str) -> Tiles:
+    """The tiles the backend uses here (tuned for this GPU, else the defaults) with the fields ``spec`` sets
+    (``name=value,...``)."""
+    base = TritonBackend().device_tiles if torch.cuda.is_available() else Tiles()
+    defaults = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tiles)}
+    changes = {}
+    for item in spec.split(","):
+        name, _, value = item.partition("=")
+        if name not in defaults or not value.lstrip("-").isdigit():
+            sys.exit(f"--tiles {spec}: {item!r} is not name=integer for a field of Tiles ({', '.join(defaults)})")
+        changes[name] = type(defaults[name])(int(value))
+    return dataclasses.replace(base, **changes)
 
 
 def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool,
-               flash: str = "auto", graphs: bool = False, nnforge: bool = True) -> dict[str, Callable]:
+               flash: str = "auto", graphs: bool = False, nnforge: bool = True,
+               variants: tuple[str, ...] = ()) -> dict[str, Callable]:
     """name -> a call running one forward (or forward + backward) on the same weights and inputs; with
-    ``graphs``, also nnforge with CUDA graphs forced off and on (``_nnforge_forms``)."""
+    ``graphs``, also nnforge with CUDA graphs forced off and on, and nnforge with each tiles variant
+    (``_nnforge_forms``)."""
     torch.manual_seed(0)
     ref = torch.nn.LSTM(H, H).to(device=device, dtype=dtype)
     x = torch.randn(T, N, H, device=device, dtype=dtype)
@@ -166,7 +189,7 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
         def loss(x, h0, c0, w_ih, w_hh, b, cot):
             return (lstm(x, h0, c0, w_ih, w_hh, b) * cot).sum()
 
-        for name, options in _nnforge_forms(graphs).items() if nnforge else ():
+        for name, options in _nnforge_forms(graphs, variants).items() if nnforge else ():
             step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options=options)
             out[name] = lambda step=step: step(x, h0, c0, w_ih, w_hh, b, cot)
 
@@ -185,7 +208,7 @@ def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training
 
             out[f"flashrnn.{fb}"] = flash_step
     else:
-        for name, options in _nnforge_forms(graphs).items() if nnforge else ():
+        for name, options in _nnforge_forms(graphs, variants).items() if nnforge else ():
             fwd = nf.compile(lstm, backend="triton", options=options)
             out[name] = lambda fwd=fwd: fwd(x, h0, c0, w_ih, w_hh, b)
 
@@ -302,11 +325,13 @@ def probe_child(items: list, T: int, dtype: torch.dtype, flash: str) -> None:
 
 
 def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool, rounds: int,
-          clock: Clock, flash: str = "auto", graphs: bool = False, known: dict[str, str] | None = None) -> None:
+          clock: Clock, flash: str = "auto", graphs: bool = False, known: dict[str, str] | None = None,
+          variants: tuple[str, ...] = ()) -> None:
     """Time nnforge and its anchors at one shape, interleaved; ``known``: anchors that failed in a probe (left
-    out, reported)."""
+    out, reported); ``variants``: nnforge with other tiles (``tiles_variant``)."""
     known = known or {}
-    fns = {k: f for k, f in candidates(T, N, H, dtype, device, training, flash, graphs).items() if k not in known}
+    fns = {k: f for k, f in candidates(T, N, H, dtype, device, training, flash, graphs, variants=variants).items()
+           if k not in known}
     t0 = time.perf_counter()
     fns["nnforge.triton"]()  # trace, render, and compile every kernel
     if device == "cuda":
@@ -409,6 +434,8 @@ def main() -> None:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="also time nnforge with CUDA graphs forced off (nnforge-graphs) and on (nnforge+graphs); "
                         "nnforge.triton is the default: graphs where a program has a host loop")
+    p.add_argument("--tiles", nargs="+", default=[], metavar="NAME=VALUE,...",
+                   help="also time nnforge with these tiles (e.g. scan_pieces=0), interleaved with the default")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     p.add_argument("--probe", help=argparse.SUPPRESS)  # probe_anchors' child: a JSON list of (case, anchor)
     a = p.parse_args()
@@ -431,7 +458,7 @@ def main() -> None:
         for H in dict.fromkeys(H for H, _ in shapes):
             for N in (N for h, N in shapes if h == H):
                 bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock, a.flashrnn,
-                      a.cuda_graphs, known.get((mode, H, N)))
+                      a.cuda_graphs, known.get((mode, H, N)), tuple(a.tiles))
             accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H), a.flashrnn)
     if a.cells:
         bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock)
