@@ -300,6 +300,51 @@ class ScanKernel:
     def store(self, ptr: str, shape: tuple, idx: tuple[str, ...], value: str, mask: str) -> None:
         self.em.line(f"tl.store({ptr} + ({flat(idx, [self.sz(d) for d in shape])}), {value}, mask={mask})")
 
+    def store_row(self, pos: int, tiles: Pieces) -> None:
+        """Tiles (value, column offset, width) of this step's row of the scan's stacked output ``pos``. Tiles of
+        one width at evenly spaced offsets, two, four, eight... of them, are joined (``tl.join``) into one tensor
+        and stored at once: Triton stores a tile from the MMA layout through an exchange in shared memory between
+        two barriers, once per store (built for sm_90, an H = 96 LSTM's training forward step had 26 barriers
+        storing its eight gate-sum tiles one by one, 14 joined by width); other tiles are stored one by one."""
+        ptr, shape = self.results[pos], self.loop.node.types[pos][0]
+        by_width: dict[int, list[tuple[int, str]]] = {}
+        for v, off, w in tiles:
+            by_width.setdefault(w, []).append((off, v))
+        joined = self.joined_widths([(off, w) for _, off, w in tiles])
+        for w, group in by_width.items():
+            group.sort()
+            offs, values = [o for o, _ in group], [v for _, v in group]
+            if w not in joined:
+                for off, v in group:
+                    self.store(ptr, shape, ("tt", self.global_row("r"), sliced(self.cols(w), str(off))), v,
+                               self.mask(w))
+                continue
+            n, gap = len(group), offs[1] - offs[0]
+            axes = n.bit_length() - 1  # joined pairwise: element [.., a0, a1, ..] is tile a0 + 2 a1 + 4 a2 ...
+            while len(values) > 1:
+                values = [self.em.tmp(f"tl.join({a}, {b})", "j") for a, b in zip(values[::2], values[1::2])]
+            grow = "[:, :" + ", None" * axes + "]"
+            picks = [", ".join(["None"] * (2 + i) + [":"] + ["None"] * (axes - 1 - i)) for i in range(axes)]
+            tile = " + ".join(f"{1 << i} * tl.arange(0, 2)[{pick}]" for i, pick in enumerate(picks))
+            base = flat(("tt", self.global_row("r"), sliced(self.cols(w), str(offs[0]))), [self.sz(d) for d in shape])
+            self.em.line(f"tl.store({ptr} + ({base}){grow} + ({tile}) * {gap}, {values[0]}, "
+                         f"mask={self.mask(w)}{grow})")
+
+    @staticmethod
+    def joined_widths(tiles: list[tuple[int, int]]) -> set[int]:
+        """The widths whose tiles (offset, width) ``store_row`` joins: two, four, eight... of them at evenly
+        spaced offsets."""
+        by_width: dict[int, list[int]] = {}
+        for off, w in tiles:
+            by_width.setdefault(w, []).append(off)
+        out = set()
+        for w, offs in by_width.items():
+            offs.sort()
+            n = len(offs)
+            if n > 1 and not n & (n - 1) and offs == [offs[0] + j * (offs[1] - offs[0]) for j in range(n)]:
+                out.add(w)
+        return out
+
     def keep(self, node: Node, pieces: Pieces, buf: Buf, also: tuple[int, ...], body: Ctx,
              nxt: dict[int, Held]) -> None:
         """A body value computed into registers, one tile per piece of its ``tiling``: later kernels of the step
@@ -307,22 +352,20 @@ class ScanKernel:
         result is the next carry or stored into this step's row of the stacked output, piece by piece (scratch
         gets no memory)."""
         positions = ([buf.output] if buf.output is not None else []) + list(also)
-        if len(pieces) > 1:
+        held: Held = pieces if len(pieces) > 1 else pieces[0][0]
+        if isinstance(held, list):
             self.pieces[id(node)] = pieces
             body.ranges[id(node)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
-            held: Held = pieces
-            at = [(v, ("tt", self.global_row("r"), sliced(self.cols(w), str(off))), self.mask(w))
-                  for v, off, w in pieces]
         else:
-            held = pieces[0][0]
             body.reg[id(node)] = (held, self.ident(node))
-            at = [(held, ("tt", self.global_row("r"), *self.ident(node)[1:]), self.mask(self.width(node)))]
         for pos in positions:
             if pos < self.nc:
                 nxt[pos] = held
-                continue
-            for v, idx, mask in at:
-                self.store(self.results[pos], self.loop.node.types[pos][0], idx, v, mask)
+            elif isinstance(held, list):
+                self.store_row(pos, pieces)
+            else:
+                self.store(self.results[pos], self.loop.node.types[pos][0],
+                           ("tt", self.global_row("r"), *self.ident(node)[1:]), held, self.mask(self.width(node)))
 
     def body_kernel(self, k, body: Ctx, nxt: dict[int, Held]) -> None:
         if isinstance(k, SlicedGemm):
@@ -431,18 +474,25 @@ class ScanKernel:
         cuts = [(off + o, w) for off in sg.offsets for o, w, _ in parts]
         accs = self.product(p, body, [(w, str(off)) for off, w in cuts], k.b_resident)
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
+        pos = k.product.output if k.product is not None else None
+        if pos is not None and pos < self.nc:
+            raise Unsupported(f"matmul at {p.loc}: a carry that is a GEMM read through column slices")
+        joined = self.joined_widths(cuts) if pos is not None else set()
+        returned: Pieces = []  # the tiles the scan returns (of the product or its epilogue's value) stored joined
         for (off, w), acc in zip(cuts, accs):
             idx = ("r", sliced(self.cols(w), str(off)))
             value = acc
             if root is not p:
                 value = self.eval(body, self.mask(w), root=root, overrides={(id(p), idx): acc}).val(root, idx)
-            if k.product is not None:
-                pos = k.product.output
-                if pos < self.nc:
-                    raise Unsupported(f"matmul at {p.loc}: a carry that is a GEMM read through column slices")
-                self.store(self.results[pos], self.loop.node.types[pos][0], ("tt", self.global_row("r"), idx[1]),
-                           value if k.returns_root else acc, self.mask(w))
+            if pos is not None:
+                tile = (value if k.returns_root else acc, off, w)
+                if w in joined:
+                    returned.append(tile)  # stored with the others of its width after the last
+                else:
+                    self.store_row(pos, [tile])
             tiles[(id(root), idx)] = value
+        if pos is not None and returned:
+            self.store_row(pos, returned)
         evs = [self.eval(body, self.mask(w), overrides=tiles) for _, w, _ in parts]
         for m, out, more in zip(sg.members, k.outs, k.also_of):
             for ev in evs:

@@ -505,6 +505,31 @@ def test_a_float16_scan_in_tiles_of_32_and_16_agrees_with_the_padded_one(rng: np
         np.testing.assert_allclose(a.astype(np.float32), np.asarray(w).astype(np.float32), rtol=2e-2, atol=2e-2)
 
 
+def _loop_calls(source: str, name: str) -> list[int]:
+    """How many times the time loop of each persistent scan kernel of a program's source calls ``tl.<name>``."""
+    loops = [next(st for st in fn.body if isinstance(st, ast.For)) for fn in _scan_kernels(source)]
+    return [sum(isinstance(n, ast.Call) and ast.unparse(n.func) == f"tl.{name}" for n in ast.walk(loop))
+            for loop in loops]
+
+
+@pytest.mark.parametrize("pieces", [True, False], ids=["tiles-of-32-and-16", "padded"])
+def test_a_step_stores_its_tiles_of_one_width_at_once(pieces: bool, rng: np.random.Generator):
+    """An LSTM's training step at H = 48: the forward step stores its four gate sums for the backward, and the
+    backward step its four joined gate gradients for the weight gradients after the loop — each row's tiles of
+    one width joined (``tl.join``) and stored at once, so each is two stores (a width of 32 and one of 16) or,
+    padded, one, where it was eight or four; the forward's other rows (ys, and h and c as each step begins,
+    for the backward), one tile of each width, are stored tile by tile. A GRU's three gates (no power of two)
+    are stored one by one. The values agree with the reference."""
+    tiles = Tiles(scan_pieces=pieces)
+    program = _check(_trained(lstm), *lstm_args(rng, T=3, N=10, H=48), backend=TritonBackend(tiles=tiles))
+    widths = 2 if pieces else 1
+    assert _loop_calls(program.source, "join") == [3 * widths, 3 * widths], program.source
+    assert _loop_calls(program.source, "store") == [4 * widths, widths], program.source
+    gru_step = _check(_trained(gru), *[_f32(rng, *s) for s in [(3, 10, 4), (10, 48), (144, 4), (144, 48), (144,),
+                                                                (144,)]], backend=TritonBackend(tiles=tiles))
+    assert 0 in _loop_calls(gru_step.source, "join"), gru_step.source
+
+
 def test_a_row_held_by_gates_is_stored_gate_by_gate_as_a_step_output(rng: np.random.Generator):
     """``h @ W`` cut into two gates (the second feeding the next product's epilogue) and also stacked as the
     scan's output: held one tile per gate, stored into its columns of each step's row."""
