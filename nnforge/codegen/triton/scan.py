@@ -304,8 +304,8 @@ class ScanKernel:
         """Tiles (value, column offset, width) of this step's row of the scan's stacked output ``pos``. Tiles of
         one width at evenly spaced offsets, two, four, eight... of them, are joined (``tl.join``) into one tensor
         and stored at once: Triton stores a tile from the MMA layout through an exchange in shared memory between
-        two barriers, once per store (built for sm_90, an H = 96 LSTM's training forward step had 26 barriers
-        storing its eight gate-sum tiles one by one, 14 joined by width); other tiles are stored one by one."""
+        two barriers, once per store (built for sm_90, an H = 96 LSTM's training forward step had 30 barriers
+        storing its eight gate-sum tiles one by one, 18 joined by width); other tiles are stored one by one."""
         ptr, shape = self.results[pos], self.loop.node.types[pos][0]
         by_width: dict[int, list[tuple[int, str]]] = {}
         for v, off, w in tiles:
@@ -352,7 +352,7 @@ class ScanKernel:
         result is the next carry or stored into this step's row of the stacked output, piece by piece (scratch
         gets no memory)."""
         positions = ([buf.output] if buf.output is not None else []) + list(also)
-        held: Held = pieces if len(pieces) > 1 else pieces[0][0]
+        held: Held = pieces if len(pieces) != 1 else pieces[0][0]
         if isinstance(held, list):
             self.pieces[id(node)] = pieces
             body.ranges[id(node)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
