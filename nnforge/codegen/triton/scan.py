@@ -194,23 +194,14 @@ class ScanKernel:
             name = f"h{k}"
             tl_dtype(x.dtype)
             tiles = self.tiling(x)
-            if len(tiles) > 1:  # one register tile per range
-                pieces = []
-                for j, (off, w, idx) in enumerate(tiles):
-                    init = self.outer_eval(self.mask(w), "pre").val(n.srcs[k], (self.global_row("r"), idx[1]))
-                    self.em.pre.append(f"{name}_{j} = tl.broadcast_to({init}, (ROWS, {_pad(w)}))")
-                    self.em.variant.add(f"{name}_{j}")
-                    pieces.append((f"{name}_{j}", off, w))
-                self.pieces[id(x)] = pieces
-                body.ranges[id(x)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
-                carries.append(pieces)
-                continue
-            init = self.outer_eval(self.mask(self.width(x)), "pre").val(
-                n.srcs[k], (self.global_row("r"), *self.ident(x)[1:]))
-            self.em.pre.append(f"{name} = tl.broadcast_to({init}, (ROWS, {_pad(self.width(x))}))")
-            self.em.variant.add(name)
-            body.reg[id(x)] = (name, self.ident(x))
-            carries.append(name)
+            pieces = []
+            for j, (off, w, idx) in enumerate(tiles):
+                tile = name if len(tiles) == 1 else f"{name}_{j}"
+                init = self.outer_eval(self.mask(w), "pre").val(n.srcs[k], (self.global_row("r"), *idx[1:]))
+                self.em.pre.append(f"{tile} = tl.broadcast_to({init}, (ROWS, {_pad(w)}))")
+                self.em.variant.add(tile)
+                pieces.append((tile, off, w))
+            carries.append(self.hold(x, pieces, body))
         for k in range(self.nx):
             x, src = inputs[self.nc + k], n.srcs[self.nc + k]
             if k in chunked:
@@ -284,13 +275,8 @@ class ScanKernel:
         em.close()
         for k, name in enumerate(carries):
             x = body.graph.inputs[k]
-            if isinstance(name, list):
-                for tile, off, w in name:
-                    self.store(self.results[k], n.types[k][0], (self.global_row("r"), sliced(self.cols(w), str(off))),
-                               tile, self.mask(w))
-            else:
-                self.store(self.results[k], n.types[k][0], (self.global_row("r"), *self.ident(x)[1:]), name,
-                           self.mask(self.width(x)))
+            for (tile, _, _), (_, w, idx) in zip(_pieces(name, self.width(x)), self.tiling(x)):
+                self.store(self.results[k], n.types[k][0], (self.global_row("r"), *idx[1:]), tile, self.mask(w))
         kinds = [kk.kind for kk in body_block.kernels]
         kind = "+".join(dict.fromkeys(["scan", *(s for kk in kinds for s in kk.split("+"))]))
         grid = [f"triton.cdiv({self.batch}, {self.r.tiles.scan_rows})"]
@@ -310,16 +296,15 @@ class ScanKernel:
         by_width: dict[int, list[tuple[int, str]]] = {}
         for v, off, w in tiles:
             by_width.setdefault(w, []).append((off, v))
-        joined = self.joined_widths([(off, w) for _, off, w in tiles])
         for w, group in by_width.items():
             group.sort()
             offs, values = [o for o, _ in group], [v for _, v in group]
-            if w not in joined:
+            n, gap = len(group), (offs[1] - offs[0] if len(group) > 1 else 0)
+            if n < 2 or n & (n - 1) or offs != [offs[0] + j * gap for j in range(n)]:
                 for off, v in group:
                     self.store(ptr, shape, ("tt", self.global_row("r"), sliced(self.cols(w), str(off))), v,
                                self.mask(w))
                 continue
-            n, gap = len(group), offs[1] - offs[0]
             axes = n.bit_length() - 1  # joined pairwise: element [.., a0, a1, ..] is tile a0 + 2 a1 + 4 a2 ...
             while len(values) > 1:
                 values = [self.em.tmp(f"tl.join({a}, {b})", "j") for a, b in zip(values[::2], values[1::2])]
@@ -330,34 +315,23 @@ class ScanKernel:
             self.em.line(f"tl.store({ptr} + ({base}){grow} + ({tile}) * {gap}, {values[0]}, "
                          f"mask={self.mask(w)}{grow})")
 
-    @staticmethod
-    def joined_widths(tiles: list[tuple[int, int]]) -> set[int]:
-        """The widths whose tiles (offset, width) ``store_row`` joins: two, four, eight... of them at evenly
-        spaced offsets."""
-        by_width: dict[int, list[int]] = {}
-        for off, w in tiles:
-            by_width.setdefault(w, []).append(off)
-        out = set()
-        for w, offs in by_width.items():
-            offs.sort()
-            n = len(offs)
-            if n > 1 and not n & (n - 1) and offs == [offs[0] + j * (offs[1] - offs[0]) for j in range(n)]:
-                out.add(w)
-        return out
+    def hold(self, node: Node, pieces: Pieces, body: Ctx) -> Held:
+        """``node``'s value in registers, one tile per piece of its ``tiling``, where the step's later kernels
+        read it: one tile at the value's own index (``Ctx.reg``), several by their columns (``Ctx.ranges``, and
+        products piece by piece)."""
+        if len(pieces) == 1:
+            body.reg[id(node)] = (pieces[0][0], self.ident(node))
+            return pieces[0][0]
+        self.pieces[id(node)] = pieces
+        body.ranges[id(node)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
+        return pieces
 
     def keep(self, node: Node, pieces: Pieces, buf: Buf, also: tuple[int, ...], body: Ctx,
              nxt: dict[int, Held]) -> None:
-        """A body value computed into registers, one tile per piece of its ``tiling``: later kernels of the step
-        read it there (a value of several pieces through ``Ctx.ranges``, and products piece by piece); a body
-        result is the next carry or stored into this step's row of the stacked output, piece by piece (scratch
-        gets no memory)."""
+        """A body value computed into registers, one tile per piece of its ``tiling`` (``hold``); a body result
+        is also the next carry, or stored into this step's row of the stacked output (scratch gets no memory)."""
         positions = ([buf.output] if buf.output is not None else []) + list(also)
-        held: Held = pieces if len(pieces) != 1 else pieces[0][0]
-        if isinstance(held, list):
-            self.pieces[id(node)] = pieces
-            body.ranges[id(node)] = {("r", sliced(self.cols(w), str(off))): v for v, off, w in pieces}
-        else:
-            body.reg[id(node)] = (held, self.ident(node))
+        held = self.hold(node, pieces, body)
         for pos in positions:
             if pos < self.nc:
                 nxt[pos] = held
@@ -423,12 +397,9 @@ class ScanKernel:
         power of two, cut into power-of-two pieces (``tile_pieces``, unless ``Tiles.scan_pieces`` is off); one
         tile at the value's own index otherwise."""
         w = self.width(n)
-        if id(n) in self.segs.nodes:
-            base = self.segs.widths[w]
-        elif n.ndim == 2:
-            base = ((0, w),)
-        else:
-            base = ()
+        if id(n) not in self.segs.nodes and n.ndim != 2:
+            return [(0, w, self.ident(n))]
+        base = self.segs.widths[w] if id(n) in self.segs.nodes else ((0, w),)
         cuts = [(off + o, pw) for off, bw in base for o, pw in (tile_pieces(bw) if self.split else ((0, bw),))]
         if len(cuts) < 2:
             return [(0, w, self.ident(n))]
@@ -474,25 +445,18 @@ class ScanKernel:
         cuts = [(off + o, w) for off in sg.offsets for o, w, _ in parts]
         accs = self.product(p, body, [(w, str(off)) for off, w in cuts], k.b_resident)
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
-        pos = k.product.output if k.product is not None else None
-        if pos is not None and pos < self.nc:
-            raise Unsupported(f"matmul at {p.loc}: a carry that is a GEMM read through column slices")
-        joined = self.joined_widths(cuts) if pos is not None else set()
-        returned: Pieces = []  # the tiles the scan returns (of the product or its epilogue's value) stored joined
+        returned: Pieces = []  # the product's tiles (or its epilogue's value's) where the scan returns it
         for (off, w), acc in zip(cuts, accs):
             idx = ("r", sliced(self.cols(w), str(off)))
             value = acc
             if root is not p:
                 value = self.eval(body, self.mask(w), root=root, overrides={(id(p), idx): acc}).val(root, idx)
-            if pos is not None:
-                tile = (value if k.returns_root else acc, off, w)
-                if w in joined:
-                    returned.append(tile)  # stored with the others of its width after the last
-                else:
-                    self.store_row(pos, [tile])
+            returned.append((value if k.returns_root else acc, off, w))
             tiles[(id(root), idx)] = value
-        if pos is not None and returned:
-            self.store_row(pos, returned)
+        if k.product is not None:
+            if k.product.output < self.nc:
+                raise Unsupported(f"matmul at {p.loc}: a carry that is a GEMM read through column slices")
+            self.store_row(k.product.output, returned)
         evs = [self.eval(body, self.mask(w), overrides=tiles) for _, w, _ in parts]
         for m, out, more in zip(sg.members, k.outs, k.also_of):
             for ev in evs:
