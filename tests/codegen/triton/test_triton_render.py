@@ -232,12 +232,17 @@ def _scan_kernels(source: str) -> list[ast.FunctionDef]:
     return [fn for fn in ast.parse(source).body if isinstance(fn, ast.FunctionDef) and "_scan_" in fn.name]
 
 
+def _time_loop(kernel: ast.FunctionDef) -> ast.For:
+    """A persistent scan kernel's time loop (its first statement at the top level that is a loop)."""
+    return next(st for st in kernel.body if isinstance(st, ast.For))
+
+
 def _time_loops(source: str) -> list[tuple[str, int | None]]:
     """For each persistent scan kernel of a program's source: how its time loop iterates (``range`` or
     ``tl.range``) and the ``num_stages`` it asks of Triton's pipeliner (None: not asked)."""
     loops = []
     for fn in _scan_kernels(source):
-        call = next(st for st in fn.body if isinstance(st, ast.For)).iter
+        call = _time_loop(fn).iter
         loops.append((ast.unparse(call.func), {k.arg: k.value.value for k in call.keywords}.get("num_stages")))
     return loops
 
@@ -389,10 +394,11 @@ def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
     return ys, h, c
 
 
-def _scan_calls(source: str, name: str) -> list[int]:
-    """How many times each persistent scan kernel of a program's source calls ``tl.<name>``."""
-    return [sum(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
-                for n in ast.walk(fn))
+def _scan_calls(source: str, name: str, step: bool = False) -> list[int]:
+    """How many times each persistent scan kernel of a program's source (with ``step``, its time loop) calls
+    ``tl.<name>``."""
+    return [sum(isinstance(n, ast.Call) and ast.unparse(n.func) == f"tl.{name}"
+                for n in ast.walk(_time_loop(fn) if step else fn))
             for fn in _scan_kernels(source)]
 
 
@@ -505,13 +511,6 @@ def test_a_float16_scan_in_tiles_of_32_and_16_agrees_with_the_padded_one(rng: np
         np.testing.assert_allclose(a.astype(np.float32), np.asarray(w).astype(np.float32), rtol=2e-2, atol=2e-2)
 
 
-def _loop_calls(source: str, name: str) -> list[int]:
-    """How many times the time loop of each persistent scan kernel of a program's source calls ``tl.<name>``."""
-    loops = [next(st for st in fn.body if isinstance(st, ast.For)) for fn in _scan_kernels(source)]
-    return [sum(isinstance(n, ast.Call) and ast.unparse(n.func) == f"tl.{name}" for n in ast.walk(loop))
-            for loop in loops]
-
-
 @pytest.mark.parametrize("pieces", [True, False], ids=["tiles-of-32-and-16", "padded"])
 def test_a_step_stores_its_tiles_of_one_width_at_once(pieces: bool, rng: np.random.Generator):
     """An LSTM's training step at H = 48: the forward step stores its four gate sums for the backward, and the
@@ -523,11 +522,11 @@ def test_a_step_stores_its_tiles_of_one_width_at_once(pieces: bool, rng: np.rand
     tiles = Tiles(scan_pieces=pieces)
     program = _check(_trained(lstm), *lstm_args(rng, T=3, N=10, H=48), backend=TritonBackend(tiles=tiles))
     widths = 2 if pieces else 1
-    assert _loop_calls(program.source, "join") == [3 * widths, 3 * widths], program.source
-    assert _loop_calls(program.source, "store") == [4 * widths, widths], program.source
+    assert _scan_calls(program.source, "join", step=True) == [3 * widths, 3 * widths], program.source
+    assert _scan_calls(program.source, "store", step=True) == [4 * widths, widths], program.source
     gru_step = _check(_trained(gru), *[_f32(rng, *s) for s in [(3, 10, 4), (10, 48), (144, 4), (144, 48), (144,),
                                                                 (144,)]], backend=TritonBackend(tiles=tiles))
-    assert 0 in _loop_calls(gru_step.source, "join"), gru_step.source
+    assert 0 in _scan_calls(gru_step.source, "join", step=True), gru_step.source
 
 
 def test_a_row_held_by_gates_is_stored_gate_by_gate_as_a_step_output(rng: np.random.Generator):
