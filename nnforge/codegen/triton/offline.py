@@ -92,12 +92,13 @@ _COMPILE = textwrap.dedent("""
             seconds = time.perf_counter() - t0
             registers, spills = usage(k.asm["ptx"])
             wide = len(re.findall(r"ld\\.global(?:\\.[a-z]+)*\\.v4\\.b32", k.asm["ptx"]))  # 16 bytes a thread
+            divisions = len(re.findall(r"\\bdiv\\.(?:full|rn|rz|rm|rp)\\.f32", k.asm["ptx"]))
         except Exception as e:  # the kernel's own failure, reported beside the others
             if "ptxas" in str(e) and "not found" in str(e).lower():
                 raise
             return label, {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
         built = {"shared": k.metadata.shared, "seconds": seconds, "registers": registers, "spill_bytes": spills,
-                 "wide_loads": wide}
+                 "wide_loads": wide, "divisions": divisions}
         if loops == "1":
             built["loop"] = loop(k.asm["cubin"])
         return label, built
@@ -193,7 +194,8 @@ def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int 
     """Build ``records`` (from ``record_launches``) for CUDA architecture ``arch`` in a fresh process with an
     empty Triton cache: ``{"total": seconds, "kernels": {label: {"shared": bytes, "seconds": s, "registers": per
     thread, "spill_bytes": spill stores to local memory, "wide_loads": global loads of 16 bytes per thread in its
-    PTX}}}``, a record's label being its ``"label"`` or else its kernel's name (``seconds`` is Triton's
+    PTX, "divisions": float32 divisions in its PTX (each a reciprocal behind range checks, or an IEEE
+    sequence)}}}``, a record's label being its ``"label"`` or else its kernel's name (``seconds`` is Triton's
     build; ptxas runs again after it for the register report). With ``loops`` each kernel also has ``"loop"``:
     its longest loop in the built machine code (SASS, by ``cuobjdump``; a persistent scan's time loop, so per
     step) — ``{"instructions", "barriers", "global_loads", "async_copies" (copies from global to shared memory

@@ -133,7 +133,8 @@ class Renderer:
                 f"    ({', '.join(outs)}{',' if outs else ''}) = outs",
                 f"    ({syms}{',' if syms else ''}) = S"]
         seeded = any(isinstance(k, Random) for k in self.program.kernels())
-        source = "\n".join(["import torch", "import triton", "import triton.language as tl", "", "", PRELUDE,
+        source = "\n".join(["import os", "import torch", "import triton", "import triton.language as tl", "", "",
+                            PRELUDE,
                             f"SEEDED = {seeded}  # run() draws random numbers from its seed",
                             f"HOST_LOOPS = {self.tags}  # loops run() steps through itself, a launch per step", "",
                             *("\n\n" + k for k in self.kernels), "", "", *head, *self.run, "    return None", ""])

@@ -41,17 +41,47 @@ def rounded(expr: str, dt: DType) -> str:
 
 
 PRELUDE = '''\
+# Under Triton's interpreter (numpy) nf_ex2 and nf_rcp compute exactly; compiled for a GPU they are its
+# special-function unit's instructions, which the interpreter cannot run (no inline assembly). The source is the
+# same in both: this constant, not the renderer, tells them apart (an offline build compiles what was recorded).
+NF_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "") not in ("", "0"))
+
+
+@triton.jit
+def nf_ex2(x):
+    """2^x of float32: on a GPU ex2.approx.ftz.f32 (2 ulp; below 2^-126 it is 0, from 2^128 inf), which Triton's
+    exp2 and exp are without .ftz, at three more instructions; interpreted, tl.exp2 (inf where it overflows,
+    without numpy's warning)."""
+    if NF_INTERPRETED:
+        return tl.where(x >= 128.0, float("inf"), tl.exp2(tl.minimum(x, 127.0, propagate_nan=tl.PropagateNan.ALL)))
+    else:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def nf_rcp(x):
+    """1 / x of float32: on a GPU rcp.approx.ftz.f32 (1 ulp; 0 where |x| passes 2^126), which a float32 division
+    (div.full.f32) is behind four instructions of range checks; interpreted, a division."""
+    if NF_INTERPRETED:
+        return 1.0 / x
+    else:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
 @triton.jit
 def nf_tanh(x):
-    """float32: the rational fit of the C prelude (max relative error 2.7e-7, clamped at 9, NaN kept); float64:
-    from exp(-2|x|), whose cancellation near 0 stays far below float64 tolerances."""
+    """float32: the rational fit of the C prelude (max relative error 2.7e-7, clamped at 9, NaN kept), its
+    denominator (1 to 420) inverted by ``nf_rcp``; float64: from exp(-2|x|), whose cancellation near 0 stays far
+    below float64 tolerances."""
     if x.dtype == tl.float32:
-        c = tl.minimum(tl.maximum(x, -9.0), 9.0)
-        c = tl.where(x != x, x, c)
+        c = tl.maximum(x, -9.0, propagate_nan=tl.PropagateNan.ALL)  # one instruction each, NaN kept
+        c = tl.minimum(c, 9.0, propagate_nan=tl.PropagateNan.ALL)
         s = c * c
         p = (((1.3737804e-08 * s + 2.0890167e-05) * s + 0.003512878) * s + 0.13395657) * s + 1.0
         q = (((7.9347086e-07 * s + 0.00033137616) * s + 0.025942983) * s + 0.46728981) * s + 1.0
-        return c * p / q
+        return c * p * nf_rcp(q)
     else:
         e = tl.exp(-2.0 * tl.abs(x))
         t = (1.0 - e) / (1.0 + e)
@@ -60,9 +90,13 @@ def nf_tanh(x):
 
 @triton.jit
 def nf_sigmoid(x):
-    """1 / (1 + e^-x) without overflow: e^-|x| on both sides."""
-    e = tl.exp(-tl.abs(x))
-    return tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    """1 / (1 + e^-x): float32 by ``nf_ex2`` and ``nf_rcp`` (four instructions on a GPU; far below 0, e^-x is
+    inf and its reciprocal 0); float64 from e^-|x| on both sides, without overflow."""
+    if x.dtype == tl.float32:
+        return nf_rcp(1.0 + nf_ex2(x * -1.4426950408889634))
+    else:
+        e = tl.exp(-tl.abs(x))
+        return tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 @triton.jit

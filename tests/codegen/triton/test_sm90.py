@@ -56,6 +56,30 @@ def test_a_basecaller_width_lstm_trains_in_kernels_that_fit_hopper(cell, rows):
         assert all(built["kernels"][k]["loop"]["async_copies"] for k in scans), built["kernels"]
 
 
+def test_a_cells_activations_use_the_special_function_unit_without_divisions():
+    """Sigmoid and tanh compile to the special-function unit's approximate ``ex2`` and ``rcp`` (``nf_ex2``,
+    ``nf_rcp``): no float32 division is left in an LSTM's persistent scan or in an elementwise kernel of the two
+    (each ``div.full.f32`` is the same reciprocal behind four instructions of range checks, 27 % of an LSTM step's
+    machine code at H = 96: docs/benchmarks.md), while a division the user wrote stays one. The interpreter runs
+    the exact forms; what the GPU's forms compute is checked where a GPU runs the test matrix."""
+    rng = np.random.default_rng(32)
+    H, N = 32, 8
+    args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
+            for s in ((2, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
+    x, y = (rng.standard_normal((4, 64)).astype(np.float32) for _ in range(2))
+    cell = nf.compile(lambda *a: lstm(*a)[0], backend="triton")
+    activations = nf.compile(lambda a: nf.sigmoid(a) * nf.tanh(a), backend="triton")
+    divide = nf.compile(lambda a, b: a / b, backend="triton")
+    records = record_launches(lambda: (cell(*args), activations(x), divide(x, y)))
+    try:
+        built = compile_offline(records, arch=90, loops=True)["kernels"]
+    except NoPtxas:
+        pytest.skip("Triton's CUDA backend has no ptxas here")
+    scan = next(name for name in built if "_scan_" in name)
+    assert built[scan]["divisions"] == 0 and built[scan]["loop"]["special"] > 0, built[scan]
+    assert built["k0_sigmoid_tanh_mul"]["divisions"] == 0 and built["k0_div"]["divisions"] > 0, built
+
+
 KERNELS = '''
 import triton
 import triton.language as tl
