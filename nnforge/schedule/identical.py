@@ -137,9 +137,9 @@ class _Walk:
             return self.refs[memo]
         view = strided(n, self.base, self.sizes.expr) if n.op in STRIDED or id(n) in self.where else None
         value = _constant(n) if self.base(n) is None else None
-        if view is not None:  # a buffer read in place: what matters is where its elements are, not its shape
-            base, offset, strides = view
-            ref: tuple = ("buffer", self.buffer(base), n.dtype.name, offset, tuple(strides))
+        if view is not None:  # a buffer read in place: where its elements are, and how many (a GEMM's K, a loop's
+            base, offset, strides = view  # bound, is a view's extent: two products differing only in K differ)
+            ref: tuple = ("buffer", self.buffer(base), n.dtype.name, offset, tuple(strides), self.sizes.of(n.shape))
         elif value is not None:  # the same value at every index: only it matters
             ref = ("constant", self.sizes.value(value.attrs["value"]), value.dtype.name)
         else:

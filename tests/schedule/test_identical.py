@@ -88,3 +88,19 @@ def test_run_time_lengths_are_kept_as_symbols() -> None:
     program, keys = _keys(fn, [x, z])
     scans = [key for k, key in zip(program.block.kernels, keys) if isinstance(k, Loop)]
     assert len(scans) == 3 and scans[0] == scans[1] != scans[2]
+
+
+def test_products_of_views_differing_only_in_extent_differ(rng: np.random.Generator) -> None:
+    """``a[:, :2] @ b[:2]`` and ``a @ c`` read their operands at the same offsets with the same strides and give
+    the same shape; only K differs, the extent of the views. Keyed alike, the C backend emitted one of them for
+    both (it raised, finding their code different: a weight gradient split by rows hit it)."""
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((6, 5), (5, 3), (5, 3)))
+
+    def fn(a, b, c):
+        return a[:, :2] @ b[:2], a @ c
+
+    _, keys = _keys(fn, [a, b, c])
+    assert len(keys) == 2 and keys[0] != keys[1]
+    got = nf.compile(fn, backend="cpu")(a, b, c)
+    np.testing.assert_allclose(got[0], a[:, :2] @ b[:2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], a @ c, rtol=1e-5, atol=1e-5)
