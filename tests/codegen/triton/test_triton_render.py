@@ -516,14 +516,15 @@ def test_a_step_stores_its_tiles_of_one_width_at_once(pieces: bool, rng: np.rand
     """An LSTM's training step at H = 48: the forward step stores its four gate sums for the backward, and the
     backward step its four joined gate gradients for the weight gradients after the loop — each row's tiles of
     one width joined (``tl.join``) and stored at once, so each is two stores (a width of 32 and one of 16) or,
-    padded, one, where it was eight or four; the forward's other rows (ys, and h and c as each step begins,
-    for the backward), one tile of each width, are stored tile by tile. A GRU's three gates (no power of two)
-    are stored one by one. The values agree with the reference."""
+    padded, one, where it was eight or four; the forward's other rows (ys, and c as each step begins, for the
+    backward; h as it begins is ys a step earlier: ``carries_read_from_outputs``), one tile of each width, are
+    stored tile by tile. A GRU's three gates (no power of two) are stored one by one. The values agree with the
+    reference."""
     tiles = Tiles(scan_pieces=pieces)
     program = _check(_trained(lstm), *lstm_args(rng, T=3, N=10, H=48), backend=TritonBackend(tiles=tiles))
     widths = 2 if pieces else 1
     assert _scan_calls(program.source, "join", step=True) == [3 * widths, 3 * widths], program.source
-    assert _scan_calls(program.source, "store", step=True) == [4 * widths, widths], program.source
+    assert _scan_calls(program.source, "store", step=True) == [3 * widths, widths], program.source
     gru_step = _check(_trained(gru), *[_f32(rng, *s) for s in [(3, 10, 4), (10, 48), (144, 4), (144, 48), (144,),
                                                                 (144,)]], backend=TritonBackend(tiles=tiles))
     assert 0 in _scan_calls(gru_step.source, "join", step=True), gru_step.source
