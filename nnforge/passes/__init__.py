@@ -15,7 +15,7 @@ from .dce import dce, pure_loops
 from .hoist import hoist
 from .products import shared_weight_products, sums_of_products
 from .reductions import hoist_reductions
-from .scans import carries_read_from_outputs, merge_augmented_scans
+from .scans import carries_read_from_outputs, merge_augmented_scans, stacked_parts_read_as_views
 from .simplify import sigmoid_forms, simplify
 from .sinks import sink_output_products
 from .views import views_into_scans
@@ -49,6 +49,7 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         ("biases_into_scans", functools.partial(biases_into_scans, target=target)),  # after hoist, likewise
         ("sums_of_products", sums_of_products),  # after hoist, which lifts a step's weight-gradient product out
         ("carries_read_from_outputs", carries_read_from_outputs),  # on the weight-gradient GEMMs folded by now
+        ("stacked_parts_read_as_views", stacked_parts_read_as_views),  # before simplify, which folds the reshapes
         ("simplify", simplify),
         ("cse", cse),
         ("dce", dce),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..ir import builders as b
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
@@ -124,3 +126,50 @@ def _stacked_carry(n: Node) -> tuple[int, int] | None:
 def first_steps(T: int) -> int:
     """``min(T, 1)`` for a length ``T >= 0`` in the operations a symbolic size keeps (``2T // (T + 1)``)."""
     return (2 * T) // (T + 1)
+
+
+def stacked_parts_read_as_views(graph: Graph) -> Graph:
+    """A scan's stacked output that is a run of columns of another one is read as a view of that one.
+
+    A GRU's backward stacks its three gate gradients joined (``concat(dr, dz, dn)``, for the input projection's
+    gradients) and again ``concat(dr, dz)`` and ``dn`` for the gradients of the weights they multiply: every step
+    stores each value twice. The same bytes are columns of the first stack; its readers read ``[T * N, W]`` rows
+    sliced to those columns (a GEMM reads them through strides), and ``dce`` drops the copies. A value is such a
+    run where the other's body value is a ``concat`` along the last axis and it is one of its parts, or a concat of
+    consecutive ones."""
+    replace: dict[int, Node] = {}
+    for scan in graph.order:
+        if scan.op != Op.SCAN:
+            continue
+        body: Graph = scan.attrs["body"]
+        nc = scan.attrs["n_carry"]
+        for i in range(nc, len(body.outputs)):
+            found = _columns_of(body.outputs[i], body.outputs, nc)
+            if found is None:
+                continue
+            j, lo, hi = found
+            T, N, W = (*scan.types[j][0],)
+            rows = make(Op.RESHAPE, (b.proj(scan, j),), {"shape": (T * N, W)}, loc=scan.loc)
+            cols = b.slice_axis(rows, 1, lo, hi)
+            replace[id(scan), i] = make(Op.RESHAPE, (cols,), {"shape": (T, N, hi - lo)}, loc=scan.loc)
+    if not replace:
+        return graph
+    return substitute(graph, {id(n): replace[id(n.srcs[0]), n.attrs["index"]] for n in graph.order
+                              if n.op == Op.PROJ and (id(n.srcs[0]), n.attrs.get("index")) in replace})
+
+
+def _columns_of(v: Node, outputs: Sequence[Node], nc: int) -> tuple[int, int, int] | None:
+    """(j, lo, hi): stacked output ``j`` (another) holds ``v`` as its columns ``lo:hi``; None if none does. Only
+    ``[N, W]`` values (a step's rows)."""
+    if v.ndim != 2:
+        return None
+    parts = v.srcs if v.op == Op.CONCAT and v.attrs["axis"] in (1, -1) else (v,)
+    for j in range(nc, len(outputs)):
+        w = outputs[j]
+        if w is v or w.op != Op.CONCAT or w.attrs["axis"] not in (1, -1) or w.ndim != 2:
+            continue
+        for start in range(len(w.srcs) - len(parts) + 1):
+            if all(a is p for a, p in zip(w.srcs[start:start + len(parts)], parts)):
+                lo = sum(int(s.shape[1]) for s in w.srcs[:start])
+                return j, lo, lo + int(v.shape[1])
+    return None

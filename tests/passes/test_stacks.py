@@ -1,5 +1,6 @@
-"""``carries_read_from_outputs``: the carries autodiff stacks for a weight gradient are read from the scan's own
-stacked output of that carry, one step shifted, instead of being stored a second time at every step."""
+"""Stacks a scan stores twice: ``carries_read_from_outputs`` (the carries autodiff stacks for a weight gradient
+are read from the scan's own stacked output of that carry, one step shifted) and ``stacked_parts_read_as_views``
+(a stacked output that is columns of another is read as a view of it)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from nnforge.codegen.reference import ReferenceProgram
 from nnforge.codegen.triton.target import triton_target
 from nnforge.ir.ops import Op
 from nnforge.passes import pipeline, run_pipeline
-from nnforge.passes.scans import _stacked_carry, carries_read_from_outputs, first_steps
+from nnforge.passes.scans import _stacked_carry, carries_read_from_outputs, first_steps, stacked_parts_read_as_views
 
 
 def _lstm(x, h0, c0, w_ih, w_hh, b, reverse=False):
@@ -131,3 +132,30 @@ def test_a_stack_read_otherwise_stays(rng: np.random.Generator) -> None:
 
 def test_first_steps_is_min_of_one() -> None:
     assert [first_steps(T) for T in range(6)] == [0, 1, 1, 1, 1, 1]
+
+
+def test_stacked_runs_of_columns_are_read_from_the_whole(backend: str, rng: np.random.Generator) -> None:
+    """A scan stacking ``concat(a, b, c)``, ``concat(a, b)``, ``c`` and ``concat(a, c)`` per step (a GRU's backward
+    stacks its gate gradients so): the second and third are columns of the first and read as views of it, the
+    fourth (not consecutive columns) stays; products of all four, their sums and the stacks themselves agree with
+    the reference on every backend."""
+    x, h0, u, d = (rng.standard_normal(s).astype(np.float32) for s in ((5, 4, 3), (4, 3), (3, 3), (5, 4, 2)))
+
+    def f(x, h0, u, d):
+        def cell(h, x_t):
+            a, b_, c = (x_t @ u).tanh(), h * x_t, (h - x_t).sigmoid()
+            h = (a + b_ * c).tanh()
+            return h, (nf.concat([a, b_, c], axis=1), nf.concat([a, b_], axis=1), c, nf.concat([a, c], axis=1))
+
+        _, (abc, ab, c, ac) = nf.scan(cell, h0, x)
+        dd = d.reshape(20, 2)
+        return (dd.T @ abc.reshape(20, 9), dd.T @ ab.reshape(20, 6), dd.T @ c.reshape(20, 3), dd.T @ ac.reshape(20, 6),
+                ab.sum(0), c * 2.0)
+
+    graph = nf.compile(f).trace(x, h0, u, d)
+    after = stacked_parts_read_as_views(graph)
+    (scan,) = [n for n in run_pipeline(after, pipeline(triton_target())).order if n.op == Op.SCAN]
+    assert [t[0][-1] for t in scan.types[1:]] == [9, 6]  # the carry, then abc and ac: ab and c are views
+    want = ReferenceProgram(graph)([x, h0, u, d])
+    for got, w in zip(nf.compile(f, backend=backend)(x, h0, u, d), want):
+        np.testing.assert_allclose(np.asarray(got), w, rtol=2e-5, atol=2e-5)
