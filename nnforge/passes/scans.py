@@ -137,25 +137,28 @@ def stacked_parts_read_as_views(graph: Graph) -> Graph:
     sliced to those columns (a GEMM reads them through strides), and ``dce`` drops the copies. A value is such a
     run where the other's body value is a ``concat`` along the last axis and it is one of its parts, or a concat of
     consecutive ones."""
-    replace: dict[int, Node] = {}
+    columns: dict[tuple[int, int], tuple[int, int, int]] = {}  # (scan, stacked output) -> (j, lo, hi) of another
     for scan in graph.order:
-        if scan.op != Op.SCAN:
-            continue
-        body: Graph = scan.attrs["body"]
-        nc = scan.attrs["n_carry"]
-        for i in range(nc, len(body.outputs)):
-            found = _columns_of(body.outputs[i], body.outputs, nc)
-            if found is None:
-                continue
-            j, lo, hi = found
-            T, N, W = (*scan.types[j][0],)
-            rows = make(Op.RESHAPE, (b.proj(scan, j),), {"shape": (T * N, W)}, loc=scan.loc)
-            cols = b.slice_axis(rows, 1, lo, hi)
-            replace[id(scan), i] = make(Op.RESHAPE, (cols,), {"shape": (T, N, hi - lo)}, loc=scan.loc)
-    if not replace:
+        if scan.op == Op.SCAN:
+            body: Graph = scan.attrs["body"]
+            nc = scan.attrs["n_carry"]
+            for i in range(nc, len(body.outputs)):
+                found = _columns_of(body.outputs[i], body.outputs, nc)
+                if found is not None:
+                    columns[id(scan), i] = found
+    if not columns:
         return graph
-    return substitute(graph, {id(n): replace[id(n.srcs[0]), n.attrs["index"]] for n in graph.order
-                              if n.op == Op.PROJ and (id(n.srcs[0]), n.attrs.get("index")) in replace})
+
+    def rule(node: Node, original: Node) -> Node | None:
+        if original.op != Op.PROJ or (id(original.srcs[0]), original.attrs["index"]) not in columns:
+            return None
+        j, lo, hi = columns[id(original.srcs[0]), original.attrs["index"]]
+        scan = node.srcs[0]  # rebuilt on its rewritten sources where they changed (a scan reading such a view)
+        T, N, W = scan.types[j][0]
+        rows = make(Op.RESHAPE, (b.proj(scan, j),), {"shape": (T * N, W)}, loc=original.loc)
+        return make(Op.RESHAPE, (b.slice_axis(rows, 1, lo, hi),), {"shape": (T, N, hi - lo)}, loc=original.loc)
+
+    return rewrite_top(graph, rule)
 
 
 def _columns_of(v: Node, outputs: Sequence[Node], nc: int) -> tuple[int, int, int] | None:

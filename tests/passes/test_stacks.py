@@ -159,3 +159,29 @@ def test_stacked_runs_of_columns_are_read_from_the_whole(backend: str, rng: np.r
     want = ReferenceProgram(graph)([x, h0, u, d])
     for got, w in zip(nf.compile(f, backend=backend)(x, h0, u, d), want):
         np.testing.assert_allclose(np.asarray(got), w, rtol=2e-5, atol=2e-5)
+
+
+def test_a_scan_reading_such_a_view_is_rebuilt_once(rng: np.random.Generator) -> None:
+    """The second of two scans steps over the first's ``concat(a, b)`` stack (a view after the pass) and stacks
+    columns of its own: it is rebuilt on the view and its own view reads the rebuilt scan — two scans, not the
+    old second one kept alive beside the new (a recurrence computed twice)."""
+    x, h0, u = (rng.standard_normal(s) for s in ((5, 4, 3), (4, 3), (3, 3)))
+
+    def layer(h0, x, u):
+        def cell(h, x_t):
+            a, b_ = (x_t[:, :3] @ u).tanh(), h * x_t[:, :3]
+            h = (a + b_).tanh()
+            return h, (nf.concat([a, b_, h], axis=1), nf.concat([a, b_], axis=1))
+
+        return nf.scan(cell, h0, x)[1]
+
+    def f(x, h0, u):
+        abh, ab = layer(h0, x, u)
+        abh2, ab2 = layer(h0, ab, u)
+        return abh.sum(), ab2.sum(0), abh2 * 2.0
+
+    graph = nf.compile(f).trace(x, h0, u)
+    after = stacked_parts_read_as_views(graph)
+    assert [n.op for n in after.order].count(Op.SCAN) == 2
+    for got, want in zip(ReferenceProgram(after)([x, h0, u]), ReferenceProgram(graph)([x, h0, u])):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
