@@ -8,7 +8,7 @@ from ..ir import builders as b
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
-from .rewrite import redirect_results, rewrite_top, substitute
+from .rewrite import redirect_results, rewrite_top, step_rows, substitute
 
 
 def merge_augmented_scans(graph: Graph) -> Graph:
@@ -89,8 +89,8 @@ def carries_read_from_outputs(graph: Graph) -> Graph:
         k, j = split[id(original)]
         left, view = node.srcs
         scan = view.srcs[0].srcs[0]
-        T, N, H = view.srcs[0].shape
-        ys = make(Op.RESHAPE, (b.proj(scan, j),), {"shape": (T * N, H)}, loc=original.loc)
+        T, N, _ = view.srcs[0].shape
+        ys = step_rows(b.proj(scan, j), original.loc)
         first = first_steps(T) * N  # rows of the step that starts from the initial carry
         rest = T * N - first
         if scan.attrs["reverse"]:
@@ -154,8 +154,8 @@ def stacked_parts_read_as_views(graph: Graph) -> Graph:
             return None
         j, lo, hi = columns[id(original.srcs[0]), original.attrs["index"]]
         scan = node.srcs[0]  # rebuilt on its rewritten sources where they changed (a scan reading such a view)
-        T, N, W = scan.types[j][0]
-        rows = make(Op.RESHAPE, (b.proj(scan, j),), {"shape": (T * N, W)}, loc=original.loc)
+        T, N, _ = scan.types[j][0]
+        rows = step_rows(b.proj(scan, j), original.loc)
         return make(Op.RESHAPE, (b.slice_axis(rows, 1, lo, hi),), {"shape": (T, N, hi - lo)}, loc=original.loc)
 
     return rewrite_top(graph, rule)
@@ -166,13 +166,16 @@ def _columns_of(v: Node, outputs: Sequence[Node], nc: int) -> tuple[int, int, in
     ``[N, W]`` values (a step's rows)."""
     if v.ndim != 2:
         return None
-    parts = v.srcs if v.op == Op.CONCAT and v.attrs["axis"] in (1, -1) else (v,)
+    parts = _row_parts(v) or (v,)
     for j in range(nc, len(outputs)):
-        w = outputs[j]
-        if w is v or w.op != Op.CONCAT or w.attrs["axis"] not in (1, -1) or w.ndim != 2:
-            continue
-        for start in range(len(w.srcs) - len(parts) + 1):
-            if all(a is p for a, p in zip(w.srcs[start:start + len(parts)], parts)):
-                lo = sum(int(s.shape[1]) for s in w.srcs[:start])
+        whole = _row_parts(outputs[j]) if outputs[j] is not v else None
+        for start in range(len(whole or ()) - len(parts) + 1):
+            if all(a is p for a, p in zip(whole[start:start + len(parts)], parts)):
+                lo = sum(int(s.shape[1]) for s in whole[:start])
                 return j, lo, lo + int(v.shape[1])
     return None
+
+
+def _row_parts(v: Node) -> tuple[Node, ...] | None:
+    """The parts of ``v``, an ``[N, W]`` concat along its rows' last axis; None for anything else."""
+    return v.srcs if v.op == Op.CONCAT and v.ndim == 2 and v.attrs["axis"] in (1, -1) else None

@@ -32,7 +32,7 @@ def _ln(v):
     return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
 
 
-def lstm(x, h0, c0, w_ih, w_hh, b, norm=False):
+def lstm(x, h0, c0, w_ih, w_hh, b, norm=False, reverse=False):
     def cell(carry, x_t):
         h, c = carry
         z = x_t @ w_ih.T + h @ w_hh.T + b
@@ -41,7 +41,7 @@ def lstm(x, h0, c0, w_ih, w_hh, b, norm=False):
         h = nf.sigmoid(o) * nf.tanh(_ln(c) if norm else c)
         return (h, c), h
 
-    return nf.scan(cell, (h0, c0), x)
+    return nf.scan(cell, (h0, c0), x, reverse=reverse)
 
 
 def _args(rng: np.random.Generator, T=4, N=16, I=5, H=6):

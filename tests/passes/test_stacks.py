@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_row_split import lstm
 
 import nnforge as nf
 from nnforge.codegen.c.target import cpu_target
@@ -15,18 +16,6 @@ from nnforge.codegen.triton.target import triton_target
 from nnforge.ir.ops import Op
 from nnforge.passes import pipeline, run_pipeline
 from nnforge.passes.scans import _stacked_carry, carries_read_from_outputs, first_steps, stacked_parts_read_as_views
-
-
-def _lstm(x, h0, c0, w_ih, w_hh, b, reverse=False):
-    def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
-        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-        h = o.sigmoid() * c.tanh()
-        return (h, c), h
-
-    _, ys = nf.scan(cell, (h0, c0), x, reverse=reverse)
-    return ys
 
 
 def _torch_lstm(x, h0, c0, w_ih, w_hh, b, reverse=False):
@@ -46,7 +35,7 @@ def _args(rng: np.random.Generator, T: int, N: int = 16, H: int = 5, dtype=np.fl
 
 def _loss(reverse: bool):
     def loss(x, h0, c0, w_ih, w_hh, b):
-        ys = _lstm(x, h0, c0, w_ih, w_hh, b, reverse)
+        ys = lstm(x, h0, c0, w_ih, w_hh, b, reverse=reverse)[1]
         return (ys * ys).sum()
 
     return nf.grad(loss, argnums=(1, 3, 4, 5))
