@@ -31,14 +31,20 @@ def _rows(db: str, run_id: str) -> list[dict]:
 
 
 def _kill_one_ray_worker_mid_task(killed: list[int], stop: threading.Event) -> None:
-    """SIGKILL the Ray worker running the first task whose isolated measurement worker has started."""
+    """SIGKILL the Ray worker running the first task whose isolated measurement worker has started — of this
+    process's own cluster: its Ray workers are its descendants, and another xdist worker may run a cluster too
+    (``xdist_group`` does not keep these tests on one worker under pytest 9, which ignores the group suffix
+    xdist 3.8 writes into ``item._nodeid``)."""
+    me = psutil.Process()
     while not stop.is_set() and not killed:
-        for p in psutil.process_iter(["cmdline"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if "nnforge.modelview.worker" not in cmd:
+        for p in me.children(recursive=True):
+            try:
+                cmd = " ".join(p.cmdline())
+                parent = p.parent()  # a Ray worker's title is "ray::<task name>"
+                title = " ".join(parent.cmdline()) if parent is not None else ""
+            except psutil.Error:  # ended meanwhile
                 continue
-            parent = p.parent()  # a Ray worker's title is "ray::<task name>"
-            if parent is not None and " ".join(parent.cmdline()).startswith("ray::measure_setting"):
+            if "nnforge.modelview.worker" in cmd and title.startswith("ray::measure_setting"):
                 parent.send_signal(signal.SIGKILL)
                 killed.append(parent.pid)
                 return
