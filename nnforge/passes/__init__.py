@@ -18,6 +18,7 @@ from .reductions import hoist_reductions
 from .scans import carries_read_from_outputs, merge_augmented_scans, stacked_parts_read_as_views
 from .simplify import sigmoid_forms, simplify
 from .sinks import sink_output_products
+from .sums import split_long_sums
 from .views import views_into_scans
 
 log = logging.getLogger("nnforge.passes")
@@ -50,6 +51,7 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         ("sums_of_products", sums_of_products),  # after hoist, which lifts a step's weight-gradient product out
         ("carries_read_from_outputs", carries_read_from_outputs),  # on the weight-gradient GEMMs folded by now
         ("stacked_parts_read_as_views", stacked_parts_read_as_views),  # before simplify, which folds the reshapes
+        ("split_long_sums", functools.partial(split_long_sums, target=target)),
         ("simplify", simplify),
         ("cse", cse),
         ("dce", dce),

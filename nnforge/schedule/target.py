@@ -53,6 +53,9 @@ class Target:
     ``step_recompute``: the fuser's recompute policy (``passes.fuse.Recompute``) for the body of a loop the host
     steps without splitting its rows, where every kernel of the body is a launch per step (a GPU's host loop);
     by default the shared policy, as everywhere else.
+    ``split_sum_outputs``: a sum or max over the leading axis and others with fewer results than this runs over
+    the leading axis first, in parallel over at least this many partial results, then over the rest
+    (``passes.sums``); 0: every reduction runs as written.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
@@ -76,10 +79,12 @@ class Target:
     random: bool = False
     gemm_tiles: tuple[tuple[int, int, int], ...] = ()
     step_recompute: Recompute = CHEAP
+    split_sum_outputs: int = 0
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
-                      "max_chunk_steps", "row_block", "k_slice"):
+                      "max_chunk_steps", "row_block", "k_slice",
+                      "split_sum_outputs"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
         if self.gemm_tiles and self.gemm_tiles[-1][0] != 0:

@@ -16,6 +16,7 @@ from ...schedule import Target
 
 STEP_RECOMPUTE_OPS = 24  # see triton_target: a host loop's elementwise cones recomputed by each reader kernel
 STEP_RECOMPUTE_READS = 8
+SPLIT_SUM_OUTPUTS = 4096  # see triton_target: a reduction with fewer results runs over its leading axis first
 # Multiply-adds contracted to FMA in every kernel, said at each launch: the C backend's compiler contracts them
 # too (gnu11), one rounding is as accurate or more, and Triton 3.9 warns that its unset default turns off in 3.10,
 # which would change results and speed with a Triton upgrade alone.
@@ -53,6 +54,10 @@ def triton_target() -> Target:
       at another element (a shifted slice of a carry, as a CTC lattice does) stays a host loop of per-step
       launches (``steps.py``).
     * ``random``: draws are kernels of their own (``tl.rand`` / ``tl.randn``, Philox), keyed on the host.
+    * ``split_sum_outputs`` 4096: a reduction program computes 16 results (``Tiles.reduce_rows``), so one with
+      fewer than 4096 fills fewer than two programs per SM of an H100 or H200; where its leading axis leaves at
+      least that many partial sums it runs over that axis first (a training step's loss over [T, N, H]: one
+      program summing T * N * H products became N * H / 16 programs, then one over N * H partial sums).
     * ``step_recompute``: in a host loop every kernel of the body is a Python launch per step (a host-loop step
       took 19–40 µs on an H200 whatever its work, docs/benchmarks.md) and its stored values make a round trip
       through memory that the next launch reads back; so an elementwise value read by several of the step's
@@ -63,7 +68,8 @@ def triton_target() -> Target:
     return Target(name="triton", min_split_rows=1, max_split_weight_bytes=160 * 1024, reduction_hoist_bytes=0,
                   chunk_bytes=0, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
                   pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True, random=True,
-                  step_recompute=Recompute(ops=STEP_RECOMPUTE_OPS, op_set=None, reads=STEP_RECOMPUTE_READS))
+                  step_recompute=Recompute(ops=STEP_RECOMPUTE_OPS, op_set=None, reads=STEP_RECOMPUTE_READS),
+                  split_sum_outputs=SPLIT_SUM_OUTPUTS)
 
 
 @dataclass(frozen=True)
