@@ -30,7 +30,7 @@ from .errors import NNForgeError, TraceError, at
 from .interop.autograd import call_with_autograd, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import baked_symbols, sym
-from .ir.lengths import loop_length_symbols
+from .ir.lengths import loop_length_groups
 from .ir.loops import placeholder
 from .ir.node import Graph, Node, toposort
 from .ir.ops import Op
@@ -63,6 +63,7 @@ class _Entry:
     grads: list[tuple[weakref.ref, int | None]] = field(default_factory=list)  # .grad written back (None: cleared)
     grad_reads: list[weakref.ref] = field(default_factory=list)  # tensors whose .grad is read (after ``implicit``)
     presence: tuple[tuple[weakref.ref, bool], ...] = ()  # whether each .grad the trace depends on was set
+    ties: tuple[frozenset, ...] = ()  # generic axes that must stay one size (the sequences one scan walks)
 
     def grads_as_traced(self) -> bool:
         """Whether every ``.grad`` whose presence the trace depends on (gradients accumulate onto it) is set or
@@ -77,7 +78,7 @@ class _Entry:
                 return False
             if any(x != y and (i, ax) not in self.generic for ax, (x, y) in enumerate(zip(a, b))):
                 return False
-        return True
+        return all(len({shapes[i][ax] for i, ax in tie}) == 1 for tie in self.ties)
 
 
 def _is_static(x: Any) -> bool:
@@ -248,30 +249,40 @@ class CompiledFunction:
         graph = run_pipeline(t.graph)
         log.info("%s: traced in %.3f s (%d nodes), passes in %.3f s", _name(self.fn), traced - start,
                  len(t.graph.order), time.perf_counter() - traced)
-        generic = _generic_axes(graph, shapes, t.baked)
+        generic, ties = _generic_axes(graph, shapes, t.baked)
         return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out,
-                      grads=t.grads, grad_reads=t.grad_reads, presence=t.presence)
+                      grads=t.grads, grad_reads=t.grad_reads, presence=t.presence, ties=ties)
 
 
 def _name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
 
 
-def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> frozenset:
-    """Input axes whose size only sets a loop's trip count, checked by re-specializing at another size.
+def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> tuple[frozenset, tuple[frozenset, ...]]:
+    """Input axes whose size only sets a loop's trip count, checked by re-specializing at another size, and the
+    groups of them that must stay one size (``ties``): a scan over several sequences takes its length from each,
+    so theirs are tried, and later matched, together.
 
     Sizes the function turned into Python floats (``baked``) are in the trace as constants: never generic.
     """
-    names = loop_length_symbols(graph) - baked
-    axes = set()
-    for name in names:
-        i, ax = map(int, name[1:].split("."))
+    merged: list[set[str]] = []
+    for group in loop_length_groups(graph):  # loops reading one sequence share its size: one group
+        joined = [m for m in merged if m & group]
+        merged = [m for m in merged if not m & group] + [set(group).union(*joined)]
+    axes: set[tuple[int, int]] = set()
+    ties = []
+    for names in merged:
+        if not names or names & baked:
+            continue
+        found = {name: tuple(map(int, name[1:].split("."))) for name in names}
         try:
-            specialize(graph, {name: shapes[i][ax] + 1})
+            specialize(graph, {name: shapes[i][ax] + 1 for name, (i, ax) in found.items()})
         except NNForgeError:
-            continue  # the size is baked into the graph somewhere else: keep it in the cache key
-        axes.add((i, ax))
-    return frozenset(axes)
+            continue  # a size is baked into the graph somewhere else: keep it in the cache key
+        axes |= set(found.values())
+        if len(found) > 1:
+            ties.append(frozenset(found.values()))
+    return frozenset(axes), tuple(ties)
 
 
 class Traced(NamedTuple):

@@ -199,6 +199,7 @@ class SavedEntry:
     state: tuple[tuple[int, int], ...]     # (captured index, output index)
     n_out: int
     programs: tuple[tuple[tuple, Any], ...]
+    ties: tuple[frozenset, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,8 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
                 progs.append((key, seen[id(p)]))
             entries.append(SavedEntry(e.treedef, e.dtypes, e.shapes, e.generic, e.statics, flatten_graph(e.graph),
                                       e.out_def, tuple(capture(r) for r in e.implicit),
-                                      tuple((capture(r), i) for r, i in e.state), e.n_out, tuple(progs)))
+                                      tuple((capture(r), i) for r, i in e.state), e.n_out, tuple(progs),
+                                      e.ties))
         return SavedFunction(f.__qualname__, f.backend, tuple(entries),
                              tuple((k, function(v)) for k, v in f._vjps.items()))
 
@@ -385,7 +387,8 @@ def load(path: str | os.PathLike) -> CompiledFunction:
                 programs[key] = built[id(p)]
             entries.append(_Entry(e.treedef, e.dtypes, e.shapes, e.generic, e.statics, unflatten_graph(e.graph),
                                   e.out_def, [weakref.ref(captured[i]) for i in e.implicit],
-                                  [(weakref.ref(captured[i]), k) for i, k in e.state], e.n_out, programs))
+                                  [(weakref.ref(captured[i]), k) for i, k in e.state], e.n_out, programs,
+                                  ties=e.ties))
         vjps = {k: function(v) for k, v in s.vjps}
         return LoadedFunction(s.name, s.backend, entries, vjps, captured, str(path))
 

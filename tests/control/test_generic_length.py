@@ -4,6 +4,7 @@ backend)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import nnforge as nf
 
@@ -44,3 +45,29 @@ def test_a_length_baked_into_a_reshape_stays_in_the_cache_key(rng: np.random.Gen
         assert out.shape == (t * 2,)
         np.testing.assert_allclose(out.reshape(t, 2)[1:], np.cumsum(x, 0)[:-1], rtol=1e-5, atol=1e-6)
     assert f.trace_count == 2
+
+
+def test_a_scan_over_two_sequences_takes_every_length_with_one_trace(rng: np.random.Generator, backend: str):
+    """A scan walking (x, mask) reads its trip count from both: their lengths are freed together and must stay
+    one size, so new equal lengths (0 included) reuse the trace, and unequal ones get the scan's own error."""
+
+    @nf.compile(backend=backend)
+    def f(x, h0, mask):
+        def cell(h, xm):
+            x_t, m_t = xm
+            return h + x_t * m_t, h * m_t
+
+        return nf.scan(cell, h0, (x, mask))
+
+    for t in (5, 1, 8, 0):
+        x, h0, mask = (rng.standard_normal(s).astype(np.float32) for s in ((t, 3, 4), (3, 4), (t, 3, 4)))
+        h, ys = f(x, h0, mask)
+        want_h, want_ys = h0.copy(), []
+        for x_t, m_t in zip(x, mask):
+            want_ys.append(want_h * m_t)
+            want_h = want_h + x_t * m_t
+        np.testing.assert_allclose(h, want_h, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ys, np.stack(want_ys) if t else np.zeros((0, 3, 4)), rtol=1e-5, atol=1e-6)
+    assert f.trace_count == 1
+    with pytest.raises(nf.ShapeError, match="disagree on length"):
+        f(*(np.ones(s, np.float32) for s in ((6, 3, 4), (3, 4), (4, 3, 4))))

@@ -132,6 +132,29 @@ def test_a_signature_it_was_not_saved_with_is_refused_naming_the_saved_ones(rng:
         nf.compile(lambda *a: g(*a)[1].sum())(*_rnn_args(rng, 5))
 
 
+def test_a_loaded_scan_over_two_sequences_keeps_their_lengths_equal(rng: np.random.Generator,
+                                                                     tmp_path: Path) -> None:
+    """Saved with the rule that a scan's sequences share one free length: a loaded program takes any equal
+    lengths and refuses unequal ones by the signature it was saved with (it cannot trace them)."""
+
+    def masked(x, h0, mask):
+        return nf.scan(lambda h, xm: (h + xm[0] * xm[1], h), h0, (x, mask))[1]
+
+    def args(t: int, u: int) -> list[np.ndarray]:
+        return [rng.standard_normal(s).astype(np.float32) for s in ((t, 2, 3), (2, 3), (u, 2, 3))]
+
+    f = nf.compile(masked)
+    f(*args(4, 4))
+    f.save(tmp_path / "masked.nfp")
+    g = nf.load(tmp_path / "masked.nfp")
+    for t in (6, 1):
+        a = args(t, t)
+        np.testing.assert_array_equal(g(*a), f(*a))
+    assert g.trace_count == 0
+    with pytest.raises(TraceError, match="called with"):
+        g(*args(6, 5))
+
+
 def _saved(rng: np.random.Generator, tmp_path: Path, backend: str = "reference") -> Path:
     f = nf.compile(_rnn, backend=backend)
     f(*_rnn_args(rng, 4))
