@@ -49,3 +49,17 @@ def test_cli_report(small_db: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "none.db").exists()
     res = runner.invoke(app, ["report", str(small_db), "--run", "nope"])
     assert res.exit_code == 2 and "no run 'nope'" in res.output
+
+
+def test_the_gpu_example_stores_of_the_docs_draw(tmp_path: Path) -> None:
+    """docs/report.md's examples are real GPU stores: each still opens with this store's schema and draws the GPU
+    metrics chart (a copy: the files under docs/ stay as measured); the Triton one has nnforge.triton cells."""
+    examples = sorted((Path(__file__).resolve().parents[2] / "docs" / "examples").glob("*.db"))
+    assert {p.name for p in examples} >= {"h200-half.db", "h200-triton.db"}
+    for db in examples:
+        copy = tmp_path / db.name
+        copy.write_bytes(db.read_bytes())
+        html = Path(write_report(copy, tmp_path / f"{db.stem}.html")).read_text()
+        _check_offline(html)
+        assert 'id="fig-gpu"' in html and "NVIDIA H200" in html, db.name
+    assert "nnforge.triton" in (tmp_path / "h200-triton.html").read_text()
