@@ -36,7 +36,7 @@ from .ir.node import Graph, Node, toposort
 from .ir.ops import Op
 from .passes import run_pipeline
 from .passes.rewrite import substitute
-from .passes.specialize import specialize
+from .passes.specialize import specialize, unify_sizes
 from .pytree import flatten, unflatten
 from .tensor import Tensor, adopt
 from .trace import scope, session
@@ -249,7 +249,7 @@ class CompiledFunction:
         graph = run_pipeline(t.graph)
         log.info("%s: traced in %.3f s (%d nodes), passes in %.3f s", _name(self.fn), traced - start,
                  len(t.graph.order), time.perf_counter() - traced)
-        generic, ties = _generic_axes(graph, shapes, t.baked)
+        graph, generic, ties = _generic_axes(graph, shapes, t.baked)
         return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out,
                       grads=t.grads, grad_reads=t.grad_reads, presence=t.presence, ties=ties)
 
@@ -258,10 +258,11 @@ def _name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
 
 
-def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> tuple[frozenset, tuple[frozenset, ...]]:
+def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> tuple[Graph, frozenset, tuple[frozenset, ...]]:
     """Input axes whose size only sets a loop's trip count, checked by re-specializing at another size, and the
     groups of them that must stay one size (``ties``): a scan over several sequences takes its length from each,
-    so theirs are tried, and later matched, together.
+    so theirs are tried, and later matched, together — and made one symbol in the returned graph, so that its
+    programs check them against each other.
 
     Sizes the function turned into Python floats (``baked``) are in the trace as constants: never generic.
     """
@@ -270,7 +271,7 @@ def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> tuple[frozens
         joined = [m for m in merged if m & group]
         merged = [m for m in merged if not m & group] + [set(group).union(*joined)]
     axes: set[tuple[int, int]] = set()
-    ties = []
+    ties, names_of = [], {}
     for names in merged:
         if not names or names & baked:
             continue
@@ -282,7 +283,9 @@ def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> tuple[frozens
         axes |= set(found.values())
         if len(found) > 1:
             ties.append(frozenset(found.values()))
-    return frozenset(axes), tuple(ties)
+            first = min(found, key=lambda name: found[name])
+            names_of |= {name: first for name in found if name != first}
+    return (unify_sizes(graph, names_of) if names_of else graph), frozenset(axes), tuple(ties)
 
 
 class Traced(NamedTuple):

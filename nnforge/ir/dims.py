@@ -165,6 +165,25 @@ def substitute(x: object, env: Mapping[str, int]) -> object:
     return x
 
 
+def renamed(x: object, names: Mapping[str, str]) -> object:
+    """``x`` (a Dim, or a tuple or list of them) with each symbol of ``names`` replaced by the one it names."""
+    if isinstance(x, Dim):
+        return Dim(int(x), _renamed(x.expr, names))
+    if isinstance(x, tuple):
+        return tuple(renamed(v, names) for v in x)
+    if isinstance(x, list):
+        return [renamed(v, names) for v in x]
+    return x
+
+
+def _renamed(e: tuple, names: Mapping[str, str]) -> tuple:
+    if e[0] == "sym":
+        return ("sym", names[e[1]], e[2]) if e[1] in names else e
+    if e[0] == "const":
+        return e
+    return (e[0], _renamed(e[1], names), _renamed(e[2], names))
+
+
 def free_symbols(x: object) -> set[str]:
     """Names of the symbols a Dim (or nested tuple of them) depends on."""
     out: set[str] = set()

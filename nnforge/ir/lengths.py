@@ -29,5 +29,13 @@ def loop_length_groups(graph: Graph) -> list[set[str]]:
 
 
 def loop_length_symbols(graph: Graph) -> set[str]:
-    """Symbols that decide a scan's or loop's trip count, in this graph or nested bodies."""
-    return set().union(*loop_length_groups(graph))
+    """Symbols that decide a scan's or loop's trip count, in this graph or nested bodies: its length and its first
+    sequence's leading size (another sequence's must equal it: a program checks it as the input's shape)."""
+    out: set[str] = set()
+    for n in graph.order:
+        if n.op in (Op.SCAN, Op.LOOP):
+            out |= free_symbols(n.attrs["length"])
+            if n.op == Op.SCAN and n.attrs["n_xs"]:
+                out |= free_symbols(n.srcs[n.attrs["n_carry"]].shape[0])
+            out |= loop_length_symbols(n.attrs["body"])
+    return out
