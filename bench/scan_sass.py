@@ -1,5 +1,6 @@
 """A persistent scan's step as a GPU would run it, built without one: for each pipeline depth (``Tiles.scan_stages``)
-and tiling of rows (``Tiles.scan_pieces``: H = 96 as tiles of 64 + 32, or one of 128) each scan kernel's
+and tiling of rows (``Tiles.scan_pieces``: H = 96 as tiles of 64 + 32, or one of 128), and orientation of its
+tiles (``Tiles.scan_transposed``: the batch rows on the inner axis, the MMA's N side) each scan kernel's
 registers, spill, shared memory and the machine code of its time loop — one step — counted.
 
 The models are bench/precision_gpu.py's (H = ``--hidden``, float16, batch ``--batch``): the LSTM layer, and with
@@ -10,7 +11,7 @@ cuobjdump (``nnforge/codegen/triton/offline.py``, ``loops=True``). Per step: ins
 (each waits where it is used), asynchronous copies (Triton's pipeliner issues them ahead), shared-memory loads,
 MMAs, special functions (exp, reciprocal) and local-memory accesses (spill). Counts, not times: what a step costs
 is a GPU measurement (bench/lstm_gpu.py). Usage: ``python bench/scan_sass.py [--stages 1 2 3] [--pieces 1 0]
-[--hidden 96] [--batch 1024] [--cells]``.
+[--transposed 0 1] [--hidden 96] [--batch 1024] [--cells]``.
 """
 
 from __future__ import annotations
@@ -52,13 +53,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--pieces", type=int, nargs="+", default=[1, 0], help="1: rows in power-of-two tiles, 0: padded")
+    ap.add_argument("--transposed", type=int, nargs="+", default=[0], help="1: [width, rows] tiles, 0: [rows, width]")
     ap.add_argument("--hidden", type=int, default=96)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--cells", action="store_true", help="also the layer-norm LSTM, GRU and peephole LSTM")
     a = ap.parse_args()
     print(f"H={a.hidden}, batch {a.batch}, float16, {Tiles().scan_rows} rows x {Tiles().scan_warps} warps per "
           f"program; built for sm_90 by Triton {triton.__version__}; per step of each persistent scan kernel:")
-    print(f"{'model':26s} {'mode':9s} {'kernel':36s} stages pieces regs spill sharedKiB " + " ".join(COLUMNS))
+    print(f"{'model':26s} {'mode':9s} {'kernel':36s} stages pieces transp regs spill sharedKiB " + " ".join(COLUMNS))
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["NNFORGE_CACHE_DIR"] = tmp  # the generated modules, where the build process imports them
         for name, (fn, args, weights) in models(a.hidden, a.batch, a.cells).items():
@@ -67,14 +69,15 @@ def main() -> None:
                 return (ys * ys).sum()
 
             for mode, step in (("inference", fn), ("training", nf.grad(loss, argnums=weights))):
-                for stages, pieces in ((s, p) for s in a.stages for p in a.pieces):
-                    tiles = Tiles(scan_stages=stages, scan_pieces=bool(pieces))
+                for stages, pieces, tr in ((s, p, t) for s in a.stages for p in a.pieces for t in a.transposed):
+                    tiles = Tiles(scan_stages=stages, scan_pieces=bool(pieces), scan_transposed=bool(tr))
                     compiled = nf.compile(step, backend="triton", options={"tiles": tiles})
                     scans = [r for r in record_launches(lambda c=compiled, xs=args: c(*xs)) if "_scan_" in r["name"]]
                     for kernel, k in compile_offline(scans, arch=90, loops=True)["kernels"].items():
                         step_counts = " ".join(f"{k['loop'][c]:{len(c)}d}" for c in COLUMNS)
-                        print(f"{name:26s} {mode:9s} {kernel[:36]:36s} {stages:6d} {pieces:6d} {k['registers']:4d} "
-                              f"{k['spill_bytes']:5d} {k['shared'] // 1024:9d} {step_counts}", flush=True)
+                        print(f"{name:26s} {mode:9s} {kernel[:36]:36s} {stages:6d} {pieces:6d} {tr:6d} "
+                              f"{k['registers']:4d} {k['spill_bytes']:5d} {k['shared'] // 1024:9d} {step_counts}",
+                              flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ AXES: dict[str, tuple[int, ...]] = {
     "scan_warps": (4, 8),
     "scan_stages": (1, 2, 3),     # the time loop's pipeline: Triton's default, or input tiles 1 or 2 steps ahead
     "scan_pieces": (True, False),  # a row of 96 as tiles of 64 + 32, or one tile of 128
+    "scan_transposed": (False, True),  # step values as [width, rows] tiles: the rows the MMA's N side
     "gemm_m": (32, 64, 128),      # the input projection's and the weight gradients' GEMM tiles
     "gemm_n": (32, 64, 128),
     "gemm_k": (32, 64),

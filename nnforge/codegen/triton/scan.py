@@ -93,8 +93,11 @@ class ScanKernel:
         n = loop.node
         self.nc, self.nx = n.attrs["n_carry"], n.attrs["n_xs"]
         self.batch = int(loop.parallel.batch)  # type: ignore[union-attr]
+        # transposed: every step value is a [width, ROWS] tile, the rows on the inner axis (``Tiles``)
+        self.tr = r.tiles.scan_transposed
+        self.rows_axis, self.cols_axis = ("[None, :]", "[:, None]") if self.tr else ("[:, None]", "[None, :]")
         self.prologue = ["pid = tl.program_id(0).to(tl.int64)", "r0 = pid * ROWS",
-                         "r = tl.arange(0, ROWS)[:, None]", "gr = r0 + r", f"rmask = gr < {self.batch}"]
+                         f"r = tl.arange(0, ROWS){self.rows_axis}", "gr = r0 + r", f"rmask = gr < {self.batch}"]
         self.widths: dict[int, str] = {}
         self.idents: dict[tuple, tuple[str, ...]] = {}
         self.outer_evals: dict[tuple[str, str | None], Eval] = {}
@@ -120,19 +123,25 @@ class ScanKernel:
             w *= int(d)
         return w
 
+    def shape(self, w: int) -> str:
+        """The shape of a step value's tile of width ``w``."""
+        return f"({_pad(w)}, ROWS)" if self.tr else f"(ROWS, {_pad(w)})"
+
     def cols(self, w: int) -> str:
-        """The column index tensor ``[1, pad(w)]`` of a tile of width ``w`` (defined once, with its mask)."""
+        """The column index tensor ``[1, pad(w)]`` of a tile of width ``w`` (``[pad(w), 1]`` transposed;
+        defined once, with its mask)."""
         if w not in self.widths:
             c = f"c{w}"
-            self.prologue += [f"{c} = tl.arange(0, {_pad(w)})[None, :]", f"m{w} = rmask & ({c} < {w})"]
+            self.prologue += [f"{c} = tl.arange(0, {_pad(w)}){self.cols_axis}", f"m{w} = rmask & ({c} < {w})"]
             self.widths[w] = c
         return self.widths[w]
 
     def krows(self, k: int) -> str:
-        """The row index tensor ``[pad(k), 1]`` of a weight tile with ``k`` rows (defined once)."""
+        """The row index tensor ``[pad(k), 1]`` of a weight tile with ``k`` rows (``[1, pad(k)]`` transposed: the
+        tile is then the weight's transpose, the left operand; defined once)."""
         name = f"kr{k}"  # "k<n>" names the emitter's constants
         if not any(line.startswith(f"{name} =") for line in self.prologue):
-            self.prologue.append(f"{name} = tl.arange(0, {_pad(k)})[:, None]")
+            self.prologue.append(f"{name} = tl.arange(0, {_pad(k)}){self.rows_axis}")
         return name
 
     def mask(self, w: int) -> str:
@@ -198,7 +207,7 @@ class ScanKernel:
             for j, (off, w, idx) in enumerate(tiles):
                 tile = name if len(tiles) == 1 else f"{name}_{j}"
                 init = self.outer_eval(self.mask(w), "pre").val(n.srcs[k], (self.global_row("r"), *idx[1:]))
-                self.em.pre.append(f"{tile} = tl.broadcast_to({init}, (ROWS, {_pad(w)}))")
+                self.em.pre.append(f"{tile} = tl.broadcast_to({init}, {self.shape(w)})")
                 self.em.variant.add(tile)
                 pieces.append((tile, off, w))
             carries.append(self.hold(x, pieces, body))
@@ -271,7 +280,7 @@ class ScanKernel:
             if isinstance(name, list) != isinstance(nxt[k], list) or [q[1:] for q in old] != [q[1:] for q in new]:
                 raise Unsupported(f"carry {k} of the scan is held by column ranges on one side of the step only")
             for (tile, _, tw), (v, _, _) in zip(old, new):
-                em.line(f"{tile} = tl.broadcast_to({v}, (ROWS, {_pad(tw)}))")
+                em.line(f"{tile} = tl.broadcast_to({v}, {self.shape(tw)})")
         em.close()
         for k, name in enumerate(carries):
             x = body.graph.inputs[k]
@@ -386,7 +395,7 @@ class ScanKernel:
                 tb = em.tmp(f"tl.where({mb}, {vb}, 0){narrow}", "w", hoist=resident)
                 if resident and em.is_variant(tb):
                     raise Unsupported(f"matmul at {p.loc}: B is marked resident but changes across steps")
-                terms.append(dot(ta, tb, p.dtype))
+                terms.append(dot(tb, ta, p.dtype) if self.tr else dot(ta, tb, p.dtype))
             total = " + ".join(terms)
             accs.append(em.tmp(total if self.wide else rounded(total, p.dtype), "acc"))
         return accs
@@ -478,22 +487,23 @@ class ScanKernel:
         tiles: dict[str, list[str]] = {}
         for mask, idx in parts:
             tiles.setdefault(mask, []).append(f"{self.eval(body, mask).val(src, idx)}.to({acc_dtype(p.dtype)})")
-        terms = []
+        terms, axis = [], 0 if self.tr else 1
         for mask, vs in tiles.items():
             if p.op == Op.SUM:
-                terms.append(f"tl.sum(tl.where({mask}, {' + '.join(vs)}, 0), axis=1)")
+                terms.append(f"tl.sum(tl.where({mask}, {' + '.join(vs)}, 0), axis={axis})")
             else:
                 both = vs[0]
                 for v in vs[1:]:
                     both = f"tl.maximum({both}, {v}, propagate_nan=tl.PropagateNan.ALL)"
-                terms.append(f"tl.max(tl.where({mask}, {both}, -float(\"inf\")), axis=1)")
+                terms.append(f"tl.max(tl.where({mask}, {both}, -float(\"inf\")), axis={axis})")
         if p.op == Op.SUM:
             total = " + ".join(terms)
         else:
             total = terms[0]
             for t in terms[1:]:
                 total = f"tl.maximum({total}, {t}, propagate_nan=tl.PropagateNan.ALL)"
-        res = em.tmp(f"({total})[:, None]" if self.wide else rounded(f"({total})[:, None]", p.dtype), "s")
+        row = f"({total}){self.rows_axis}"
+        res = em.tmp(row if self.wide else rounded(row, p.dtype), "s")
         idx = self.ident(p)
         value = res
         if root is not None:
@@ -526,7 +536,7 @@ class ScanKernel:
         mb = f"({kk} < {K}) & ({cn} < {N})"
         vb = Eval(em, outer, sz, mb, 2, hoist=c.gemm.b_resident).val(b, (kk, cn))
         tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=c.gemm.b_resident)
-        acc = em.tmp(rounded(dot(ta, tb, p.dtype), p.dtype), "acc")
+        acc = em.tmp(rounded(dot(tb, ta, p.dtype) if self.tr else dot(ta, tb, p.dtype), p.dtype), "acc")
         idx = ("grow", cn)
         value = acc
         if root is not p:

@@ -94,6 +94,11 @@ class Tiles:
     ``scan_pieces``: a persistent scan holds a row whose width is not a power of two as power-of-two tiles
     (``scan.tile_pieces``: H = 96 as 64 + 32), so its step's ``tl.dot`` multiplies 96 x 96 per gate rather than
     the 128 x 128 of one padded tile (72 MMAs a warp rather than 128); off, each such row is one padded tile.
+    ``scan_transposed``: a persistent scan holds each step value as a ``[width, ROWS]`` tile, its rows on the inner
+    axis, so its step's ``tl.dot`` is ``W [width, K] @ h [K, ROWS]``: the rows are the MMA's N side, where 8 is a
+    whole tile (``mma.m16n8k16``) — on the M side Triton fills the other 8 of 16 rows by copying (built for sm_90,
+    223 of an H = 96 LSTM step's 723 instructions were such moves) and half of each MMA is wasted. Off by default
+    until timed on a GPU (``bench/lstm_gpu.py --tiles scan_transposed=1``).
     ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per device; ``TritonBackend``
     then uses it there."""
 
@@ -110,6 +115,7 @@ class Tiles:
     scan_warps: int = 4
     scan_stages: int = 2
     scan_pieces: bool = True
+    scan_transposed: bool = False
 
     def __post_init__(self) -> None:
         for name in ("flat", "gemm_m", "gemm_m_f32", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows",

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import inspect
 import os
+import re
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (by the backend, lazily)
 
@@ -497,6 +498,25 @@ def test_a_persistent_scan_holds_rows_of_48_as_tiles_of_32_and_16(fn, make, rng:
         widths[pieces] = _tile_widths(program.source)
     assert {16, 32} <= widths[True] and max(widths[True]) == 32, widths
     assert 64 in widths[False], widths
+
+
+@pytest.mark.parametrize(("fn", "make"), [
+    (lstm, lstm_args), (reverse_lstm, lstm_args), (layer_norm_lstm, lstm_args), (max_centred_lstm, lstm_args),
+    (gru_reset_before_matmul, _gru_args), (_trained(lstm), lstm_args), (_trained(reverse_lstm), lstm_args),
+    (_trained(layer_norm_lstm), lstm_args), (_trained(gru_reset_before_matmul), _gru_args)],
+    ids=["lstm", "reverse", "layer-norm", "max-centred", "gru", "lstm-grad", "reverse-grad", "layer-norm-grad",
+         "gru-grad"])
+@pytest.mark.parametrize("pieces", [True, False], ids=["tiles-of-32-and-16", "padded"])
+def test_a_transposed_scan_holds_rows_on_the_inner_axis(fn, make, pieces: bool, rng: np.random.Generator):
+    """``Tiles.scan_transposed``: every step value a ``[width, ROWS]`` tile and each product ``W @ hᵀ`` — the
+    carries' tiles made ``(width, ROWS)``, the weights loaded as the dot's left operand, a layer norm's row sums
+    over axis 0 — agrees with the reference, forward and trained, in pieces and padded, at H = 48, T = 3, N =
+    10 (two programs of 8 rows, the second partly masked)."""
+    args = make(rng, T=3, N=10, H=48) if make is lstm_args else make(rng, H=48)
+    program = _check(fn, *args, backend=TritonBackend(tiles=Tiles(scan_pieces=pieces, scan_transposed=True)))
+    src = program.source
+    assert "tl.arange(0, ROWS)[None, :]" in src and "ROWS)[:, None]" not in src
+    assert re.search(r"tl\.broadcast_to\([^\n]*, \(\d+, ROWS\)\)", src), "carries held as [width, ROWS] tiles"
 
 
 def test_a_float16_scan_in_tiles_of_32_and_16_agrees_with_the_padded_one(rng: np.random.Generator):
