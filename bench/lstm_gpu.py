@@ -21,15 +21,16 @@ with its reason instead of ending the run. Record results in docs/benchmarks.md 
 
 Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024 --batch 128 1024] [--steps 2000] [--dtype float16]
 [--mode inference training] [--rounds 5] [--cells BATCH HIDDEN] [--cuda-graphs] [--flashrnn auto]
-[--tiles scan_pieces=0 ...]``; without
+[--tiles scan_pieces=0 ...] [--profile]``; without
 ``--hidden``/``--batch`` the shapes of issue 14's table (H 96 at batch 1024 and 8448 = 64 per SM of a 132-SM
 part; H 384 and 1024 at 128 and 1024).
 ``--tiles`` also times nnforge with other tiles (``Tiles`` fields, ``name=value`` joined by commas, each set
 replacing those of the tiles the backend uses on the device), interleaved with the default, as
 ``nnforge[scan_pieces=0]`` with its time over the default's: a tiling choice compared in one run.
-``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with ``TRITON_INTERPRET=1`` set by the script,
-anchors on the CPU; ``nnforge±graphs`` there are the same program uncaptured): it proves the script runs, its times
-mean nothing.
+``--profile`` prints, after each shape's times, one nnforge call's time by kernel (torch's profiler): where a
+training step's time goes. ``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with
+``TRITON_INTERPRET=1`` set by the script, anchors on the CPU; ``nnforge±graphs`` there are the same program
+uncaptured): it proves the script runs, its times mean nothing.
 """
 
 from __future__ import annotations
@@ -324,11 +325,30 @@ def probe_child(items: list, T: int, dtype: torch.dtype, flash: str) -> None:
         print(f"ok\t{name}", flush=True)
 
 
+def kernel_profile(fn: Callable[[], object], device: str, top: int = 12) -> None:
+    """Where one call's time goes: each kernel (on a CPU, each operator) by its total time under torch's profiler,
+    with its share and launch count — the kernels of a program have the names of what they fuse."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    field = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    rows = sorted(((getattr(e, field), e.count, e.key) for e in prof.key_averages()), reverse=True)
+    total = sum(us for us, _, _ in rows) or 1.0
+    print(f"  nnforge.triton, one call by {'kernel' if device == 'cuda' else 'operator'} ({total / 1e3:.3f} ms):")
+    for us, count, key in rows[:top]:
+        print(f"    {us / 1e3:9.3f} ms {100 * us / total:5.1f} %  x{count:<5d} {key[:90]}")
+
+
 def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool, rounds: int,
           clock: Clock, flash: str = "auto", graphs: bool = False, known: dict[str, str] | None = None,
-          variants: tuple[str, ...] = ()) -> None:
+          variants: tuple[str, ...] = (), profile: bool = False) -> None:
     """Time nnforge and its anchors at one shape, interleaved; ``known``: anchors that failed in a probe (left
-    out, reported); ``variants``: nnforge with other tiles (``tiles_variant``)."""
+    out, reported); ``variants``: nnforge with other tiles (``tiles_variant``); ``profile``: then one call of
+    nnforge's by kernel (``kernel_profile``)."""
     known = known or {}
     fns = {k: f for k, f in candidates(T, N, H, dtype, device, training, flash, graphs, variants=variants).items()
            if k not in known}
@@ -363,6 +383,8 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
               f"{fewest_bytes(T, N, H, dtype.itemsize, training) / t / 1e9:7.1f} GB/s{ratio}")
     for name, why in failed.items():
         print(f"  {name:16s} failed: {why}")
+    if profile:
+        kernel_profile(fns["nnforge.triton"], device)
 
 
 def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds: int, clock: Clock) -> None:
@@ -436,6 +458,7 @@ def main() -> None:
                         "nnforge.triton is the default: graphs where a program has a host loop")
     p.add_argument("--tiles", nargs="+", default=[], metavar="NAME=VALUE,...",
                    help="also time nnforge with these tiles (e.g. scan_pieces=0), interleaved with the default")
+    p.add_argument("--profile", action="store_true", help="also print one nnforge call's time by kernel")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     p.add_argument("--probe", help=argparse.SUPPRESS)  # probe_anchors' child: a JSON list of (case, anchor)
     a = p.parse_args()
@@ -458,7 +481,7 @@ def main() -> None:
         for H in dict.fromkeys(H for H, _ in shapes):
             for N in (N for h, N in shapes if h == H):
                 bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock, a.flashrnn,
-                      a.cuda_graphs, known.get((mode, H, N)), tuple(a.tiles))
+                      a.cuda_graphs, known.get((mode, H, N)), tuple(a.tiles), a.profile)
             accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H), a.flashrnn)
     if a.cells:
         bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks a lent GPU runs, in one go, each under its own time limit so that one hang costs only its share:
 # the device and its software; the Triton renderer's own tests; bench/lstm_gpu.py (times against cuDNN and with
-# CUDA graphs, errors against float64); bench/compile_gpu.py (a 5-layer stack's cold first call, new lengths
-# building nothing); the backend-parametrized test matrix on backend "triton" with real
+# CUDA graphs, errors against float64, nnforge's time by kernel); bench/compile_gpu.py (a 5-layer stack's cold
+# first call, new lengths building nothing); the backend-parametrized test matrix on backend "triton" with real
 # kernels; the whole-model tests; a streamed training loop's copies against its kernels
 # (tests/control/test_staging.py, bench/feeder.py with a profiler trace); each model's error against float64 per
 # dtype (bench/precision_gpu.py); bench/lstm_gpu.py against FlashRNN; ModelView's GPU tests (CUDA events, NVML,
@@ -77,7 +77,7 @@ tail -3 "$OUT/tune.txt" 2>/dev/null
 step render "${RENDER_S:-120}" $PY -m pytest -q -p no:cacheprovider tests/codegen/triton
 tail -3 "$OUT/render.txt" 2>/dev/null
 # shellcheck disable=SC2086  # BENCH is a list of arguments
-step bench "${BENCH_S:-300}" $PY bench/lstm_gpu.py --flashrnn none --cuda-graphs ${BENCH:-}
+step bench "${BENCH_S:-300}" $PY bench/lstm_gpu.py --flashrnn none --cuda-graphs --profile ${BENCH:-}
 cat "$OUT/bench.txt" 2>/dev/null
 step compile "${COMPILE_S:-240}" $PY bench/compile_gpu.py --rounds "${COMPILE_ROUNDS:-1}"
 cat "$OUT/compile.txt" 2>/dev/null
