@@ -18,7 +18,7 @@ from .reductions import hoist_reductions
 from .scans import carries_read_from_outputs, merge_augmented_scans, stacked_parts_read_as_views
 from .simplify import sigmoid_forms, simplify
 from .sinks import sink_output_products
-from .sums import split_long_sums
+from .sums import nested_half_sums, split_long_sums
 from .views import views_into_scans
 
 log = logging.getLogger("nnforge.passes")
@@ -51,8 +51,10 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         ("sums_of_products", sums_of_products),  # after hoist, which lifts a step's weight-gradient product out
         ("carries_read_from_outputs", carries_read_from_outputs),  # on the weight-gradient GEMMs folded by now
         ("stacked_parts_read_as_views", stacked_parts_read_as_views),  # before simplify, which folds the reshapes
-        ("split_long_sums", functools.partial(split_long_sums, target=target)),
         ("simplify", simplify),
+        # after simplify, which drops the zero a hoisted bias gradient starts from (its two sums then nest)
+        ("nested_half_sums", nested_half_sums),
+        ("split_long_sums", functools.partial(split_long_sums, target=target)),  # the one sum, split in two
         ("cse", cse),
         ("dce", dce),
     )

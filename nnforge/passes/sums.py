@@ -1,4 +1,10 @@
-"""``split_long_sums``: a sum (or max) with few outputs over a long leading axis runs in two parallel steps.
+"""Reductions arranged for parallel hardware and for half precision.
+
+``nested_half_sums``: a half-precision sum of a half-precision sum is one sum. Autodiff sums a bias's gradient
+over a sequence's steps and then its batch rows (``[T, N, G] -> [N, G] -> [G]``); in float16 the partial sums
+were rounded to float16 in between, an error the one sum (accumulating in float32) does not make.
+
+``split_long_sums``: a sum (or max) with few outputs over a long leading axis runs in two parallel steps.
 
 A reduction kernel parallelizes over its outputs. A training step's loss, ``(ys * cot).sum()`` over a [T, N, H]
 sequence, has one output and T * N * H summands: one GPU program read all of them (49 M at T = 500, N = 1024,
@@ -19,7 +25,7 @@ import math
 
 from ..dtypes import DType
 from ..ir.build import make
-from ..ir.node import Graph, Node
+from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from ..schedule import Target
 from .rewrite import rewrite_top
@@ -56,6 +62,31 @@ def _split(n: Node, min_outputs: int) -> Node | None:
     rest = axes[1:] if keep else tuple(a - 1 for a in axes[1:])
     total = make(n.op, (first,), {"axes": rest, "keepdims": keep}, loc=n.loc)
     return make(Op.CAST, (total,), {"dtype": n.dtype}, loc=n.loc) if wide else total
+
+
+def _merged(n: Node, original: Node, readers: dict[int, list[Node]]) -> Node | None:
+    """``sum(sum(x, A), B)`` in half precision, the inner sum read by nothing else, as one sum of ``x`` over both
+    axis sets (reshaped where the outer sum keeps axes the inner one dropped); None otherwise. ``original`` is
+    ``n`` as it was in the graph ``readers`` maps."""
+    if original.op != Op.SUM or original.dtype not in HALF:
+        return None
+    inner = original.srcs[0]
+    if inner.op != Op.SUM or inner.dtype != original.dtype or len(readers.get(id(inner), [])) != 1:
+        return None
+    x = n.srcs[0].srcs[0]  # the rewritten graph's
+    first = set(inner.attrs["axes"])
+    left = list(range(x.ndim)) if inner.attrs["keepdims"] else [a for a in range(x.ndim) if a not in first]
+    axes = tuple(sorted(first | {left[b] for b in original.attrs["axes"]}))
+    total = make(Op.SUM, (x,), {"axes": axes, "keepdims": False}, loc=n.loc)
+    if tuple(total.shape) == tuple(n.shape):
+        return total
+    return make(Op.RESHAPE, (total,), {"shape": tuple(n.shape)}, loc=n.loc)
+
+
+def nested_half_sums(graph: Graph) -> Graph:
+    """Top-level half-precision sums of sums read by nothing else are one sum (``_merged``)."""
+    readers = users(graph.order)
+    return rewrite_top(graph, lambda n, original: _merged(n, original, readers))
 
 
 def split_long_sums(graph: Graph, target: Target) -> Graph:

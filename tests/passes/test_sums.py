@@ -122,3 +122,53 @@ def test_a_long_loss_matches_torch_at_every_length(backend: str, rng: np.random.
         want, scale = products.sum().item(), products.abs().sum().item()
         tol = (2.0 ** -10 * abs(want) if dtype == np.float16 else 0) + 1e-6 * scale
         assert abs(got - want) <= tol, (T, got, want)
+
+
+def _twice(x):
+    return x.sum(axis=0).sum(axis=0)
+
+
+@pytest.mark.parametrize(("inner", "outer", "axes", "shape"), [
+    ((0, False), (0, False), (0, 1), (16,)), ((0, False), (0, True), (0, 1), (1, 16)),
+    ((0, True), (1, False), (0, 1), (1, 16)), ((1, False), (1, False), (1, 2), (7,))])
+def test_a_half_sum_of_a_half_sum_is_one_sum(rng: np.random.Generator, inner, outer, axes, shape) -> None:
+    """``sum(sum(x, a, keepdims), b, keepdims)`` in float16: one sum over both axes (reshaped where the outer
+    sum keeps an axis the inner one dropped), its value the two sums' to float16 rounding."""
+    from nnforge.passes.sums import nested_half_sums
+
+    x = rng.uniform(0, 1, (7, 8, 16)).astype(np.float16)
+
+    def f(x):
+        return x.sum(axis=inner[0], keepdims=inner[1]).sum(axis=outer[0], keepdims=outer[1])
+
+    graph = nf.compile(f).trace(x)
+    merged = nested_half_sums(graph)
+    (total,) = _reductions(merged)
+    assert total.attrs["axes"] == axes and tuple(merged.outputs[0].shape) == shape
+    got, want = ReferenceProgram(merged)([x])[0], ReferenceProgram(graph)([x])[0]
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2 ** -9)
+
+
+def test_sums_that_must_stay_two_stay(rng: np.random.Generator) -> None:
+    """Not merged: float32 sums (their partial sums lose nothing worth a change), and an inner sum read
+    elsewhere too."""
+    from nnforge.passes.sums import nested_half_sums
+
+    x = rng.uniform(0, 1, (7, 8, 16)).astype(np.float32)
+    graph = nf.compile(_twice).trace(x)
+    assert nested_half_sums(graph) is graph
+    graph = nf.compile(lambda x: (x.sum(axis=0).sum(axis=0), x.sum(axis=0))).trace(x.astype(np.float16))
+    assert len(_reductions(nested_half_sums(graph))) == 2
+
+
+def test_a_half_bias_gradient_is_rounded_once(backend: str, rng: np.random.Generator) -> None:
+    """A float16 sum over a sequence's steps and then its rows (how autodiff sums a bias's gradient): compiled,
+    the float64 sum rounded to float16 once, exactly; the reference interpreter runs the graph as written, two
+    sums each rounded to float16, within two roundings."""
+    x = rng.uniform(0, 1, (64, 16, 64)).astype(np.float16)
+    got = np.asarray(nf.compile(_twice, backend=backend)(x))
+    want = x.astype(np.float64).sum(axis=(0, 1)).astype(np.float16)
+    if backend == "reference":
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2 ** -9)
+    else:
+        np.testing.assert_array_equal(got, want)
