@@ -154,26 +154,25 @@ def symbol_name(d: object) -> str | None:
     return d.expr[1] if isinstance(d, Dim) and d.expr[0] == "sym" else None
 
 
+def _each_dim(x: object, fn: Callable[[Dim], object]) -> object:
+    """``x`` (an int, a Dim, or a tuple or list of them) with ``fn`` applied to every Dim in it."""
+    if isinstance(x, Dim):
+        return fn(x)
+    if isinstance(x, tuple):
+        return tuple(_each_dim(v, fn) for v in x)
+    if isinstance(x, list):
+        return [_each_dim(v, fn) for v in x]
+    return x
+
+
 def substitute(x: object, env: Mapping[str, int]) -> object:
     """Re-evaluate every Dim inside ``x`` (an int, tuple, list or dict of them) under ``env``."""
-    if isinstance(x, Dim):
-        return _make(x.expr, env)
-    if isinstance(x, tuple):
-        return tuple(substitute(v, env) for v in x)
-    if isinstance(x, list):
-        return [substitute(v, env) for v in x]
-    return x
+    return _each_dim(x, lambda d: _make(d.expr, env))
 
 
 def renamed(x: object, names: Mapping[str, str]) -> object:
     """``x`` (a Dim, or a tuple or list of them) with each symbol of ``names`` replaced by the one it names."""
-    if isinstance(x, Dim):
-        return Dim(int(x), _renamed(x.expr, names))
-    if isinstance(x, tuple):
-        return tuple(renamed(v, names) for v in x)
-    if isinstance(x, list):
-        return [renamed(v, names) for v in x]
-    return x
+    return _each_dim(x, lambda d: Dim(int(d), _renamed(d.expr, names)))
 
 
 def _renamed(e: tuple, names: Mapping[str, str]) -> tuple:

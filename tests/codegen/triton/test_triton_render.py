@@ -479,12 +479,16 @@ def _gru_args(rng: np.random.Generator, H: int) -> list[np.ndarray]:
     return [_f32(rng, *s) for s in [(3, 10, 4), (10, H), (3 * H, 4), (2 * H, H), (H, H), (3 * H,)]]
 
 
-@pytest.mark.parametrize(("fn", "make"), [
+# the scans of a row-split body at H = 48, forward and trained: LSTMs either way, a layer norm, a GRU
+SCAN_MODELS = pytest.mark.parametrize(("fn", "make"), [
     (lstm, lstm_args), (reverse_lstm, lstm_args), (layer_norm_lstm, lstm_args), (max_centred_lstm, lstm_args),
     (gru_reset_before_matmul, _gru_args), (_trained(lstm), lstm_args), (_trained(reverse_lstm), lstm_args),
     (_trained(layer_norm_lstm), lstm_args), (_trained(gru_reset_before_matmul), _gru_args)],
     ids=["lstm", "reverse", "layer-norm", "max-centred", "gru", "lstm-grad", "reverse-grad", "layer-norm-grad",
          "gru-grad"])
+
+
+@SCAN_MODELS
 def test_a_persistent_scan_holds_rows_of_48_as_tiles_of_32_and_16(fn, make, rng: np.random.Generator):
     """H = 48 (``Tiles.scan_pieces``, the default): every row of 48 values — carries, gate tiles, a layer-norm
     LSTM's gate row held gate by gate, the backward's joined gate gradients — is two register tiles of 32 and 16
@@ -500,12 +504,7 @@ def test_a_persistent_scan_holds_rows_of_48_as_tiles_of_32_and_16(fn, make, rng:
     assert 64 in widths[False], widths
 
 
-@pytest.mark.parametrize(("fn", "make"), [
-    (lstm, lstm_args), (reverse_lstm, lstm_args), (layer_norm_lstm, lstm_args), (max_centred_lstm, lstm_args),
-    (gru_reset_before_matmul, _gru_args), (_trained(lstm), lstm_args), (_trained(reverse_lstm), lstm_args),
-    (_trained(layer_norm_lstm), lstm_args), (_trained(gru_reset_before_matmul), _gru_args)],
-    ids=["lstm", "reverse", "layer-norm", "max-centred", "gru", "lstm-grad", "reverse-grad", "layer-norm-grad",
-         "gru-grad"])
+@SCAN_MODELS
 @pytest.mark.parametrize("pieces", [True, False], ids=["tiles-of-32-and-16", "padded"])
 def test_a_transposed_scan_holds_rows_on_the_inner_axis(fn, make, pieces: bool, rng: np.random.Generator):
     """``Tiles.scan_transposed``: every step value a ``[width, ROWS]`` tile and each product ``W @ hᵀ`` — the
