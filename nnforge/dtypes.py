@@ -32,6 +32,11 @@ class DType(enum.Enum):
         return self in _FLOATS
 
     @property
+    def is_half(self) -> bool:
+        """float16 or bfloat16: stored in half precision, computed on in float32 by the compiled backends."""
+        return self in (DType.float16, DType.bfloat16)
+
+    @property
     def is_int(self) -> bool:
         return self in (DType.int32, DType.int64)
 

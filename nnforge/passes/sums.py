@@ -25,23 +25,21 @@ import math
 
 from ..dtypes import DType
 from ..ir.build import make
+from ..ir.dims import free_symbols
+from ..ir.lengths import loop_length_symbols
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from ..schedule import Target
 from .rewrite import rewrite_top
 
-HALF = (DType.float16, DType.bfloat16)
+
+def _static(dims: tuple, dynamic: set[str]) -> int | None:
+    """The product of ``dims`` where none depends on a size known only at run time (``dynamic``: the loops' trip
+    counts), else None."""
+    return None if free_symbols(dims) & dynamic else math.prod(int(d) for d in dims)
 
 
-def _static(dims: tuple) -> int | None:
-    """The product of ``dims`` where every one is fixed when the program is built, else None."""
-    try:
-        return math.prod(int(d) for d in dims)
-    except (TypeError, ValueError):
-        return None
-
-
-def _split(n: Node, min_outputs: int) -> Node | None:
+def _split(n: Node, min_outputs: int, dynamic: set[str]) -> Node | None:
     """``n`` as a reduction over its leading axis, then over its other axes; None where it is not worth it: the
     leading axis is not reduced (or is alone, or is 1), the result has ``min_outputs`` elements or more (it runs
     in parallel already), or summing the leading axis alone leaves fewer than that."""
@@ -49,14 +47,14 @@ def _split(n: Node, min_outputs: int) -> Node | None:
         return None
     src = n.srcs[0]
     axes = tuple(sorted(n.attrs["axes"]))
-    if len(axes) < 2 or axes[0] != 0 or _static(src.shape[:1]) == 1:
+    if len(axes) < 2 or axes[0] != 0 or _static(src.shape[:1], dynamic) == 1:
         return None
-    outputs = _static(tuple(d for a, d in enumerate(src.shape) if a not in axes))
-    partials = _static(tuple(src.shape[1:]))
+    outputs = _static(tuple(d for a, d in enumerate(src.shape) if a not in axes), dynamic)
+    partials = _static(tuple(src.shape[1:]), dynamic)
     if outputs is None or outputs >= min_outputs or partials is None or partials < min_outputs:
         return None
     keep = bool(n.attrs["keepdims"])
-    wide = n.op == Op.SUM and n.dtype in HALF
+    wide = n.op == Op.SUM and n.dtype.is_half
     x = make(Op.CAST, (src,), {"dtype": DType.float32}, loc=n.loc) if wide else src
     first = make(n.op, (x,), {"axes": (0,), "keepdims": keep}, loc=n.loc)
     rest = axes[1:] if keep else tuple(a - 1 for a in axes[1:])
@@ -68,7 +66,7 @@ def _merged(n: Node, original: Node, readers: dict[int, list[Node]]) -> Node | N
     """``sum(sum(x, A), B)`` in half precision, the inner sum read by nothing else, as one sum of ``x`` over both
     axis sets (reshaped where the outer sum keeps axes the inner one dropped); None otherwise. ``original`` is
     ``n`` as it was in the graph ``readers`` maps."""
-    if original.op != Op.SUM or original.dtype not in HALF:
+    if original.op != Op.SUM or not original.dtype.is_half:
         return None
     inner = original.srcs[0]
     if inner.op != Op.SUM or inner.dtype != original.dtype or len(readers.get(id(inner), [])) != 1:
@@ -94,4 +92,5 @@ def split_long_sums(graph: Graph, target: Target) -> Graph:
     axis with others are computed over the leading axis first (``_split``); 0: never."""
     if target.split_sum_outputs == 0:
         return graph
-    return rewrite_top(graph, lambda n, _: _split(n, target.split_sum_outputs))
+    dynamic = loop_length_symbols(graph)
+    return rewrite_top(graph, lambda n, _: _split(n, target.split_sum_outputs, dynamic))
