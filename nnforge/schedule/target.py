@@ -83,8 +83,7 @@ class Target:
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
-                      "max_chunk_steps", "row_block", "k_slice",
-                      "split_sum_outputs"):
+                      "max_chunk_steps", "row_block", "k_slice", "split_sum_outputs"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
         if self.gemm_tiles and self.gemm_tiles[-1][0] != 0:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...dtypes import DType
 from ...ir.node import Node
 from ...ir.ops import Op
 from ...schedule import (
@@ -126,6 +127,11 @@ class ScanKernel:
     def shape(self, w: int) -> str:
         """The shape of a step value's tile of width ``w``."""
         return f"({_pad(w)}, ROWS)" if self.tr else f"(ROWS, {_pad(w)})"
+
+    def dot(self, a: str, b: str, dt: DType) -> str:
+        """``a @ b`` of a step's ``[ROWS, K]`` tile and a ``[K, width]`` weight tile, as the step holds values:
+        transposed, ``bᵀ @ aᵀ`` of the ``[width, K]`` and ``[K, ROWS]`` tiles it has then."""
+        return dot(b, a, dt) if self.tr else dot(a, b, dt)
 
     def cols(self, w: int) -> str:
         """The column index tensor ``[1, pad(w)]`` of a tile of width ``w`` (``[pad(w), 1]`` transposed;
@@ -395,7 +401,7 @@ class ScanKernel:
                 tb = em.tmp(f"tl.where({mb}, {vb}, 0){narrow}", "w", hoist=resident)
                 if resident and em.is_variant(tb):
                     raise Unsupported(f"matmul at {p.loc}: B is marked resident but changes across steps")
-                terms.append(dot(tb, ta, p.dtype) if self.tr else dot(ta, tb, p.dtype))
+                terms.append(self.dot(ta, tb, p.dtype))
             total = " + ".join(terms)
             accs.append(em.tmp(total if self.wide else rounded(total, p.dtype), "acc"))
         return accs
@@ -536,7 +542,7 @@ class ScanKernel:
         mb = f"({kk} < {K}) & ({cn} < {N})"
         vb = Eval(em, outer, sz, mb, 2, hoist=c.gemm.b_resident).val(b, (kk, cn))
         tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=c.gemm.b_resident)
-        acc = em.tmp(rounded(dot(tb, ta, p.dtype) if self.tr else dot(ta, tb, p.dtype), p.dtype), "acc")
+        acc = em.tmp(rounded(self.dot(ta, tb, p.dtype), p.dtype), "acc")
         idx = ("grow", cn)
         value = acc
         if root is not p:
