@@ -21,12 +21,14 @@ with its reason instead of ending the run. Record results in docs/benchmarks.md 
 
 Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024 --batch 128 1024] [--steps 2000] [--dtype float16]
 [--mode inference training] [--rounds 5] [--cells BATCH HIDDEN] [--cuda-graphs] [--flashrnn auto]
-[--tiles scan_pieces=0 ...] [--profile]``; without
+[--variant scan_pieces=0 ...] [--profile]``; without
 ``--hidden``/``--batch`` the shapes of issue 14's table (H 96 at batch 1024 and 8448 = 64 per SM of a 132-SM
 part; H 384 and 1024 at 128 and 1024).
-``--tiles`` also times nnforge with other tiles (``Tiles`` fields, ``name=value`` joined by commas, each set
-replacing those of the tiles the backend uses on the device), interleaved with the default, as
-``nnforge[scan_pieces=0]`` with its time over the default's: a tiling choice compared in one run.
+``--variant`` also times nnforge with other tiles or target thresholds (fields of ``Tiles`` or ``Target``,
+``name=value`` joined by commas, each replacing that of the tiles the backend uses on the device or of
+``triton_target()``), interleaved with the default, as ``nnforge[scan_pieces=0]`` with its time over the
+default's: one choice compared in one run (``split_k_outputs=0``: weight gradients summed over K in one program
+per tile of results, not in parts).
 ``--profile`` prints, after each shape's times, one nnforge call's time by kernel (torch's profiler): where a
 training step's time goes. ``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with
 ``TRITON_INTERPRET=1`` set by the script, anchors on the CPU; ``nnforge±graphs`` there are the same program
@@ -55,7 +57,7 @@ import torch  # noqa: E402
 
 import nnforge as nf  # noqa: E402
 from nnforge.codegen.triton import TritonBackend  # noqa: E402
-from nnforge.codegen.triton.target import Tiles  # noqa: E402
+from nnforge.codegen.triton.target import Tiles, triton_target  # noqa: E402
 
 
 def lstm(x, h0, c0, w_ih, w_hh, b):
@@ -149,25 +151,29 @@ def gemm_peak(device: str, dtype: torch.dtype, clock: Clock) -> float:
 
 def _nnforge_forms(graphs: bool, variants: tuple[str, ...] = ()) -> dict[str, dict]:
     """nnforge as a user gets it (CUDA graphs where the program has a host loop), with ``graphs`` also with
-    graphs forced off and on, and one form per tiles variant (``tiles_variant``)."""
+    graphs forced off and on, and one form per variant (``variant_options``)."""
     forms: dict[str, dict] = {"nnforge.triton": {}}
     if graphs:
         forms |= {"nnforge-graphs": {"cuda_graphs": False}, "nnforge+graphs": {"cuda_graphs": True}}
-    return forms | {f"nnforge[{v}]": {"tiles": tiles_variant(v)} for v in variants}
+    return forms | {f"nnforge[{v}]": variant_options(v) for v in variants}
 
 
-def tiles_variant(spec: str) -> Tiles:
-    """The tiles the backend uses here (tuned for this GPU, else the defaults) with the fields ``spec`` sets
-    (``name=value,...``)."""
-    base = TritonBackend().device_tiles if torch.cuda.is_available() else Tiles()
-    defaults = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tiles)}
-    changes = {}
+def variant_options(spec: str) -> dict:
+    """The backend's options for ``spec`` (``name=value,...``): the tiles it uses here (tuned for this GPU, else
+    the defaults) and ``triton_target()``, with the fields of either that ``spec`` sets."""
+    tiles = TritonBackend().device_tiles if torch.cuda.is_available() else Tiles()
+    bases = {"tiles": tiles, "target": triton_target()}
+    fields = {f.name: key for key, base in bases.items() for f in dataclasses.fields(base)
+              if isinstance(getattr(base, f.name), int)}
+    changes: dict[str, dict] = {"tiles": {}, "target": {}}
     for item in spec.split(","):
         name, _, value = item.partition("=")
-        if name not in defaults or not value.lstrip("-").isdigit():
-            sys.exit(f"--tiles {spec}: {item!r} is not name=integer for a field of Tiles ({', '.join(defaults)})")
-        changes[name] = type(defaults[name])(int(value))
-    return dataclasses.replace(base, **changes)
+        if name not in fields or not value.lstrip("-").isdigit():
+            sys.exit(f"--variant {spec}: {item!r} is not name=integer for a field of Tiles or Target "
+                     f"({', '.join(fields)})")
+        base = bases[fields[name]]
+        changes[fields[name]][name] = type(getattr(base, name))(int(value))
+    return {key: dataclasses.replace(bases[key], **c) for key, c in changes.items() if c}
 
 
 def candidates(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool,
@@ -347,8 +353,8 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
           clock: Clock, flash: str = "auto", graphs: bool = False, known: dict[str, str] | None = None,
           variants: tuple[str, ...] = (), profile: bool = False) -> None:
     """Time nnforge and its anchors at one shape, interleaved; ``known``: anchors that failed in a probe (left
-    out, reported); ``variants``: nnforge with other tiles (``tiles_variant``); ``profile``: then one call of
-    nnforge's by kernel (``kernel_profile``)."""
+    out, reported); ``variants``: nnforge with other tiles or thresholds (``variant_options``); ``profile``:
+    then one call of nnforge's by kernel (``kernel_profile``)."""
     known = known or {}
     fns = {k: f for k, f in candidates(T, N, H, dtype, device, training, flash, graphs, variants=variants).items()
            if k not in known}
@@ -456,8 +462,9 @@ def main() -> None:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="also time nnforge with CUDA graphs forced off (nnforge-graphs) and on (nnforge+graphs); "
                         "nnforge.triton is the default: graphs where a program has a host loop")
-    p.add_argument("--tiles", nargs="+", default=[], metavar="NAME=VALUE,...",
-                   help="also time nnforge with these tiles (e.g. scan_pieces=0), interleaved with the default")
+    p.add_argument("--variant", nargs="+", default=[], metavar="NAME=VALUE,...",
+                   help="also time nnforge with these tiles or target thresholds (e.g. scan_pieces=0 or "
+                        "split_k_outputs=0), interleaved with the default")
     p.add_argument("--profile", action="store_true", help="also print one nnforge call's time by kernel")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     p.add_argument("--probe", help=argparse.SUPPRESS)  # probe_anchors' child: a JSON list of (case, anchor)
@@ -481,7 +488,7 @@ def main() -> None:
         for H in dict.fromkeys(H for H, _ in shapes):
             for N in (N for h, N in shapes if h == H):
                 bench(a.steps, N, H, dtype, device, mode == "training", a.rounds, clock, a.flashrnn,
-                      a.cuda_graphs, known.get((mode, H, N)), tuple(a.tiles), a.profile)
+                      a.cuda_graphs, known.get((mode, H, N)), tuple(a.variant), a.profile)
             accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H), a.flashrnn)
     if a.cells:
         bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock)

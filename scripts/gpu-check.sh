@@ -91,7 +91,7 @@ tail -5 "$OUT/whole_model.txt" 2>/dev/null | cut -c1-300
 # shellcheck disable=SC2086  # CELLS is "BATCH HIDDEN"
 # with the H = 96 layer padded to power-of-two tiles (scan_pieces=0) beside the default, interleaved
 step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 \
-    --tiles scan_pieces=0 --cells ${CELLS:-1024 96}
+    --variant scan_pieces=0 --cells ${CELLS:-1024 96}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
 step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider tests/control/test_staging.py; t=\$?;
     $PY bench/feeder.py --backends cpu,triton --rounds 3 --steps 40 --trace $OUT/feeder-trace.json && exit \$t"

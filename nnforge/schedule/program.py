@@ -77,7 +77,10 @@ class Gemm(Kernel):
     loop on a CPU, kept on chip on a GPU. ``pack_a``: A is packed per worker (a large GEMM outside loops, or an
     A read down its columns); ``k_split``: then also in K slices, partial sums kept in the result. ``lanes``:
     columns of a tile the epilogue (or the plain store) computes at once (a vector; 1: one at a time). ``tile``:
-    (rows, columns) of its micro-kernel's register tile (``target.gemm_tile``; None: the backend blocks it)."""
+    (rows, columns) of its micro-kernel's register tile (``target.gemm_tile``; None: the backend blocks it).
+    ``k_parts``: K summed in at most this many parts side by side, each a multiple of ``target.split_k_min`` long
+    (as few as K needs at run time), into ``partials`` (``[k_parts, M, N]`` in the accumulator's dtype), then
+    added in order with the epilogue (1: one sum over K, ``partials`` None)."""
 
     epilogue: Node | None = field(default=None, compare=False, repr=False)
     b_resident: bool = False
@@ -85,6 +88,8 @@ class Gemm(Kernel):
     k_split: bool = False
     lanes: int = 1
     tile: tuple[int, int] | None = None
+    k_parts: int = 1
+    partials: Buf | None = None
 
 
 @dataclass(frozen=True)
@@ -276,6 +281,8 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
         notes.append("B resident across steps")
     if isinstance(k, Gemm) and k.pack_a:
         notes.append("A packed" + (" in K slices" if k.k_split else ""))
+    if isinstance(k, Gemm) and k.k_parts > 1:
+        notes.append(f"K in at most {k.k_parts} parts -> {_buf(k.partials, names)}")
     if isinstance(k, Gemm | SlicedGemm) and k.lanes > 1:
         notes.append(f"tiles {k.lanes} columns at a time")
     if isinstance(k, Elementwise) and k.lanes > 1:

@@ -300,7 +300,26 @@ class _Scheduler:
         """The GEMM record of matmul ``p``: its packing (``packing``) and its epilogue tile's vector form."""
         pack_a, k_split = self.packing(p, epilogue, g, top)
         lanes = 1 if pack_a else self.tile_lanes(p, epilogue, g)
-        return Gemm(p, out, fuses, also, epilogue, resident, pack_a, k_split, lanes, self.tile(p, p.shape[-1]))
+        parts = self.k_parts(p, top)
+        partials = self.scratch(DType.float64 if p.dtype == DType.float64 else DType.float32,
+                                (parts, *p.shape)) if parts > 1 else None
+        return Gemm(p, out, fuses, also, epilogue, resident, pack_a, k_split, lanes, self.tile(p, p.shape[-1]),
+                    parts, partials)
+
+    def k_parts(self, p: Node, top: bool) -> int:
+        """The most parts matmul ``p`` sums its K in (``Gemm.k_parts``; 1: one sum): a float product of two axes
+        outside loops whose results, known when compiling, are fewer than ``target.split_k_outputs``, in as many
+        parts as bring them to that many partial results, fewer where K is known and too short for them."""
+        t = self.target
+        if not top or not t.split_k_outputs or p.ndim != 2 or not p.dtype.is_float:
+            return 1
+        M, N, K = (self._static(d) for d in (*p.shape, p.srcs[0].shape[-1]))
+        if M is None or N is None or t.split_k_outputs <= M * N:
+            return 1
+        parts = -(-t.split_k_outputs // max(1, M * N))
+        if K is not None:
+            parts = min(parts, K // t.split_k_min)
+        return parts if parts > 1 else 1
 
     def tile(self, p: Node, width: object) -> tuple[int, int] | None:
         """The register tile of matmul ``p`` whose tiles cover ``width`` columns (``gemm_tile``, by its K and that

@@ -56,6 +56,11 @@ class Target:
     ``split_sum_outputs``: a sum or max over the leading axis and others with fewer results than this runs over
     the leading axis first, in parallel over at least this many partial results, then over the rest
     (``passes.sums``); 0: every reduction runs as written.
+    ``split_k_outputs`` / ``split_k_min``: a two-axis GEMM outside loops with fewer results than
+    ``split_k_outputs`` sums its K in parallel parts (``Gemm.k_parts``): at most enough parts for that many partial
+    results, each at least ``split_k_min`` long (a multiple of it), their sums added in order after. Why: a weight
+    gradient's K is steps x batch (millions) over a few tiles of results, which one program per tile runs on a
+    few of a GPU's cores one after another. 0: every GEMM sums its K in one program per tile.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
@@ -80,12 +85,16 @@ class Target:
     gemm_tiles: tuple[tuple[int, int, int], ...] = ()
     step_recompute: Recompute = CHEAP
     split_sum_outputs: int = 0
+    split_k_outputs: int = 0
+    split_k_min: int = 1
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
-                      "max_chunk_steps", "row_block", "k_slice", "split_sum_outputs"):
+                      "max_chunk_steps", "row_block", "k_slice", "split_sum_outputs", "split_k_outputs"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
+        if self.split_k_min < 1:
+            raise ValueError(f"Target {self.name!r}: split_k_min must be >= 1, got {self.split_k_min}")
         if self.gemm_tiles and self.gemm_tiles[-1][0] != 0:
             raise ValueError(f"Target {self.name!r}: the last of gemm_tiles must take any K (max K 0), got "
                              f"{self.gemm_tiles}")

@@ -31,11 +31,13 @@ def run(*args: str) -> str:
 
 
 def test_lstm_gpu_bench_times_every_candidate_and_reports_errors():
-    out = run("bench/lstm_gpu.py", "--smoke", "--cuda-graphs", "--profile", "--tiles", "scan_pieces=0,scan_stages=1")
+    out = run("bench/lstm_gpu.py", "--smoke", "--cuda-graphs", "--profile", "--variant", "scan_pieces=0,scan_stages=1",
+              "split_k_outputs=0")
     for mode in ("inference", "training"):
         assert f"float32 {mode}: first call" in out
     assert out.count("nnforge+graphs / nnforge = ") == 2 and out.count("nnforge-graphs / nnforge = ") == 2
     assert out.count("nnforge[scan_pieces=0,scan_stages=1] / nnforge = ") == 2  # other tiles, interleaved
+    assert out.count("nnforge[split_k_outputs=0] / nnforge = ") == 2  # another target threshold
     assert "error vs float64 (N=4): nnforge " in out and "gradient error vs float64 (N=4): w_ih nnforge " in out
     for cell in ("layer-norm LSTM", "GRU (reset before matmul)", "peephole LSTM"):
         assert f"{cell} T=3 N=4 H=16 float32 inference (error vs float64: nnforge " in out

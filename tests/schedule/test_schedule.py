@@ -12,7 +12,10 @@ import pytest
 
 import nnforge as nf
 from nnforge.codegen.c import _shown_config, lower, prepare
+from nnforge.codegen.c.cexpr import Sizes
+from nnforge.codegen.c.lower import Lowering
 from nnforge.codegen.c.target import cpu_target
+from nnforge.codegen.triton.target import triton_target
 from nnforge.ir.ops import Op
 from nnforge.passes import pipeline, run_pipeline
 from nnforge.schedule import Copy, Elementwise, Gemm, Random, Reduce, SlicedGemm, Unsupported, schedule
@@ -162,6 +165,37 @@ def test_weight_gradient_gemms_pack_a_in_k_slices(rng: np.random.Generator) -> N
     assert not any(isinstance(k, Gemm) and k.pack_a for k in never)
     whole = schedule(g, replace(hoist, k_slice=0)).kernels()
     assert any(isinstance(k, Gemm) and k.pack_a and not k.k_split for k in whole)
+
+
+def test_few_results_over_a_long_k_sum_it_in_parts_where_the_target_says(rng: np.random.Generator) -> None:
+    """``target.split_k_outputs``: a GEMM outside loops with fewer results sums its K in parts (``Gemm.k_parts``,
+    float32 partial sums for a float16 product). A weight gradient's K = T * N is known only at run time: parts
+    enough for the results (32 x 5: ceil(4096 / 160) = 26); a K known when compiling bounds them (K // least);
+    not the input projection (T * N rows), not a GEMM of a loop's body, not on the CPU target (whose renderer
+    refuses the form); the printed program names the partial sums."""
+
+    def loss(*a):
+        return (lstm(*a)[0] ** 2).sum()
+
+    parts = replace(triton_target(), split_k_outputs=4096, split_k_min=16)
+    args = [a.astype(np.float16) for a in _lstm_args(rng, 40, 16, 5, 8)]
+    graph = run_pipeline(nf.compile(nf.grad(loss, argnums=(3, 4, 5))).trace(*args), pipeline(parts))
+    program = schedule(graph, parts)
+    split = {tuple(k.node.shape): k for k in program.kernels() if isinstance(k, Gemm) and k.k_parts > 1}
+    assert {s: k.k_parts for s, k in split.items()} == {(32, 5): 26, (32, 8): 16}
+    assert all(k.partials.shape == (k.k_parts, *k.node.shape) and k.partials.dtype == nf.float32
+               for k in split.values())
+    assert any(isinstance(k, Gemm) and k.k_parts == 1 for k in program.kernels())  # T * N rows: many results
+    assert not any(isinstance(k, Gemm) and k.k_parts > 1 for loop in program.loops() for k in loop.body.kernels)
+    assert "[K in at most 26 parts -> b" in str(program)
+    on_cpu = prepare(nf.compile(nf.grad(loss, argnums=(3, 4, 5))).trace(*args))
+    assert not any(isinstance(k, Gemm) and k.k_parts > 1 for k in schedule(on_cpu, cpu_target()).kernels())
+    x, w = rng.standard_normal((640, 8)).astype(np.float32), rng.standard_normal((640, 4)).astype(np.float32)
+    fixed = prepare(nf.compile(lambda a, b: a.T @ b).trace(x, w))
+    assert [k.k_parts for k in schedule(fixed, parts).kernels() if isinstance(k, Gemm)] == [640 // 16]
+    with pytest.raises(Unsupported, match="sum K in parts"):  # the C renderer refuses what it cannot spell
+        Lowering(schedule(fixed, replace(cpu_target(), split_k_outputs=4096, split_k_min=16)), Sizes([]),
+                 None).source()
 
 
 def test_elementwise_kernels_take_vector_lanes_where_every_read_allows(rng: np.random.Generator) -> None:

@@ -453,6 +453,8 @@ class Lowering:
                       also: Sequence[str] = ()) -> None:
         """The kernel of record ``k`` into ``out`` (and the extra results ``also``)."""
         if isinstance(k, Gemm):
+            if k.k_parts > 1:
+                raise Unsupported("a GEMM scheduled to sum K in parts side by side (a GPU form) has no C spelling")
             self.kernel_gemm(k, ctx, out, em, listing, also)
         elif isinstance(k, Reduce) and k.leading:
             self.kernel_leading_sum(k.node, ctx, out, em, listing)

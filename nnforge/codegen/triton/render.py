@@ -60,20 +60,23 @@ from .texpr import (
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
-def open_k_loop(em: Emitter, K: str, static_k: int | None, dt: DType, accs: Sequence[str]) -> list[str]:
+def open_k_loop(em: Emitter, K: str, static_k: int | None, dt: DType, accs: Sequence[str], lo: str = "0",
+                hi: str | None = None) -> list[str]:
     """Open a GEMM's loop over K (printed ``K``; ``static_k`` where it is fixed, else None) by ``BK`` (``k0``),
-    accumulating into ``accs``; returns the names each product is added into. A half-precision product whose K
-    may exceed ``DOT_PROMOTE_K`` sums each block of that many into a
-    fresh accumulator, added into its float32 one when the block ends: the tensor cores' own accumulation does
-    not round to nearest, and over the millions of a weight gradient's K its error would grow with K."""
+    from ``lo`` to ``hi`` (a part of K; by default all of it), accumulating into ``accs``; returns the names each
+    product is added into. A half-precision product whose K may exceed ``DOT_PROMOTE_K`` sums each block of that
+    many into a fresh accumulator, added into its float32 one when the block ends: the tensor cores' own
+    accumulation does not round to nearest, and over the millions of a weight gradient's K its error would grow
+    with K."""
+    hi = hi or K
     if dt not in HALF or (static_k is not None and static_k <= DOT_PROMOTE_K):
-        em.open(f"for k0 in range(0, {K}, BK):")
+        em.open(f"for k0 in range({lo}, {hi}, BK):")
         return list(accs)
     parts = [f"part{g}" for g in range(len(accs))]
-    em.open(f"for k1 in range(0, {K}, {DOT_PROMOTE_K}):")
+    em.open(f"for k1 in range({lo}, {hi}, {DOT_PROMOTE_K}):")
     for part in parts:
         em.line(f"{part} = tl.zeros([BM, BN], tl.float32)")
-    em.open(f"for k0 in range(k1, tl.minimum(k1 + {DOT_PROMOTE_K}, {K}), BK):")
+    em.open(f"for k0 in range(k1, tl.minimum(k1 + {DOT_PROMOTE_K}, {hi}), BK):")
     return parts
 
 
@@ -432,28 +435,80 @@ class Renderer:
 
     def gemm(self, k: Gemm, ctx: Ctx, outs: list[str]) -> None:
         """``tl.dot`` over K blocks into a ``BM`` x ``BN`` accumulator (one program per output tile and batch
-        index), then the epilogue on the accumulator and the stores."""
-        p, root = k.node, k.epilogue
+        index), then the epilogue on the accumulator and the stores. With ``k.k_parts`` the sum over K runs in
+        parts (``gemm_parts``), and the epilogue in a kernel of its own that adds them."""
+        p = k.node
         if k.pack_a or k.k_split:
             raise Unsupported("a GEMM scheduled with packed A or a K split (CPU forms) has no Triton spelling")
-        a, b = p.srcs
+        if k.k_parts > 1:
+            return self.gemm_parts(k, ctx, outs)
         sz = self.sz
-        M, K, N = sz(p.shape[-2]), sz(a.shape[-1]), sz(p.shape[-1])
+        M, N = sz(p.shape[-2]), sz(p.shape[-1])
         batch = p.shape[:-2]
         em = Emitter()
         prologue = [*tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
         bidx: tuple[str, ...] = ()
         if batch:
             bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
-        accs = open_k_loop(em, K, self.static(a.shape[-1]), p.dtype, ["acc"])
+        self.k_loop(em, ctx, p, bidx)
+        self.gemm_epilogue(em, ctx, k, outs, bidx)
+        grid = [self.gemm_tiles(p) + (f" * ({sz.prod(batch)})" if batch else "")]
+        self.emit(k.kind, em, grid, self.gemm_consts(p), prologue)
+
+    def gemm_parts(self, k: Gemm, ctx: Ctx, outs: list[str]) -> None:
+        """A two-axis GEMM whose K is summed in parts side by side (``Gemm.k_parts``, a weight gradient's K of
+        steps x batch over few tiles): ``nf_k_parts`` splits K at run time into parts of a multiple of
+        ``target.split_k_min``, one program per tile and part sums its part into ``k.partials``; a second kernel,
+        one program per tile, adds the parts in order (the same sums at every launch) and runs the epilogue."""
+        p = k.node
+        sz = self.sz
+        M, K, N = sz(p.shape[0]), sz(p.srcs[0].shape[-1]), sz(p.shape[1])
+        partials = self.alloc(k.partials)
+        tag = len(self.names)
+        self.run.append(f"{self.ind}chunk{tag}, parts{tag} = nf_k_parts({K}, {k.k_parts}, "
+                        f"{self.program.target.split_k_min})")
+        acc = acc_dtype(p.dtype)
+        em = Emitter()
+        prologue = [*tile_ids(M, N), "lo = pid_b * n0", f"hi = tl.minimum(lo + n0, {K})",
+                    f"acc = tl.zeros([BM, BN], {acc})"]
+        self.k_loop(em, ctx, p, (), lo="lo", hi="hi")
+        em.line(f"mo = (rm < {M}) & (rn < {N})")
+        em.line(f"tl.store({partials} + pid_b * {M} * {N} + ({flat(('rm', 'rn'), [M, N])}), acc, mask=mo)")
+        self.emit("gemm_parts", em, [f"{self.gemm_tiles(p)} * parts{tag}"], self.gemm_consts(p), prologue,
+                  extents=[f"chunk{tag}"])
+        em = Emitter()
+        prologue = [*tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc})", f"mp = (rm < {M}) & (rn < {N})"]
+        em.open("for part in range(0, n0):")
+        em.line(f"acc += tl.load({partials} + part * {M} * {N} + ({flat(('rm', 'rn'), [M, N])}), mask=mp, other=0)")
+        em.close()
+        self.gemm_epilogue(em, ctx, k, outs, ())
+        consts = self.gemm_consts(p)
+        self.emit(f"parts_{k.kind}", em, [self.gemm_tiles(p)], {"BM": consts["BM"], "BN": consts["BN"]}, prologue,
+                  extents=[f"parts{tag}"])
+
+    def k_loop(self, em: Emitter, ctx: Ctx, p: Node, bidx: tuple[str, ...], lo: str = "0",
+               hi: str | None = None) -> None:
+        """The sum of matmul ``p`` over K (from ``lo`` to ``hi``) into ``acc``, one ``tl.dot`` per ``BK``."""
+        a, b = p.srcs
+        sz = self.sz
+        M, K, N = sz(p.shape[-2]), sz(a.shape[-1]), sz(p.shape[-1])
+        hi = hi or K
+        accs = open_k_loop(em, K, self.static(a.shape[-1]), p.dtype, ["acc"], lo, hi)
         em.line("ka = (k0 + tl.arange(0, BK))[None, :]")
         em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
-        em.line(f"ma = (rm < {M}) & (ka < {K})")
-        em.line(f"mb = (kb < {K}) & (rn < {N})")
+        em.line(f"ma = (rm < {M}) & (ka < {hi})")
+        em.line(f"mb = (kb < {hi}) & (rn < {N})")
         va = Eval(em, ctx, sz, "ma", 2).val(a, (*bidx, "rm", "ka"))
         vb = Eval(em, ctx, sz, "mb", 2).val(b, (*bidx, "kb", "rn"))
         em.line(f"{accs[0]} += {dot(f'tl.where(ma, {va}, 0)', f'tl.where(mb, {vb}, 0)', p.dtype)}")
         close_k_loop(em, ["acc"], accs)
+
+    def gemm_epilogue(self, em: Emitter, ctx: Ctx, k: Gemm, outs: list[str], bidx: tuple[str, ...]) -> None:
+        """The epilogue of GEMM ``k`` on its accumulator ``acc`` (rounded to a half-precision product's dtype
+        first), stored into ``outs``."""
+        p, root = k.node, k.epilogue
+        sz = self.sz
+        M, N = sz(p.shape[-2]), sz(p.shape[-1])
         em.line(f"mo = (rm < {M}) & (rn < {N})")
         idx = (*bidx, "rm", "rn")
         value = "acc" if p.dtype not in HALF else em.tmp(rounded("acc", p.dtype), "acc")
@@ -463,11 +518,16 @@ class Renderer:
         dims = [sz(d) for d in node.shape]
         for o in outs:
             em.line(f"tl.store({o} + ({flat(idx, dims)}), {value}, mask=mo)")
-        t = self.tiles
-        bm = t.gemm_rows(p.dtype in HALF)
-        grid = [f"triton.cdiv({M}, {bm}) * triton.cdiv({N}, {t.gemm_n})" + (f" * ({sz.prod(batch)})" if batch else "")]
-        self.emit(k.kind, em, grid, {"BM": bm, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
 
+    def gemm_tiles(self, p: Node) -> str:
+        """The number of output tiles of matmul ``p`` (per batch index), printed."""
+        bm = self.tiles.gemm_rows(p.dtype in HALF)
+        return f"triton.cdiv({self.sz(p.shape[-2])}, {bm}) * triton.cdiv({self.sz(p.shape[-1])}, {self.tiles.gemm_n})"
+
+    def gemm_consts(self, p: Node) -> dict[str, int]:
+        """The block sizes of a GEMM program of matmul ``p``."""
+        t = self.tiles
+        return {"BM": t.gemm_rows(p.dtype in HALF), "BN": t.gemm_n, "BK": t.gemm_k}
 
     def sliced(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]], product: Sequence[str] = ()) -> None:
         """A GEMM read only through column slices (an RNN's gates): one program per tile of rows and of the

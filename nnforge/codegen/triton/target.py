@@ -17,6 +17,7 @@ from ...schedule import Target
 STEP_RECOMPUTE_OPS = 24  # see triton_target: a host loop's elementwise cones recomputed by each reader kernel
 STEP_RECOMPUTE_READS = 8
 SPLIT_SUM_OUTPUTS = 4096  # see triton_target: a reduction with fewer results runs over its leading axis first
+SPLIT_K_OUTPUTS = 1 << 19  # see triton_target: a GEMM with fewer results sums its K in parts side by side
 # Multiply-adds contracted to FMA in every kernel, said at each launch: the C backend's compiler contracts them
 # too (gnu11), one rounding is as accurate or more, and Triton 3.9 warns that its unset default turns off in 3.10,
 # which would change results and speed with a Triton upgrade alone.
@@ -58,6 +59,13 @@ def triton_target() -> Target:
       fewer than 4096 fills fewer than two programs per SM of an H100 or H200; where its leading axis leaves at
       least that many partial sums it runs over that axis first (a training step's loss over [T, N, H]: one
       program summing T * N * H products became N * H / 16 programs, then one over N * H partial sums).
+    * ``split_k_outputs`` 2^19, ``split_k_min`` ``DOT_PROMOTE_K``: a GEMM program computes 64 x 32 results
+      (``Tiles.gemm_m`` x ``gemm_n``), so one with fewer than 2^19 results fills fewer than two programs per SM of
+      a 132-SM part; it sums its K in parts, each program one tile of one part, into float32 partial sums added
+      after in order. A training step's weight gradient ``dgates.T @ h`` (an LSTM's at H = 96: 384 x 96 results,
+      K = T x N = 2,048,000 at T = 2000, N = 1024) ran as 18 programs, each looping over all of K; in parts it
+      is 270 programs (15 parts). Parts are whole ``DOT_PROMOTE_K`` blocks, so each block of K is summed as
+      without parts. Not yet timed on a GPU.
     * ``step_recompute``: in a host loop every kernel of the body is a Python launch per step (a host-loop step
       took 19–40 µs on an H200 whatever its work, docs/benchmarks.md) and its stored values make a round trip
       through memory that the next launch reads back; so an elementwise value read by several of the step's
@@ -69,7 +77,7 @@ def triton_target() -> Target:
                   chunk_bytes=0, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
                   pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True, random=True,
                   step_recompute=Recompute(ops=STEP_RECOMPUTE_OPS, op_set=None, reads=STEP_RECOMPUTE_READS),
-                  split_sum_outputs=SPLIT_SUM_OUTPUTS)
+                  split_sum_outputs=SPLIT_SUM_OUTPUTS, split_k_outputs=SPLIT_K_OUTPUTS, split_k_min=DOT_PROMOTE_K)
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,13 @@ def nf_launch(kernel, grid, *args, **meta):
         kernel[grid](*args, **meta)
 
 
+def nf_k_parts(k, most, least):
+    """(K per part, parts) of a GEMM summing K in at most ``most`` parts, each a multiple of ``least`` long: as
+    few parts as that leaves, one at least (an empty K is one empty part, which stores zeros)."""
+    chunk = -(-max(1, -(-k // most)) // least) * least
+    return chunk, max(1, -(-k // chunk))
+
+
 def nf_mix64(z):
     """SplitMix64's finalizer on a Python int (the C prelude's nf_mix64)."""
     z = (z + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF

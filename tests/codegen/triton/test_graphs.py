@@ -9,6 +9,7 @@ run without them."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 
 import numpy as np
@@ -210,12 +211,14 @@ def test_compile_options_reach_the_triton_backend_and_bad_ones_fail_early(rng: n
     backend that takes none, raises at ``nf.compile`` naming what it takes; the pullback torch autograd uses gets
     the same options."""
     import nnforge as nf
-    from nnforge.codegen.triton import TritonBackend, interpreted
+    from nnforge.codegen.triton import TritonBackend, interpreted, triton_target
 
-    with pytest.raises(ValueError, match="takes the options cuda_graphs, tiles; got cuda_graph"):
+    with pytest.raises(ValueError, match="takes the options cuda_graphs, tiles, target; got cuda_graph"):
         nf.compile(lambda v: v * 2.0, backend="triton", options={"cuda_graph": True})
     with pytest.raises(ValueError, match="backend 'cpu' takes no options"):
         nf.compile(lambda v: v * 2.0, backend="cpu", options={"cuda_graphs": True})
+    whole = dataclasses.replace(triton_target(), split_k_outputs=0)  # thresholds: what bench variants compare
+    assert nf.compile(lambda v: v * 2.0, backend="triton", options={"target": whole})._builder.target is whole
     if not (TritonBackend().available and interpreted()):
         pytest.skip("the interpreter's programs run on the CPU")
     f = nf.compile(lambda v: nf.tanh(v) * 2.0, backend="triton", options={"cuda_graphs": True})

@@ -117,6 +117,49 @@ def test_a_long_half_precision_product_adds_its_blocks_in_float32(k: int, blocks
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
 
 
+def _k_parts_target(least: int) -> object:
+    """The GPU target with GEMMs of fewer than 4096 results summed in parts of ``least`` (a multiple of it)."""
+    return dataclasses.replace(triton_target(), split_k_outputs=4096, split_k_min=least)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("K", [0, 1, 127, 128, 129, 1000])
+def test_a_long_product_with_few_results_sums_its_k_in_parts(K: int, dtype, rng: np.random.Generator):
+    """A weight gradient has few results and a K of millions, which one program per tile of results loops over
+    alone: with fewer results than ``split_k_outputs`` a GEMM sums its K in parts side by side (40 x 24 results
+    here: at most ceil(4096 / 960) = 5 parts of at least 64), the parts added after, in order, with the
+    epilogue. K too short for two parts stays one sum. Against the reference (float16 rounded from float32 sums
+    in both: to its rounding)."""
+    x, y = _f32(rng, K, 40).astype(dtype), _f32(rng, K, 24).astype(dtype)
+    target = _k_parts_target(64)
+
+    def f(a, b):
+        return nf.tanh(a.T @ b) + 1.0
+
+    program, rendered = lower(prepare(nf.compile(f).trace(x, y), target), target=target)
+    (gemm,) = [k for k in program.kernels() if isinstance(k, Gemm)]
+    assert gemm.k_parts == (min(5, K // 64) if K >= 128 else 1)
+    assert (gemm.partials is not None) == (gemm.k_parts > 1)
+    assert rendered.kernels == (["k0_gemm_parts", "k1_parts_gemm_tanh_add"] if gemm.k_parts > 1 else
+                                ["k0_gemm_tanh_add"])
+    (got,) = TritonBackend(target=target)(nf.compile(f).trace(x, y))([x, y])
+    want = np.tanh(x.T.astype(np.float64) @ y.astype(np.float64)) + 1.0
+    tol = 2e-5 if dtype == np.float32 else 2e-3
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+def test_parts_of_k_cover_it_once_in_whole_multiples(rng: np.random.Generator):
+    """``nf_k_parts`` (run time: K is often steps x batch), from a program's module: at most the scheduled parts,
+    each a multiple of the least part, together covering K, none of them empty but an empty K's one."""
+    k_parts = TritonBackend()(nf.compile(lambda a: a * 2.0).trace(_f32(rng, 3))).module.nf_k_parts
+    for k in range(0, 400):
+        for most in (1, 2, 3, 7):
+            for least in (1, 8, 64):
+                chunk, parts = k_parts(k, most, least)
+                assert chunk % least == 0 and 1 <= parts <= most and chunk * parts >= k
+                assert k == 0 or chunk * (parts - 1) < k
+
+
 def test_a_float32_product_takes_tiles_of_its_own_rows(rng: np.random.Generator):
     """A float32 GEMM multiplies on the CUDA cores and spills registers at the 64 rows a float16 one takes for
     the tensor cores (ptxas, sm_90, 4 warps: 180 bytes): it takes ``Tiles.gemm_m_f32`` rows."""
@@ -208,6 +251,28 @@ def test_lstm_backward_through_time_is_a_persistent_kernel_too(fn, rng: np.rando
     program, _ = _scheduled(grads, *args)
     assert [loop.parallel is not None for loop in program.loops()] == [True, True]
     _check(grads, *args)
+
+
+@pytest.mark.parametrize("fn", [lstm, reverse_lstm])
+def test_weight_gradients_in_parts_at_every_length_from_one_program(fn, rng: np.random.Generator):
+    """An LSTM's weight gradients ``dgates.T @ [x | h]`` over K = T x N, which is known only at run time: one
+    program, K in parts of 8 (at most 26 and 16 here), at T = 0, 1 (one part), 7 (three) and 16 (six); against
+    the reference."""
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        ys, h, c = fn(x, h0, c0, w_ih, w_hh, b)
+        return (ys * ys).sum() + (h * c).sum()
+
+    grads = nf.grad(loss, argnums=(3, 4, 5))
+    target = _k_parts_target(8)
+    args = lstm_args(rng, T=7)
+    program, _ = lower(prepare(nf.compile(grads).trace(*args), target), target=target)
+    parts = {tuple(k.node.shape): k.k_parts for k in program.kernels() if isinstance(k, Gemm) and k.k_parts > 1}
+    assert parts == {(32, 5): -(-4096 // (32 * 5)), (32, 8): 4096 // (32 * 8)}  # the weights' gradients
+    backend = TritonBackend(target=target)
+    compiled = _check(grads, *args, backend=backend)
+    for T in (0, 1, 16):
+        _agree(compiled, grads, lstm_args(rng, T=T))
+    assert backend.loads == 1
 
 
 @pytest.mark.parametrize("rows", [8, 16])
