@@ -151,6 +151,7 @@ class Eval:
         self.hoist = hoist
         self.memo: dict[tuple[int, tuple[str, ...]], str] = {}
         self.fused: list[str] = []
+        self.masked_loads: set[str] = set()  # values loaded under the block mask: 0 where it is off
 
     def tmp(self, expr: str, prefix: str = "v") -> str:
         return self.em.tmp(expr, prefix, self.hoist)
@@ -172,7 +173,17 @@ class Eval:
         # and Triton takes no block mask for a scalar pointer
         mask = f", mask={self.mask}, other=0" if self.mask and not scalar else ""
         widen = ".to(tl.float32)" if self.wide and n.dtype in HALF else ""
-        return self.tmp(f"tl.load({ptr} + ({offset}){mask}){widen}", "x")
+        name = self.tmp(f"tl.load({ptr} + ({offset}){mask}){widen}", "x")
+        if mask:
+            self.masked_loads.add(name)
+        return name
+
+    def masked(self, n: Node, idx: Sequence[str]) -> str:
+        """``n`` at ``idx``, 0 where the block mask is off: a value loaded under the mask already is (a tensor-core
+        operand then goes from its pipelined copy in shared memory to the MMA untouched); anything computed
+        from such loads may not be (exp(0), 0 / 0), so it is selected."""
+        v = self.val(n, idx)
+        return v if v in self.masked_loads else self.tmp(f"tl.where({self.mask}, {v}, 0)")
 
     def const(self, value: object, n: Node) -> str:
         shape = ", ".join(["1"] * max(self.rank, 1))

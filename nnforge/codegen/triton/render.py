@@ -402,10 +402,11 @@ class Renderer:
         full, it, rit = [], iter(out_idx), iter(red_idx)
         for a in range(src.ndim):
             full.append(next(rit) if a in axes else next(it))
-        v = Eval(em, ctx, sz, "mt", 2).val(src, full)
+        ev = Eval(em, ctx, sz, "mt", 2)
         if is_sum:
-            em.line(f"acc = acc + tl.where(mt, {v}, 0).to({acc_t})")
+            em.line(f"acc = acc + {ev.masked(src, full)}.to({acc_t})")
         else:
+            v = ev.val(src, full)
             nan = f" | ({v} != {v})" if p.dtype.is_float else ""
             em.line(f"acc = tl.where(mt & (({v} > acc){nan}), {v}, acc)")
         em.close()
@@ -498,9 +499,9 @@ class Renderer:
         em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
         em.line(f"ma = (rm < {M}) & (ka < {hi})")
         em.line(f"mb = (kb < {hi}) & (rn < {N})")
-        va = Eval(em, ctx, sz, "ma", 2).val(a, (*bidx, "rm", "ka"))
-        vb = Eval(em, ctx, sz, "mb", 2).val(b, (*bidx, "kb", "rn"))
-        em.line(f"{accs[0]} += {dot(f'tl.where(ma, {va}, 0)', f'tl.where(mb, {vb}, 0)', p.dtype)}")
+        va = Eval(em, ctx, sz, "ma", 2).masked(a, (*bidx, "rm", "ka"))
+        vb = Eval(em, ctx, sz, "mb", 2).masked(b, (*bidx, "kb", "rn"))
+        em.line(f"{accs[0]} += {dot(va, vb, p.dtype)}")
         close_k_loop(em, ["acc"], accs)
 
     def gemm_epilogue(self, em: Emitter, ctx: Ctx, k: Gemm, outs: list[str], bidx: tuple[str, ...]) -> None:
@@ -551,11 +552,10 @@ class Renderer:
         em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
         em.line(f"ma = (rm < {M}) & (ka < {K})")
         em.line(f"mb = (kb < {K}) & (rn < {W})")
-        va = Eval(em, ctx, sz, "ma", 2).val(a, ("rm", "ka"))
-        ta = em.tmp(f"tl.where(ma, {va}, 0)", "a")
+        ta = Eval(em, ctx, sz, "ma", 2).masked(a, ("rm", "ka"))
         for g, off in enumerate(sg.offsets):
-            vb = Eval(em, ctx, sz, "mb", 2).val(b, ("kb", sliced("rn", str(off))))
-            em.line(f"{accs[g]} += {dot(ta, f'tl.where(mb, {vb}, 0)', p.dtype)}")
+            vb = Eval(em, ctx, sz, "mb", 2).masked(b, ("kb", sliced("rn", str(off))))
+            em.line(f"{accs[g]} += {dot(ta, vb, p.dtype)}")
         close_k_loop(em, names, accs)
         em.line(f"mo = (rm < {M}) & (rn < {W})")
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
