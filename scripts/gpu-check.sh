@@ -12,6 +12,7 @@
 #
 #   scripts/gpu-check.sh                    # everything
 #   BENCH="--hidden 96 --batch 128" scripts/gpu-check.sh   # bench/lstm_gpu.py's arguments
+#   VARIANTS="split_k_outputs=0 gemm_k=64" scripts/gpu-check.sh  # the bench step also times these, interleaved
 #   BENCH_S=300 MATRIX_S=300 scripts/gpu-check.sh           # the limits, in seconds
 #   STEPS="render bench" scripts/gpu-check.sh               # some of the steps
 #   SELECT="cast_to_int or save" scripts/gpu-check.sh      # the matrix step runs only the triton cases matching
@@ -76,8 +77,12 @@ step tune "${TUNE_S:-300}" $PY -c "import nnforge.tune as t; print(t.tune_triton
 tail -3 "$OUT/tune.txt" 2>/dev/null
 step render "${RENDER_S:-120}" $PY -m pytest -q -p no:cacheprovider tests/codegen/triton
 tail -3 "$OUT/render.txt" 2>/dev/null
-# shellcheck disable=SC2086  # BENCH is a list of arguments
-step bench "${BENCH_S:-300}" $PY bench/lstm_gpu.py --flashrnn none --cuda-graphs --profile ${BENCH:-}
+# VARIANTS: nnforge also with these tiles or thresholds, interleaved (default: weight gradients summed over K in one
+# program per tile of results, the form before parts; VARIANTS= for none)
+VARIANTS=${VARIANTS-split_k_outputs=0}
+# shellcheck disable=SC2086  # BENCH and VARIANTS are lists of arguments
+step bench "${BENCH_S:-300}" $PY bench/lstm_gpu.py --flashrnn none --cuda-graphs --profile \
+    ${VARIANTS:+--variant $VARIANTS} ${BENCH:-}
 cat "$OUT/bench.txt" 2>/dev/null
 step compile "${COMPILE_S:-240}" $PY bench/compile_gpu.py --rounds "${COMPILE_ROUNDS:-1}"
 cat "$OUT/compile.txt" 2>/dev/null
