@@ -19,9 +19,11 @@ def coordinate_search(start: R, axes: Mapping[str, Sequence[Any]], timer: Callab
                       skip: Callable[[R, str], bool] = lambda _best, _axis: False,
                       failures_lose: bool = False) -> tuple[R, dict[str, float]]:
     """The best record found by trying each value of one axis at a time from ``start``, keeping the best so far
-    (a few dozen timings instead of the product: the axes interact little); ``skip(best, axis)`` passes over an
-    axis that does not apply. Returns it and every timing by candidate (its fields as JSON). With
-    ``failures_lose`` a candidate whose timing raises is logged and loses instead of ending the search."""
+    (a few dozen timings instead of the product: the axes interact little); an axis named ``"a+b"`` sets fields
+    ``a`` and ``b`` together, from tuples, for fields that do interact (a choice that pays only with another);
+    ``skip(best, axis)`` passes over an axis that does not apply. Returns it and every timing by candidate (its
+    fields as JSON). With ``failures_lose`` a candidate whose timing raises is logged and loses instead of ending
+    the search."""
     results: dict[str, float] = {}
 
     def timed(candidate: R) -> float:
@@ -40,7 +42,9 @@ def coordinate_search(start: R, axes: Mapping[str, Sequence[Any]], timer: Callab
     best = start
     for axis, values in axes.items():
         if not skip(best, axis):
-            best = min((replace(best, **{axis: v}) for v in values), key=timed)  # type: ignore[type-var]
+            fields = axis.split("+")
+            settings = [dict(zip(fields, v if len(fields) > 1 else (v,), strict=True)) for v in values]
+            best = min((replace(best, **s) for s in settings), key=timed)  # type: ignore[type-var]
     return best, results
 
 

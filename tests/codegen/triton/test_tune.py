@@ -54,6 +54,22 @@ def test_a_candidate_that_fails_loses_and_the_search_goes_on(tmp_path, monkeypat
     assert tune_triton(timer=timer, device="gpu", axes={"scan_rows": (16, 32, 64)}).scan_rows == 32
 
 
+def test_fields_that_pay_only_together_are_one_axis(tmp_path, monkeypatch):
+    """Rows of 96 padded to one tile (``scan_pieces`` off) and held transposed: here faster only together, each
+    alone slower than the default; one axis at a time never leaves the default, the joint axis finds them."""
+    monkeypatch.setenv("NNFORGE_CACHE_DIR", str(tmp_path))
+
+    def timer(t: Tiles) -> float:
+        return {(True, False): 2.0, (False, False): 3.0, (True, True): 3.0, (False, True): 1.0}[
+            (t.scan_pieces, t.scan_transposed)]
+
+    apart = {"scan_pieces": (True, False), "scan_transposed": (False, True)}
+    best = tune_triton(timer=timer, device="gpu", axes=apart)
+    assert (best.scan_pieces, best.scan_transposed) == (True, False)
+    best = tune_triton(timer=timer, device="gpu")
+    assert (best.scan_pieces, best.scan_transposed) == (False, True)
+
+
 def test_tuning_needs_a_gpu_not_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(NNForgeError, match=r"CUDA GPU.*interpreter"):
