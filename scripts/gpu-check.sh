@@ -93,10 +93,12 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/matrix.txt" 2>/dev/null | cut -c1-
 # shellcheck disable=SC2086
 step whole_model "${WHOLE_S:-240}" $PY -m pytest -q -p no:cacheprovider -n 3 -k triton -m whole_model $DIRS tests/demo
 tail -5 "$OUT/whole_model.txt" 2>/dev/null | cut -c1-300
-# shellcheck disable=SC2086  # CELLS is "BATCH HIDDEN"
-# with the H = 96 layer padded to power-of-two tiles (scan_pieces=0) beside the default, interleaved
+# with the H = 96 layer's other step forms beside the default, interleaved (CELL_VARIANTS): each row one padded
+# tile, that tile transposed (the batch rows the MMA's N side), 8 warps a program
+CELL_VARIANTS=${CELL_VARIANTS-scan_pieces=0 scan_pieces=0,scan_transposed=1 scan_warps=8}
+# shellcheck disable=SC2086  # CELLS is "BATCH HIDDEN", CELL_VARIANTS a list of arguments
 step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 \
-    --variant scan_pieces=0 --cells ${CELLS:-1024 96}
+    ${CELL_VARIANTS:+--variant $CELL_VARIANTS} --cells ${CELLS:-1024 96}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
 step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider tests/control/test_staging.py; t=\$?;
     $PY bench/feeder.py --backends cpu,triton --rounds 3 --steps 40 --trace $OUT/feeder-trace.json && exit \$t"
