@@ -179,12 +179,14 @@ class ScanKernel:
         return self.idents[key]
 
     # ---- reads of the body's inputs -----------------------------------------------------------------------
-    def outer_eval(self, mask: str | None, scope: str) -> Eval:
+    def outer_eval(self, mask: str | None, scope: str, wide: bool | None = None) -> Eval:
         """An evaluator of the enclosing graph's nodes (the loop's sources) under ``mask``, one per code scope
-        (the step, or the chunk loop), so a value is never used outside the block that computed it."""
-        key = (scope, mask)
+        (the step, or the chunk loop), so a value is never used outside the block that computed it; ``wide``
+        False: half-precision values as they are stored (a product's operand), else as the kernel's."""
+        wide = self.wide if wide is None else wide
+        key = (scope, mask, wide)
         if key not in self.outer_evals:
-            self.outer_evals[key] = self.eval(self.outer, mask)
+            self.outer_evals[key] = Eval(self.em, self.outer, self.sz, mask, 2, wide=wide)
         return self.outer_evals[key]
 
     @staticmethod
@@ -235,7 +237,11 @@ class ScanKernel:
     def invariant_reader(self, src: Node, per_row: bool):
         def read(ev: Eval, idx: tuple[str, ...]) -> str:
             at = (self.global_row(idx[0]), *idx[1:]) if per_row else idx
-            return self.outer_eval(ev.mask, "step").val(src, at)
+            outer = self.outer_eval(ev.mask, "step", ev.wide)
+            v = outer.val(src, at)
+            if v in outer.masked_loads:
+                ev.masked_loads.add(v)
+            return v
         return read
 
     def chunk_reader(self, c: ChunkedInput):
@@ -397,8 +403,8 @@ class ScanKernel:
             for ta, k0, kw in tas:
                 kk = self.krows(kw)
                 mb = f"({kk} < {kw}) & ({cw} < {w})"
-                vb = Eval(em, body, sz, mb, 2, hoist=resident).val(b, (sliced(kk, str(k0)), sliced(cw, off)))
-                tb = em.tmp(f"tl.where({mb}, {vb}, 0){narrow}", "w", hoist=resident)
+                vb = Eval(em, body, sz, mb, 2, hoist=resident).masked(b, (sliced(kk, str(k0)), sliced(cw, off)))
+                tb = em.tmp(f"{vb}{narrow}", "w", hoist=resident)
                 if resident and em.is_variant(tb):
                     raise Unsupported(f"matmul at {p.loc}: B is marked resident but changes across steps")
                 terms.append(self.dot(ta, tb, p.dtype))

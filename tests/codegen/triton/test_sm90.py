@@ -80,6 +80,27 @@ def test_a_cells_activations_use_the_special_function_unit_without_divisions():
     assert built["k0_sigmoid_tanh_mul"]["divisions"] == 0 and built["k0_div"]["divisions"] > 0, built
 
 
+def test_a_transposed_scans_weights_reach_its_wgmma_from_shared_memory():
+    """A persistent scan with ``[width, rows]`` tiles multiplies ``W @ h`` by Hopper's warpgroup MMA with the
+    recurrent weights as its A operand: loaded as they are stored (float16, 0 past the edge), they stay in shared
+    memory, where the MMA reads them. Widened, selected and rounded back (a value of the kernel's own), they were
+    loaded from shared memory into registers every step: 64 ``LDSM`` of an H = 96 LSTM step's 627 instructions,
+    now 5 shared loads in all (docs/benchmarks.md)."""
+    rng = np.random.default_rng(96)
+    H, N = 96, 16
+    args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
+            for s in ((1, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
+    tiles = Tiles(scan_pieces=False, scan_transposed=True)
+    step = nf.compile(lambda *a: lstm(*a)[0], backend="triton", options={"tiles": tiles})
+    records = [r for r in record_launches(lambda: step(*args)) if "_scan_" in r["name"]]
+    try:
+        built = compile_offline(records, arch=90, loops=True)["kernels"]
+    except NoPtxas:
+        pytest.skip("Triton's CUDA backend has no ptxas here")
+    (loop,) = [k["loop"] for k in built.values()]
+    assert loop["mma"] == 64 and loop["shared_loads"] <= 8, loop
+
+
 KERNELS = '''
 import triton
 import triton.language as tl
