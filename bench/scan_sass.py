@@ -8,7 +8,8 @@ The models are bench/precision_gpu.py's (H = ``--hidden``, float16, batch ``--ba
 weights). Their launches are recorded while Triton's interpreter runs them once (three steps: the kernels do
 not depend on T), then each scan kernel is built for sm_90 by Triton's compiler and ptxas and its SASS read with
 cuobjdump (``nnforge/codegen/triton/offline.py``, ``loops=True``). Per step: instructions, barriers, global loads
-(each waits where it is used), asynchronous copies (Triton's pipeliner issues them ahead), shared-memory loads,
+into registers (made where the step uses them, or a step ahead where Triton's pipeliner carries them across the
+loop: the kernel's TTGIR tells which), asynchronous copies into shared memory (issued ahead), shared-memory loads,
 MMAs, special functions (exp, reciprocal) and local-memory accesses (spill). Counts, not times: what a step costs
 is a GPU measurement (bench/lstm_gpu.py). Usage: ``python bench/scan_sass.py [--stages 1 2 3] [--pieces 1 0]
 [--transposed 0 1] [--warps 4 8] [--hidden 96] [--batch 1024] [--cells]``.
