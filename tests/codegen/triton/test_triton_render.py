@@ -138,14 +138,14 @@ def _k_parts_target(least: int) -> object:
     return dataclasses.replace(triton_target(), split_k_outputs=4096, split_k_min=least)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
 @pytest.mark.parametrize("K", [0, 1, 127, 128, 129, 1000])
 def test_a_long_product_with_few_results_sums_its_k_in_parts(K: int, dtype, rng: np.random.Generator):
     """A weight gradient has few results and a K of millions, which one program per tile of results loops over
     alone: with fewer results than ``split_k_outputs`` a GEMM sums its K in parts side by side (40 x 24 results
     here: at most ceil(4096 / 960) = 5 parts of at least 64), the parts added after, in order, with the
-    epilogue. K too short for two parts stays one sum. Against the reference (float16 rounded from float32 sums
-    in both: to its rounding)."""
+    epilogue. K too short for two parts stays one sum. Against float64 (float64 products sum float64 parts;
+    float16 is rounded from float32 sums: to its rounding)."""
     x, y = _f32(rng, K, 40).astype(dtype), _f32(rng, K, 24).astype(dtype)
     target = _k_parts_target(64)
 
@@ -156,11 +156,13 @@ def test_a_long_product_with_few_results_sums_its_k_in_parts(K: int, dtype, rng:
     (gemm,) = [k for k in program.kernels() if isinstance(k, Gemm)]
     assert gemm.k_parts == (min(5, K // 64) if K >= 128 else 1)
     assert (gemm.partials is not None) == (gemm.k_parts > 1)
+    if gemm.partials is not None:
+        assert gemm.partials.dtype == (nf.float64 if dtype == np.float64 else nf.float32)
     assert rendered.kernels == (["k0_gemm_parts", "k1_parts_gemm_tanh_add"] if gemm.k_parts > 1 else
                                 ["k0_gemm_tanh_add"])
     (got,) = TritonBackend(target=target)(nf.compile(f).trace(x, y))([x, y])
     want = np.tanh(x.T.astype(np.float64) @ y.astype(np.float64)) + 1.0
-    tol = 2e-5 if dtype == np.float32 else 2e-3
+    tol = {np.float64: 1e-12, np.float32: 2e-5, np.float16: 2e-3}[dtype]
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
 
 
