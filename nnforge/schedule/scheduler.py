@@ -293,14 +293,15 @@ class _Scheduler:
         out = self.scratch(view.dtype, (steps * int(view.shape[1]), *view.shape[2:]))
         fuses = _fuses(g, root, p) if root is not p else ("gemm",)
         epilogue = root if root is not p else None
-        return self.gemm(p, out, fuses, (), epilogue, True, g, True)
+        return self.gemm(p, out, fuses, (), epilogue, True, g, True, split_k=False)  # the loop's kernel runs it
 
     def gemm(self, p: Node, out: Buf, fuses: tuple[str, ...], also: tuple[int, ...], epilogue: Node | None,
-             resident: bool, g: Grouping, top: bool) -> Gemm:
-        """The GEMM record of matmul ``p``: its packing (``packing``) and its epilogue tile's vector form."""
+             resident: bool, g: Grouping, top: bool, split_k: bool = True) -> Gemm:
+        """The GEMM record of matmul ``p``: its packing (``packing``), its epilogue tile's vector form and, where
+        ``split_k`` allows (a GEMM a kernel of its own runs, not a loop's chunk), its K in parts (``k_parts``)."""
         pack_a, k_split = self.packing(p, epilogue, g, top)
         lanes = 1 if pack_a else self.tile_lanes(p, epilogue, g)
-        parts = self.k_parts(p, top)
+        parts = self.k_parts(p, top and split_k)
         partials = self.scratch(DType.float64 if p.dtype == DType.float64 else DType.float32,
                                 (parts, *p.shape)) if parts > 1 else None
         return Gemm(p, out, fuses, also, epilogue, resident, pack_a, k_split, lanes, self.tile(p, p.shape[-1]),
