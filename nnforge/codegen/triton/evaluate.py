@@ -19,7 +19,7 @@ from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, Op
 from ...passes.fuse import Grouping
 from ...schedule import Unsupported
-from .texpr import HALF, Sizes, flat, formula, literal, sliced, tl_dtype
+from .texpr import Sizes, flat, formula, literal, sliced, tl_dtype
 
 _TOKEN = re.compile(r"[A-Za-z_]\w*")
 _SCALAR = re.compile(r"S\d+|t\d+")  # run-time sizes and host loop counters: the same in every lane
@@ -172,7 +172,7 @@ class Eval:
         # a scalar offset (a 0-d value, a broadcast element, a step's row) is in range whenever the kernel runs,
         # and Triton takes no block mask for a scalar pointer
         mask = f", mask={self.mask}, other=0" if self.mask and not scalar else ""
-        widen = ".to(tl.float32)" if self.wide and n.dtype in HALF else ""
+        widen = ".to(tl.float32)" if self.wide and n.dtype.is_half else ""
         name = self.tmp(f"tl.load({ptr} + ({offset}){mask}){widen}", "x")
         if mask:
             self.masked_loads.add(name)
@@ -187,7 +187,7 @@ class Eval:
 
     def const(self, value: object, n: Node) -> str:
         shape = ", ".join(["1"] * max(self.rank, 1))
-        dt = "tl.float32" if self.wide and n.dtype in HALF else tl_dtype(n.dtype)
+        dt = "tl.float32" if self.wide and n.dtype.is_half else tl_dtype(n.dtype)
         if not self.sz.is_static(value):  # a size used as a value (x.shape[0]) may be a run-time trip count
             return self.tmp(f"tl.full([{shape}], 0, {dt}) + ({self.sz(value)})", "k")
         return self.tmp(f"tl.full([{shape}], {literal(value, n.dtype)}, {dt})", "k")
@@ -223,8 +223,8 @@ class Eval:
             self.fused.append(n.op.name.lower())
             if not self.wide:
                 return self.tmp(formula(n.op, n.dtype, [s.dtype for s in n.srcs], args, n.attrs))
-            srcs = [DType.float32 if s.dtype in HALF else s.dtype for s in n.srcs]
-            if n.dtype not in HALF:
+            srcs = [DType.float32 if s.dtype.is_half else s.dtype for s in n.srcs]
+            if not n.dtype.is_half:
                 return self.tmp(formula(n.op, n.dtype, srcs, args, n.attrs))
             if n.op == Op.CAST:  # a cast to half precision the program asks for: rounded there, held wide
                 return self.tmp(f"({formula(n.op, n.dtype, srcs, args, n.attrs)}).to(tl.float32)")

@@ -44,7 +44,6 @@ from .scan import render_loop
 from .steps import render_steps
 from .target import DOT_PROMOTE_K, FP_FUSION, Tiles
 from .texpr import (
-    HALF,
     PRELUDE,
     TORCH_DTYPE,
     Sizes,
@@ -69,7 +68,7 @@ def open_k_loop(em: Emitter, K: str, static_k: int | None, dt: DType, accs: Sequ
     accumulation does not round to nearest, and over the millions of a weight gradient's K its error would grow
     with K."""
     hi = hi or K
-    if dt not in HALF or (static_k is not None and static_k <= DOT_PROMOTE_K):
+    if not dt.is_half or (static_k is not None and static_k <= DOT_PROMOTE_K):
         em.open(f"for k0 in range({lo}, {hi}, BK):")
         return list(accs)
     parts = [f"part{g}" for g in range(len(accs))]
@@ -340,7 +339,7 @@ class Renderer:
         n = k.node
         x, index = n.srcs
         axis = n.attrs["axis"]
-        if n.dtype in HALF:
+        if n.dtype.is_half:
             raise Unsupported(f"scatter_add at {n.loc} in {n.dtype.value} (it would need float32 lines)")
         sz = self.sz
         em = Emitter()
@@ -417,7 +416,7 @@ class Renderer:
                     f"tl.max(acc, axis={axis}))")
         else:
             em.line(f"res = tl.max(acc, axis={axis})")
-        if p.dtype in HALF:
+        if p.dtype.is_half:
             em.line(f"res = {rounded('res', p.dtype)}")
         value = "res"
         if root is not None:  # at the result's index over p's shape (its flat offset is ``offs``)
@@ -512,7 +511,7 @@ class Renderer:
         M, N = sz(p.shape[-2]), sz(p.shape[-1])
         em.line(f"mo = (rm < {M}) & (rn < {N})")
         idx = (*bidx, "rm", "rn")
-        value = "acc" if p.dtype not in HALF else em.tmp(rounded("acc", p.dtype), "acc")
+        value = "acc" if not p.dtype.is_half else em.tmp(rounded("acc", p.dtype), "acc")
         if root is not None:
             value = Eval(em, ctx, sz, "mo", 2, root=root, overrides={(id(p), idx): "acc"}).val(root, idx)
         node = root if root is not None else p
@@ -522,13 +521,13 @@ class Renderer:
 
     def gemm_tiles(self, p: Node) -> str:
         """The number of output tiles of matmul ``p`` (per batch index), printed."""
-        bm = self.tiles.gemm_rows(p.dtype in HALF)
+        bm = self.tiles.gemm_rows(p.dtype.is_half)
         return f"triton.cdiv({self.sz(p.shape[-2])}, {bm}) * triton.cdiv({self.sz(p.shape[-1])}, {self.tiles.gemm_n})"
 
     def gemm_consts(self, p: Node) -> dict[str, int]:
         """The block sizes of a GEMM program of matmul ``p``."""
         t = self.tiles
-        return {"BM": t.gemm_rows(p.dtype in HALF), "BN": t.gemm_n, "BK": t.gemm_k}
+        return {"BM": t.gemm_rows(p.dtype.is_half), "BN": t.gemm_n, "BK": t.gemm_k}
 
     def sliced(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]], product: Sequence[str] = ()) -> None:
         """A GEMM read only through column slices (an RNN's gates): one program per tile of rows and of the
@@ -561,7 +560,7 @@ class Renderer:
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
         for g, off in enumerate(sg.offsets):
             idx = ("rm", sliced("rn", str(off)))
-            product_value = f"acc{g}" if p.dtype not in HALF else em.tmp(rounded(f"acc{g}", p.dtype), "acc")
+            product_value = f"acc{g}" if not p.dtype.is_half else em.tmp(rounded(f"acc{g}", p.dtype), "acc")
             value = product_value
             if root is not p:
                 value = Eval(em, ctx, sz, "mo", 2, root=root, overrides={(id(p), idx): value}).val(root, idx)
@@ -576,6 +575,6 @@ class Renderer:
             for o in dests:
                 em.line(f"tl.store({o} + ({flat(('rm', 'rn'), [M, W])}), {v}, mask=mo)")
         t = self.tiles
-        bm = t.gemm_rows(p.dtype in HALF)
+        bm = t.gemm_rows(p.dtype.is_half)
         grid = [f"triton.cdiv({M}, {bm}) * triton.cdiv({W}, {t.gemm_n})"]
         self.emit(k.kind, em, grid, {"BM": bm, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)

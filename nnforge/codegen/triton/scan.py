@@ -43,7 +43,7 @@ from ...schedule import (
 )
 from ...schedule.registers import Segments, row_segments
 from .evaluate import Ctx, Emitter, Eval
-from .texpr import HALF, acc_dtype, dot, flat, rounded, sliced, tl_dtype
+from .texpr import acc_dtype, dot, flat, rounded, sliced, tl_dtype
 
 if TYPE_CHECKING:
     from .render import Renderer
@@ -104,7 +104,7 @@ class ScanKernel:
         self.outer_evals: dict[tuple[str, str | None], Eval] = {}
         self.pieces: dict[int, Pieces] = {}  # values held by column ranges
         # half precision: the step computes in float32 and rounds where it stores (carries stay float32)
-        self.wide = any(dt in HALF for _, dt in n.types)
+        self.wide = any(dt.is_half for _, dt in n.types)
         self.split = r.tiles.scan_pieces  # rows of other widths than powers of two held as power-of-two tiles
 
     def eval(self, ctx: Ctx, mask: str | None, **kw) -> Eval:

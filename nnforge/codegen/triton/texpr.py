@@ -23,11 +23,6 @@ TL_DTYPE = {DType.bool: "tl.int1", DType.int32: "tl.int32", DType.int64: "tl.int
 TORCH_DTYPE = {DType.bool: "torch.bool", DType.int32: "torch.int32", DType.int64: "torch.int64",
                DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16", DType.float32: "torch.float32",
                DType.float64: "torch.float64"}
-HALF = (DType.float16, DType.bfloat16)
-"""Half precision: every op computes in float32 and rounds its result once (the reference's semantics, PyTorch's
-on CPUs); products and sums accumulate in float32 and round the result."""
-
-
 def tl_dtype(dt: DType) -> str:
     if dt not in TL_DTYPE:
         raise Unsupported(f"the Triton renderer has no {dt.value} support")
@@ -36,8 +31,9 @@ def tl_dtype(dt: DType) -> str:
 
 def rounded(expr: str, dt: DType) -> str:
     """A float32 result (of a product, a sum, a half op computed wide) in ``dt``: rounded once for half
-    precision, as it is elsewhere."""
-    return f"({expr}).to({tl_dtype(dt)})" if dt in HALF else expr
+    precision, as it is elsewhere. Half precision (``DType.is_half``): every op computes in float32 and rounds
+    its result once (the reference's semantics, PyTorch's on CPUs); products and sums accumulate in float32."""
+    return f"({expr}).to({tl_dtype(dt)})" if dt.is_half else expr
 
 
 PRELUDE = '''\
@@ -271,8 +267,8 @@ _COMPARE = {Op.LT: "<", Op.LE: "<=", Op.EQ: "==", Op.NE: "!="}
 def formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str], attrs: Mapping) -> str:
     """The Triton expression of one elementwise op on evaluated operands, with the reference's semantics (NaN
     propagating max/min, sign 0 at NaN, integer division rounding down, float -> int casts truncating)."""
-    if dt in HALF and op not in (Op.CAST, Op.WHERE, Op.NEG, Op.ABS):
-        wide = [f"{x}.to(tl.float32)" if s in HALF else x for x, s in zip(args, src_dts)]
+    if dt.is_half and op not in (Op.CAST, Op.WHERE, Op.NEG, Op.ABS):
+        wide = [f"{x}.to(tl.float32)" if s.is_half else x for x, s in zip(args, src_dts)]
         return rounded(formula(op, DType.float32, [DType.float32] * len(args), wide, attrs), dt)
     a = args[0]
     b = args[1] if len(args) > 1 else ""
@@ -328,7 +324,7 @@ def dot(a: str, b: str, dt: DType) -> str:
         return f"tl.dot({a}, {b}, input_precision=\"ieee\")"
     if dt == DType.float64:
         return f"tl.dot({a}, {b}, out_dtype=tl.float64)"
-    if dt in HALF:
+    if dt.is_half:
         return f"tl.dot({a}, {b}, out_dtype=tl.float32)"
     raise Unsupported(f"no Triton GEMM on {dt.value}")
 
@@ -346,7 +342,7 @@ def tile_ids(rows: str, cols: str) -> list[str]:
 
 def acc_dtype(dt: DType) -> str:
     """The accumulator type of a product or sum in ``dt``."""
-    if dt in (DType.float32, *HALF):
+    if dt == DType.float32 or dt.is_half:
         return "tl.float32"
     if dt == DType.float64:
         return "tl.float64"
