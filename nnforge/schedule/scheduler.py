@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterator
 
 from ..dtypes import DType
-from ..ir.dims import free_symbols
+from ..ir.dims import free_symbols, substitute
 from ..ir.expr import ONE, Expr, coefficient, depends, row_major, var
 from ..ir.expr import size as size_expr
 from ..ir.index import index_map, sliced_index, strided
@@ -310,7 +310,8 @@ class _Scheduler:
     def k_parts(self, p: Node, top: bool) -> int:
         """The most parts matmul ``p`` sums its K in (``Gemm.k_parts``; 1: one sum): a float product of two axes
         outside loops whose results, known when compiling, are fewer than ``target.split_k_outputs``, in as many
-        parts as bring them to that many partial results, fewer where K is known and too short for them."""
+        parts as bring them to that many partial results, fewer where K is too short for them (K known when
+        compiling, or a run-time K that stays short however long the sequence)."""
         t = self.target
         if not top or not t.split_k_outputs or p.ndim != 2 or not p.dtype.is_float:
             return 1
@@ -318,8 +319,11 @@ class _Scheduler:
         if M is None or N is None or t.split_k_outputs <= M * N:
             return 1
         parts = -(-t.split_k_outputs // max(1, M * N))
-        if K is not None:
-            parts = min(parts, K // t.split_k_min)
+        k = p.srcs[0].shape[-1]
+        # K known when compiling bounds the parts; a run-time K, at its length when every size it depends on is
+        # vast: one that stays short however long the sequence (min(T, 1) x N, a carry's first step) is one sum
+        longest = K if K is not None else int(substitute(k, dict.fromkeys(free_symbols(k) & self.dynamic, 1 << 30)))
+        parts = min(parts, longest // t.split_k_min)
         return parts if parts > 1 else 1
 
     def tile(self, p: Node, width: object) -> tuple[int, int] | None:

@@ -183,6 +183,9 @@ def test_few_results_over_a_long_k_sum_it_in_parts_where_the_target_says(rng: np
     program = schedule(graph, parts)
     split = {tuple(k.node.shape): k for k in program.kernels() if isinstance(k, Gemm) and k.k_parts > 1}
     assert {s: k.k_parts for s, k in split.items()} == {(32, 5): 26, (32, 8): 16}
+    # one sum: the projection and the step's product (rows known at run time) and the first step's term of
+    # W_hh's gradient, h0 (K = min(T, 1) x N: short however long the sequence)
+    assert sorted(k.k_parts for k in program.kernels() if isinstance(k, Gemm)) == [1, 1, 1, 16, 26]
     assert all(k.partials.shape == (k.k_parts, *k.node.shape) and k.partials.dtype == nf.float32
                for k in split.values())
     assert any(isinstance(k, Gemm) and k.k_parts == 1 for k in program.kernels())  # T * N rows: many results
