@@ -5,7 +5,8 @@
 # first call, new lengths building nothing); the backend-parametrized test matrix on backend "triton" with real
 # kernels; the whole-model tests; a streamed training loop's copies against its kernels
 # (tests/control/test_staging.py, bench/feeder.py with a profiler trace); each model's error against float64 per
-# dtype (bench/precision_gpu.py); bench/lstm_gpu.py against FlashRNN; ModelView's GPU tests (CUDA events, NVML,
+# dtype (bench/precision_gpu.py); Nsight Compute's stall reasons of the persistent scans (bench/scan_stalls_gpu.py);
+# bench/lstm_gpu.py against FlashRNN; ModelView's GPU tests (CUDA events, NVML,
 # a CUDA out-of-memory cell as a row); the ModelView sweep of scripts/gpu-sweep.toml into $OUT/gpu-sweep.db
 # (resumed where a run of it stopped; `nnforge report` draws it on any machine). Run from the repository root on
 # a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
@@ -37,7 +38,7 @@ PY=${PY:-python3}
 JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
-STEPS=${STEPS:-render bench compile matrix whole_model cells streams precision modelview flashrnn sweep}
+STEPS=${STEPS:-render bench compile matrix whole_model cells stalls streams precision modelview flashrnn sweep}
 KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
@@ -52,7 +53,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt
 
 SKIP=${SKIP:-}
 if [[ ${PARALLEL:-0} == 1 ]]; then  # the timed steps alone, then the checks in three groups at once
-    timed="tune bench compile cells flashrnn sweep"
+    timed="tune bench compile cells stalls flashrnn sweep"
     SKIP="render matrix whole_model streams precision modelview" PARALLEL=0 "$0"
     # the matrix leaves four cores to the other groups (with all of them, the 2026-11-27 lease's render,
     # precision and ModelView steps ran out of their limits behind it)
@@ -102,6 +103,17 @@ CELL_VARIANTS=${CELL_VARIANTS-scan_pieces=0 scan_pieces=0,scan_transposed=1 scan
 step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 \
     ${CELL_VARIANTS:+--variant $CELL_VARIANTS} --cells ${CELLS:-1024 96}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
+# where an LSTM step waits: Nsight Compute's stall reasons for each persistent scan kernel (inference, training
+# forward and backward; the second call of each, inside the NVTX range "profiled"), with the tiles in use and,
+# with STALLS="--variant ...", others. ncu reads counters on Firecracker machines only (device/KINDS.md); its
+# clocks are left alone.
+# shellcheck disable=SC2086  # STALLS is a list of arguments
+step stalls "${STALLS_S:-150}" ncu --clock-control none --target-processes all --nvtx --nvtx-include "profiled/" \
+    --kernel-name regex:scan --section WarpStateStats --section SchedulerStats --section Occupancy \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    $PY bench/scan_stalls_gpu.py ${STALLS:-}
+grep -E "scan_|Stall|stalled|Warp Cycles|Issued Warp|Eligible|Active Warps|finite" "$OUT/stalls.txt" 2>/dev/null \
+    | cut -c1-200 | head -120
 step streams "${STREAMS_S:-240}" bash -c "$PY -m pytest -q -p no:cacheprovider tests/control/test_staging.py; t=\$?;
     $PY bench/feeder.py --backends cpu,triton --rounds 3 --steps 40 --trace $OUT/feeder-trace.json && exit \$t"
 tail -12 "$OUT/streams.txt" 2>/dev/null

@@ -120,3 +120,13 @@ def test_scan_sass_counts_each_step_of_the_persistent_kernels_per_pipeline_depth
     assert count[2]["async_copies"] > 0 and count[2]["global_loads"] == 0, out
     assert count[1]["async_copies"] == 0 and count[1]["global_loads"] > 0, out
     assert count[2]["barriers"] < count[1]["barriers"], out  # a copy into shared memory needs no layout exchange
+
+
+def test_scan_stalls_script_runs_each_form_twice_under_its_nvtx_ranges():
+    """``bench/scan_stalls_gpu.py`` (``gpu-check.sh``'s ``stalls`` step runs it under ncu): each mode built by a
+    first call, then the call ncu reads, with other tiles where asked."""
+    out = run("bench/scan_stalls_gpu.py", "--smoke", "--variant", "scan_pieces=0")
+    for mode in ("inference", "training"):
+        for call in ("build", "profiled"):
+            assert f"{mode} T=3 N=4 H=16 float32 scan_pieces=0: {call} call, " in out, out
+    assert out.count("finite True") == 4
