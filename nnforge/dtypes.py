@@ -37,6 +37,12 @@ class DType(enum.Enum):
         return self in (DType.float16, DType.bfloat16)
 
     @property
+    def accumulator(self) -> DType:
+        """The dtype a sum or product in this dtype accumulates in: float32 for half precision (rounded once, at
+        the end), else itself."""
+        return DType.float32 if self.is_half else self
+
+    @property
     def is_int(self) -> bool:
         return self in (DType.int32, DType.int64)
 

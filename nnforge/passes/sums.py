@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 
-from ..dtypes import DType
 from ..ir.build import make
 from ..ir.dims import free_symbols
 from ..ir.lengths import loop_length_symbols
@@ -55,7 +54,7 @@ def _split(n: Node, min_outputs: int, dynamic: set[str]) -> Node | None:
         return None
     keep = bool(n.attrs["keepdims"])
     wide = n.op == Op.SUM and n.dtype.is_half
-    x = make(Op.CAST, (src,), {"dtype": DType.float32}, loc=n.loc) if wide else src
+    x = make(Op.CAST, (src,), {"dtype": n.dtype.accumulator}, loc=n.loc) if wide else src
     first = make(n.op, (x,), {"axes": (0,), "keepdims": keep}, loc=n.loc)
     rest = axes[1:] if keep else tuple(a - 1 for a in axes[1:])
     total = make(n.op, (first,), {"axes": rest, "keepdims": keep}, loc=n.loc)

@@ -302,8 +302,7 @@ class _Scheduler:
         pack_a, k_split = self.packing(p, epilogue, g, top)
         lanes = 1 if pack_a else self.tile_lanes(p, epilogue, g)
         parts = self.k_parts(p, top and split_k)
-        partials = self.scratch(DType.float64 if p.dtype == DType.float64 else DType.float32,
-                                (parts, *p.shape)) if parts > 1 else None
+        partials = self.scratch(p.dtype.accumulator, (parts, *p.shape)) if parts > 1 else None
         return Gemm(p, out, fuses, also, epilogue, resident, pack_a, k_split, lanes, self.tile(p, p.shape[-1]),
                     parts, partials)
 

@@ -341,11 +341,7 @@ def tile_ids(rows: str, cols: str) -> list[str]:
 
 
 def acc_dtype(dt: DType) -> str:
-    """The accumulator type of a product or sum in ``dt``."""
-    if dt == DType.float32 or dt.is_half:
-        return "tl.float32"
-    if dt == DType.float64:
-        return "tl.float64"
-    if dt.is_int:
-        return tl_dtype(dt)
-    raise Unsupported(f"no Triton accumulation in {dt.value}")
+    """The accumulator type of a product or sum in ``dt`` (``DType.accumulator``)."""
+    if not (dt.is_float or dt.is_int):
+        raise Unsupported(f"no Triton accumulation in {dt.value}")
+    return tl_dtype(dt.accumulator)
