@@ -9,6 +9,7 @@ mixes Dims stays symbolic; anything else (``float()``, comparisons) uses the con
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import Callable, Mapping
 
 # While a function is traced for nf.compile, the symbols of sizes that leave the symbolic world through float
@@ -203,6 +204,14 @@ def free_symbols(x: object) -> set[str]:
 
     visit(x)
     return out
+
+
+def fixed(x: object, run_time: set[str]) -> int | None:
+    """The value of size ``x`` (the product, for a tuple of sizes) where none depends on a symbol of
+    ``run_time`` (sizes known only when the program runs), else None."""
+    if free_symbols(x) & run_time:
+        return None
+    return math.prod(int(d) for d in x) if isinstance(x, tuple | list) else int(x)  # type: ignore[call-overload]
 
 
 def fold(e: tuple, keep: Callable[[str], bool]) -> tuple:

@@ -21,21 +21,13 @@ same way and gives the same answer; a sum's order of additions changes, as any p
 
 from __future__ import annotations
 
-import math
-
 from ..ir.build import make
-from ..ir.dims import free_symbols
+from ..ir.dims import fixed
 from ..ir.lengths import loop_length_symbols
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from ..schedule import Target
 from .rewrite import rewrite_top
-
-
-def _static(dims: tuple, dynamic: set[str]) -> int | None:
-    """The product of ``dims`` where none depends on a size known only at run time (``dynamic``: the loops' trip
-    counts), else None."""
-    return None if free_symbols(dims) & dynamic else math.prod(int(d) for d in dims)
 
 
 def _split(n: Node, min_outputs: int, dynamic: set[str]) -> Node | None:
@@ -46,10 +38,10 @@ def _split(n: Node, min_outputs: int, dynamic: set[str]) -> Node | None:
         return None
     src = n.srcs[0]
     axes = tuple(sorted(n.attrs["axes"]))
-    if len(axes) < 2 or axes[0] != 0 or _static(src.shape[:1], dynamic) == 1:
+    if len(axes) < 2 or axes[0] != 0 or fixed(src.shape[:1], dynamic) == 1:
         return None
-    outputs = _static(tuple(d for a, d in enumerate(src.shape) if a not in axes), dynamic)
-    partials = _static(tuple(src.shape[1:]), dynamic)
+    outputs = fixed(tuple(d for a, d in enumerate(src.shape) if a not in axes), dynamic)
+    partials = fixed(tuple(src.shape[1:]), dynamic)
     if outputs is None or outputs >= min_outputs or partials is None or partials < min_outputs:
         return None
     keep = bool(n.attrs["keepdims"])

@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterator
 
 from ..dtypes import DType
-from ..ir.dims import free_symbols, substitute
+from ..ir.dims import fixed, free_symbols, substitute
 from ..ir.expr import ONE, Expr, coefficient, depends, row_major, var
 from ..ir.expr import size as size_expr
 from ..ir.index import index_map, sliced_index, strided
@@ -314,15 +314,14 @@ class _Scheduler:
         t = self.target
         if not top or not t.split_k_outputs or p.ndim != 2 or not p.dtype.is_float:
             return 1
-        M, N, K = (self._static(d) for d in (*p.shape, p.srcs[0].shape[-1]))
-        if M is None or N is None or t.split_k_outputs <= M * N:
+        results = self._static(tuple(p.shape))
+        if results is None or t.split_k_outputs <= results:
             return 1
-        parts = -(-t.split_k_outputs // max(1, M * N))
+        # K bounds the parts at its length when every run-time size it depends on is vast: a K known when
+        # compiling, or one that stays short however long the sequence (min(T, 1) x N, a carry's first step)
         k = p.srcs[0].shape[-1]
-        # K known when compiling bounds the parts; a run-time K, at its length when every size it depends on is
-        # vast: one that stays short however long the sequence (min(T, 1) x N, a carry's first step) is one sum
-        longest = K if K is not None else int(substitute(k, dict.fromkeys(free_symbols(k) & self.dynamic, 1 << 30)))
-        parts = min(parts, longest // t.split_k_min)
+        longest = int(substitute(k, dict.fromkeys(free_symbols(k) & self.dynamic, 1 << 30)))
+        parts = min(-(-t.split_k_outputs // max(1, results)), longest // t.split_k_min)
         return parts if parts > 1 else 1
 
     def tile(self, p: Node, width: object) -> tuple[int, int] | None:
@@ -406,7 +405,7 @@ class _Scheduler:
 
     def _static(self, d: object) -> int | None:
         """Size ``d`` where it is known when compiling (no run-time symbol, not the split batch), else None."""
-        return None if free_symbols(d) & (self.dynamic | {ROWS}) else int(d)
+        return fixed(d, self.dynamic | {ROWS})
 
 
 def find_chunked(graph: Graph, g: Grouping,
