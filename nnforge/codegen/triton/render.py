@@ -53,21 +53,19 @@ from .texpr import (
     rounded,
     sliced,
     tile_ids,
+    tile_mask,
     tl_dtype,
 )
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
-def open_k_loop(em: Emitter, K: str, static_k: int | None, dt: DType, accs: Sequence[str], lo: str = "0",
-                hi: str | None = None) -> list[str]:
-    """Open a GEMM's loop over K (printed ``K``; ``static_k`` where it is fixed, else None) by ``BK`` (``k0``),
-    from ``lo`` to ``hi`` (a part of K; by default all of it), accumulating into ``accs``; returns the names each
-    product is added into. A half-precision product whose K may exceed ``DOT_PROMOTE_K`` sums each block of that
-    many into a fresh accumulator, added into its float32 one when the block ends: the tensor cores' own
-    accumulation does not round to nearest, and over the millions of a weight gradient's K its error would grow
-    with K."""
-    hi = hi or K
+def open_k_loop(em: Emitter, lo: str, hi: str, static_k: int | None, dt: DType, accs: Sequence[str]) -> list[str]:
+    """Open a GEMM's loop over K from ``lo`` to ``hi`` (all of K, or one part of it; ``static_k``: K where it is
+    fixed, else None) by ``BK`` (``k0``), accumulating into ``accs``; returns the names each product is added
+    into. A half-precision product whose K may exceed ``DOT_PROMOTE_K`` sums each block of that many into a fresh
+    accumulator, added into its float32 one when the block ends: the tensor cores' own accumulation does not
+    round to nearest, and over the millions of a weight gradient's K its error would grow with K."""
     if not dt.is_half or (static_k is not None and static_k <= DOT_PROMOTE_K):
         em.open(f"for k0 in range({lo}, {hi}, BK):")
         return list(accs)
@@ -451,6 +449,7 @@ class Renderer:
         if batch:
             bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
         self.k_loop(em, ctx, p, bidx)
+        em.line(tile_mask(M, N))
         self.gemm_epilogue(em, ctx, k, outs, bidx)
         grid = [self.gemm_tiles(p) + (f" * ({sz.prod(batch)})" if batch else "")]
         self.emit(k.kind, em, grid, self.gemm_consts(p), prologue)
@@ -471,45 +470,48 @@ class Renderer:
         em = Emitter()
         prologue = [*tile_ids(M, N), "lo = pid_b * n0", f"hi = tl.minimum(lo + n0, {K})",
                     f"acc = tl.zeros([BM, BN], {acc})"]
+        at = f"{partials} + {{}} * {M} * {N} + ({flat(('rm', 'rn'), [M, N])})"  # a part's tile of the partials
         self.k_loop(em, ctx, p, (), lo="lo", hi="hi")
-        em.line(f"mo = (rm < {M}) & (rn < {N})")
-        em.line(f"tl.store({partials} + pid_b * {M} * {N} + ({flat(('rm', 'rn'), [M, N])}), acc, mask=mo)")
-        self.emit("gemm_parts", em, [f"{self.gemm_tiles(p)} * parts{tag}"], self.gemm_consts(p), prologue,
+        em.line(tile_mask(M, N))
+        em.line(f"tl.store({at.format('pid_b')}, acc, mask=mo)")
+        consts = self.gemm_consts(p)
+        self.emit("gemm_parts", em, [f"{self.gemm_tiles(p)} * parts{tag}"], consts, prologue,
                   extents=[f"chunk{tag}"])
         em = Emitter()
-        prologue = [*tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc})", f"mp = (rm < {M}) & (rn < {N})"]
+        prologue = [*tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc})", tile_mask(M, N)]
         em.open("for part in range(0, n0):")
-        em.line(f"acc += tl.load({partials} + part * {M} * {N} + ({flat(('rm', 'rn'), [M, N])}), mask=mp, other=0)")
+        em.line(f"acc += tl.load({at.format('part')}, mask=mo, other=0)")
         em.close()
         self.gemm_epilogue(em, ctx, k, outs, ())
-        consts = self.gemm_consts(p)
         self.emit(f"parts_{k.kind}", em, [self.gemm_tiles(p)], {"BM": consts["BM"], "BN": consts["BN"]}, prologue,
                   extents=[f"parts{tag}"])
 
-    def k_loop(self, em: Emitter, ctx: Ctx, p: Node, bidx: tuple[str, ...], lo: str = "0",
-               hi: str | None = None) -> None:
-        """The sum of matmul ``p`` over K (from ``lo`` to ``hi``) into ``acc``, one ``tl.dot`` per ``BK``."""
+    def k_loop(self, em: Emitter, ctx: Ctx, p: Node, bidx: tuple[str, ...] = (), lo: str = "0",
+               hi: str | None = None, accs: Sequence[str] = ("acc",), columns: Sequence[str] = ("rn",),
+               width: str | None = None) -> None:
+        """The sum of matmul ``p`` over K (from ``lo`` to ``hi``) into each of ``accs``, one ``tl.dot`` per
+        ``BK``: the tile of A against B's tile at ``columns`` (a sliced product's slices of ``width`` columns;
+        by default the program's tile of all ``N``)."""
         a, b = p.srcs
         sz = self.sz
-        M, K, N = sz(p.shape[-2]), sz(a.shape[-1]), sz(p.shape[-1])
+        M, K = sz(p.shape[-2]), sz(a.shape[-1])
         hi = hi or K
-        accs = open_k_loop(em, K, self.static(a.shape[-1]), p.dtype, ["acc"], lo, hi)
+        into = open_k_loop(em, lo, hi, self.static(a.shape[-1]), p.dtype, accs)
         em.line("ka = (k0 + tl.arange(0, BK))[None, :]")
         em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
         em.line(f"ma = (rm < {M}) & (ka < {hi})")
-        em.line(f"mb = (kb < {hi}) & (rn < {N})")
+        em.line(f"mb = (kb < {hi}) & (rn < {width or sz(p.shape[-1])})")
         va = Eval(em, ctx, sz, "ma", 2).masked(a, (*bidx, "rm", "ka"))
-        vb = Eval(em, ctx, sz, "mb", 2).masked(b, (*bidx, "kb", "rn"))
-        em.line(f"{accs[0]} += {dot(va, vb, p.dtype)}")
-        close_k_loop(em, ["acc"], accs)
+        for acc, cols in zip(into, columns, strict=True):
+            vb = Eval(em, ctx, sz, "mb", 2).masked(b, (*bidx, "kb", cols))
+            em.line(f"{acc} += {dot(va, vb, p.dtype)}")
+        close_k_loop(em, accs, into)
 
     def gemm_epilogue(self, em: Emitter, ctx: Ctx, k: Gemm, outs: list[str], bidx: tuple[str, ...]) -> None:
         """The epilogue of GEMM ``k`` on its accumulator ``acc`` (rounded to a half-precision product's dtype
-        first), stored into ``outs``."""
+        first), stored into ``outs`` where the tile's mask ``mo`` (``tile_mask``) holds."""
         p, root = k.node, k.epilogue
         sz = self.sz
-        M, N = sz(p.shape[-2]), sz(p.shape[-1])
-        em.line(f"mo = (rm < {M}) & (rn < {N})")
         idx = (*bidx, "rm", "rn")
         value = "acc" if not p.dtype.is_half else em.tmp(rounded("acc", p.dtype), "acc")
         if root is not None:
@@ -519,10 +521,12 @@ class Renderer:
         for o in outs:
             em.line(f"tl.store({o} + ({flat(idx, dims)}), {value}, mask=mo)")
 
-    def gemm_tiles(self, p: Node) -> str:
-        """The number of output tiles of matmul ``p`` (per batch index), printed."""
+    def gemm_tiles(self, p: Node, cols: str | None = None) -> str:
+        """The number of output tiles of matmul ``p`` (per batch index; over ``cols`` columns where given, a
+        sliced product's slice width), printed."""
         bm = self.tiles.gemm_rows(p.dtype.is_half)
-        return f"triton.cdiv({self.sz(p.shape[-2])}, {bm}) * triton.cdiv({self.sz(p.shape[-1])}, {self.tiles.gemm_n})"
+        cols = cols or self.sz(p.shape[-1])
+        return f"triton.cdiv({self.sz(p.shape[-2])}, {bm}) * triton.cdiv({cols}, {self.tiles.gemm_n})"
 
     def gemm_consts(self, p: Node) -> dict[str, int]:
         """The block sizes of a GEMM program of matmul ``p``."""
@@ -539,24 +543,14 @@ class Renderer:
         p, root = sg.gemm, sg.root
         if p.ndim != 2 or any(m.ndim != 2 for m in sg.members):
             raise Unsupported(f"a sliced GEMM at {p.loc} on more than two axes is not rendered")
-        a, b = p.srcs
         sz = self.sz
-        M, K, W = sz(p.shape[0]), sz(a.shape[-1]), sz(sg.width)
+        M, W = sz(p.shape[0]), sz(sg.width)
         em = Emitter()
         prologue = [*tile_ids(M, W), *(f"acc{g} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"
                                        for g in range(len(sg.offsets)))]
-        names = [f"acc{g}" for g in range(len(sg.offsets))]
-        accs = open_k_loop(em, K, self.static(a.shape[-1]), p.dtype, names)
-        em.line("ka = (k0 + tl.arange(0, BK))[None, :]")
-        em.line("kb = (k0 + tl.arange(0, BK))[:, None]")
-        em.line(f"ma = (rm < {M}) & (ka < {K})")
-        em.line(f"mb = (kb < {K}) & (rn < {W})")
-        ta = Eval(em, ctx, sz, "ma", 2).masked(a, ("rm", "ka"))
-        for g, off in enumerate(sg.offsets):
-            vb = Eval(em, ctx, sz, "mb", 2).masked(b, ("kb", sliced("rn", str(off))))
-            em.line(f"{accs[g]} += {dot(ta, vb, p.dtype)}")
-        close_k_loop(em, names, accs)
-        em.line(f"mo = (rm < {M}) & (rn < {W})")
+        self.k_loop(em, ctx, p, accs=[f"acc{g}" for g in range(len(sg.offsets))],
+                    columns=[sliced("rn", str(off)) for off in sg.offsets], width=W)
+        em.line(tile_mask(M, W))
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
         for g, off in enumerate(sg.offsets):
             idx = ("rm", sliced("rn", str(off)))
@@ -574,7 +568,4 @@ class Renderer:
             v = ev.val(m, ("rm", "rn"))
             for o in dests:
                 em.line(f"tl.store({o} + ({flat(('rm', 'rn'), [M, W])}), {v}, mask=mo)")
-        t = self.tiles
-        bm = t.gemm_rows(p.dtype.is_half)
-        grid = [f"triton.cdiv({M}, {bm}) * triton.cdiv({W}, {t.gemm_n})"]
-        self.emit(k.kind, em, grid, {"BM": bm, "BN": t.gemm_n, "BK": t.gemm_k}, prologue)
+        self.emit(k.kind, em, [self.gemm_tiles(p, W)], self.gemm_consts(p), prologue)

@@ -340,6 +340,11 @@ def tile_ids(rows: str, cols: str) -> list[str]:
             "rn = (pid_n * BN + tl.arange(0, BN))[None, :]"]
 
 
+def tile_mask(rows: str, cols: str) -> str:
+    """``mo``: which elements of a GEMM program's ``BM`` x ``BN`` tile (``tile_ids``) lie inside the result."""
+    return f"mo = (rm < {rows}) & (rn < {cols})"
+
+
 def acc_dtype(dt: DType) -> str:
     """The accumulator type of a product or sum in ``dt`` (``DType.accumulator``)."""
     if not (dt.is_float or dt.is_int):
