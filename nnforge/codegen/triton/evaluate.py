@@ -48,6 +48,7 @@ class Emitter:
         self.scalars: set[str] = set()  # the kernel's own scalar names (its step counters): the same in every lane
         self.counter = 0
         self.made: list[str] = []  # every temporary's name, in the order made (``finished`` drops and renumbers them)
+        self.loaded_under: dict[str, str] = {}  # a load's temporary -> the block mask it was loaded under (0 off it)
         self._pre_names: dict[str, str] = {}
 
     def fresh(self, prefix: str) -> str:
@@ -151,7 +152,6 @@ class Eval:
         self.hoist = hoist
         self.memo: dict[tuple[int, tuple[str, ...]], str] = {}
         self.fused: list[str] = []
-        self.masked_loads: set[str] = set()  # values loaded under the block mask: 0 where it is off
 
     def tmp(self, expr: str, prefix: str = "v") -> str:
         return self.em.tmp(expr, prefix, self.hoist)
@@ -174,8 +174,8 @@ class Eval:
         mask = f", mask={self.mask}, other=0" if self.mask and not scalar else ""
         widen = ".to(tl.float32)" if self.wide and n.dtype.is_half else ""
         name = self.tmp(f"tl.load({ptr} + ({offset}){mask}){widen}", "x")
-        if mask:
-            self.masked_loads.add(name)
+        if self.mask and mask:
+            self.em.loaded_under[name] = self.mask
         return name
 
     def masked(self, n: Node, idx: Sequence[str]) -> str:
@@ -183,7 +183,7 @@ class Eval:
         operand then goes from its pipelined copy in shared memory to the MMA untouched); anything computed
         from such loads may not be (exp(0), 0 / 0), so it is selected."""
         v = self.val(n, idx)
-        return v if v in self.masked_loads else self.tmp(f"tl.where({self.mask}, {v}, 0)")
+        return v if self.em.loaded_under.get(v) == self.mask else self.tmp(f"tl.where({self.mask}, {v}, 0)")
 
     def const(self, value: object, n: Node) -> str:
         shape = ", ".join(["1"] * max(self.rank, 1))

@@ -101,15 +101,15 @@ class ScanKernel:
                          f"r = tl.arange(0, ROWS){self.rows_axis}", "gr = r0 + r", f"rmask = gr < {self.batch}"]
         self.widths: dict[int, str] = {}
         self.idents: dict[tuple, tuple[str, ...]] = {}
-        self.outer_evals: dict[tuple[str, str | None], Eval] = {}
+        self.outer_evals: dict[tuple[str, str | None, bool], Eval] = {}
         self.pieces: dict[int, Pieces] = {}  # values held by column ranges
         # half precision: the step computes in float32 and rounds where it stores (carries stay float32)
         self.wide = any(dt.is_half for _, dt in n.types)
         self.split = r.tiles.scan_pieces  # rows of other widths than powers of two held as power-of-two tiles
 
-    def eval(self, ctx: Ctx, mask: str | None, **kw) -> Eval:
-        """An evaluator of ``ctx``'s nodes in this kernel (wide in a half-precision scan)."""
-        return Eval(self.em, ctx, self.sz, mask, 2, wide=self.wide, **kw)
+    def eval(self, ctx: Ctx, mask: str | None, wide: bool | None = None, **kw) -> Eval:
+        """An evaluator of ``ctx``'s nodes in this kernel (wide in a half-precision scan, unless ``wide`` says)."""
+        return Eval(self.em, ctx, self.sz, mask, 2, wide=self.wide if wide is None else wide, **kw)
 
     # ---- tiles --------------------------------------------------------------------------------------------
     def width(self, n: Node) -> int:
@@ -183,10 +183,9 @@ class ScanKernel:
         """An evaluator of the enclosing graph's nodes (the loop's sources) under ``mask``, one per code scope
         (the step, or the chunk loop), so a value is never used outside the block that computed it; ``wide``
         False: half-precision values as they are stored (a product's operand), else as the kernel's."""
-        wide = self.wide if wide is None else wide
-        key = (scope, mask, wide)
+        key = (scope, mask, self.wide if wide is None else wide)
         if key not in self.outer_evals:
-            self.outer_evals[key] = Eval(self.em, self.outer, self.sz, mask, 2, wide=wide)
+            self.outer_evals[key] = self.eval(self.outer, mask, key[2])
         return self.outer_evals[key]
 
     @staticmethod
@@ -237,11 +236,7 @@ class ScanKernel:
     def invariant_reader(self, src: Node, per_row: bool):
         def read(ev: Eval, idx: tuple[str, ...]) -> str:
             at = (self.global_row(idx[0]), *idx[1:]) if per_row else idx
-            outer = self.outer_eval(ev.mask, "step", ev.wide)
-            v = outer.val(src, at)
-            if v in outer.masked_loads:
-                ev.masked_loads.add(v)
-            return v
+            return self.outer_eval(ev.mask, "step", ev.wide).val(src, at)
         return read
 
     def chunk_reader(self, c: ChunkedInput):
@@ -543,11 +538,9 @@ class ScanKernel:
         ck, cn = self.cols(K), self.cols(N)
         kk = self.krows(K)
         outer = self.outer
-        va = Eval(em, outer, sz, self.mask(K), 2).val(a, ("grow", ck))
-        ta = em.tmp(f"tl.where({ck} < {K}, {va}, 0)", "a")
+        ta = Eval(em, outer, sz, self.mask(K), 2).masked(a, ("grow", ck))
         mb = f"({kk} < {K}) & ({cn} < {N})"
-        vb = Eval(em, outer, sz, mb, 2, hoist=c.gemm.b_resident).val(b, (kk, cn))
-        tb = em.tmp(f"tl.where({mb}, {vb}, 0)", "w", hoist=c.gemm.b_resident)
+        tb = Eval(em, outer, sz, mb, 2, hoist=c.gemm.b_resident).masked(b, (kk, cn))
         acc = em.tmp(rounded(self.dot(ta, tb, p.dtype), p.dtype), "acc")
         idx = ("grow", cn)
         value = acc
