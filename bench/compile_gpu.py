@@ -1,16 +1,17 @@
 """Cold compile time of a 5-layer LSTM stack on the GPU backend, and new sequence lengths that build nothing.
 
 Issue 14's goal: a 5-layer stack (bench/lstm_cpu.py's layer, alternating direction, H = ``--hidden``, batch
-``--batch``, float16) compiles in at most 5 s cold, and any later T without recompiling. Each measurement runs in
-a fresh process whose nnforge and Triton caches are empty, after torch has initialized the device (a user's
-script has imported torch before its first call): the first call at T = ``--steps`` (trace, passes, render, every
-kernel built — in parallel before the first launch, ``codegen/triton/warm.py``), then calls at 1.5 T and T again,
-each with the files it added to Triton's cache (0: nothing was built). Modes: ``inference`` (the stack's forward)
-and ``training`` (forward and backward into every weight). The anchor, measured the same way in a fresh process
-with empty caches: torch.compile of one LSTM step, the cell a Python loop calls (cells_cpu.py's; what a custom
-cell costs in torch today — compiling the whole stack's loop unrolls it and takes minutes), its first call at T
-(in training with the backward through it);
-printed as the ratio anchor / nnforge (> 1: nnforge compiles faster). Rounds alternate the order.
+``--batch``, float16) compiles in at most 5 s cold, and any later T without recompiling. Each measurement runs in a
+fresh process whose nnforge and Triton caches are empty, after torch has initialized the device (a user's script has
+imported torch before its first call): the first call at T = ``--steps`` (trace, passes, render, every kernel built —
+in parallel before the first launch, ``codegen/triton/warm.py``), then calls at 1.5 T and T again, each with the files
+it added to Triton's cache (0: nothing was built), and below the first what nnforge logged of its stages (trace,
+passes, program built, kernels compiled ahead and launchers built on the pool). Modes: ``inference`` (the stack's
+forward) and ``training`` (forward and backward into every weight). The anchor, measured the same way in a fresh
+process with empty caches: torch.compile of one LSTM step, the cell a Python loop calls (cells_cpu.py's; what a custom
+cell costs in torch today — compiling the whole stack's loop unrolls it and takes minutes), its first call at T (in
+training with the backward through it); printed as the ratio anchor / nnforge (> 1: nnforge compiles faster). Rounds
+alternate the order.
 
 Usage: ``python bench/compile_gpu.py [--rounds 3] [--hidden 96] [--batch 1024] [--steps 2000]``; ``--smoke``
 runs tiny shapes on the CPU under Triton's interpreter (it builds nothing: the times mean nothing).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -59,12 +61,18 @@ def child(mode: str, what: str, T: int, N: int, H: int, device: str, triton_cach
     rnd(8, 8).sum().item()  # the device initialized, as in a user's script before its first call
     out: dict = {}
 
+    said: list[str] = []  # what nnforge logs of its stages (trace, passes, build, kernels compiled ahead)
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("nnforge").addHandler(handler)
+    logging.getLogger("nnforge").setLevel(logging.INFO)
+
     def timed(label, fn, *args):
-        before = files(triton_cache)
+        before, heard = files(triton_cache), len(said)
         t0 = time.perf_counter()
         fn(*args)
         sync()
-        out[label] = {"s": time.perf_counter() - t0, "built": files(triton_cache) - before}
+        out[label] = {"s": time.perf_counter() - t0, "built": files(triton_cache) - before, "log": said[heard:]}
 
     if what == "torch.compile":
         compiled, _ = cells_cpu.compiled_loop(cells_cpu.t_lstm_loop, "t_lstm_cell")
@@ -137,6 +145,8 @@ def main() -> None:
                     continue
                 cells = "  ".join(f"{k} {v['s']:.2f} s (built {v['built']})" for k, v in got.items())
                 print(f"  {mode} round {r + 1} {what:13s} {cells}")
+                for line in got[f"T={T}"]["log"]:
+                    print(f"      {line}")
                 (firsts if what == "nnforge" else anchors).append(got[f"T={T}"]["s"])
         if firsts and anchors:
             f, t = statistics.median(firsts), statistics.median(anchors)
