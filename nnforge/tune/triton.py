@@ -30,6 +30,7 @@ AXES: dict[str, tuple[int, ...]] = {
     "gemm_m": (32, 64, 128),      # the input projection's and the weight gradients' GEMM tiles
     "gemm_n": (32, 64, 128),
     "gemm_k": (32, 64),
+    "gemm_group": (0, 8, 32),     # row tiles a GEMM's programs take together (0: all of them, row tiles fastest)
     "gemm_warps": (4, 8),
     "flat": (512, 1024, 2048),    # elements per elementwise program
     "warps": (4, 8),

@@ -444,7 +444,7 @@ class Renderer:
         M, N = sz(p.shape[-2]), sz(p.shape[-1])
         batch = p.shape[:-2]
         em = Emitter()
-        prologue = [*tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
+        prologue = [*tile_ids(M, N, self.tiles.gemm_group), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
         bidx: tuple[str, ...] = ()
         if batch:
             bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
@@ -468,7 +468,7 @@ class Renderer:
                         f"{self.program.target.split_k_min})")
         acc = acc_dtype(p.dtype)
         em = Emitter()
-        prologue = [*tile_ids(M, N), "lo = pid_b * n0", f"hi = tl.minimum(lo + n0, {K})",
+        prologue = [*tile_ids(M, N, self.tiles.gemm_group), "lo = pid_b * n0", f"hi = tl.minimum(lo + n0, {K})",
                     f"acc = tl.zeros([BM, BN], {acc})"]
         at = f"{partials} + {{}} * {M} * {N} + ({flat(('rm', 'rn'), [M, N])})"  # a part's tile of the partials
         self.k_loop(em, ctx, p, (), lo="lo", hi="hi")
@@ -546,7 +546,7 @@ class Renderer:
         sz = self.sz
         M, W = sz(p.shape[0]), sz(sg.width)
         em = Emitter()
-        prologue = [*tile_ids(M, W), *(f"acc{g} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"
+        prologue = [*tile_ids(M, W, self.tiles.gemm_group), *(f"acc{g} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"
                                        for g in range(len(sg.offsets)))]
         self.k_loop(em, ctx, p, accs=[f"acc{g}" for g in range(len(sg.offsets))],
                     columns=[sliced("rn", str(off)) for off in sg.offsets], width=W)

@@ -88,7 +88,11 @@ class Tiles:
     ``flat``: elements per program of an elementwise, copy or concat kernel. ``gemm_m``, ``gemm_n``, ``gemm_k``:
     a GEMM program's output tile and K step (``tl.dot`` needs 16 at least in each); ``gemm_m_f32``: its rows
     when the product is float32 or float64 (multiply-adds on the CUDA cores, not the tensor cores: at 64 rows and
-    4 warps ptxas spills 180 bytes of registers, at 32 none; not tuned — the tuner times float16). ``reduce_rows`` /
+    4 warps ptxas spills 180 bytes of registers, at 32 none; not tuned — the tuner times float16). ``gemm_group``:
+    the order of a GEMM's programs, its row tiles taken that many at a time with all their column tiles
+    (``texpr.tile_ids``: a tall product's A is then read from memory once, not once per column tile; 0, the
+    former order, row tiles fastest over all rows; 8, as Triton's matmul tutorial groups them: not yet timed
+    here). ``reduce_rows`` /
     ``reduce_cols``: a reduction program's outputs and the reduced elements it reads per iteration.
     ``scan_rows``: batch rows per program of a persistent scan kernel, the M side of the step's ``tl.dot`` (at
     least 8: Triton pads a narrower M to the tensor cores' 16 rows, so 8 leaves half of each MMA idle but makes
@@ -115,6 +119,7 @@ class Tiles:
     gemm_m_f32: int = 32
     gemm_n: int = 32
     gemm_k: int = 32
+    gemm_group: int = 8
     reduce_rows: int = 16
     reduce_cols: int = 128
     scan_rows: int = 8
@@ -133,6 +138,8 @@ class Tiles:
                 raise ValueError(f"Tiles.{name} must be a power of two, got {v}")
         if min(self.gemm_m, self.gemm_m_f32, self.gemm_n, self.gemm_k) < 16:
             raise ValueError("tl.dot needs GEMM tiles of 16 at least")
+        if self.gemm_group < 0:
+            raise ValueError(f"Tiles.gemm_group must be 0 (no groups) or more, got {self.gemm_group}")
         if self.scan_stages < 1:
             raise ValueError(f"Tiles.scan_stages must be 1 at least, got {self.scan_stages}")
         if self.scan_rows < 8:

@@ -784,3 +784,52 @@ def test_new_sequence_lengths_do_not_recompile_on_the_gpu(rng: np.random.Generat
         _agree(program, lstm, lstm_args(rng, T=T))
     kernel = getattr(program.module, program.kernels[0])
     assert sum(len(cache[0]) for cache in kernel.device_caches.values()) == 1
+
+
+@pytest.mark.parametrize("group", [0, 1, 3, 8])
+def test_gemm_programs_cover_every_tile_once_in_groups_of_row_tiles(group: int):
+    """``tile_ids``'s order, evaluated in Python for a grid of ``tiles_m`` x ``tiles_n`` tiles times a batch: every
+    tile once; with a group G the programs of each run of G x ``tiles_n`` take at most G row tiles (A's tiles read
+    while in cache), the last group short where G does not divide the row tiles; with 0 the row tiles run fastest."""
+    from types import SimpleNamespace
+
+    from nnforge.codegen.triton.texpr import tile_ids
+
+    lines = [line for line in tile_ids("M", "N", group) if not line.startswith(("rm =", "rn ="))]
+    for M, N, BM, BN, batch in ((643, 97, 64, 32, 2), (64, 32, 64, 32, 1), (64 * 16, 40, 64, 32, 3)):
+        tiles_m, tiles_n = -(-M // BM), -(-N // BN)
+        seen = []
+        for pid in range(tiles_m * tiles_n * batch):
+            tl = SimpleNamespace(program_id=lambda axis, pid=pid: SimpleNamespace(to=lambda _: pid), int64=None,
+                                 minimum=min)
+            env = {"tl": tl, "M": M, "N": N, "BM": BM, "BN": BN}
+            for line in lines:
+                exec(line, env)
+            seen.append((env["pid_b"], env["pid_m"], env["pid_n"]))
+        assert sorted(seen) == [(b, m, n) for b in range(batch) for m in range(tiles_m) for n in range(tiles_n)]
+        if group == 0:
+            assert [m for _, m, _ in seen[:tiles_m]] == list(range(tiles_m))
+            continue
+        run, tiles = group * tiles_n, tiles_m * tiles_n
+        for b in range(batch):
+            ours = seen[b * tiles:(b + 1) * tiles]
+            assert {pid_b for pid_b, _, _ in ours} == {b}
+            for start in range(0, tiles, run):
+                assert len({m for _, m, _ in ours[start:start + run]}) == min(group, tiles_m - start // tiles_n)
+
+
+@pytest.mark.parametrize("group", [0, 3, 8])
+def test_gemms_in_groups_of_row_tiles_agree_with_the_reference(rng: np.random.Generator, group: int):
+    """A product of 11 x 4 tiles (the last group of 3 or 8 row tiles short), a batched one and an RNN's sliced
+    step in each order."""
+    tiles = Tiles(gemm_m=16, gemm_n=16, gemm_group=group)
+    backend = TritonBackend(tiles=tiles)
+    _check(lambda a, b: nf.tanh(a @ b), _f32(rng, 171, 24), _f32(rng, 24, 61), backend=backend)
+    _check(lambda a, b: a @ b, _f32(rng, 3, 40, 16), _f32(rng, 3, 16, 35), backend=backend)
+    host_loop = dataclasses.replace(triton_target(), max_split_weight_bytes=0)
+    args = lstm_args(rng, T=3, N=40, H=24)
+    _check(lstm, *args, backend=TritonBackend(tiles=tiles, target=host_loop))
+    program, _ = lower(prepare(nf.compile(lstm).trace(*args), host_loop), tiles, host_loop)
+    assert any(isinstance(k, SlicedGemm) for loop in program.loops() for k in loop.body.kernels)
+    with pytest.raises(ValueError, match="gemm_group"):
+        Tiles(gemm_group=-1)

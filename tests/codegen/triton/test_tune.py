@@ -19,11 +19,11 @@ pytestmark = [pytest.mark.triton,
 
 
 def _cost(t: Tiles) -> float:
-    """A made-up timing with one best value per axis (64 rows, 8 warps, 64 x 32 GEMM tiles, 2048 elements, 3
-    stages)."""
+    """A made-up timing with one best value per axis (64 rows, 8 warps, 64 x 32 GEMM tiles in groups of 32 row
+    tiles, 2048 elements, 3 stages)."""
     return (abs(t.scan_rows - 64) + abs(t.scan_warps - 8) + abs(t.gemm_m - 64) + abs(t.gemm_n - 32)
             + abs(t.gemm_k - 32) + abs(t.flat - 2048) / 64 + abs(t.warps - 4) + (t.gemm_warps == 8) * 1e6
-            + abs(t.scan_stages - 3))
+            + abs(t.scan_stages - 3) + abs(t.gemm_group - 32))
 
 
 def test_the_search_keeps_each_axis_best_and_caches_it_per_device(tmp_path, monkeypatch):
@@ -36,7 +36,7 @@ def test_the_search_keeps_each_axis_best_and_caches_it_per_device(tmp_path, monk
 
     best = tune_triton(timer=timer, device="NVIDIA H200")
     assert best == Tiles(scan_rows=64, scan_warps=8, gemm_m=64, gemm_n=32, gemm_k=32, gemm_warps=4, flat=2048,
-                         warps=4, scan_stages=3)
+                         warps=4, scan_stages=3, gemm_group=32)
     assert len(seen) == len(set(seen)) < 3 * 8  # each candidate timed once, one axis at a time
     assert load_triton_tiles("NVIDIA H200") == best and load_triton_tiles("NVIDIA H100 80GB HBM3") is None
     saved = json.loads(next((tmp_path / "tune").glob("triton-*.json")).read_text())

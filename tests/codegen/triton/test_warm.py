@@ -1,10 +1,10 @@
-"""Compiling a program's kernels in parallel before its first launch (``codegen/triton/warm.py``), against
-stand-ins for Triton's kernels and its AsyncCompileMode: every kernel the program launches is asked to compile,
-with its first launch's own arguments, grid and meta-parameters, once however often a host loop launches it,
-inside the mode (which hands compiles to a pool), and nothing is launched; an empty grid is skipped; a pass that
-fails is logged and reported, not raised; after the compiles, the kernels' launchers are built on the pool, once per
-signature, one that fails left to its first launch. A generated program takes the launcher (``run(..., launch=...)``); on
-the interpreter nothing is precompiled."""
+"""Compiling a program's kernels in parallel before its first launch (``codegen/triton/warm.py``), against stand-ins for
+Triton's kernels and its AsyncCompileMode: every kernel the program launches is asked to compile, with its first
+launch's own arguments, grid and meta-parameters, once however often a host loop launches it, inside the mode (which
+hands compiles to a pool), and nothing is launched; an empty grid is skipped; a pass that fails is logged and
+reported, not raised; after the compiles, the kernels' launchers are built on the pool, once per signature, one that
+fails left to its first launch. A generated program takes the launcher (``run(..., launch=...)``); on the interpreter
+nothing is precompiled."""
 
 from __future__ import annotations
 
