@@ -12,7 +12,7 @@ into registers (made where the step uses them, or a step ahead where Triton's pi
 loop: the kernel's TTGIR tells which), asynchronous copies into shared memory (issued ahead), shared-memory loads,
 MMAs, special functions (exp, reciprocal) and local-memory accesses (spill). Counts, not times: what a step costs
 is a GPU measurement (bench/lstm_gpu.py). Usage: ``python bench/scan_sass.py [--stages 1 2 3] [--pieces 1 0]
-[--transposed 0 1] [--warps 4 8] [--hidden 96] [--batch 1024] [--cells]``.
+[--transposed 0 1] [--warps 4 8] [--rows 8 16] [--hidden 96] [--batch 1024] [--cells]``.
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ def main() -> None:
     ap.add_argument("--pieces", type=int, nargs="+", default=[1, 0], help="1: rows in power-of-two tiles, 0: padded")
     ap.add_argument("--transposed", type=int, nargs="+", default=[0], help="1: [width, rows] tiles, 0: [rows, width]")
     ap.add_argument("--warps", type=int, nargs="+", default=[Tiles().scan_warps], help="warps per scan program")
+    ap.add_argument("--rows", type=int, nargs="+", default=[Tiles().scan_rows], help="batch rows per scan program")
     ap.add_argument("--hidden", type=int, default=96)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--cells", action="store_true", help="also the layer-norm LSTM, GRU and peephole LSTM")
     a = ap.parse_args()
-    print(f"H={a.hidden}, batch {a.batch}, float16, {Tiles().scan_rows} rows per program; built for sm_90 by "
-          f"Triton {triton.__version__}; per step of each persistent scan kernel:")
-    print(f"{'model':26s} {'mode':9s} {'kernel':36s} stages pieces transp warps regs spill sharedKiB "
+    print(f"H={a.hidden}, batch {a.batch}, float16; built for sm_90 by Triton {triton.__version__}; per step of each "
+          "persistent scan kernel:")
+    print(f"{'model':26s} {'mode':9s} {'kernel':36s} stages pieces transp warps rows regs spill sharedKiB "
           + " ".join(COLUMNS))
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["NNFORGE_CACHE_DIR"] = tmp  # the generated modules, where the build process imports them
@@ -72,17 +73,17 @@ def main() -> None:
                 return (ys * ys).sum()
 
             for mode, step in (("inference", fn), ("training", nf.grad(loss, argnums=weights))):
-                for stages, pieces, tr, warps in ((s, p, t, w) for s in a.stages for p in a.pieces
-                                                  for t in a.transposed for w in a.warps):
+                for stages, pieces, tr, warps, rows in ((s, p, t, w, r) for s in a.stages for p in a.pieces
+                                                        for t in a.transposed for w in a.warps for r in a.rows):
                     tiles = Tiles(scan_stages=stages, scan_pieces=bool(pieces), scan_transposed=bool(tr),
-                                  scan_warps=warps)
+                                  scan_warps=warps, scan_rows=rows)
                     compiled = nf.compile(step, backend="triton", options={"tiles": tiles})
                     scans = [r for r in record_launches(lambda c=compiled, xs=args: c(*xs)) if "_scan_" in r["name"]]
                     for kernel, k in compile_offline(scans, arch=90, loops=True)["kernels"].items():
                         step_counts = " ".join(f"{k['loop'][c]:{len(c)}d}" for c in COLUMNS)
                         print(f"{name:26s} {mode:9s} {kernel[:36]:36s} {stages:6d} {pieces:6d} {tr:6d} {warps:5d} "
-                              f"{k['registers']:4d} {k['spill_bytes']:5d} {k['shared'] // 1024:9d} {step_counts}",
-                              flush=True)
+                              f"{rows:4d} {k['registers']:4d} {k['spill_bytes']:5d} {k['shared'] // 1024:9d} "
+                              f"{step_counts}", flush=True)
 
 
 if __name__ == "__main__":
