@@ -21,6 +21,7 @@
 #   STEPS=flashrnn scripts/gpu-check.sh      # bench/lstm_gpu.py against FlashRNN (installed from gpu-wheels/, made by
 #                                            # `make gpu-wheels` and carried; its CUDA kernel builds with nvcc per shape)
 #   STEPS=sweep SWEEP_FROM=gpu-sweep.db scripts/gpu-check.sh  # continue a sweep a lease cut short
+#   STEPS=wide scripts/gpu-check.sh          # batch 8448 at 8 and 16 rows per persistent program (opt-in)
 #
 # The steps run in order of what a short lease should learn first; their limits add up to more than one 10-minute
 # command, so a lease runs `STEPS="render bench compile"` first, `STEPS="matrix whole_model"` second and the rest
@@ -53,7 +54,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt
 
 SKIP=${SKIP:-}
 if [[ ${PARALLEL:-0} == 1 ]]; then  # the timed steps alone, then the checks in three groups at once
-    timed="tune bench compile cells stalls flashrnn sweep"
+    timed="tune bench compile cells wide stalls flashrnn sweep"
     SKIP="render matrix whole_model streams precision modelview" PARALLEL=0 "$0"
     # the matrix leaves four cores to the other groups (with all of them, the 2026-11-27 lease's render,
     # precision and ModelView steps ran out of their limits behind it)
@@ -96,13 +97,22 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/matrix.txt" 2>/dev/null | cut -c1-
 # shellcheck disable=SC2086
 step whole_model "${WHOLE_S:-240}" $PY -m pytest -q -p no:cacheprovider -n 3 -k triton -m whole_model $DIRS tests/demo
 tail -5 "$OUT/whole_model.txt" 2>/dev/null | cut -c1-300
-# with the H = 96 layer's other step forms beside the default, interleaved (CELL_VARIANTS): each row one padded
-# tile, that tile transposed (the batch rows the MMA's N side), 8 warps a program
-CELL_VARIANTS=${CELL_VARIANTS-scan_pieces=0 scan_pieces=0,scan_transposed=1 scan_warps=8}
+# with the H = 96 layer's other forms beside the default, interleaved (CELL_VARIANTS): each row one padded tile,
+# that tile transposed (the batch rows the MMA's N side), 8 warps a program, the input projection's programs in
+# the order before groups, the projection computed in the scan kernel (its weights on chip too: 212 KiB of shared
+# memory for sm_90); and the default's time by kernel (the projection GEMM against the scan)
+CELL_VARIANTS=${CELL_VARIANTS-scan_pieces=0 scan_pieces=0,scan_transposed=1 scan_warps=8 gemm_group=0 chunk_bytes=65536}
 # shellcheck disable=SC2086  # CELLS is "BATCH HIDDEN", CELL_VARIANTS a list of arguments
-step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 \
+step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 --profile \
     ${CELL_VARIANTS:+--variant $CELL_VARIANTS} --cells ${CELLS:-1024 96}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
+# (opt-in, STEPS=wide) the widest batch, 64 rows per SM: at 8 rows a program 1056 programs, of which an
+# H200 holds 264 at once (79 KiB of shared memory each), so four waves of all T steps; 16 rows make two
+# (bench/scan_sass.py --rows: 87 KiB, 864 instructions a step for twice the rows)
+# shellcheck disable=SC2086  # WIDE_VARIANTS is a list of arguments
+step wide "${WIDE_S:-180}" $PY bench/lstm_gpu.py --mode inference training --hidden 96 --batch 8448 --rounds 3 \
+    --flashrnn none --variant ${WIDE_VARIANTS:-scan_rows=16 scan_rows=16,scan_warps=8}
+cat "$OUT/wide.txt" 2>/dev/null
 # where an LSTM step waits: Nsight Compute's stall reasons for each persistent scan kernel (inference, training
 # forward and backward; the second call of each, inside the NVTX range "profiled"), with the tiles in use and,
 # with STALLS="--variant ...", others. ncu reads counters on Firecracker machines only (device/KINDS.md); its
