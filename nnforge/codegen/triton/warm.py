@@ -66,13 +66,14 @@ def precompile(run: Callable[..., None], ins: list, data: list, outs: list, size
 
 def build_launchers(kernels: Sequence[Any], pool: Executor, launcher: Callable[[Any], object]) -> int:
     """Build the launcher of each compiled kernel on ``pool``, once per signature (kernels alike in their
-    arguments' types and constants share one), and return how many were built. Some Tritons (3.6) build each
-    launcher by running the C compiler at the kernel's first launch, one after another, and cache it on disk:
-    built here, side by side, the first launches find them. One that fails is logged and left to that launch."""
+    parameters' types share one: a pointer is an address whatever it points to), and return how many were built.
+    Some Tritons (3.6) build each launcher by running the C compiler at the kernel's first launch, one after
+    another, and cache it on disk: built here, side by side, the first launches find them. One that fails is logged
+    and left to that launch."""
     signatures = {}
     for k in kernels:
-        src = getattr(k, "src", None)
-        key = repr((getattr(src, "signature", None), getattr(src, "constants", None),
+        types = getattr(getattr(k, "src", None), "signature", {}) or {}
+        key = repr(([t[0] if t.startswith("*") else t for t in types.values()],
                     getattr(getattr(k, "metadata", None), "tensordesc_meta", None)))
         signatures.setdefault(key, k)
 

@@ -108,8 +108,9 @@ def test_launchers_are_built_on_the_pool_once_per_signature():
 
     events: list = []
     ptr2 = {"x": "*fp16", "y": "*fp16", "n": "i32"}
-    kernels = {"k0": _Compiled("k0", ptr2, {}), "k1": _Compiled("k1", ptr2, {}),  # alike: one launcher
-               "k2": _Compiled("k2", ptr2, {("n",): 1}),  # a constant argument: its own launcher
+    kernels = {"k0": _Compiled("k0", ptr2, {}),
+               "k1": _Compiled("k1", {"x": "*fp32", "y": "*fp16", "n": "i32"}, {}),  # alike: one launcher
+               "k2": _Compiled("k2", ptr2 | {"n": "constexpr"}, {("n",): 1}),  # a constant: its own launcher
                "k3": _Compiled("k3", {"x": "*fp32", "n": "i64"}, {})}
 
     class Kernel:
@@ -135,7 +136,7 @@ def test_launchers_are_built_on_the_pool_once_per_signature():
 
     assert precompile(run, ["x"], [], [], [], "cuda", mode=_mode(events), workers=2, launcher=launcher)
     assert events.index("exit") < events.index(("result", "k0"))  # built after every compile has finished
-    assert sorted(name for name, _ in built) == ["k0", "k2", "k3"]  # k1 shares k0's; asked once though launched twice
+    assert sorted(name for name, _ in built) == ["k0", "k2", "k3"]  # k1 shares k0's, asked once though launched twice
     assert all(on_pool for _, on_pool in built)
 
 
