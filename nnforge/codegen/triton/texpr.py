@@ -332,7 +332,8 @@ def dot(a: str, b: str, dt: DType) -> str:
 def tile_ids(rows: str, cols: str, group: int = 0) -> list[str]:
     """A GEMM program's tile from its one-axis program id, then the batch index ``pid_b``. One axis because CUDA
     caps a grid's second and third at 65535 programs, which a batch of products (attention's batch x heads)
-    passes; the first takes 2^31 - 1.
+    passes; the first takes 2^31 - 1, so the ids are worked out in int32 (an int64 division by a run-time value,
+    a tile count, is a subroutine call on a GPU: built for sm_90 it spilled registers) and widened after.
 
     Programs run roughly in id order, so the order decides what the L2 cache can share. With ``group`` 0, ``pid_m``
     runs fastest over all row tiles (as a two-axis grid would order them): programs launched together share a
@@ -341,16 +342,17 @@ def tile_ids(rows: str, cols: str, group: int = 0) -> list[str]:
     96, against a 50 MB L2) reads A from memory once per column tile (12 times). With ``group`` G, the row tiles
     are taken G at a time, and all column tiles of those G run before the next G: A's tiles are read once while
     they are in cache, B's (the weights) whenever it stays there."""
-    head = ["pid = tl.program_id(0).to(tl.int64)", f"tiles_m = ({rows} + BM - 1) // BM",
-            f"tiles_n = ({cols} + BN - 1) // BN", "pid_b = pid // (tiles_m * tiles_n)"]
+    head = ["pid = tl.program_id(0)", f"tiles_m = tl.cast(({rows} + BM - 1) // BM, tl.int32)",
+            f"tiles_n = tl.cast(({cols} + BN - 1) // BN, tl.int32)", "tile = pid % (tiles_m * tiles_n)"]
     if group == 0:
-        order = ["pid_m = pid % tiles_m", "pid_n = (pid // tiles_m) % tiles_n"]
+        order = ["pid_m = tile % tiles_m", "pid_n = tile // tiles_m"]
     else:
-        order = ["tile = pid % (tiles_m * tiles_n)", f"first_m = tile // ({group} * tiles_n) * {group}",
-                 f"in_group = tile % ({group} * tiles_n)", f"group_m = tl.minimum(tiles_m - first_m, {group})",
-                 "pid_m = first_m + in_group % group_m", "pid_n = in_group // group_m"]
-    return [*head, *order, "rm = (pid_m * BM + tl.arange(0, BM))[:, None]",
-            "rn = (pid_n * BN + tl.arange(0, BN))[None, :]"]
+        order = [f"first_m = tile // ({group} * tiles_n) * {group}", f"in_group = tile % ({group} * tiles_n)",
+                 f"group_m = tl.minimum(tiles_m - first_m, {group})", "pid_m = first_m + in_group % group_m",
+                 "pid_n = in_group // group_m"]
+    return [*head, *order, "pid_b = (pid // (tiles_m * tiles_n)).to(tl.int64)",
+            "rm = (pid_m.to(tl.int64) * BM + tl.arange(0, BM))[:, None]",
+            "rn = (pid_n.to(tl.int64) * BN + tl.arange(0, BN))[None, :]"]
 
 
 def tile_mask(rows: str, cols: str) -> str:
