@@ -8,14 +8,17 @@ Work in a scan body that does not depend on the carry leaves the loop:
   loop and passed in as new xs: ``x_t @ W`` of every step becomes one ``[T*N, I] @ [I, G]`` GEMM, and a bias
   added to it rides along as that GEMM's epilogue.
 
-In a scan that the CPU backend will split by batch rows (``rows.worth_splitting``) only the GEMM part of a
-carry-free value is hoisted: the elementwise work on top of it stays in the loop (see ``_cut``).
+In a scan that the target splits by batch rows (``rows.worth_splitting``) only the GEMM part of a carry-free
+value is hoisted: the elementwise work on top of it stays in the loop (see ``_cut``), unless the target hoists
+step work whole (``Target.hoist_step_work``).
 
 Sums are first re-associated so carry-free terms are added together (``x@Wi + h@Wh + b`` becomes
 ``(x@Wi + b) + h@Wh``); that changes float rounding, so this pass belongs to the CPU pipeline.
 """
 
 from __future__ import annotations
+
+import math
 
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
@@ -172,14 +175,9 @@ def _cut(m: Node, cls: dict[int, str], body: Graph) -> list[Node]:
     return out or [m]
 
 
-def _hoist_scan(n: Node, target: Target) -> Node | None:
-    a = n.attrs
-    nc, nx = a["n_carry"], a["n_xs"]
-    # Only a loop split by rows runs the step's extra elementwise kernels without barriers: elsewhere each would
-    # cost one per step, so there the whole carry-free value is hoisted.
-    cut = isinstance(worth_splitting(n, target), RowSplit)
-    body = _reassociate(a["body"], nc, nx)
-    cls = _classes(body, nc, nx)
+def _roots(body: Graph, cls: dict[int, str], nc: int, nx: int, cut: bool) -> list[Node]:
+    """The carry-free values of ``body`` to compute before the loop: each one a carry-dependent value or an output
+    reads, or with ``cut`` only the GEMM parts of the step ones (``_cut``)."""
     us = users(body.order)
     outs = {id(o) for o in body.outputs}
     roots: list[Node] = []
@@ -191,6 +189,29 @@ def _hoist_scan(n: Node, target: Target) -> Node | None:
             for r in _cut(m, cls, body) if kind == "step" and cut else [m]:
                 if all(r is not o for o in roots):
                     roots.append(r)
+    return roots
+
+
+def _elements(values: list[Node]) -> int:
+    """Elements of a step of ``values`` (at the sizes traced)."""
+    return sum(math.prod(int(d) for d in v.shape) for v in values)
+
+
+def _hoist_scan(n: Node, target: Target) -> Node | None:
+    a = n.attrs
+    nc, nx = a["n_carry"], a["n_xs"]
+    # Only a loop split by rows runs the step's extra elementwise kernels without barriers: elsewhere each would
+    # cost one per step, so there the whole carry-free value is hoisted.
+    cut = isinstance(worth_splitting(n, target), RowSplit)
+    body = _reassociate(a["body"], nc, nx)
+    cls = _classes(body, nc, nx)
+    roots = _roots(body, cls, nc, nx, cut)
+    if cut and target.hoist_step_work:
+        # the whole values where they are no more data to write and read back than their GEMM parts (a layer norm
+        # of the input projection: one array either way); a backward step's recomputed activations stay
+        whole = _roots(body, cls, nc, nx, cut=False)
+        if _elements(whole) <= _elements(roots):
+            roots = whole
     if not roots:
         return None if body is a["body"] else make(Op.SCAN, n.srcs, {**a, "body": body}, n.types, loc=n.loc)
     lifter = _Lifter(body, n.srcs, nc, nx)

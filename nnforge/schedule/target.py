@@ -61,6 +61,12 @@ class Target:
     results, each at least ``split_k_min`` long (a multiple of it), their sums added in order after. Why: a weight
     gradient's K is steps x batch (millions) over a few tiles of results, which one program per tile runs on a
     few of a GPU's cores one after another. 0: every GEMM sums its K in one program per tile.
+    ``hoist_step_work``: a row-split loop's carry-free step values leave it whole — the elementwise work and
+    reductions on top of their GEMM (a layer norm of the input projection) computed for all steps at once before
+    the loop — as they do from a loop not split by rows, where that is no more data per step than their GEMM
+    parts (a backward step's recomputed activations, many arrays, stay). Off, only their GEMM parts leave: in a
+    worker that runs its rows through every step the rest fuses into the step's kernels and costs no memory; on,
+    a step that waits on its carry (a GPU's persistent program) is spared that work.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
@@ -87,6 +93,7 @@ class Target:
     split_sum_outputs: int = 0
     split_k_outputs: int = 0
     split_k_min: int = 1
+    hoist_step_work: bool = False
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",

@@ -13,6 +13,7 @@ import pytest
 import nnforge as nf
 from nnforge.codegen.c.gemm import GemmConfig
 from nnforge.codegen.c.target import cpu_target
+from nnforge.codegen.reference import ReferenceProgram
 from nnforge.ir.ops import Op
 from nnforge.passes import pipeline, run_pipeline
 from nnforge.passes.rows import NotSeparable, RowSplit, worth_splitting
@@ -52,6 +53,22 @@ def test_hoisting_follows_the_targets_split_decision(rng: np.random.Generator) -
     assert isinstance(worth_splitting(a, cpu_target()), RowSplit)
     # the layer norm of x_t W_ih is carry-free: lifted out of the work-shared loop, kept in the row-split one
     assert len(a.attrs["body"].order) > len(b.attrs["body"].order)
+
+
+def test_a_target_may_hoist_a_row_split_loops_step_work_whole(rng: np.random.Generator) -> None:
+    """``Target.hoist_step_work``: the loop is still split by rows, and the layer norm of x_t W_ih leaves it with
+    its GEMM, as it leaves a work-shared loop (the body as small as that loop's); the results are unchanged."""
+    args = _lstm_args(rng, 4, 16, 5, 8)
+    g = _optimized(ln_lstm, args)
+    whole = replace(cpu_target(), hoist_step_work=True)
+    (kept,), (lifted,) = _scans(run_pipeline(g, pipeline(cpu_target()))), _scans(run_pipeline(g, pipeline(whole)))
+    (shared,) = _scans(run_pipeline(g, pipeline(replace(cpu_target(), min_split_rows=10**6))))
+    assert isinstance(worth_splitting(lifted, whole), RowSplit)
+    assert len(lifted.attrs["body"].order) == len(shared.attrs["body"].order) < len(kept.attrs["body"].order)
+    want = ReferenceProgram(g)(list(args))
+    got = ReferenceProgram(run_pipeline(g, pipeline(whole)))(list(args))
+    for w, o in zip(want, got, strict=True):
+        np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-6)
 
 
 def test_weight_gradient_sums_follow_the_targets_budget(rng: np.random.Generator) -> None:

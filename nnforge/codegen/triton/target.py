@@ -66,6 +66,11 @@ def triton_target() -> Target:
       K = T x N = 2,048,000 at T = 2000, N = 1024) ran as 18 programs, each looping over all of K; in parts it
       is 270 programs (15 parts). Parts are whole ``DOT_PROMOTE_K`` blocks, so each block of K is summed as
       without parts. Not yet timed on a GPU.
+    * ``hoist_step_work`` False (the shared default): a persistent scan keeps the elementwise work on its
+      carry-free GEMMs (a layer norm of the input projection) in its step, where it adds to each step's latency;
+      hoisted, it costs a write and a read of a [T, N, 4H] array. Built for sm_90 the layer-norm LSTM's step
+      shrinks with it (docs/benchmarks.md); which is faster is not yet timed (`bench/lstm_gpu.py --variant
+      hoist_step_work=1 --cells ...`).
     * ``step_recompute``: in a host loop every kernel of the body is a Python launch per step (a host-loop step
       took 19–40 µs on an H200 whatever its work, docs/benchmarks.md) and its stored values make a round trip
       through memory that the next launch reads back; so an elementwise value read by several of the step's

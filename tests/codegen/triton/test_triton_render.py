@@ -834,3 +834,24 @@ def test_gemms_in_groups_of_row_tiles_agree_with_the_reference(rng: np.random.Ge
     assert any(isinstance(k, SlicedGemm) for loop in program.loops() for k in loop.body.kernels)
     with pytest.raises(ValueError, match="gemm_group"):
         Tiles(gemm_group=-1)
+
+
+@pytest.mark.parametrize("trained", [False, True], ids=["forward", "grad"])
+def test_a_layer_norm_of_the_input_projection_may_leave_the_persistent_scan(rng: np.random.Generator,
+                                                                             trained: bool):
+    """``Target.hoist_step_work``: the layer norm of ``x_t @ W_ih`` (carry-free) is computed for all steps before
+    the persistent scan — the loop keeps 4 of its 6 row sums a step (those of ``h @ W_hh`` and of ``c``) — and
+    the layer-norm LSTM agrees with the reference, forward and trained."""
+    from nnforge.schedule.program import Reduce
+
+    fn = _trained(layer_norm_lstm) if trained else layer_norm_lstm
+    args = lstm_args(rng, T=3, N=10, H=16)
+    sums = {}
+    for whole in (False, True):
+        target = dataclasses.replace(triton_target(), hoist_step_work=whole)
+        _check(fn, *args, backend=TritonBackend(target=target))
+        program, _ = lower(prepare(nf.compile(fn).trace(*args), target), None, target)
+        forward = program.loops()[0]
+        assert forward.parallel is not None
+        sums[whole] = sum(isinstance(k, Reduce) for k in forward.body.kernels)
+    assert sums == {False: 6, True: 4}
