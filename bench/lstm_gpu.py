@@ -21,14 +21,15 @@ with its reason instead of ending the run. Record results in docs/benchmarks.md 
 
 Usage: ``python bench/lstm_gpu.py [--hidden 96 384 1024 --batch 128 1024] [--steps 2000] [--dtype float16]
 [--mode inference training] [--rounds 5] [--cells BATCH HIDDEN] [--cuda-graphs] [--flashrnn auto]
-[--variant scan_pieces=0 ...] [--profile]``; without
+[--variant scan_pieces=0 ...] [--cell-variant hoist_step_work=1 ...] [--profile]``; without
 ``--hidden``/``--batch`` the shapes of issue 14's table (H 96 at batch 1024 and 8448 = 64 per SM of a 132-SM
 part; H 384 and 1024 at 128 and 1024).
 ``--variant`` also times nnforge with other tiles or target thresholds (fields of ``Tiles`` or ``Target``,
 ``name=value`` joined by commas, each replacing that of the tiles the backend uses on the device or of
 ``triton_target()``), interleaved with the default, as ``nnforge[scan_pieces=0]`` with its time over the
 default's: one choice compared in one run (``split_k_outputs=0``: weight gradients summed over K in one program
-per tile of results, not in parts).
+per tile of results, not in parts). ``--cell-variant`` does the same for each custom cell of ``--cells``
+(``hoist_step_work=1``: a layer norm of the input projection computed before the persistent scan, not in it).
 ``--profile`` prints, after each shape's times, one nnforge call's time by kernel (torch's profiler): where a
 training step's time goes. ``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with
 ``TRITON_INTERPRET=1`` set by the script, anchors on the CPU; ``nnforge±graphs`` there are the same program
@@ -393,12 +394,12 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
         kernel_profile(fns["nnforge.triton"], device)
 
 
-def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds: int, clock: Clock) -> None:
+def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds: int, clock: Clock,
+                variants: tuple[str, ...] = ()) -> None:
     """Cells cuDNN cannot run (layer-norm LSTM, GRU with the reset gate before its matmul, peephole LSTM),
-    inference: nnforge
-    against the same cell as a TorchScript loop and as a Python loop of a ``torch.compile``-d cell (bench/
-    cells_cpu.py's definitions, input projection hoisted), and cuDNN's standard LSTM at the same shape (what a
-    custom cell should come close to)."""
+    inference: nnforge (and nnforge with each of ``variants``, ``variant_options``) against the same cell as a
+    TorchScript loop and as a Python loop of a ``torch.compile``-d cell (bench/cells_cpu.py's definitions, input
+    projection hoisted), and cuDNN's standard LSTM at the same shape (what a custom cell should come close to)."""
     torch.manual_seed(2)
     s = 1.0 / H ** 0.5
 
@@ -417,6 +418,7 @@ def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds:
     }
     for name, (nf_model, loop, cell, args) in models.items():
         fwd = nf.compile(nf_model, backend="triton")
+        others = {f"nnforge[{v}]": nf.compile(nf_model, backend="triton", options=variant_options(v)) for v in variants}
         scripted = torch.jit.script(loop)
         compiled, _ = cells_cpu.compiled_loop(loop, cell)
         with torch.no_grad():
@@ -431,6 +433,7 @@ def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds:
             fns = {"nnforge.triton": lambda f=fwd, a=args: f(*a), "TorchScript": lambda f=scripted, a=args: f(*a),
                    "torch.compile": lambda f=compiled, a=args: f(*a),
                    "cuDNN std LSTM": lambda: cudnn(x, (h0[None], c0[None]))}
+            fns |= {k: lambda f=f, a=args: f(*a) for k, f in others.items()}
             times: dict[str, list[float]] = {k: [] for k in fns}
             for fn in fns.values():
                 fn()
@@ -465,6 +468,9 @@ def main() -> None:
     p.add_argument("--variant", nargs="+", default=[], metavar="NAME=VALUE,...",
                    help="also time nnforge with these tiles or target thresholds (e.g. scan_pieces=0 or "
                         "split_k_outputs=0), interleaved with the default")
+    p.add_argument("--cell-variant", nargs="+", default=[], metavar="NAME=VALUE,...",
+                   help="with --cells, also time each custom cell with these tiles or target thresholds (e.g. "
+                        "hoist_step_work=1), interleaved")
     p.add_argument("--profile", action="store_true", help="also print one nnforge call's time by kernel")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     p.add_argument("--probe", help=argparse.SUPPRESS)  # probe_anchors' child: a JSON list of (case, anchor)
@@ -491,7 +497,7 @@ def main() -> None:
                       a.cuda_graphs, known.get((mode, H, N)), tuple(a.variant), a.profile)
             accuracy(a.steps, H, dtype, device, mode == "training", min(N for h, N in shapes if h == H), a.flashrnn)
     if a.cells:
-        bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock)
+        bench_cells(a.steps, a.cells[0], a.cells[1], dtype, device, a.rounds, clock, tuple(a.cell_variant))
 
 
 if __name__ == "__main__":

@@ -102,9 +102,12 @@ tail -5 "$OUT/whole_model.txt" 2>/dev/null | cut -c1-300
 # the order before groups, the projection computed in the scan kernel (its weights on chip too: 212 KiB of shared
 # memory for sm_90); and the default's time by kernel (the projection GEMM against the scan)
 CELL_VARIANTS=${CELL_VARIANTS-scan_pieces=0 scan_pieces=0,scan_transposed=1 scan_warps=8 gemm_group=0 chunk_bytes=65536}
-# shellcheck disable=SC2086  # CELLS is "BATCH HIDDEN", CELL_VARIANTS a list of arguments
-step cells "${CELLS_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 --profile \
-    ${CELL_VARIANTS:+--variant $CELL_VARIANTS} --cells ${CELLS:-1024 96}
+# CUSTOM_VARIANTS: each custom cell also in these forms (a layer norm of the input projection before the scan)
+CUSTOM_VARIANTS=${CUSTOM_VARIANTS-hoist_step_work=1}
+# shellcheck disable=SC2086  # CELLS is "BATCH HIDDEN", CELL_VARIANTS and CUSTOM_VARIANTS lists of arguments
+step cells "${CELLS_S:-240}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 1024 --rounds 3 --profile \
+    ${CELL_VARIANTS:+--variant $CELL_VARIANTS} --cells ${CELLS:-1024 96} \
+    ${CUSTOM_VARIANTS:+--cell-variant $CUSTOM_VARIANTS}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
 # (opt-in, STEPS=wide) the widest batch, 64 rows per SM: at 8 rows a program 1056 programs, of which an
 # H200 holds 264 at once (79 KiB of shared memory each), so four waves of all T steps; 16 rows make two

@@ -32,7 +32,7 @@ def run(*args: str) -> str:
 
 def test_lstm_gpu_bench_times_every_candidate_and_reports_errors():
     out = run("bench/lstm_gpu.py", "--smoke", "--cuda-graphs", "--profile", "--variant", "scan_pieces=0,scan_stages=1",
-              "split_k_outputs=0")
+              "split_k_outputs=0", "--cell-variant", "hoist_step_work=1")
     for mode in ("inference", "training"):
         assert f"float32 {mode}: first call" in out
     assert out.count("nnforge+graphs / nnforge = ") == 2 and out.count("nnforge-graphs / nnforge = ") == 2
@@ -42,6 +42,7 @@ def test_lstm_gpu_bench_times_every_candidate_and_reports_errors():
     for cell in ("layer-norm LSTM", "GRU (reset before matmul)", "peephole LSTM"):
         assert f"{cell} T=3 N=4 H=16 float32 inference (error vs float64: nnforge " in out
     assert out.count("TorchScript / nnforge = ") == 3
+    assert out.count("nnforge[hoist_step_work=1] / nnforge = ") == 3  # each cell in another form, interleaved
     assert out.count("nnforge.triton, one call by operator (") == 2  # --profile: on a GPU, by kernel
 
 
