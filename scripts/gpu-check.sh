@@ -113,7 +113,7 @@ grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
 # H200 holds 264 at once (79 KiB of shared memory each), so four waves of all T steps; 16 rows make two
 # (bench/scan_sass.py --rows: 87 KiB, 864 instructions a step for twice the rows)
 # shellcheck disable=SC2086  # WIDE_VARIANTS is a list of arguments
-step wide "${WIDE_S:-180}" $PY bench/lstm_gpu.py --mode inference training --hidden 96 --batch 8448 --rounds 3 \
+step wide "${WIDE_S:-180}" $PY bench/lstm_gpu.py --mode inference --hidden 96 --batch 8448 --rounds 3 \
     --flashrnn none --variant ${WIDE_VARIANTS:-scan_rows=16 scan_rows=16,scan_warps=8}
 cat "$OUT/wide.txt" 2>/dev/null
 # where an LSTM step waits: Nsight Compute's stall reasons for each persistent scan kernel (inference, training
