@@ -76,8 +76,8 @@ class TritonBackend:
     ``loads`` counts modules imported (the compiles this backend caused). ``target``: the thresholds handed to the
     passes and the scheduler (``triton_target()``; tests pass others to reach other schedules)."""
 
-    OPTIONS: ClassVar[tuple[str, ...]] = ("cuda_graphs", "tiles", "target")  # what ``nf.compile(..., options=...)``
-    # may set
+    # what ``nf.compile(..., options=...)`` may set
+    OPTIONS: ClassVar[tuple[str, ...]] = ("cuda_graphs", "tiles", "target")
     tiles: Tiles | None = None  # None: tuned tiles cached for this GPU (``nnforge.tune.tune_triton``), else defaults
     cuda_graphs: bool | None = None  # programs replayed as CUDA graphs (graphs.py); None: NNFORGE_CUDA_GRAPHS, else
     # those with a host loop

@@ -444,7 +444,7 @@ class Renderer:
         M, N = sz(p.shape[-2]), sz(p.shape[-1])
         batch = p.shape[:-2]
         em = Emitter()
-        prologue = [*tile_ids(M, N, self.tiles.gemm_group), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
+        prologue = [*self.tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
         bidx: tuple[str, ...] = ()
         if batch:
             bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
@@ -468,7 +468,7 @@ class Renderer:
                         f"{self.program.target.split_k_min})")
         acc = acc_dtype(p.dtype)
         em = Emitter()
-        prologue = [*tile_ids(M, N, self.tiles.gemm_group), "lo = pid_b * n0", f"hi = tl.minimum(lo + n0, {K})",
+        prologue = [*self.tile_ids(M, N), "lo = pid_b * n0", f"hi = tl.minimum(lo + n0, {K})",
                     f"acc = tl.zeros([BM, BN], {acc})"]
         at = f"{partials} + {{}} * {M} * {N} + ({flat(('rm', 'rn'), [M, N])})"  # a part's tile of the partials
         self.k_loop(em, ctx, p, (), lo="lo", hi="hi")
@@ -478,7 +478,7 @@ class Renderer:
         self.emit("gemm_parts", em, [f"{self.gemm_tiles(p)} * parts{tag}"], consts, prologue,
                   extents=[f"chunk{tag}"])
         em = Emitter()
-        prologue = [*tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc})", tile_mask(M, N)]
+        prologue = [*self.tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc})", tile_mask(M, N)]
         em.open("for part in range(0, n0):")
         em.line(f"acc += tl.load({at.format('part')}, mask=mo, other=0)")
         em.close()
@@ -521,6 +521,10 @@ class Renderer:
         for o in outs:
             em.line(f"tl.store({o} + ({flat(idx, dims)}), {value}, mask=mo)")
 
+    def tile_ids(self, rows: str, cols: str) -> list[str]:
+        """A GEMM program's tile of a ``rows`` x ``cols`` result, in the order the tiles say (``texpr.tile_ids``)."""
+        return tile_ids(rows, cols, self.tiles.gemm_group)
+
     def gemm_tiles(self, p: Node, cols: str | None = None) -> str:
         """The number of output tiles of matmul ``p`` (per batch index; over ``cols`` columns where given, a
         sliced product's slice width), printed."""
@@ -546,10 +550,9 @@ class Renderer:
         sz = self.sz
         M, W = sz(p.shape[0]), sz(sg.width)
         em = Emitter()
-        prologue = [*tile_ids(M, W, self.tiles.gemm_group), *(f"acc{g} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"
-                                       for g in range(len(sg.offsets)))]
-        self.k_loop(em, ctx, p, accs=[f"acc{g}" for g in range(len(sg.offsets))],
-                    columns=[sliced("rn", str(off)) for off in sg.offsets], width=W)
+        accs = [f"acc{g}" for g in range(len(sg.offsets))]
+        prologue = [*self.tile_ids(M, W), *(f"{acc} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})" for acc in accs)]
+        self.k_loop(em, ctx, p, accs=accs, columns=[sliced("rn", str(off)) for off in sg.offsets], width=W)
         em.line(tile_mask(M, W))
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
         for g, off in enumerate(sg.offsets):

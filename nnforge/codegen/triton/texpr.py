@@ -23,6 +23,8 @@ TL_DTYPE = {DType.bool: "tl.int1", DType.int32: "tl.int32", DType.int64: "tl.int
 TORCH_DTYPE = {DType.bool: "torch.bool", DType.int32: "torch.int32", DType.int64: "torch.int64",
                DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16", DType.float32: "torch.float32",
                DType.float64: "torch.float64"}
+
+
 def tl_dtype(dt: DType) -> str:
     if dt not in TL_DTYPE:
         raise Unsupported(f"the Triton renderer has no {dt.value} support")
