@@ -9,6 +9,7 @@ placeholders, output nodes and side-effect roots (receivers, loops run for their
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -46,6 +47,11 @@ class Node:
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Elements of the value, at the sizes it was traced (or specialized) at."""
+        return math.prod(int(d) for d in self.shape or ())
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)

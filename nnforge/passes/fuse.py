@@ -25,7 +25,6 @@ outputs back (producers join their consumer, as in Inductor's vertical fusion):
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 
 from ..ir.node import Graph, Node, users
@@ -166,7 +165,7 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
             ks = {kernel(u) for u in readers}
             if len(ks) == 1:
                 reads[id(n)] = _window_reads(n, readers, g, reads)
-                evaluations = sum(reads[id(n)].values()) / max(_numel(n), 1)
+                evaluations = sum(reads[id(n)].values()) / max(n.numel, 1)
                 if n.op not in ELEMENTWISE or id(n) in cost or evaluations <= OVERLAP:
                     g.kernel_of[id(n)] = ks.pop()
                     continue
@@ -187,10 +186,6 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
     return g
 
 
-def _numel(n: Node) -> int:
-    return math.prod(int(d) for d in n.shape or ())
-
-
 def _window_reads(n: Node, readers: list[Node], g: Grouping,
                   reads: dict[int, dict[tuple[int, ...], float]]) -> dict[tuple[int, ...], float]:
     """How often the kernel evaluates ``n``, by index path: path (the movement nodes between the kernel's root and
@@ -199,9 +194,9 @@ def _window_reads(n: Node, readers: list[Node], g: Grouping,
     a broadcast is not counted as a re-read (its recomputation is the price of not storing a row value)."""
     out: dict[tuple[int, ...], float] = {}
     for u in readers:
-        base = {(): float(_numel(u))} if id(u) in g.stored else reads.get(id(u), {(): float(_numel(u))})
+        base = {(): float(u.numel)} if id(u) in g.stored else reads.get(id(u), {(): float(u.numel)})
         if u.op in (Op.PAD, Op.CONCAT, Op.EXPAND):
-            share = _numel(n) / max(_numel(u), 1)
+            share = n.numel / max(u.numel, 1)
         else:
             share = 1.0
         for path, count in base.items():

@@ -18,8 +18,6 @@ Sums are first re-associated so carry-free terms are added together (``x@Wi + h@
 
 from __future__ import annotations
 
-import math
-
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, MOVEMENT, REDUCE, Op
@@ -192,11 +190,6 @@ def _roots(body: Graph, cls: dict[int, str], nc: int, nx: int, cut: bool) -> lis
     return roots
 
 
-def _elements(values: list[Node]) -> int:
-    """Elements of a step of ``values`` (at the sizes traced)."""
-    return sum(math.prod(int(d) for d in v.shape) for v in values)
-
-
 def _hoist_scan(n: Node, target: Target) -> Node | None:
     a = n.attrs
     nc, nx = a["n_carry"], a["n_xs"]
@@ -210,7 +203,7 @@ def _hoist_scan(n: Node, target: Target) -> Node | None:
         # the whole values where they are no more data to write and read back than their GEMM parts (a layer norm
         # of the input projection: one array either way); a backward step's recomputed activations stay
         whole = _roots(body, cls, nc, nx, cut=False)
-        if _elements(whole) <= _elements(roots):
+        if sum(v.numel for v in whole) <= sum(v.numel for v in roots):
             roots = whole
     if not roots:
         return None if body is a["body"] else make(Op.SCAN, n.srcs, {**a, "body": body}, n.types, loc=n.loc)
