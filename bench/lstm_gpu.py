@@ -159,10 +159,11 @@ def _nnforge_forms(graphs: bool, variants: tuple[str, ...] = ()) -> dict[str, di
     return forms | {f"nnforge[{v}]": variant_options(v) for v in variants}
 
 
-def variant_options(spec: str) -> dict:
-    """The backend's options for ``spec`` (``name=value,...``): the tiles it uses here (tuned for this GPU, else
-    the defaults) and ``triton_target()``, with the fields of either that ``spec`` sets."""
-    tiles = TritonBackend().device_tiles if torch.cuda.is_available() else Tiles()
+def variant_options(spec: str, tiles: Tiles | None = None) -> dict:
+    """The backend's options for ``spec`` (``name=value,...``): ``tiles`` (by default those it uses here: tuned
+    for this GPU, else the defaults) and ``triton_target()``, with the fields of either that ``spec`` sets."""
+    if tiles is None:
+        tiles = TritonBackend().device_tiles if torch.cuda.is_available() else Tiles()
     bases = {"tiles": tiles, "target": triton_target()}
     fields = {f.name: key for key, base in bases.items() for f in dataclasses.fields(base)
               if isinstance(getattr(base, f.name), int)}
