@@ -82,8 +82,9 @@ tail -3 "$OUT/tune.txt" 2>/dev/null
 step render "${RENDER_S:-120}" $PY -m pytest -q -p no:cacheprovider tests/codegen/triton
 tail -3 "$OUT/render.txt" 2>/dev/null
 # VARIANTS: nnforge also with these tiles or thresholds, interleaved (default: weight gradients summed over K in one
-# program per tile of results, the form before parts; GEMM programs in the order before groups; VARIANTS= for none)
-VARIANTS=${VARIANTS-split_k_outputs=0 gemm_group=0}
+# program per tile of results, the form before parts; GEMM programs in the order before groups; large GEMMs in
+# the small tiles, the form before Tiles.gemm_block; VARIANTS= for none)
+VARIANTS=${VARIANTS-split_k_outputs=0 gemm_group=0 gemm_big_programs=0}
 # shellcheck disable=SC2086  # BENCH and VARIANTS are lists of arguments
 step bench "${BENCH_S:-300}" $PY bench/lstm_gpu.py --flashrnn none --cuda-graphs --profile \
     ${VARIANTS:+--variant $VARIANTS} ${BENCH:-}

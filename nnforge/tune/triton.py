@@ -32,6 +32,11 @@ AXES: dict[str, tuple[int, ...]] = {
     "gemm_k": (32, 64),
     "gemm_group": (0, 8, 32),     # row tiles a GEMM's programs take together (0: all of them, row tiles fastest)
     "gemm_warps": (4, 8),
+    # the large half-precision GEMMs' tile (a wide layer's projection, step and weight gradients) and the fewest
+    # programs that take it (0: never)
+    "gemm_big_programs": (0, 64, 128, 256),
+    "gemm_big_n": (128, 256),
+    "gemm_big_warps": (4, 8),
     "flat": (512, 1024, 2048),    # elements per elementwise program
     "warps": (4, 8),
 }

@@ -42,7 +42,7 @@ from ...schedule import (
 from .evaluate import Ctx, Emitter, Eval
 from .scan import render_loop
 from .steps import render_steps
-from .target import DOT_PROMOTE_K, FP_FUSION, Tiles
+from .target import DOT_PROMOTE_K, FP_FUSION, GemmBlock, Tiles
 from .texpr import (
     PRELUDE,
     TORCH_DTYPE,
@@ -201,8 +201,9 @@ class Renderer:
             raise Unsupported(f"no Triton form of kernel {type(k).__name__}")
 
     def emit(self, kind: str, em: Emitter, grid: Sequence[str], consts: dict[str, int],
-             prologue: Sequence[str] = (), extents: Sequence[str] = ()) -> str:
-        """Add one ``@triton.jit`` kernel named after what it fuses and its launch; returns the name. Its
+             prologue: Sequence[str] = (), extents: Sequence[str] = (), warps: int | None = None) -> str:
+        """Add one ``@triton.jit`` kernel named after what it fuses and its launch, on ``warps`` warps (default:
+        ``Tiles.scan_warps`` for a persistent scan, else ``Tiles.warps``); returns the name. Its
         arguments are the buffers its code names, the host loop counters it reads, then every run-time size,
         then ``extents`` (host expressions its code names ``n0``, ``n1``...: a count passed rather than printed,
         so that kernels alike but for it are one), none of them specialized on (a new step, sequence length or
@@ -229,8 +230,8 @@ class Renderer:
             self.alike[text] = name
             self.kernels.append(text.replace("{name}", name, 1))
         self.names.append(name)
-        t = self.tiles
-        warps = t.scan_warps if "ROWS" in consts else t.gemm_warps if "BM" in consts else t.warps
+        if warps is None:
+            warps = self.tiles.scan_warps if "ROWS" in consts else self.tiles.warps
         meta = "".join(f", {c}={v}" for c, v in consts.items()) + f", num_warps={warps}, enable_fp_fusion={FP_FUSION}"
         args = [*bufs, *counters, *sizes, *extents]
         self.run.append(f"{self.ind}launch({name}, ({', '.join(grid)},), {', '.join(args)}{meta})")
@@ -444,6 +445,7 @@ class Renderer:
         M, N = sz(p.shape[-2]), sz(p.shape[-1])
         batch = p.shape[:-2]
         em = Emitter()
+        block = self.gemm_block(p, copies=batch)
         prologue = [*self.tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
         bidx: tuple[str, ...] = ()
         if batch:
@@ -451,8 +453,8 @@ class Renderer:
         self.k_loop(em, ctx, p, bidx)
         em.line(tile_mask(M, N))
         self.gemm_epilogue(em, ctx, k, outs, bidx)
-        grid = [self.gemm_tiles(p) + (f" * ({sz.prod(batch)})" if batch else "")]
-        self.emit(k.kind, em, grid, self.gemm_consts(p), prologue)
+        grid = [self.gemm_tiles(p, block) + (f" * ({sz.prod(batch)})" if batch else "")]
+        self.emit(k.kind, em, grid, block.consts(), prologue, warps=block.warps)
 
     def gemm_parts(self, k: Gemm, ctx: Ctx, outs: list[str]) -> None:
         """A two-axis GEMM whose K is summed in parts side by side (``Gemm.k_parts``, a weight gradient's K of
@@ -467,6 +469,7 @@ class Renderer:
         self.run.append(f"{self.ind}chunk{tag}, parts{tag} = nf_k_parts({K}, {k.k_parts}, "
                         f"{self.program.target.split_k_min})")
         acc = acc_dtype(p.dtype)
+        block = self.gemm_block(p)
         em = Emitter()
         prologue = [*self.tile_ids(M, N), "lo = pid_b * n0", f"hi = tl.minimum(lo + n0, {K})",
                     f"acc = tl.zeros([BM, BN], {acc})"]
@@ -474,17 +477,16 @@ class Renderer:
         self.k_loop(em, ctx, p, (), lo="lo", hi="hi")
         em.line(tile_mask(M, N))
         em.line(f"tl.store({at.format('pid_b')}, acc, mask=mo)")
-        consts = self.gemm_consts(p)
-        self.emit("gemm_parts", em, [f"{self.gemm_tiles(p)} * parts{tag}"], consts, prologue,
-                  extents=[f"chunk{tag}"])
+        self.emit("gemm_parts", em, [f"{self.gemm_tiles(p, block)} * parts{tag}"], block.consts(), prologue,
+                  extents=[f"chunk{tag}"], warps=block.warps)
         em = Emitter()
         prologue = [*self.tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc})", tile_mask(M, N)]
         em.open("for part in range(0, n0):")
         em.line(f"acc += tl.load({at.format('part')}, mask=mo, other=0)")
         em.close()
         self.gemm_epilogue(em, ctx, k, outs, ())
-        self.emit(f"parts_{k.kind}", em, [self.gemm_tiles(p)], {"BM": consts["BM"], "BN": consts["BN"]}, prologue,
-                  extents=[f"parts{tag}"])
+        self.emit(f"parts_{k.kind}", em, [self.gemm_tiles(p, block)], {"BM": block.m, "BN": block.n}, prologue,
+                  extents=[f"parts{tag}"], warps=block.warps)
 
     def k_loop(self, em: Emitter, ctx: Ctx, p: Node, bidx: tuple[str, ...] = (), lo: str = "0",
                hi: str | None = None, accs: Sequence[str] = ("acc",), columns: Sequence[str] = ("rn",),
@@ -525,17 +527,23 @@ class Renderer:
         """A GEMM program's tile of a ``rows`` x ``cols`` result, in the order the tiles say (``texpr.tile_ids``)."""
         return tile_ids(rows, cols, self.tiles.gemm_group)
 
-    def gemm_tiles(self, p: Node, cols: str | None = None) -> str:
-        """The number of output tiles of matmul ``p`` (per batch index; over ``cols`` columns where given, a
-        sliced product's slice width), printed."""
-        bm = self.tiles.gemm_rows(p.dtype.is_half)
-        cols = cols or self.sz(p.shape[-1])
-        return f"triton.cdiv({self.sz(p.shape[-2])}, {bm}) * triton.cdiv({cols}, {self.tiles.gemm_n})"
+    def gemm_block(self, p: Node, width: object = None, copies: Sequence[object] = ()) -> GemmBlock:
+        """The block of a GEMM program of matmul ``p`` (``Tiles.gemm_block``, from its sizes where fixed when the
+        program is built): of a sliced product where ``width`` (its slice width) is given, of ``copies`` (batch
+        dims) products at once."""
+        count = 1
+        for d in copies:
+            size = self.static(d)
+            count = None if size is None or count is None else count * size
+        return self.tiles.gemm_block(self.static(p.shape[-2]), self.static(p.shape[-1] if width is None else width),
+                                     self.static(p.srcs[0].shape[-1]), p.dtype.is_half, sliced=width is not None,
+                                     copies=count)
 
-    def gemm_consts(self, p: Node) -> dict[str, int]:
-        """The block sizes of a GEMM program of matmul ``p``."""
-        t = self.tiles
-        return {"BM": t.gemm_rows(p.dtype.is_half), "BN": t.gemm_n, "BK": t.gemm_k}
+    def gemm_tiles(self, p: Node, block: GemmBlock, cols: str | None = None) -> str:
+        """The number of ``block`` tiles of matmul ``p``'s result (per batch index; over ``cols`` columns where
+        given, a sliced product's slice width), printed."""
+        cols = cols or self.sz(p.shape[-1])
+        return f"triton.cdiv({self.sz(p.shape[-2])}, {block.m}) * triton.cdiv({cols}, {block.n})"
 
     def sliced(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]], product: Sequence[str] = ()) -> None:
         """A GEMM read only through column slices (an RNN's gates): one program per tile of rows and of the
@@ -550,6 +558,7 @@ class Renderer:
         sz = self.sz
         M, W = sz(p.shape[0]), sz(sg.width)
         em = Emitter()
+        block = self.gemm_block(p, width=sg.width)
         accs = [f"acc{g}" for g in range(len(sg.offsets))]
         prologue = [*self.tile_ids(M, W), *(f"{acc} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})" for acc in accs)]
         self.k_loop(em, ctx, p, accs=accs, columns=[sliced("rn", str(off)) for off in sg.offsets], width=W)
@@ -571,4 +580,4 @@ class Renderer:
             v = ev.val(m, ("rm", "rn"))
             for o in dests:
                 em.line(f"tl.store({o} + ({flat(('rm', 'rn'), [M, W])}), {v}, mask=mo)")
-        self.emit(k.kind, em, [self.gemm_tiles(p, W)], self.gemm_consts(p), prologue)
+        self.emit(k.kind, em, [self.gemm_tiles(p, block, W)], block.consts(), prologue, warps=block.warps)

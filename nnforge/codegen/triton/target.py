@@ -116,6 +116,16 @@ class Tiles:
     whole tile (``mma.m16n8k16``) — on the M side Triton fills the other 8 of 16 rows by copying (built for sm_90,
     223 of an H = 96 LSTM step's 723 instructions were such moves) and half of each MMA is wasted. Off by default
     until timed on a GPU (``bench/lstm_gpu.py --tiles scan_transposed=1``).
+    ``gemm_big_m``, ``gemm_big_n``, ``gemm_big_k``, ``gemm_big_warps``: the tile of a large half-precision GEMM
+    (``gemm_block``: a wide layer's input projection, its step's product at a large batch, its weight gradients),
+    where ``gemm_m`` x ``gemm_n`` (chosen at H = 96, where every product is small) would make thousands of
+    programs each too small for a warpgroup's MMA; 128 x 128 x 64 on 8 warps is among the tiles Triton's matmul
+    tutorial searches for Hopper (built for sm_90: ``wgmma`` 64 x 128 x 16, 94 registers, no spill, 96 KiB of
+    shared memory at Triton's 3 stages). ``gemm_big_slice_n``: the width of each accumulator of a sliced GEMM
+    (an LSTM step's four gates) at that size, so its accumulators together are ``gemm_big_m`` x 4 x 64.
+    ``gemm_big_programs``: the fewest programs a GEMM must still make at the large tile to take it (about one
+    per SM of a 132-SM part; 0: never). Not yet timed on a GPU (``bench/lstm_gpu.py --variant
+    gemm_big_programs=0`` times the former tiles beside them).
     ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per device; ``TritonBackend``
     then uses it there."""
 
@@ -134,15 +144,25 @@ class Tiles:
     scan_stages: int = 2
     scan_pieces: bool = True
     scan_transposed: bool = False
+    gemm_big_m: int = 128
+    gemm_big_n: int = 128
+    gemm_big_slice_n: int = 64
+    gemm_big_k: int = 64
+    gemm_big_warps: int = 8
+    gemm_big_programs: int = 128
 
     def __post_init__(self) -> None:
         for name in ("flat", "gemm_m", "gemm_m_f32", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows",
-                     "warps", "gemm_warps", "scan_warps"):
+                     "warps", "gemm_warps", "scan_warps", "gemm_big_m", "gemm_big_n", "gemm_big_slice_n", "gemm_big_k",
+                     "gemm_big_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two, got {v}")
-        if min(self.gemm_m, self.gemm_m_f32, self.gemm_n, self.gemm_k) < 16:
+        if min(self.gemm_m, self.gemm_m_f32, self.gemm_n, self.gemm_k, self.gemm_big_m, self.gemm_big_n,
+               self.gemm_big_slice_n, self.gemm_big_k) < 16:
             raise ValueError("tl.dot needs GEMM tiles of 16 at least")
+        if self.gemm_big_programs < 0:
+            raise ValueError(f"Tiles.gemm_big_programs must be 0 (never) or more, got {self.gemm_big_programs}")
         if self.gemm_group < 0:
             raise ValueError(f"Tiles.gemm_group must be 0 (no groups) or more, got {self.gemm_group}")
         if self.scan_stages < 1:
@@ -154,3 +174,39 @@ class Tiles:
         """Rows of a GEMM program's tile: ``gemm_m`` for a half-precision product (tensor cores), else
         ``gemm_m_f32``."""
         return self.gemm_m if half else self.gemm_m_f32
+
+    def gemm_block(self, rows: int | None, cols: int | None, depth: int | None, half: bool, sliced: bool = False,
+                   copies: int | None = 1) -> GemmBlock:
+        """The block of a GEMM program whose result is ``rows`` x ``cols`` (``cols``: a sliced GEMM's slice width)
+        over K = ``depth``, ``copies`` times (a batch of products), each None where known only at run time (a
+        sequence's length: taken as long). The large tile (``gemm_big_*``) where the product is in half precision
+        (tensor cores), no side of it is smaller than the tile (no padded MMAs), K takes four of its K steps at
+        least, and it still makes ``gemm_big_programs`` programs; else ``gemm_m`` x ``gemm_n``."""
+        small = GemmBlock(self.gemm_rows(half), self.gemm_n, self.gemm_k, self.gemm_warps)
+        big = GemmBlock(self.gemm_big_m, self.gemm_big_slice_n if sliced else self.gemm_big_n, self.gemm_big_k,
+                        self.gemm_big_warps)
+        if not half or not self.gemm_big_programs:
+            return small
+        sides = ((rows, big.m), (cols, big.n), (depth, 4 * big.k))
+        if any(size is not None and size < least for size, least in sides):
+            return small
+        if None not in (rows, cols, copies):
+            programs = -(-rows // big.m) * -(-cols // big.n) * copies  # type: ignore[operator]
+            if programs < self.gemm_big_programs:
+                return small
+        return big
+
+
+@dataclass(frozen=True)
+class GemmBlock:
+    """One GEMM program's block, as ``Tiles.gemm_block`` chose it: ``m`` x ``n`` results (per accumulator), K in
+    steps of ``k``, on ``warps`` warps."""
+
+    m: int
+    n: int
+    k: int
+    warps: int
+
+    def consts(self) -> dict[str, int]:
+        """The kernel's block-size constants."""
+        return {"BM": self.m, "BN": self.n, "BK": self.k}

@@ -195,3 +195,35 @@ def test_a_kernel_is_built_as_the_launcher_specializes_it(tmp_path):
     except NoPtxas:
         pytest.skip("Triton's CUDA backend has no ptxas here")
     assert built[0]["wide_loads"] > 0 and built[1]["wide_loads"] == 0, built  # and the constant one builds
+
+
+def test_a_wide_lstm_trains_in_large_gemm_tiles_that_fit_hopper():
+    """H = 256 in float16, a training step as a host loop (its weights do not fit one program): with the large
+    GEMM tile taken everywhere (``gemm_big_programs`` 1) every GEMM launch is 128 x 128 (the step's
+    four gate accumulators 128 x 64 each) on 8 warps, and each kernel builds for sm_90 within a program's shared
+    memory without spilling registers (the step's product and cell update hold four 128 x 64 float32
+    accumulators: 179-234 registers at H = 1024, docs/benchmarks.md)."""
+    rng = np.random.default_rng(256)
+    H, N = 256, 128
+    args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
+            for s in ((2, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
+
+    def loss(*a):
+        ys = lstm(*a)[0]
+        return (ys * ys).sum()
+
+    tiles = Tiles(gemm_big_programs=1)
+    step = nf.compile(nf.grad(loss, argnums=(0, 3, 4, 5)), backend="triton", options={"tiles": tiles})
+    records = record_launches(lambda: step(*args))
+    assert not [r["name"] for r in records if "_scan_" in r["name"]]  # a host loop
+    gemms = {r["name"]: (r["consts"]["BM"], r["consts"]["BN"], r["meta"]["num_warps"]) for r in records
+             if "BM" in r["consts"]}
+    assert len(gemms) >= 5 and set(gemms.values()) == {(128, 128, 8), (128, 64, 8)}, gemms
+    try:
+        built = compile_offline([r for r in records if r["name"] in gemms], arch=90, threads=2)["kernels"]
+    except NoPtxas:
+        pytest.skip("Triton's CUDA backend has no ptxas here")
+    too_big = {k: v["shared"] for k, v in built.items() if v["shared"] > HOPPER_SHARED}
+    assert not too_big, f"kernels over {HOPPER_SHARED} bytes of shared memory: {too_big}"
+    spills = {name: k["spill_bytes"] for name, k in built.items() if k["spill_bytes"]}
+    assert not spills, f"kernels spilling registers (bytes stored): {spills}"

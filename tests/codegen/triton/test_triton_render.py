@@ -855,3 +855,83 @@ def test_a_layer_norm_of_the_input_projection_may_leave_the_persistent_scan(rng:
         assert forward.parallel is not None
         sums[whole] = sum(isinstance(k, Reduce) for k in forward.body.kernels)
     assert sums == {False: 6, True: 4}
+
+
+def test_large_half_precision_products_take_the_large_tile():
+    """``Tiles.gemm_block`` at the shapes of an LSTM layer: the large tile for a half-precision product wide and
+    deep enough on every side that still makes ``gemm_big_programs`` programs (a size known only at run time, a
+    sequence's steps, counts as long); the small one for float32 (no tensor cores), a side narrower than the tile
+    (H = 96: the projection's K, its gradients' 96 columns), few programs, or ``gemm_big_programs`` 0."""
+    from nnforge.codegen.triton.target import GemmBlock
+
+    t = Tiles()
+    big = GemmBlock(t.gemm_big_m, t.gemm_big_n, t.gemm_big_k, t.gemm_big_warps)
+    small = GemmBlock(t.gemm_m, t.gemm_n, t.gemm_k, t.gemm_warps)
+    assert big.consts() == {"BM": 128, "BN": 128, "BK": 64} and big.warps == 8
+    assert t.gemm_block(None, 4096, 1024, half=True) == big  # H = 1024: x @ W_ih.T over T x N rows
+    assert t.gemm_block(4096, 1024, None, half=True) == big  # its weight gradient, K = T x N
+    assert t.gemm_block(None, 4096, 1024, half=False) == GemmBlock(t.gemm_m_f32, t.gemm_n, t.gemm_k, t.gemm_warps)
+    assert t.gemm_block(None, 384, 96, half=True) == small  # H = 96: K of 96 is under four K steps of 64
+    assert t.gemm_block(None, 96, 384, half=True) == small  # 96 columns are under the tile's 128
+    assert t.gemm_block(1024, 1024, 4096, half=True) == small  # 8 x 8 = 64 programs
+    assert t.gemm_block(512, 512, 512, half=True, copies=8) == big  # 4 x 4 x 8 = 128
+    assert t.gemm_block(512, 512, 512, half=True, copies=None) == big
+    # an LSTM step at batch 1024: four accumulators of 128 x 64 each; H = 1024 makes 8 x 16 programs, 384 8 x 6
+    assert t.gemm_block(1024, 1024, 1024, half=True, sliced=True) == GemmBlock(128, t.gemm_big_slice_n, 64, 8)
+    assert t.gemm_block(1024, 384, 384, half=True, sliced=True) == small
+    assert Tiles(gemm_big_programs=0).gemm_block(None, 4096, 1024, half=True) == small
+    with pytest.raises(ValueError, match="gemm_big_programs"):
+        Tiles(gemm_big_programs=-1)
+    with pytest.raises(ValueError, match="power of two"):
+        Tiles(gemm_big_n=96)
+
+
+def _blocks(program) -> set[str]:
+    """The ``BM``, ``BN``, ``BK`` of each GEMM launch in a program's host code."""
+    return {m.group(0) for m in re.finditer(r"BM=\d+, BN=\d+, BK=\d+", program.source)}
+
+
+def test_products_in_the_large_tile_agree_with_float64(rng: np.random.Generator):
+    """The large tile made small enough for the interpreter (32 x 32, K steps of 16, slices of 16, from 2
+    programs) in float16: a product with an epilogue, a batch of products, a weight gradient summed over K in
+    parts, and an LSTM training step as a host loop (its step's sliced product, the backward's products, the
+    weight gradients over a run-time K), each against float64 on the same float16 values to float16's rounding;
+    each takes the large tile (its launches say so). At 40 rows and 9 programs at least, the step's product (2 x
+    4 programs) takes the small tile, the input projection over a run-time count of rows the large one."""
+    tiles = Tiles(gemm_big_m=32, gemm_big_n=32, gemm_big_slice_n=16, gemm_big_k=16, gemm_big_programs=2)
+    big, slices = "BM=32, BN=32, BK=16", "BM=32, BN=16, BK=16"
+
+    def near(program, fn, args):
+        exact = nf.compile(fn)(*(a.astype(np.float64) for a in args))
+        exact = list(exact) if isinstance(exact, tuple | list) else [exact]
+        got = program(list(args))
+        for g, e in zip(got, exact, strict=True):
+            e = np.asarray(e)
+            np.testing.assert_allclose(g.astype(np.float64), e, rtol=4e-3, atol=4e-3 * max(1.0, np.abs(e).max()))
+
+    def build(fn, args, target=None):
+        program = TritonBackend(tiles=tiles, target=target or triton_target())(nf.compile(fn).trace(*args))
+        near(program, fn, args)
+        return program
+
+    def half(*shape: int) -> np.ndarray:
+        return _f32(rng, *shape).astype(np.float16)
+
+    assert _blocks(build(lambda a, b: nf.tanh(a @ b), [half(70, 80), half(80, 48)])) == {big}
+    assert _blocks(build(lambda a, b: a @ b, [half(3, 40, 64), half(3, 64, 33)])) == {big}
+    parts = build(lambda a, b: a.T @ b + 1.0, [half(1000, 40), half(1000, 48)], _k_parts_target(64))
+    assert _blocks(parts) == {big} and "parts" in parts.kernels[0]
+
+    def loss(*a):
+        ys, h, c = lstm(*a)
+        return (ys * ys).sum() + (h * c).sum()
+
+    host_loop = dataclasses.replace(triton_target(), max_split_weight_bytes=0)
+    args = [a.astype(np.float16) for a in lstm_args(rng, T=3, N=64, I=64, H=64)]
+    trained = build(nf.grad(loss, argnums=(0, 3, 4, 5)), args, host_loop)
+    assert {big, slices} <= _blocks(trained)
+    few = TritonBackend(tiles=dataclasses.replace(tiles, gemm_big_programs=9), target=host_loop)
+    args = [a.astype(np.float16) for a in lstm_args(rng, T=3, N=40, I=64, H=64)]
+    step = few(nf.compile(lstm).trace(*args))
+    near(step, lstm, args)
+    assert _blocks(step) == {big, f"BM={Tiles().gemm_m}, BN={Tiles().gemm_n}, BK={Tiles().gemm_k}"}
