@@ -173,7 +173,8 @@ class Loop:
     two buffers. ``parallel``: its batch rows are split among workers (threads on a CPU, programs on a GPU), each
     running every step on its rows with no synchronization until the loop ends; ``row_block``: rows per pass
     through the body (0: all of a worker's rows at once). ``chunked``: scanned inputs whose projection is
-    computed in the loop a chunk of steps at a time."""
+    computed in the loop a chunk of steps at a time. ``resident``: a loop not split by rows whose steps run in one
+    launch, its programs waiting for each other after each kernel of the body (``Target.resident_steps``)."""
 
     node: Node = field(compare=False, repr=False)
     results: tuple[Buf, ...]
@@ -183,6 +184,7 @@ class Loop:
     parallel: RowSplit | None = field(default=None, compare=False, repr=False)
     row_block: int = 0
     chunked: tuple[ChunkedInput, ...] = ()
+    resident: bool = False
 
     @property
     def kind(self) -> str:
@@ -264,6 +266,8 @@ def _loop_head(k: Loop, names: dict[str, str]) -> str:
     if k.parallel is not None:
         head += f", rows split among workers (batch {int(k.parallel.batch)}"
         head += f", {k.row_block} rows per pass)" if k.row_block else ")"
+    if k.resident:
+        head += ", steps in one launch of resident programs"
     return head
 
 

@@ -115,7 +115,7 @@ class _Scheduler:
                 continue
             if n.op in (Op.SCAN, Op.LOOP):
                 kernels.append(self.loop(n, graph, g, dest, splits.get(id(n)),
-                                         tuple(c for c in chunked.values() if c[0] is n)))
+                                         tuple(c for c in chunked.values() if c[0] is n), top))
             elif id(n) in sliced:
                 sg = sliced[id(n)]
                 outs = tuple(self.buf(m, dest.get(id(m))) for m in sg.members)
@@ -261,7 +261,7 @@ class _Scheduler:
         return ok(start, idx)
 
     def loop(self, n: Node, graph: Graph, g: Grouping, dest: dict[int, int], split: RowSplit | None,
-             chunked: tuple[tuple[Node, int, Node, Node, Node], ...]) -> Loop:
+             chunked: tuple[tuple[Node, int, Node, Node, Node], ...], top: bool = False) -> Loop:
         a = n.attrs
         is_scan = n.op == Op.SCAN
         body: Graph = split.body if split else a["body"]
@@ -284,8 +284,9 @@ class _Scheduler:
         # a loop the host steps launches each kernel of its body every step: the target may fuse more by recomputing
         block = self.block(body, top=False, resident=resident,
                            recompute=CHEAP if split else self.target.step_recompute)
+        resident_steps = top and split is None and is_scan and self.target.resident_steps and resident_body(block)
         return Loop(n, tuple(results), length, bool(is_scan and a["reverse"]), block, split,
-                    self.row_block(split, block) if split else 0, tuple(ins))
+                    self.row_block(split, block) if split else 0, tuple(ins), resident_steps)
 
     def chunk_gemm(self, p: Node, root: Node, view: Node, g: Grouping) -> Gemm:
         """The GEMM of a chunked projection: ``steps`` steps of the scan's input at a time into a chunk buffer."""
@@ -523,3 +524,12 @@ def _inlined(g: Grouping, n: Node, root: Node | None = None, stop: Node | None =
         walk(s)
     return tuple(names)
 
+
+
+def resident_body(block: Block) -> bool:
+    """Whether a host loop's body can run as one launch of resident programs (``Target.resident_steps``): each of
+    its kernels then runs on those programs in turn, and what a kernel launch would decide on the host per step
+    cannot be decided there — a nested loop (its own steps), a random draw (its key), a GEMM summed in parts (its
+    parts, from K at run time)."""
+    return all(not isinstance(k, Loop | Random) and not (isinstance(k, Gemm) and k.k_parts > 1)
+               for k in block.kernels)

@@ -67,6 +67,11 @@ class Target:
     parts (a backward step's recomputed activations, many arrays, stay). Off, only their GEMM parts leave: in a
     worker that runs its rows through every step the rest fuses into the step's kernels and costs no memory; on,
     a step that waits on its carry (a GPU's persistent program) is spared that work.
+    ``resident_steps``: a top-level loop the host would step (not split by rows) runs as one launch of programs
+    that stay resident for all its steps and wait for each other (a grid-wide barrier) after each kernel of its
+    body, where its body allows it (``resident_body``: no nested loop, no random draws, no GEMM summed in parts);
+    off, each kernel of the body is a launch per step. Why: a wide layer's step (H = 384 on a GPU) is one fused
+    GEMM + cell kernel whose launch, and whose weights' trip from L2, every step pays.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
@@ -94,6 +99,7 @@ class Target:
     split_k_outputs: int = 0
     split_k_min: int = 1
     hoist_step_work: bool = False
+    resident_steps: bool = False
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",

@@ -35,7 +35,8 @@ _COMPILE = textwrap.dedent("""
     from triton.backends.nvidia.compiler import get_ptxas
     records, arch, threads, loops = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     KINDS = {"BAR": "barriers", "LDG": "global_loads", "LDGSTS": "async_copies", "LDS": "shared_loads",
-             "LDSM": "shared_loads", "HMMA": "mma", "HGMMA": "mma", "MUFU": "special", "LDL": "local", "STL": "local"}
+             "LDSM": "shared_loads", "HMMA": "mma", "HGMMA": "mma", "MUFU": "special", "LDL": "local", "STL": "local",
+             "ATOMG": "atomics"}
     INS = re.compile(r"/\\*([0-9a-f]{4,})\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)")  # address, opcode
     JUMP = re.compile(r"/\\*([0-9a-f]{4,})\\*/[^;]*BRA\\s+`?\\(?0x([0-9a-f]+)")  # a branch's address and target
     target = GPUTarget("cuda", arch, 32)
@@ -199,10 +200,10 @@ def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int 
     build; ptxas runs again after it for the register report). With ``loops`` each kernel also has ``"loop"``:
     its longest loop in the built machine code (SASS, by ``cuobjdump``; a persistent scan's time loop, so per
     step) — ``{"instructions", "barriers", "global_loads", "async_copies" (copies from global to shared memory
-    Triton's software pipeliner issues ahead), "shared_loads", "mma", "special", "local"}``, counts of
-    instructions — or None where it has no loop. A kernel
-    Triton cannot build raises ``RuntimeError`` with the compiler's message, or with ``keep_going`` is reported
-    as ``{"error": message}`` beside the others. Raises ``NoPtxas`` where Triton cannot build for CUDA here."""
+    Triton's software pipeliner issues ahead), "shared_loads", "mma", "special", "local", "atomics" (global)}``,
+    counts of instructions — or None where it has no loop. A kernel Triton cannot build raises ``RuntimeError``
+    with the compiler's message, or with ``keep_going`` is reported as ``{"error": message}`` beside the others.
+    Raises ``NoPtxas`` where Triton cannot build for CUDA here."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "launches.json")

@@ -86,6 +86,22 @@ def close_k_loop(em: Emitter, accs: Sequence[str], into: Sequence[str]) -> None:
         em.close()
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One kernel of a resident loop's body (``steps.resident_kernel``): the function ``name`` of a program id,
+    run for each of ``grid`` programs (a host expression) on its arguments — buffers, step counters, run-time
+    sizes, ``extents`` (host expressions) — with block sizes ``consts``, wanting ``warps`` warps."""
+
+    name: str
+    grid: str
+    buffers: list[str]
+    counters: list[str]
+    sizes: list[str]
+    extents: list[str]
+    consts: dict[str, int]
+    warps: int
+
+
 @dataclass
 class Rendered:
     """The module source, the names of its kernels (in launch order) and the records they render."""
@@ -110,6 +126,8 @@ class Renderer:
         self.buffers: list[str] = []  # every buffer name of the program, in the order kernels take them
         self.scalars: list[str] = []  # host loop counters in scope (kernel arguments when a kernel reads them)
         self.tags = 0  # host loops rendered (their buffers' names)
+        self.host_loops = 0  # of them, those run() steps through itself
+        self.stages: list[Stage] | None = None  # set while a resident loop's body is rendered (``emit``)
 
     # ---- the module ---------------------------------------------------------------------------------------
     def render(self) -> Rendered:
@@ -136,7 +154,8 @@ class Renderer:
         source = "\n".join(["import os", "import torch", "import triton", "import triton.language as tl", "", "",
                             PRELUDE,
                             f"SEEDED = {seeded}  # run() draws random numbers from its seed",
-                            f"HOST_LOOPS = {self.tags}  # loops run() steps through itself, a launch per step", "",
+                            f"HOST_LOOPS = {self.host_loops}  # loops run() steps through itself, a launch per step",
+                            "",
                             *("\n\n" + k for k in self.kernels), "", "", *head, *self.run, "    return None", ""])
         return Rendered(source, list(self.names))
 
@@ -207,7 +226,9 @@ class Renderer:
         arguments are the buffers its code names, the host loop counters it reads, then every run-time size,
         then ``extents`` (host expressions its code names ``n0``, ``n1``...: a count passed rather than printed,
         so that kernels alike but for it are one), none of them specialized on (a new step, sequence length or
-        count reuses the compiled kernel), then the block sizes."""
+        count reuses the compiled kernel), then the block sizes. While a resident loop's body is rendered
+        (``stages`` set) the kernel is a function of its program id ``vpid`` that the loop's kernel calls for each
+        of the programs of ``grid``, noted in ``stages`` rather than launched."""
         body = em.finished([*prologue, *em.pre, *em.code])
         used = list(dict.fromkeys(tok for line in body for tok in _NAME.findall(line)))  # in order of first use
         known = set(self.buffers)
@@ -223,17 +244,24 @@ class Renderer:
         nospec = f"(do_not_specialize={syms!r})" if syms else ""
         # counters and sizes arrive as int32: offsets built from them (a step times a step's size) pass 2^31
         wide = [f"{s} = {s}.to(tl.int64)" for s in syms]
-        text = "\n".join([f"@triton.jit{nospec}", f"def {{name}}({', '.join(params)}):",
+        stage = self.stages is not None
+        if stage:  # called with its program id by a resident loop's kernel (``steps.resident_kernel``)
+            body = [line.replace("tl.program_id(0)", "tl.cast(vpid, tl.int32)") for line in body]
+            params.insert(0, "vpid")
+        text = "\n".join(["@triton.jit" if stage else f"@triton.jit{nospec}", f"def {{name}}({', '.join(params)}):",
                           *("    " + line for line in [*wide, *body])])
-        name = self.alike.get(text) or f"k{len(self.kernels)}_{kind.replace('+', '_')}"
+        name = self.alike.get(text) or f"k{len(self.kernels)}_{kind.replace('+', '_')}" + ("_at" if stage else "")
         if text not in self.alike:
             self.alike[text] = name
             self.kernels.append(text.replace("{name}", name, 1))
-        self.names.append(name)
         if warps is None:
             warps = self.tiles.scan_warps if "ROWS" in consts else self.tiles.warps
-        meta = "".join(f", {c}={v}" for c, v in consts.items()) + f", num_warps={warps}, enable_fp_fusion={FP_FUSION}"
         args = [*bufs, *counters, *sizes, *extents]
+        if self.stages is not None:
+            self.stages.append(Stage(name, grid[0], bufs, counters, sizes, list(extents), dict(consts), warps))
+            return name
+        self.names.append(name)
+        meta = "".join(f", {c}={v}" for c, v in consts.items()) + f", num_warps={warps}, enable_fp_fusion={FP_FUSION}"
         self.run.append(f"{self.ind}launch({name}, ({', '.join(grid)},), {', '.join(args)}{meta})")
         return name
 

@@ -8,7 +8,13 @@ swapping their names after each step; a scanned input is read at row ``tt`` of i
 written at row ``tt`` of its result, a loop invariant is read from the enclosing graph where it lives.
 
 The per-step launches cost microseconds each on a GPU: a loop that fits one program per row block is a
-persistent kernel (``scan.py``) instead; capturing this host loop in a CUDA graph is the next step for the rest.
+persistent kernel (``scan.py``) instead, and a program with a host loop is replayed as a CUDA graph (``graphs.py``).
+A loop the schedule marks ``resident`` (``Target.resident_steps``) is one launch instead (``resident_kernel``): its
+programs, as many as the GPU has SMs and all resident at once (a cooperative launch, which the driver refuses
+rather than run a grid that does not fit), step through the loop together, each running its share of the programs
+of each body kernel in turn and waiting for the others (``nf_grid_sync``, a counter in device memory) before the
+next kernel or step reads what they stored. Under Triton's interpreter, which runs programs one after another,
+one program runs them all: the same kernel, its barriers passed at once.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from ...ir.ops import Op
 from ...schedule import Buf, Loop, SlicedGemm, Unsupported, stored_node
 from .evaluate import Ctx, Eval
 from .scan import render_loop
+from .target import FP_FUSION
 
 if TYPE_CHECKING:
-    from .render import Renderer
+    from .render import Renderer, Stage
 
 
 def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
@@ -74,7 +81,11 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
 
     length = r.sz(loop.length)
     steps = f"range({length} - 1, -1, -1)" if loop.reverse else f"range({length})"
-    r.run.append(f"{r.ind}for {tt} in {steps}:")
+    if loop.resident:
+        r.stages = []
+    else:
+        r.host_loops += 1
+        r.run.append(f"{r.ind}for {tt} in {steps}:")
     outer_ind = r.ind
     r.ind += "    "
     r.scalars.append(tt)
@@ -104,13 +115,60 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
             r.kernel(k, body, outs)
             body.buffers[id(stored_node(k))] = outs[0]
         r.copies([(c.node, dests(c.out, c.also)) for c in block.copies], body)
-        if nc:
+        if nc and not loop.resident:
             r.run.append(f"{r.ind}{', '.join(cur)}, {', '.join(nxt)} = {', '.join(nxt)}, {', '.join(cur)}")
     finally:
         r.scalars.pop()
         r.ind = outer_ind
+        stages, r.stages = r.stages, None
+    if stages is not None:
+        resident_kernel(r, loop, tag, tt, stages, list(zip(cur, nxt)))
+        for k in range(nc):  # the last step stored its carries into the first buffers where the steps were odd
+            r.run.append(f"{r.ind}{results[k]}.copy_({cur[k]} if {length} % 2 == 0 else {nxt[k]})")
+        return
     for k in range(nc):
         r.run.append(f"{r.ind}{results[k]}.copy_({cur[k]})")
+
+
+def resident_kernel(r: Renderer, loop: Loop, tag: str, tt: str, stages: list[Stage],
+                    carries: list[tuple[str, str]]) -> None:
+    """Add the kernel and the launch of resident loop ``loop`` (see the module docstring): step ``tt`` of its
+    ``length`` runs each of ``stages`` (its body's kernels, in order) over the programs of its grid, a program
+    taking every ``nprog``-th, then waits for all programs; each step reads the carries from the first of each
+    pair in ``carries`` and stores them into the second, the pairs swapped at odd steps (as the host loop swaps
+    its names)."""
+    length = r.sz(loop.length)
+    buffers = list(dict.fromkeys(b for s in stages for b in s.buffers))
+    sizes = sorted({z for s in stages for z in s.sizes}, key=lambda z: int(z[1:]))
+    formal = {b: f"ptr{i}" for i, b in enumerate(buffers)}
+    local = {a: f"cur{i}" for i, (a, _) in enumerate(carries)} | {b: f"nxt{i}" for i, (_, b) in enumerate(carries)}
+    grids = [f"g{j}" for j in range(len(stages))]
+    extents = [[f"e{j}_{i}" for i in range(len(s.extents))] for j, s in enumerate(stages)]
+    syms = [*sizes, "n_steps", *grids, *(e for es in extents for e in es)]
+    code = ["pid = tl.program_id(0)", "nprog = tl.num_programs(0)", "done = 0  # barriers passed",
+            "for i in range(0, n_steps):"]
+    step = ["t = n_steps - 1 - i" if loop.reverse else "t = i"]
+    if carries:
+        step += ["if i % 2 == 0:",
+                 *(f"    {local[a]}, {local[b]} = {formal[a]}, {formal[b]}" for a, b in carries),
+                 "else:",
+                 *(f"    {local[a]}, {local[b]} = {formal[b]}, {formal[a]}" for a, b in carries)]
+    for s, g, es in zip(stages, grids, extents):
+        args = [local.get(b) or formal[b] for b in s.buffers] + ["t" for _ in s.counters] + s.sizes + es
+        consts = "".join(f", {c}={v}" for c, v in s.consts.items())
+        step += [f"for v in range(pid, {g}, nprog):", f"    {s.name}(v, {', '.join(args)}{consts})",
+                 "done += 1", "nf_grid_sync(sync, done * nprog)"]
+    code += ["    " + line for line in step]
+    params = [*(formal[b] for b in buffers), "sync", *syms]
+    name = f"k{len(r.kernels)}_resident_{loop.kind}"
+    r.kernels.append("\n".join([f"@triton.jit(do_not_specialize={syms!r})", f"def {name}({', '.join(params)}):",
+                                *("    " + line for line in code)]))
+    r.names.append(name)
+    warps = max(s.warps for s in stages) if stages else r.tiles.warps
+    r.run.append(f"{r.ind}sync{tag} = torch.zeros((1,), dtype=torch.int64, device=dev)")
+    args = [*buffers, f"sync{tag}", *sizes, length, *(s.grid for s in stages), *(e for s in stages for e in s.extents)]
+    r.run.append(f"{r.ind}launch({name}, (nf_resident_programs(dev),), {', '.join(args)}, num_warps={warps}, "
+                 f"enable_fp_fusion={FP_FUSION}, launch_cooperative_grid=nf_cooperative())")
 
 
 def _reader(r: Renderer, outer: Ctx, src: Node, tt: str | None) -> Callable[[Eval, tuple[str, ...]], str]:

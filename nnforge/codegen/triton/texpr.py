@@ -132,6 +132,33 @@ def nf_floordiv(a, b):
     return q - ((a % b != 0) & ((a < 0) != (b < 0))).to(q.dtype)
 
 
+@triton.jit
+def nf_grid_sync(sync, target):
+    """Wait until ``target`` arrivals are counted at ``sync`` (an int64 in device memory), this program's one
+    among them: the barrier between the kernels and steps of a resident loop, whose programs are all resident (a
+    cooperative launch). Its threads' stores are done first (a CTA barrier) and published by the count's release
+    (built for sm_90: MEMBAR.GPU before the atomic); the acquire of the count (for the last to arrive, its own
+    increment's) orders its threads' later loads after the others' stores (an L1 invalidation after the load)."""
+    tl.debug_barrier()
+    seen = tl.atomic_add(sync, 1, sem="acq_rel", scope="gpu") + 1
+    while seen < target:
+        seen = tl.atomic_add(sync, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+def nf_resident_programs(dev):
+    """The programs of a resident loop's launch: one per SM of the GPU, all resident at once; one under the
+    interpreter, which runs programs one after another (a barrier among several would wait forever)."""
+    if NF_INTERPRETED:
+        return 1
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def nf_cooperative():
+    """Whether a resident loop launches cooperatively (the driver checks that every program fits at once)."""
+    return not NF_INTERPRETED
+
+
 def nf_launch(kernel, grid, *args, **meta):
     """Launch unless the grid is empty (a zero-size result)."""
     if all(g > 0 for g in grid):

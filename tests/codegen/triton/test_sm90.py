@@ -227,3 +227,34 @@ def test_a_wide_lstm_trains_in_large_gemm_tiles_that_fit_hopper():
     assert not too_big, f"kernels over {HOPPER_SHARED} bytes of shared memory: {too_big}"
     spills = {name: k["spill_bytes"] for name, k in built.items() if k["spill_bytes"]}
     assert not spills, f"kernels spilling registers (bytes stored): {spills}"
+
+
+def test_a_resident_training_step_builds_its_barriers_for_hopper():
+    """An LSTM training step at H = 256 in float16 with each loop resident (``Target.resident_steps``): each loop
+    is one kernel that builds for sm_90 within a program's shared memory without spilling, and its step loop
+    keeps the barrier's atomic on the count (the barrier itself waits on a GPU only: under the interpreter one
+    program runs every step)."""
+    import dataclasses
+
+    from nnforge.codegen.triton import triton_target
+
+    rng = np.random.default_rng(257)
+    H, N = 256, 64
+    args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
+            for s in ((2, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
+
+    def loss(*a):
+        ys = lstm(*a)[0]
+        return (ys * ys).sum()
+
+    target = dataclasses.replace(triton_target(), resident_steps=True)
+    step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options={"target": target})
+    records = [r for r in record_launches(lambda: step(*args)) if "_resident_" in r["name"]]
+    assert len(records) == 2, [r["name"] for r in records]
+    try:
+        built = compile_offline(records, arch=90, threads=2, loops=True)["kernels"]
+    except NoPtxas:
+        pytest.skip("Triton's CUDA backend has no ptxas here")
+    for name, k in built.items():
+        assert k["shared"] <= HOPPER_SHARED and not k["spill_bytes"], (name, k)
+        assert k["loop"]["atomics"] >= 1, (name, k["loop"])

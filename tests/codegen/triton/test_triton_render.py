@@ -27,7 +27,7 @@ from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lo
 from nnforge.codegen.triton.scan import tile_pieces
 from nnforge.codegen.triton.target import DOT_PROMOTE_K, FP_FUSION, Tiles
 from nnforge.passes.fuse import CHEAP
-from nnforge.schedule import Gemm, Loop, SlicedGemm
+from nnforge.schedule import Gemm, Loop, SlicedGemm, format_program
 
 pytestmark = [pytest.mark.triton,
               pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # masked-off lanes compute garbage in numpy
@@ -935,3 +935,87 @@ def test_products_in_the_large_tile_agree_with_float64(rng: np.random.Generator)
     step = few(nf.compile(lstm).trace(*args))
     near(step, lstm, args)
     assert _blocks(step) == {big, f"BM={Tiles().gemm_m}, BN={Tiles().gemm_n}, BK={Tiles().gemm_k}"}
+
+
+def _resident(**changes) -> object:
+    """The GPU target stepping every loop on the host (no row split), each such loop's steps in one launch of
+    resident programs (``Target.resident_steps``)."""
+    return dataclasses.replace(triton_target(), row_split=False, resident_steps=True, **changes)
+
+
+@pytest.mark.parametrize("fn", [lstm, reverse_lstm])
+def test_a_resident_loop_runs_every_step_in_one_launch(fn, rng: np.random.Generator):
+    """An LSTM layer not split by rows (a wide layer's weights do not fit one program) with ``resident_steps``:
+    its loop is one kernel, launched once, whose programs run each step's fused GEMM + cell kernel and wait for
+    each other (under the interpreter one program runs them all); the program has no host loop left (nothing for
+    a CUDA graph to replay), and a later call at T = 0, 1 (the final carries in the first buffers or the second)
+    and 6 builds nothing. Against the reference."""
+    args = lstm_args(rng, T=5, N=20, H=16)
+    target = _resident()
+    program, rendered = lower(prepare(nf.compile(fn).trace(*args), target), target=target)
+    (loop,) = program.loops()
+    assert loop.parallel is None and loop.resident
+    assert rendered.kernels == ["k0_gemm_add", "k1_copy", "k3_resident_scan"]
+    assert "steps in one launch of resident programs" in format_program(program)
+    backend = TritonBackend(target=target)
+    compiled = _check(fn, *args, backend=backend)
+    assert compiled.module.HOST_LOOPS == 0
+    for T in (0, 1, 6):
+        _agree(compiled, fn, lstm_args(rng, T=T, N=20, H=16))
+    assert backend.loads == 1
+
+
+def test_a_resident_training_step_waits_between_the_kernels_of_each_step(rng: np.random.Generator):
+    """A training step of the LSTM and of the GRU, each loop resident: the forward step saves its carries for
+    the backward (a second kernel), the backward step is three kernels (the joined gate gradients, their product
+    with W_hh, the next cell-state gradient), each stage reading what the one before it stored in that step.
+    Against the reference, at odd and even T."""
+    def loss(x, h0, c0, w_ih, w_hh, b):
+        ys, h, c = lstm(x, h0, c0, w_ih, w_hh, b)
+        return (ys * ys).sum() + (h * c).sum()
+
+    def gru_loss(*a):
+        ys, h = gru(*a)
+        return (ys * ys).sum() + h.sum()
+
+    target = _resident()
+    grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    args = lstm_args(rng, T=5, N=6, H=16)
+    program, rendered = lower(prepare(nf.compile(grads).trace(*args), target), target=target)
+    forward, backward = program.loops()
+    assert forward.resident and backward.resident and len(backward.body.kernels) == 3
+    assert len([name for name in rendered.kernels if "_resident_scan" in name]) == 2
+    compiled = _check(grads, *args, backend=TritonBackend(target=target))
+    _agree(compiled, grads, lstm_args(rng, T=4, N=6, H=16))
+    H, I, N = 8, 4, 20
+    gru_args = [_f32(rng, *s) for s in [(7, N, I), (N, H), (3 * H, I), (3 * H, H), (3 * H,), (3 * H,)]]
+    gru_grads = nf.grad(gru_loss, argnums=(0, 1, 2, 3, 4, 5))
+    assert all(loop.resident for loop in lower(prepare(nf.compile(gru_grads).trace(*gru_args), target),
+                                               target=target)[0].loops())
+    _check(gru_grads, *gru_args, backend=TritonBackend(target=target))
+
+
+def test_a_loop_whose_host_decides_per_step_stays_a_host_loop(rng: np.random.Generator):
+    """What a launch decides on the host each step cannot be decided in a resident loop: a random draw's key (a
+    dropout inside the cell), so such a loop is stepped by the host, and a row-split loop keeps its persistent
+    kernel; the same target otherwise makes the loop resident."""
+    from nnforge.nn.functional import dropout
+
+    args = lstm_args(rng, T=3, N=4, H=8)
+
+    def dropped(x, h0, c0, w_ih, w_hh, b):
+        def cell(carry, x_t):
+            h, c = carry
+            i, f, g, o = (x_t @ w_ih.T + dropout(h, 0.5) @ w_hh.T + b).chunk(4, axis=-1)
+            c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+            h = nf.sigmoid(o) * nf.tanh(c)
+            return (h, c), h
+
+        return nf.scan(cell, (h0, c0), x)[1]
+
+    target = _resident()
+    (loop,) = lower(prepare(nf.compile(dropped).trace(*args), target), target=target)[0].loops()
+    assert loop.parallel is None and not loop.resident
+    (split,) = lower(prepare(nf.compile(lstm).trace(*args), dataclasses.replace(target, row_split=True)),
+                     target=dataclasses.replace(target, row_split=True))[0].loops()
+    assert split.parallel is not None and not split.resident
