@@ -20,6 +20,20 @@ pytestmark = [pytest.mark.triton, pytest.mark.skipif(not (TritonBackend().availa
                                                     reason="records launches under Triton's interpreter")]
 
 
+def _training_step(cell, seed: int, T: int, N: int, H: int, options: dict):
+    """A training step of ``cell`` (the gradients of its weights for the sum of squared outputs) compiled for
+    Triton with ``options``, and float16 arguments for it drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
+            for s in ((T, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
+
+    def loss(*a):
+        ys = cell(*a)[0]
+        return (ys * ys).sum()
+
+    return nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options=options), args
+
+
 @pytest.mark.parametrize(("cell", "rows"), [(lstm, 16), (layer_norm_lstm, 16), (lstm, 8)])
 def test_a_basecaller_width_lstm_trains_in_kernels_that_fit_hopper(cell, rows):
     """H = 96 in float16, a training step of an LSTM and a layer-norm LSTM: the forward and the backward scan are
@@ -27,16 +41,7 @@ def test_a_basecaller_width_lstm_trains_in_kernels_that_fit_hopper(cell, rows):
     program may use; the LSTM's kernels at 8 rows per program (the default) and at 16 without spilling registers
     to local memory (a persistent scan that spills pays for it every step; the layer-norm LSTM's scans spill at 4
     warps: docs/benchmarks.md)."""
-    rng = np.random.default_rng(96)
-    H, N = 96, 16
-    args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
-            for s in ((1, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
-
-    def loss(*a):
-        ys = cell(*a)[0]
-        return (ys * ys).sum()
-
-    step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options={"tiles": Tiles(scan_rows=rows)})
+    step, args = _training_step(cell, 96, T=1, N=16, H=96, options={"tiles": Tiles(scan_rows=rows)})
     records = record_launches(lambda: step(*args))
     scans = [r["name"] for r in records if "_scan_" in r["name"]]
     assert len(scans) == 2, [r["name"] for r in records]
@@ -203,17 +208,7 @@ def test_a_wide_lstm_trains_in_large_gemm_tiles_that_fit_hopper():
     four gate accumulators 128 x 64 each) on 8 warps, and each kernel builds for sm_90 within a program's shared
     memory without spilling registers (the step's product and cell update hold four 128 x 64 float32
     accumulators: 179-234 registers at H = 1024, docs/benchmarks.md)."""
-    rng = np.random.default_rng(256)
-    H, N = 256, 128
-    args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
-            for s in ((2, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
-
-    def loss(*a):
-        ys = lstm(*a)[0]
-        return (ys * ys).sum()
-
-    tiles = Tiles(gemm_big_programs=1)
-    step = nf.compile(nf.grad(loss, argnums=(0, 3, 4, 5)), backend="triton", options={"tiles": tiles})
+    step, args = _training_step(lstm, 256, T=2, N=128, H=256, options={"tiles": Tiles(gemm_big_programs=1)})
     records = record_launches(lambda: step(*args))
     assert not [r["name"] for r in records if "_scan_" in r["name"]]  # a host loop
     gemms = {r["name"]: (r["consts"]["BM"], r["consts"]["BN"], r["meta"]["num_warps"]) for r in records
@@ -238,17 +233,8 @@ def test_a_resident_training_step_builds_its_barriers_for_hopper():
 
     from nnforge.codegen.triton import triton_target
 
-    rng = np.random.default_rng(257)
-    H, N = 256, 64
-    args = [(rng.standard_normal(s) * 0.1).astype(np.float16)
-            for s in ((2, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
-
-    def loss(*a):
-        ys = lstm(*a)[0]
-        return (ys * ys).sum()
-
     target = dataclasses.replace(triton_target(), resident_steps=True)
-    step = nf.compile(nf.grad(loss, argnums=(3, 4, 5)), backend="triton", options={"target": target})
+    step, args = _training_step(lstm, 257, T=2, N=64, H=256, options={"target": target})
     records = [r for r in record_launches(lambda: step(*args)) if "_resident_" in r["name"]]
     assert len(records) == 2, [r["name"] for r in records]
     try:
