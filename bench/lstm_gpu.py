@@ -30,6 +30,10 @@ part; H 384 and 1024 at 128 and 1024).
 default's: one choice compared in one run (``split_k_outputs=0``: weight gradients summed over K in one program
 per tile of results, not in parts). ``--cell-variant`` does the same for each custom cell of ``--cells``
 (``hoist_step_work=1``: a layer norm of the input projection computed before the persistent scan, not in it).
+Each such form's results (the outputs, or the weight gradients) are compared with the default's on the same
+arguments and the largest relative difference printed, marked DISAGREES above 1e-2 (a resident loop's barrier
+that let a program read before another stored would show here, not only in the tests; the layer-norm LSTM is
+chaotic in half precision, so its forms differ by its own error against float64).
 ``--profile`` prints, after each shape's times, one nnforge call's time by kernel (torch's profiler): where a
 training step's time goes. ``--smoke`` runs tiny shapes on the CPU under Triton's interpreter (with
 ``TRITON_INTERPRET=1`` set by the script, anchors on the CPU; ``nnforge±graphs`` there are the same program
@@ -239,6 +243,17 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref).norm() / ref.norm())
 
 
+def disagreement(results: dict[str, object], base: str = "nnforge.triton") -> dict[str, float]:
+    """Each other nnforge form's largest relative difference (``rel``, over its results) from ``base``'s: a
+    variant (other tiles, a resident loop's barrier) must compute the same function, or its time means nothing."""
+    def parts(r: object) -> list[torch.Tensor]:
+        return [t for t in (r if isinstance(r, tuple | list) else [r]) if isinstance(t, torch.Tensor)]
+
+    want = parts(results[base])
+    return {name: max((rel(g, w.double()) for g, w in zip(parts(r), want, strict=True)), default=0.0)
+            for name, r in results.items() if name != base and name.startswith("nnforge")}
+
+
 def accuracy(T: int, H: int, dtype: torch.dtype, device: str, training: bool, N: int, flash: str = "auto") -> None:
     """Error of nnforge, cuDNN and FlashRNN in ``dtype`` against the same layer in float64 (forward outputs; in
     training also the gradients of the weights): a fast kernel must also compute the same function."""
@@ -366,9 +381,10 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
         torch.cuda.synchronize()
     first = time.perf_counter() - t0
     failed = {name: f"{why} (in a separate process)" for name, why in known.items()}
+    results: dict[str, object] = {}
     for name, fn in list(fns.items()):
         try:
-            fn()
+            results[name] = fn()
             if device == "cuda":
                 torch.cuda.synchronize()
         except Exception as e:  # an anchor that cannot run here (cuDNN at batch 8448, FlashRNN unbuilt) is reported
@@ -391,6 +407,8 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
               f"{fewest_bytes(T, N, H, dtype.itemsize, training) / t / 1e9:7.1f} GB/s{ratio}")
     for name, why in failed.items():
         print(f"  {name:16s} failed: {why}")
+    for name, d in disagreement({k: v for k, v in results.items() if k in fns}).items():
+        print(f"  {name:16s} differs from nnforge.triton by {d:.2e}" + ("  DISAGREES" if d > 1e-2 else ""))
     if profile:
         kernel_profile(fns["nnforge.triton"], device)
 
@@ -436,8 +454,7 @@ def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds:
                    "cuDNN std LSTM": lambda: cudnn(x, (h0[None], c0[None]))}
             fns |= {k: lambda f=f, a=args: f(*a) for k, f in others.items()}
             times: dict[str, list[float]] = {k: [] for k in fns}
-            for fn in fns.values():
-                fn()
+            results = {k: fn() for k, fn in fns.items()}
             for _ in range(rounds):
                 for k, fn in fns.items():
                     times[k].append(clock(fn))
@@ -449,6 +466,8 @@ def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds:
         for k, t in med.items():
             ratio = "" if k == "nnforge.triton" else f"  {k} / nnforge = {t / mine:.2f}"
             print(f"  {k:16s} {t * 1e3:9.3f} ms  {t / T * 1e6:8.2f} us/step{ratio}")
+        for k, d in disagreement(results).items():
+            print(f"  {k:16s} differs from nnforge.triton by {d:.2e}" + ("  DISAGREES" if d > 1e-2 else ""))
 
 
 def main() -> None:
