@@ -15,8 +15,9 @@ float32 (``scan.ScanKernel.wide``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ...dtypes import DType
@@ -42,7 +43,7 @@ from ...schedule import (
 from .evaluate import Ctx, Emitter, Eval
 from .scan import render_loop
 from .steps import render_steps
-from .target import DOT_PROMOTE_K, FP_FUSION, GemmBlock, Tiles
+from .target import DOT_PROMOTE_K, FP_FUSION, HELD_BYTES, GemmBlock, Tiles
 from .texpr import (
     PRELUDE,
     TORCH_DTYPE,
@@ -90,7 +91,9 @@ def close_k_loop(em: Emitter, accs: Sequence[str], into: Sequence[str]) -> None:
 class Stage:
     """One kernel of a resident loop's body (``steps.resident_kernel``): the function ``name`` of a program id,
     run for each of ``grid`` programs (a host expression) on its arguments — buffers, step counters, run-time
-    sizes, ``extents`` (host expressions) — with block sizes ``consts``, wanting ``warps`` warps."""
+    sizes, ``extents`` (host expressions) — with block sizes ``consts``, wanting ``warps`` warps. ``held``: the
+    same kernel with its weights held across steps, as the function loading a program's tile of them and the
+    kernel taking them (``Renderer.sliced``), where they fit."""
 
     name: str
     grid: str
@@ -100,6 +103,7 @@ class Stage:
     extents: list[str]
     consts: dict[str, int]
     warps: int
+    held: tuple[Stage, Stage] | None = None  # a sliced step's weights function and the kernel that holds them
 
 
 @dataclass
@@ -220,15 +224,17 @@ class Renderer:
             raise Unsupported(f"no Triton form of kernel {type(k).__name__}")
 
     def emit(self, kind: str, em: Emitter, grid: Sequence[str], consts: dict[str, int],
-             prologue: Sequence[str] = (), extents: Sequence[str] = (), warps: int | None = None) -> str:
+             prologue: Sequence[str] = (), extents: Sequence[str] = (), warps: int | None = None,
+             takes: Sequence[str] = ()) -> str:
         """Add one ``@triton.jit`` kernel named after what it fuses and its launch, on ``warps`` warps (default:
         ``Tiles.scan_warps`` for a persistent scan, else ``Tiles.warps``); returns the name. Its
         arguments are the buffers its code names, the host loop counters it reads, then every run-time size,
         then ``extents`` (host expressions its code names ``n0``, ``n1``...: a count passed rather than printed,
         so that kernels alike but for it are one), none of them specialized on (a new step, sequence length or
         count reuses the compiled kernel), then the block sizes. While a resident loop's body is rendered
-        (``stages`` set) the kernel is a function of its program id ``vpid`` that the loop's kernel calls for each
-        of the programs of ``grid``, noted in ``stages`` rather than launched."""
+        (``stages`` set) the kernel is a function of its program id ``vpid`` (and of the values named ``takes``)
+        that the loop's kernel calls for each of the programs of ``grid``, noted in ``stages`` rather than
+        launched."""
         body = em.finished([*prologue, *em.pre, *em.code])
         used = list(dict.fromkeys(tok for line in body for tok in _NAME.findall(line)))  # in order of first use
         known = set(self.buffers)
@@ -247,7 +253,7 @@ class Renderer:
         stage = self.stages is not None
         if stage:  # called with its program id by a resident loop's kernel (``steps.resident_kernel``)
             body = [line.replace("tl.program_id(0)", "tl.cast(vpid, tl.int32)") for line in body]
-            params.insert(0, "vpid")
+            params[0:0] = ["vpid", *takes]
         text = "\n".join(["@triton.jit" if stage else f"@triton.jit{nospec}", f"def {{name}}({', '.join(params)}):",
                           *("    " + line for line in [*wide, *body])])
         name = self.alike.get(text) or f"k{len(self.kernels)}_{kind.replace('+', '_')}" + ("_at" if stage else "")
@@ -578,18 +584,76 @@ class Renderer:
         slice width, one ``tl.dot`` accumulator per slice, the GEMM's epilogue on each, then the member kernels
         (the cell update) on the tiles, stored into ``outs`` (one list per member). The product (or the epilogue's
         value, ``k.returns_root``) is stored only into ``product`` (where the graph returns it): a recurrent step
-        is this one kernel."""
+        is this one kernel. In a resident loop whose weights fit (``held_weights``) it is also spelled with its
+        tile of the weights loaded once before the steps and held (``Stage.held``)."""
         sg = k.group
-        p, root = sg.gemm, sg.root
+        p = sg.gemm
         if p.ndim != 2 or any(m.ndim != 2 for m in sg.members):
             raise Unsupported(f"a sliced GEMM at {p.loc} on more than two axes is not rendered")
+        M, W = self.sz(p.shape[0]), self.sz(sg.width)
+        block = self.gemm_block(p, width=sg.width)
+        columns = [sliced("rn", str(off)) for off in sg.offsets]
+        first = len(self.stages) if self.stages is not None else None
+        self.sliced_kernel(k, ctx, outs, product, block, block.consts(),
+                           lambda em, accs: self.k_loop(em, ctx, p, accs=accs, columns=columns, width=W))
+        chunks, rows = self.held_weights(k, block)
+        if first is None or not chunks:
+            return
+        held = block.consts() | {"BK": rows}
+        em = Emitter()
+        names = []
+        for cols in columns:
+            for c in range(chunks):
+                em.line(f"kb = ({c} * BK + tl.arange(0, BK))[:, None]")
+                em.line(f"mb = (kb < {self.sz(p.srcs[0].shape[-1])}) & (rn < {W})")
+                names.append(em.tmp(Eval(em, ctx, self.sz, "mb", 2).masked(p.srcs[1], ("kb", cols)), "w"))
+        em.line(f"return ({', '.join(names)},)")
+        self.emit(f"{k.kind}_weights", em, [self.gemm_tiles(p, block, W)], held, self.tile_ids(M, W),
+                  warps=block.warps)
+        self.sliced_kernel(k, ctx, outs, product, block, held,
+                           lambda em, accs: self.k_held(em, ctx, p, accs, chunks), takes=("wts",))
+        normal, loader, stage = self.stages[first:]  # type: ignore[index]
+        self.stages[first:] = [dataclasses.replace(normal, held=(loader, stage))]  # type: ignore[index]
+
+    def held_weights(self, k: SlicedGemm, block: GemmBlock) -> tuple[int, int]:
+        """(chunks, rows of each) of its weights a resident loop's sliced step holds across steps, or (0, 0)
+        where it reads them every step: its weights (B) must not change across steps, its K be fixed and at most
+        ``DOT_PROMOTE_K`` (one sum), and a program's tile of them (K in chunks of ``Tiles.held_k`` rows, or of K
+        rounded up to a power of two where shorter; ``block.n`` columns a slice) fit ``HELD_BYTES``."""
+        p = k.group.gemm
+        K = self.static(p.srcs[0].shape[-1])
+        if not k.b_resident or K is None or K > DOT_PROMOTE_K:
+            return 0, 0
+        rows = min(self.tiles.held_k, max(16, 1 << (K - 1).bit_length()))
+        chunks = -(-K // rows)
+        size = chunks * rows * block.n * len(k.group.offsets) * p.dtype.itemsize
+        return (chunks, rows) if size <= HELD_BYTES else (0, 0)
+
+    def k_held(self, em: Emitter, ctx: Ctx, p: Node, accs: Sequence[str], chunks: int) -> None:
+        """The sum over K of sliced product ``p`` into ``accs`` with its weights held in ``wts`` (``chunks``
+        chunks a slice, in slice order, as its weights function returns them): a ``tl.dot`` per chunk and slice."""
+        a = p.srcs[0]
+        K = self.sz(a.shape[-1])
+        em.open(f"for c in tl.static_range({chunks}):")
+        em.line("ka = (c * BK + tl.arange(0, BK))[None, :]")
+        em.line(f"ma = (rm < {self.sz(p.shape[0])}) & (ka < {K})")
+        va = Eval(em, ctx, self.sz, "ma", 2).masked(a, ("rm", "ka"))
+        for g, acc in enumerate(accs):
+            em.line(f"{acc} += {dot(va, f'wts[{g * chunks} + c]', p.dtype)}")
+        em.close()
+
+    def sliced_kernel(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]], product: Sequence[str],
+                      block: GemmBlock, consts: dict[str, int], k_sum: Callable[[Emitter, list[str]], None],
+                      takes: Sequence[str] = ()) -> None:
+        """``sliced``'s kernel with its sum over K spelled by ``k_sum``."""
+        sg = k.group
+        p, root = sg.gemm, sg.root
         sz = self.sz
         M, W = sz(p.shape[0]), sz(sg.width)
         em = Emitter()
-        block = self.gemm_block(p, width=sg.width)
         accs = [f"acc{g}" for g in range(len(sg.offsets))]
         prologue = [*self.tile_ids(M, W), *(f"{acc} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})" for acc in accs)]
-        self.k_loop(em, ctx, p, accs=accs, columns=[sliced("rn", str(off)) for off in sg.offsets], width=W)
+        k_sum(em, accs)
         em.line(tile_mask(M, W))
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
         for g, off in enumerate(sg.offsets):
@@ -608,4 +672,5 @@ class Renderer:
             v = ev.val(m, ("rm", "rn"))
             for o in dests:
                 em.line(f"tl.store({o} + ({flat(('rm', 'rn'), [M, W])}), {v}, mask=mo)")
-        self.emit(k.kind, em, [self.gemm_tiles(p, block, W)], block.consts(), prologue, warps=block.warps)
+        self.emit(k.kind + ("_held" if takes else ""), em, [self.gemm_tiles(p, block, W)], consts, prologue,
+                  warps=block.warps, takes=takes)

@@ -13,8 +13,9 @@ A loop the schedule marks ``resident`` (``Target.resident_steps``) is one launch
 programs, as many as the GPU has SMs and all resident at once (a cooperative launch, which the driver refuses
 rather than run a grid that does not fit), step through the loop together, each running its share of the programs
 of each body kernel in turn and waiting for the others (``nf_grid_sync``, a counter in device memory) before the
-next kernel or step reads what they stored. Under Triton's interpreter, which runs programs one after another,
-one program runs them all: the same kernel, its barriers passed at once.
+next kernel or step reads what they stored; a step whose weights fit holds them from the first step on
+(``Renderer.sliced``). Under Triton's interpreter, which runs programs one after another, one program runs them
+all: the same kernel, its barriers passed at once.
 """
 
 from __future__ import annotations
@@ -136,38 +137,56 @@ def resident_kernel(r: Renderer, loop: Loop, tag: str, tt: str, stages: list[Sta
     ``length`` runs each of ``stages`` (its body's kernels, in order) over the programs of its grid, a program
     taking every ``nprog``-th, then waits for all programs; each step reads the carries from the first of each
     pair in ``carries`` and stores them into the second, the pairs swapped at odd steps (as the host loop swaps
-    its names)."""
+    its names). A stage whose weights can be held (``Stage.held``) holds them where its grid has no more
+    programs than the launch (decided at launch, ``H<j>``): program ``pid`` loads its tile of them before the
+    first step and runs tile ``pid`` every step; else it reads them every step like the others."""
     length = r.sz(loop.length)
-    buffers = list(dict.fromkeys(b for s in stages for b in s.buffers))
-    sizes = sorted({z for s in stages for z in s.sizes}, key=lambda z: int(z[1:]))
+    every = [x for s in stages for x in (s, *(s.held or ()))]
+    buffers = list(dict.fromkeys(b for s in every for b in s.buffers))
+    sizes = sorted({z for s in every for z in s.sizes}, key=lambda z: int(z[1:]))
     formal = {b: f"ptr{i}" for i, b in enumerate(buffers)}
     local = {a: f"cur{i}" for i, (a, _) in enumerate(carries)} | {b: f"nxt{i}" for i, (_, b) in enumerate(carries)}
     grids = [f"g{j}" for j in range(len(stages))]
     extents = [[f"e{j}_{i}" for i in range(len(s.extents))] for j, s in enumerate(stages)]
+    held = [j for j, s in enumerate(stages) if s.held]
     syms = [*sizes, "n_steps", *grids, *(e for es in extents for e in es)]
-    code = ["pid = tl.program_id(0)", "nprog = tl.num_programs(0)", "done = 0  # barriers passed",
-            "for i in range(0, n_steps):"]
+
+    def call(s: Stage, pid: str, es: list[str], takes: str = "") -> str:
+        args = [local.get(b) or formal[b] for b in s.buffers] + ["t" for _ in s.counters] + s.sizes + es
+        return f"{s.name}({pid}, {takes}{', '.join(args)}{''.join(f', {c}={v}' for c, v in s.consts.items())})"
+
+    code = ["pid = tl.program_id(0)", "nprog = tl.num_programs(0)", "done = 0  # barriers passed"]
+    for j in held:
+        loader = stages[j].held[0]  # type: ignore[index]
+        code += [f"if H{j}:", f"    wts{j} = {call(loader, 'pid', [])}"]
+    code.append("for i in range(0, n_steps):")
     step = ["t = n_steps - 1 - i" if loop.reverse else "t = i"]
     if carries:
         step += ["if i % 2 == 0:",
                  *(f"    {local[a]}, {local[b]} = {formal[a]}, {formal[b]}" for a, b in carries),
                  "else:",
                  *(f"    {local[a]}, {local[b]} = {formal[b]}, {formal[a]}" for a, b in carries)]
-    for s, g, es in zip(stages, grids, extents):
-        args = [local.get(b) or formal[b] for b in s.buffers] + ["t" for _ in s.counters] + s.sizes + es
-        consts = "".join(f", {c}={v}" for c, v in s.consts.items())
-        step += [f"for v in range(pid, {g}, nprog):", f"    {s.name}(v, {', '.join(args)}{consts})",
-                 "done += 1", "nf_grid_sync(sync, done * nprog)"]
+    for j, (s, g, es) in enumerate(zip(stages, grids, extents)):
+        every_program = [f"for v in range(pid, {g}, nprog):", f"    {call(s, 'v', es)}"]
+        if s.held:
+            step += [f"if H{j}:", f"    if pid < {g}:", f"        {call(s.held[1], 'pid', es, f'wts{j}, ')}",
+                     "else:", *("    " + line for line in every_program)]
+        else:
+            step += every_program
+        step += ["done += 1", "nf_grid_sync(sync, done * nprog)"]
     code += ["    " + line for line in step]
-    params = [*(formal[b] for b in buffers), "sync", *syms]
+    params = [*(formal[b] for b in buffers), "sync", *syms, *(f"H{j}: tl.constexpr" for j in held)]
     name = f"k{len(r.kernels)}_resident_{loop.kind}"
     r.kernels.append("\n".join([f"@triton.jit(do_not_specialize={syms!r})", f"def {name}({', '.join(params)}):",
                                 *("    " + line for line in code)]))
     r.names.append(name)
-    warps = max(s.warps for s in stages) if stages else r.tiles.warps
+    warps = max(s.warps for s in every) if stages else r.tiles.warps
+    programs = f"np{tag}"
     r.run.append(f"{r.ind}sync{tag} = torch.zeros((1,), dtype=torch.int64, device=dev)")
+    r.run.append(f"{r.ind}{programs} = nf_resident_programs(dev)")
     args = [*buffers, f"sync{tag}", *sizes, length, *(s.grid for s in stages), *(e for s in stages for e in s.extents)]
-    r.run.append(f"{r.ind}launch({name}, (nf_resident_programs(dev),), {', '.join(args)}, num_warps={warps}, "
+    holds = "".join(f", H{j}=({stages[j].grid}) <= {programs}" for j in held)
+    r.run.append(f"{r.ind}launch({name}, ({programs},), {', '.join(args)}{holds}, num_warps={warps}, "
                  f"enable_fp_fusion={FP_FUSION}, launch_cooperative_grid=nf_cooperative())")
 
 

@@ -29,6 +29,12 @@ FP_FUSION = True
 # cuDNN's is 6.4e-4, docs/benchmarks.md); promoted every 4096 it stays near a rounding of the output.
 DOT_PROMOTE_K = 4096
 
+# Bytes of weights a resident loop's sliced step may hold on chip across steps (``Renderer.held_weights``): a
+# program's tile of them beside its A tiles and layout conversions in an H100/H200 program's 227 KiB of shared
+# memory, as a row-split loop's weights (``max_split_weight_bytes``, 160 KiB); an H = 384 LSTM's tile of 32 units
+# a gate in half precision is 4 x 384 x 32 x 2 = 96 KiB.
+HELD_BYTES = 128 * 1024
+
 
 def triton_target() -> Target:
     """The thresholds the shared passes and the scheduler take for Triton kernels (placeholders, see the module).
@@ -126,6 +132,8 @@ class Tiles:
     ``gemm_big_programs``: the fewest programs a GEMM must still make at the large tile to take it (about one
     per SM of a 132-SM part; 0: never). Not yet timed on a GPU (``bench/lstm_gpu.py --variant
     gemm_big_programs=0`` times the former tiles beside them).
+    ``held_k``: the rows of each chunk of weights a resident loop's sliced step holds across steps (``Target.
+    resident_steps``; its K loop unrolled over them, one held tile a chunk and slice).
     ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per device; ``TritonBackend``
     then uses it there."""
 
@@ -150,16 +158,17 @@ class Tiles:
     gemm_big_k: int = 64
     gemm_big_warps: int = 8
     gemm_big_programs: int = 128
+    held_k: int = 128
 
     def __post_init__(self) -> None:
         for name in ("flat", "gemm_m", "gemm_m_f32", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows",
                      "warps", "gemm_warps", "scan_warps", "gemm_big_m", "gemm_big_n", "gemm_big_slice_n", "gemm_big_k",
-                     "gemm_big_warps"):
+                     "gemm_big_warps", "held_k"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two, got {v}")
         if min(self.gemm_m, self.gemm_m_f32, self.gemm_n, self.gemm_k, self.gemm_big_m, self.gemm_big_n,
-               self.gemm_big_slice_n, self.gemm_big_k) < 16:
+               self.gemm_big_slice_n, self.gemm_big_k, self.held_k) < 16:
             raise ValueError("tl.dot needs GEMM tiles of 16 at least")
         if self.gemm_big_programs < 0:
             raise ValueError(f"Tiles.gemm_big_programs must be 0 (never) or more, got {self.gemm_big_programs}")

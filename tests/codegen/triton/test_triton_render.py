@@ -944,24 +944,32 @@ def _resident(**changes) -> object:
 
 
 @pytest.mark.parametrize("fn", [lstm, reverse_lstm])
-def test_a_resident_loop_runs_every_step_in_one_launch(fn, rng: np.random.Generator):
+@pytest.mark.parametrize("tiles", [Tiles(), Tiles(held_k=16), Tiles(gemm_m_f32=16, gemm_n=16)],
+                         ids=["held", "held-in-chunks", "read"])
+def test_a_resident_loop_runs_every_step_in_one_launch(fn, tiles: Tiles, rng: np.random.Generator):
     """An LSTM layer not split by rows (a wide layer's weights do not fit one program) with ``resident_steps``:
     its loop is one kernel, launched once, whose programs run each step's fused GEMM + cell kernel and wait for
     each other (under the interpreter one program runs them all); the program has no host loop left (nothing for
     a CUDA graph to replay), and a later call at T = 0, 1 (the final carries in the first buffers or the second)
-    and 6 builds nothing. Against the reference."""
-    args = lstm_args(rng, T=5, N=20, H=16)
+    and 6 builds nothing. With the default tiles the step is one tile, which the one program holds the weights of
+    across steps (its tile of W_hh loaded before the first: K = 32 as one chunk, or as two of ``held_k`` 16); in
+    16 x 16 tiles it is 2 x 2 tiles, more than the launch's programs, so each step reads its weights again.
+    Against the reference."""
+    args = lstm_args(rng, T=5, N=20, H=32)
     target = _resident()
-    program, rendered = lower(prepare(nf.compile(fn).trace(*args), target), target=target)
+    program, rendered = lower(prepare(nf.compile(fn).trace(*args), target), tiles, target=target)
     (loop,) = program.loops()
     assert loop.parallel is None and loop.resident
-    assert rendered.kernels == ["k0_gemm_add", "k1_copy", "k3_resident_scan"]
+    assert [name.split("_", 1)[1] for name in rendered.kernels] == ["gemm_add", "copy", "resident_scan"]
     assert "steps in one launch of resident programs" in format_program(program)
-    backend = TritonBackend(target=target)
+    backend = TritonBackend(tiles=tiles, target=target)
     compiled = _check(fn, *args, backend=backend)
     assert compiled.module.HOST_LOOPS == 0
+    launch = next(line for line in compiled.source.splitlines() if "launch(k" in line and "_resident_" in line)
+    grid = re.search(r"H0=\((.*)\) <= np", launch)[1]  # the step's programs: held where the launch has as many
+    assert eval(grid, {"triton": __import__("triton")}) == (4 if tiles.gemm_n == 16 else 1), launch
     for T in (0, 1, 6):
-        _agree(compiled, fn, lstm_args(rng, T=T, N=20, H=16))
+        _agree(compiled, fn, lstm_args(rng, T=T, N=20, H=32))
     assert backend.loads == 1
 
 
