@@ -83,9 +83,10 @@ step render "${RENDER_S:-120}" $PY -m pytest -q -p no:cacheprovider tests/codege
 tail -3 "$OUT/render.txt" 2>/dev/null
 # VARIANTS: nnforge also with these tiles or thresholds, interleaved (default: weight gradients summed over K in one
 # program per tile of results, the form before parts; GEMM programs in the order before groups; large GEMMs in
-# the small tiles, the form before Tiles.gemm_block; a host loop's steps in one launch of resident programs, and
-# so with 32-row step tiles: at batch 128 and H = 384, 4 x 12 programs rather than 2 x 12; VARIANTS= for none)
-VARIANTS=${VARIANTS-split_k_outputs=0 gemm_group=0 gemm_big_programs=0 resident_steps=1 resident_steps=1,gemm_m=32}
+# the small tiles, the form before Tiles.gemm_block; a host loop's steps in one launch of resident programs (at
+# batch 128 and H = 384 each program holding its tile of the weights), and so with 16-column step tiles (H = 1024,
+# batch 128: 2 x 64 tiles, each holding 128 KiB of weights); VARIANTS= for none)
+VARIANTS=${VARIANTS-split_k_outputs=0 gemm_group=0 gemm_big_programs=0 resident_steps=1 resident_steps=1,gemm_n=16}
 # shellcheck disable=SC2086  # BENCH and VARIANTS are lists of arguments
 step bench "${BENCH_S:-300}" $PY bench/lstm_gpu.py --flashrnn none --cuda-graphs --profile \
     ${VARIANTS:+--variant $VARIANTS} ${BENCH:-}
