@@ -475,20 +475,32 @@ class Renderer:
             raise Unsupported("a GEMM scheduled with packed A or a K split (CPU forms) has no Triton spelling")
         if k.k_parts > 1:
             return self.gemm_parts(k, ctx, outs)
+        batch = p.shape[:-2]
+        block = self.gemm_block(p, copies=batch)
+        first = len(self.stages) if self.stages is not None else None
+        self.gemm_kernel(k, ctx, outs, block, block.consts(), lambda em, accs, bidx: self.k_loop(em, ctx, p, bidx))
+        if not batch:
+            self.hold(first, p, k.b_resident, block, ["rn"], self.sz(p.shape[-1]), ctx,
+                      lambda consts, k_sum, takes: self.gemm_kernel(k, ctx, outs, block, consts,
+                                                                    lambda em, accs, _: k_sum(em, accs), takes))
+
+    def gemm_kernel(self, k: Gemm, ctx: Ctx, outs: list[str], block: GemmBlock, consts: dict[str, int],
+                    k_sum: Callable[[Emitter, list[str], tuple[str, ...]], None], takes: Sequence[str] = ()) -> None:
+        """``gemm``'s kernel with its sum over K spelled by ``k_sum`` (given the batch index)."""
+        p = k.node
         sz = self.sz
         M, N = sz(p.shape[-2]), sz(p.shape[-1])
         batch = p.shape[:-2]
         em = Emitter()
-        block = self.gemm_block(p, copies=batch)
         prologue = [*self.tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
         bidx: tuple[str, ...] = ()
         if batch:
             bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
-        self.k_loop(em, ctx, p, bidx)
+        k_sum(em, ["acc"], bidx)
         em.line(tile_mask(M, N))
         self.gemm_epilogue(em, ctx, k, outs, bidx)
         grid = [self.gemm_tiles(p, block) + (f" * ({sz.prod(batch)})" if batch else "")]
-        self.emit(k.kind, em, grid, block.consts(), prologue, warps=block.warps)
+        self.emit(k.kind + ("_held" if takes else ""), em, grid, consts, prologue, warps=block.warps, takes=takes)
 
     def gemm_parts(self, k: Gemm, ctx: Ctx, outs: list[str]) -> None:
         """A two-axis GEMM whose K is summed in parts side by side (``Gemm.k_parts``, a weight gradient's K of
@@ -590,13 +602,24 @@ class Renderer:
         p = sg.gemm
         if p.ndim != 2 or any(m.ndim != 2 for m in sg.members):
             raise Unsupported(f"a sliced GEMM at {p.loc} on more than two axes is not rendered")
-        M, W = self.sz(p.shape[0]), self.sz(sg.width)
+        W = self.sz(sg.width)
         block = self.gemm_block(p, width=sg.width)
         columns = [sliced("rn", str(off)) for off in sg.offsets]
         first = len(self.stages) if self.stages is not None else None
         self.sliced_kernel(k, ctx, outs, product, block, block.consts(),
                            lambda em, accs: self.k_loop(em, ctx, p, accs=accs, columns=columns, width=W))
-        chunks, rows = self.held_weights(k, block)
+        self.hold(first, p, k.b_resident, block, columns, W, ctx,
+                  lambda consts, k_sum, takes: self.sliced_kernel(k, ctx, outs, product, block, consts, k_sum, takes))
+
+    def hold(self, first: int | None, p: Node, b_resident: bool, block: GemmBlock, columns: Sequence[str],
+             width: str, ctx: Ctx, kernel: Callable[[dict[str, int], Callable[[Emitter, list[str]], None],
+                                                     Sequence[str]], None]) -> None:
+        """In a resident loop (``first``: the index of the stage just noted for matmul ``p``, None outside one),
+        where its weights can be held (``held_weights``), also spell that stage with a program's tile of them
+        held across steps: a function loading the tile (B at ``columns``, each ``width`` wide, in chunks of K)
+        and ``kernel(consts, k_sum, takes)`` with its sum over K taking them (``k_held``); the stage then carries
+        both (``Stage.held``)."""
+        chunks, rows = self.held_weights(p, b_resident, block, len(columns))
         if first is None or not chunks:
             return
         held = block.consts() | {"BK": rows}
@@ -605,28 +628,27 @@ class Renderer:
         for cols in columns:
             for c in range(chunks):
                 em.line(f"kb = ({c} * BK + tl.arange(0, BK))[:, None]")
-                em.line(f"mb = (kb < {self.sz(p.srcs[0].shape[-1])}) & (rn < {W})")
+                em.line(f"mb = (kb < {self.sz(p.srcs[0].shape[-1])}) & (rn < {width})")
                 names.append(em.tmp(Eval(em, ctx, self.sz, "mb", 2).masked(p.srcs[1], ("kb", cols)), "w"))
         em.line(f"return ({', '.join(names)},)")
-        self.emit(f"{k.kind}_weights", em, [self.gemm_tiles(p, block, W)], held, self.tile_ids(M, W),
-                  warps=block.warps)
-        self.sliced_kernel(k, ctx, outs, product, block, held,
-                           lambda em, accs: self.k_held(em, ctx, p, accs, chunks), takes=("wts",))
+        M = self.sz(p.shape[-2])
+        self.emit("weights", em, [self.gemm_tiles(p, block, width)], held, self.tile_ids(M, width), warps=block.warps)
+        kernel(held, lambda em, accs: self.k_held(em, ctx, p, accs, chunks), ("wts",))
         normal, loader, stage = self.stages[first:]  # type: ignore[index]
         self.stages[first:] = [dataclasses.replace(normal, held=(loader, stage))]  # type: ignore[index]
 
-    def held_weights(self, k: SlicedGemm, block: GemmBlock) -> tuple[int, int]:
-        """(chunks, rows of each) of its weights a resident loop's sliced step holds across steps, or (0, 0)
-        where it reads them every step: its weights (B) must not change across steps, its K be fixed and at most
-        ``DOT_PROMOTE_K`` (one sum), and a program's tile of them (K in chunks of ``Tiles.held_k`` rows, or of K
-        rounded up to a power of two where shorter; ``block.n`` columns a slice) fit ``HELD_BYTES``."""
-        p = k.group.gemm
+    def held_weights(self, p: Node, b_resident: bool, block: GemmBlock, slices: int) -> tuple[int, int]:
+        """(chunks, rows of each) of matmul ``p``'s weights a resident loop's step holds across steps, or (0, 0)
+        where it reads them every step: its weights (B) must not change across steps (``b_resident``), its K be
+        fixed and at most ``DOT_PROMOTE_K`` (one sum), and a program's tile of them (K in chunks of
+        ``Tiles.held_k`` rows, or of K rounded up to a power of two where shorter; ``block.n`` columns for each
+        of ``slices``) fit ``HELD_BYTES``."""
         K = self.static(p.srcs[0].shape[-1])
-        if not k.b_resident or K is None or K > DOT_PROMOTE_K:
+        if not b_resident or K is None or K > DOT_PROMOTE_K:
             return 0, 0
         rows = min(self.tiles.held_k, max(16, 1 << (K - 1).bit_length()))
         chunks = -(-K // rows)
-        size = chunks * rows * block.n * len(k.group.offsets) * p.dtype.itemsize
+        size = chunks * rows * block.n * slices * p.dtype.itemsize
         return (chunks, rows) if size <= HELD_BYTES else (0, 0)
 
     def k_held(self, em: Emitter, ctx: Ctx, p: Node, accs: Sequence[str], chunks: int) -> None:
@@ -634,7 +656,7 @@ class Renderer:
         chunks a slice, in slice order, as its weights function returns them): a ``tl.dot`` per chunk and slice."""
         a = p.srcs[0]
         K = self.sz(a.shape[-1])
-        em.open(f"for c in tl.static_range({chunks}):")
+        em.open(f"for c in tl.static_range({chunks}):")  # unrolled: ``wts`` is indexed by a constant
         em.line("ka = (c * BK + tl.arange(0, BK))[None, :]")
         em.line(f"ma = (rm < {self.sz(p.shape[0])}) & (ka < {K})")
         va = Eval(em, ctx, self.sz, "ma", 2).masked(a, ("rm", "ka"))

@@ -5,6 +5,8 @@ that class of bug on a CPU machine."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from test_triton_render import layer_norm_lstm, lstm
@@ -228,10 +230,11 @@ def test_a_resident_training_step_builds_its_barriers_for_hopper():
     """An LSTM training step at H = 256 in float16 with each loop resident (``Target.resident_steps``): each loop
     is one kernel that builds for sm_90 within a program's shared memory without spilling, and its step loop
     keeps the barrier's atomic on the count (the barrier itself waits on a GPU only: under the interpreter one
-    program runs every step). The forward's step, 2 x 8 tiles, holds its tile of the weights where the launch
-    has that many programs (``H0``, decided at launch: under the interpreter's one program it does not, so the
-    held form is built by setting it): its step loop then copies nothing into shared memory (the weights stay on
-    chip from before the first step; read every step, they were copied in ahead of each)."""
+    program runs every step). The forward's step and the backward's product with W_hh (8 tiles each) hold
+    their tiles of the weights where the launch has that many programs (``H<j>``, decided at launch: under the
+    interpreter's one program they do not, so the held forms are built by setting it): their step loops then copy
+    nothing into shared memory (the weights stay on chip from before the first step; read every step, they were
+    copied in ahead of each)."""
     import dataclasses
 
     from nnforge.codegen.triton import triton_target
@@ -240,8 +243,10 @@ def test_a_resident_training_step_builds_its_barriers_for_hopper():
     step, args = _training_step(lstm, 257, T=2, N=64, H=256, options={"target": target})
     records = [r for r in record_launches(lambda: step(*args)) if "_resident_" in r["name"]]
     assert len(records) == 2, [r["name"] for r in records]
-    (forward,) = [r for r in records if r["consts"].get("H0") is False]
-    records.append(forward | {"label": "held", "consts": forward["consts"] | {"H0": True}})
+    flags = [{k for k, v in r["consts"].items() if re.fullmatch(r"H\d+", k) and v is False} for r in records]
+    assert [len(f) for f in flags] == [1, 1], flags  # the forward's step, the backward's product with W_hh
+    records += [r | {"label": r["name"] + "+held", "consts": r["consts"] | dict.fromkeys(f, True)}
+                for r, f in zip(records, flags, strict=True)]
     try:
         built = compile_offline(records, arch=90, threads=2, loops=True)["kernels"]
     except NoPtxas:
@@ -249,4 +254,4 @@ def test_a_resident_training_step_builds_its_barriers_for_hopper():
     for name, k in built.items():
         assert k["shared"] <= HOPPER_SHARED and not k["spill_bytes"], (name, k)
         assert k["loop"]["atomics"] >= 1, (name, k["loop"])
-    assert built[forward["name"]]["loop"]["async_copies"] > 0 and built["held"]["loop"]["async_copies"] == 0, built
+        assert (k["loop"]["async_copies"] == 0) == name.endswith("+held"), (name, k["loop"])

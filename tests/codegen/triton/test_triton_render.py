@@ -973,11 +973,15 @@ def test_a_resident_loop_runs_every_step_in_one_launch(fn, tiles: Tiles, rng: np
     assert backend.loads == 1
 
 
-def test_a_resident_training_step_waits_between_the_kernels_of_each_step(rng: np.random.Generator):
+@pytest.mark.parametrize("tiles", [Tiles(), Tiles(held_k=16), Tiles(gemm_m_f32=16, gemm_n=16)],
+                         ids=["held", "held-in-chunks", "read"])
+def test_a_resident_training_step_waits_between_the_kernels_of_each_step(tiles: Tiles, rng: np.random.Generator):
     """A training step of the LSTM and of the GRU, each loop resident: the forward step saves its carries for
     the backward (a second kernel), the backward step is three kernels (the joined gate gradients, their product
-    with W_hh, the next cell-state gradient), each stage reading what the one before it stored in that step.
-    Against the reference, at odd and even T."""
+    with W_hh, the next cell-state gradient), each stage reading what the one before it stored in that step;
+    the forward's step and the backward's product with W_hh hold their weights (in one chunk of K or several)
+    where they are one tile, or read them each step in smaller tiles. Against the reference, at odd and even
+    T."""
     def loss(x, h0, c0, w_ih, w_hh, b):
         ys, h, c = lstm(x, h0, c0, w_ih, w_hh, b)
         return (ys * ys).sum() + (h * c).sum()
@@ -988,19 +992,21 @@ def test_a_resident_training_step_waits_between_the_kernels_of_each_step(rng: np
 
     target = _resident()
     grads = nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
-    args = lstm_args(rng, T=5, N=6, H=16)
-    program, rendered = lower(prepare(nf.compile(grads).trace(*args), target), target=target)
+    args = lstm_args(rng, T=5, N=20, H=32)
+    program, rendered = lower(prepare(nf.compile(grads).trace(*args), target), tiles, target=target)
     forward, backward = program.loops()
     assert forward.resident and backward.resident and len(backward.body.kernels) == 3
     assert len([name for name in rendered.kernels if "_resident_scan" in name]) == 2
-    compiled = _check(grads, *args, backend=TritonBackend(target=target))
-    _agree(compiled, grads, lstm_args(rng, T=4, N=6, H=16))
+    held = re.findall(r"\bH\d+=", rendered.source)
+    assert len(held) == 2, held  # the forward's step, the backward's product with W_hh
+    compiled = _check(grads, *args, backend=TritonBackend(tiles=tiles, target=target))
+    _agree(compiled, grads, lstm_args(rng, T=4, N=20, H=32))
     H, I, N = 8, 4, 20
     gru_args = [_f32(rng, *s) for s in [(7, N, I), (N, H), (3 * H, I), (3 * H, H), (3 * H,), (3 * H,)]]
     gru_grads = nf.grad(gru_loss, argnums=(0, 1, 2, 3, 4, 5))
     assert all(loop.resident for loop in lower(prepare(nf.compile(gru_grads).trace(*gru_args), target),
                                                target=target)[0].loops())
-    _check(gru_grads, *gru_args, backend=TritonBackend(target=target))
+    _check(gru_grads, *gru_args, backend=TritonBackend(tiles=tiles, target=target))
 
 
 def test_a_loop_whose_host_decides_per_step_stays_a_host_loop(rng: np.random.Generator):
