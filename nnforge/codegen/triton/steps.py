@@ -155,7 +155,7 @@ def resident_kernel(r: Renderer, loop: Loop, tag: str, tt: str, stages: list[Sta
         args = [local.get(b) or formal[b] for b in s.buffers] + ["t" for _ in s.counters] + s.sizes + es
         return f"{s.name}({pid}, {takes}{', '.join(args)}{''.join(f', {c}={v}' for c, v in s.consts.items())})"
 
-    code = ["pid = tl.program_id(0)", "nprog = tl.num_programs(0)", "done = 0  # barriers passed"]
+    code = ["pid = tl.program_id(0)", "nprog = tl.num_programs(0)"]
     for j in held:
         loader = stages[j].held[0]  # type: ignore[index]
         code += [f"if H{j}:", f"    wts{j} = {call(loader, 'pid', [])}"]
@@ -166,6 +166,9 @@ def resident_kernel(r: Renderer, loop: Loop, tag: str, tt: str, stages: list[Sta
                  *(f"    {local[a]}, {local[b]} = {formal[a]}, {formal[b]}" for a, b in carries),
                  "else:",
                  *(f"    {local[a]}, {local[b]} = {formal[b]}, {formal[a]}" for a, b in carries)]
+    # the arrivals every program has counted after stage j of step i, in int64: steps x stages x programs passes
+    # 2^31 within a few million steps
+    step.append(f"passed = tl.cast(i, tl.int64) * {len(stages)} * nprog")
     for j, (s, g, es) in enumerate(zip(stages, grids, extents)):
         every_program = [f"for v in range(pid, {g}, nprog):", f"    {call(s, 'v', es)}"]
         if s.held:
@@ -173,7 +176,7 @@ def resident_kernel(r: Renderer, loop: Loop, tag: str, tt: str, stages: list[Sta
                      "else:", *("    " + line for line in every_program)]
         else:
             step += every_program
-        step += ["done += 1", "nf_grid_sync(sync, done * nprog)"]
+        step.append(f"nf_grid_sync(sync, passed + {j + 1} * nprog)")
     code += ["    " + line for line in step]
     params = [*(formal[b] for b in buffers), "sync", *syms, *(f"H{j}: tl.constexpr" for j in held)]
     name = f"k{len(r.kernels)}_resident_{loop.kind}"
