@@ -12,16 +12,19 @@ not depend on T), then each scan kernel is built for sm_90 by Triton's compiler 
 cuobjdump (``nnforge/codegen/triton/offline.py``, ``loops=True``). Per step: instructions, barriers, global loads
 into registers (made where the step uses them, or a step ahead where Triton's pipeliner carries them across the
 loop: the kernel's TTGIR tells which), asynchronous copies into shared memory (issued ahead), shared-memory loads,
-MMAs, special functions (exp, reciprocal) and local-memory accesses (spill). Counts, not times: what a step costs
-is a GPU measurement (bench/lstm_gpu.py). Usage: ``python bench/scan_sass.py [--stages 1 2 3] [--pieces 1 0]
-[--transposed 0 1] [--warps 4 8] [--rows 8 16] [--variant - hoist_step_work=1] [--hidden 96] [--batch 1024]
-[--cells]``.
+MMAs, special functions (exp, reciprocal), local-memory accesses (spill) and global atomics (a resident loop's
+barriers: with ``--variant resident_steps=1`` at a width whose loop is not split by rows, e.g. ``--hidden 384
+--batch 128``, its kernel, and where a step may hold its weights that form too, ``+held``). Counts, not times:
+what a step costs is a GPU measurement (bench/lstm_gpu.py). Usage: ``python bench/scan_sass.py [--stages 1 2 3]
+[--pieces 1 0] [--transposed 0 1] [--warps 4 8] [--rows 8 16] [--variant - hoist_step_work=1] [--hidden 96]
+[--batch 1024] [--cells]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the launches are recorded by its interpreter
@@ -35,7 +38,8 @@ import nnforge as nf
 from nnforge.codegen.triton.offline import compile_offline, record_launches
 from nnforge.codegen.triton.target import Tiles
 
-COLUMNS = ("instructions", "barriers", "global_loads", "async_copies", "shared_loads", "mma", "special", "local")
+COLUMNS = ("instructions", "barriers", "global_loads", "async_copies", "shared_loads", "mma", "special", "local",
+           "atomics")
 
 
 def models(H: int, N: int, cells: bool) -> dict[str, tuple]:
@@ -51,6 +55,17 @@ def models(H: int, N: int, cells: bool) -> dict[str, tuple]:
         if name == "LSTM" or cells:
             args = (rnd(3, N, H), *(rnd(N, H) for _ in range(n_states)), *(rnd(*w(H)) for w in weights.values()))
             out[name] = (lambda *a, m=model: m(*a)[0], args, tuple(range(1 + n_states, len(args))))
+    return out
+
+
+def held_forms(records: list[dict]) -> list[dict]:
+    """``records`` and, for each resident loop's kernel with steps that may hold their weights (constants
+    ``H<j>``, false under the interpreter's one program), the same kernel with them held, labelled ``+held``."""
+    out = list(records)
+    for r in records:
+        flags = [k for k, v in r["consts"].items() if re.fullmatch(r"H\d+", k) and v is False]
+        if flags:
+            out.append(r | {"label": r["name"] + "+held", "consts": r["consts"] | dict.fromkeys(flags, True)})
     return out
 
 
@@ -86,7 +101,8 @@ def main() -> None:
                                   scan_warps=warps, scan_rows=rows)
                     options = {"tiles": tiles} | (variant_options(spec, tiles) if spec != "-" else {})
                     compiled = nf.compile(step, backend="triton", options=options)
-                    scans = [r for r in record_launches(lambda c=compiled, xs=args: c(*xs)) if "_scan_" in r["name"]]
+                    scans = held_forms([r for r in record_launches(lambda c=compiled, xs=args: c(*xs))
+                                        if "_scan_" in r["name"] or "_resident_" in r["name"]])
                     for kernel, k in compile_offline(scans, arch=90, loops=True)["kernels"].items():
                         step_counts = " ".join(f"{k['loop'][c]:{len(c)}d}" for c in COLUMNS)
                         print(f"{name:26s} {mode:9s} {kernel[:36]:36s} {stages:6d} {pieces:6d} {tr:6d} {warps:5d} "
