@@ -123,7 +123,7 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
         r.ind = outer_ind
         stages, r.stages = r.stages, None
     if stages is not None:
-        resident_kernel(r, loop, tag, tt, stages, list(zip(cur, nxt)))
+        resident_kernel(r, loop, tag, stages, list(zip(cur, nxt)))
         for k in range(nc):  # the last step stored its carries into the first buffers where the steps were odd
             r.run.append(f"{r.ind}{results[k]}.copy_({cur[k]} if {length} % 2 == 0 else {nxt[k]})")
         return
@@ -131,15 +131,15 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
         r.run.append(f"{r.ind}{results[k]}.copy_({cur[k]})")
 
 
-def resident_kernel(r: Renderer, loop: Loop, tag: str, tt: str, stages: list[Stage],
-                    carries: list[tuple[str, str]]) -> None:
-    """Add the kernel and the launch of resident loop ``loop`` (see the module docstring): step ``tt`` of its
-    ``length`` runs each of ``stages`` (its body's kernels, in order) over the programs of its grid, a program
-    taking every ``nprog``-th, then waits for all programs; each step reads the carries from the first of each
-    pair in ``carries`` and stores them into the second, the pairs swapped at odd steps (as the host loop swaps
-    its names). A stage whose weights can be held (``Stage.held``) holds them where its grid has no more
-    programs than the launch (decided at launch, ``H<j>``): program ``pid`` loads its tile of them before the
-    first step and runs tile ``pid`` every step; else it reads them every step like the others."""
+def resident_kernel(r: Renderer, loop: Loop, tag: str, stages: list[Stage], carries: list[tuple[str, str]]) -> None:
+    """Add the kernel and the launch of resident loop ``loop`` (see the module docstring; ``tag`` names its host
+    variables): each of its steps runs each of ``stages`` (its body's kernels, in order) over the programs of its
+    grid, a program taking every ``nprog``-th, then waits for all programs; each step reads the carries from the
+    first of each pair in ``carries`` and stores them into the second, the pairs swapped at odd steps (as the host
+    loop swaps its names). A stage whose weights can be held (``Stage.held``) holds them where its grid has no more
+    programs than the launch (decided at launch, ``H<j>``): program ``pid`` loads its tile of them before the first
+    step and runs tile ``pid`` every step; else it reads them every step like the others. Loops alike but for their
+    buffers (the layers of a stack) share one kernel."""
     length = r.sz(loop.length)
     every = [x for s in stages for x in (s, *(s.held or ()))]
     buffers = list(dict.fromkeys(b for s in every for b in s.buffers))
@@ -179,9 +179,12 @@ def resident_kernel(r: Renderer, loop: Loop, tag: str, tt: str, stages: list[Sta
         step.append(f"nf_grid_sync(sync, passed + {j + 1} * nprog)")
     code += ["    " + line for line in step]
     params = [*(formal[b] for b in buffers), "sync", *syms, *(f"H{j}: tl.constexpr" for j in held)]
-    name = f"k{len(r.kernels)}_resident_{loop.kind}"
-    r.kernels.append("\n".join([f"@triton.jit(do_not_specialize={syms!r})", f"def {name}({', '.join(params)}):",
-                                *("    " + line for line in code)]))
+    text = "\n".join([f"@triton.jit(do_not_specialize={syms!r})", f"def {{name}}({', '.join(params)}):",
+                      *("    " + line for line in code)])
+    name = r.alike.get(text) or f"k{len(r.kernels)}_resident_{loop.kind}"
+    if text not in r.alike:
+        r.alike[text] = name
+        r.kernels.append(text.replace("{name}", name, 1))
     r.names.append(name)
     warps = max(s.warps for s in every) if stages else r.tiles.warps
     programs = f"np{tag}"

@@ -1033,3 +1033,16 @@ def test_a_loop_whose_host_decides_per_step_stays_a_host_loop(rng: np.random.Gen
     (split,) = lower(prepare(nf.compile(lstm).trace(*args), dataclasses.replace(target, row_split=True)),
                      target=dataclasses.replace(target, row_split=True))[0].loops()
     assert split.parallel is not None and not split.resident
+
+
+def test_alike_resident_loops_share_their_kernel(rng: np.random.Generator):
+    """Two stacked LSTM layers of one width, each loop resident: one resident kernel serves both (compiled once,
+    as alike kernels of a host loop are), each launch with its own layer's buffers; against the reference."""
+    def two_layers(x, h0, c0, w_ih, w_hh, b, h1, c1, v_ih, v_hh, d):
+        ys = lstm(x, h0, c0, w_ih, w_hh, b)[0]
+        return lstm(ys, h1, c1, v_ih, v_hh, d)[0]
+
+    args = lstm_args(rng, T=5, N=20, I=16, H=16) + lstm_args(rng, T=1, N=20, I=16, H=16)[1:]
+    program = _check(two_layers, *args, backend=TritonBackend(target=_resident()))
+    resident = [name for name in program.kernels if "_resident_" in name]
+    assert len(resident) == 2 and len(set(resident)) == 1, program.kernels
