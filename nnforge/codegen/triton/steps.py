@@ -10,12 +10,13 @@ written at row ``tt`` of its result, a loop invariant is read from the enclosing
 The per-step launches cost microseconds each on a GPU: a loop that fits one program per row block is a
 persistent kernel (``scan.py``) instead, and a program with a host loop is replayed as a CUDA graph (``graphs.py``).
 A loop the schedule marks ``resident`` (``Target.resident_steps``) is one launch instead (``resident_kernel``): its
-programs, as many as the GPU has SMs and all resident at once (a cooperative launch, which the driver refuses
-rather than run a grid that does not fit), step through the loop together, each running its share of the programs
-of each body kernel in turn and waiting for the others (``nf_grid_sync``, a counter in device memory) before the
-next kernel or step reads what they stored; a step whose weights fit holds them from the first step on
-(``Renderer.sliced``). Under Triton's interpreter, which runs programs one after another, one program runs them
-all: the same kernel, its barriers passed at once.
+programs, as many as the GPU has SMs (fewer where no kernel of a step has that many tiles: each program arrives at
+every barrier) and all resident at once (a cooperative launch, which the driver refuses rather than run a grid that
+does not fit), step through the loop together, each running its share of the programs of each body kernel in turn
+and waiting for the others (``nf_grid_sync``, a counter in device memory) before the next kernel or step reads what
+they stored; a step whose weights fit holds them from the first step on (``Renderer.sliced``). Under Triton's
+interpreter, which runs programs one after another, one program runs them all: the same kernel, its barriers passed
+at once.
 """
 
 from __future__ import annotations
@@ -189,7 +190,9 @@ def resident_kernel(r: Renderer, loop: Loop, tag: str, stages: list[Stage], carr
     warps = max(s.warps for s in every) if stages else r.tiles.warps
     programs = f"np{tag}"
     r.run.append(f"{r.ind}sync{tag} = torch.zeros((1,), dtype=torch.int64, device=dev)")
-    r.run.append(f"{r.ind}{programs} = nf_resident_programs(dev)")
+    # no more programs than the widest kernel of a step has tiles: every program arrives at every barrier
+    widest = f"max({', '.join(s.grid for s in stages)}, 1)" if stages else "1"
+    r.run.append(f"{r.ind}{programs} = min(nf_resident_programs(dev), {widest})")
     args = [*buffers, f"sync{tag}", *sizes, length, *(s.grid for s in stages), *(e for s in stages for e in s.extents)]
     holds = "".join(f", H{j}=({stages[j].grid}) <= {programs}" for j in held)
     r.run.append(f"{r.ind}launch({name}, ({programs},), {', '.join(args)}{holds}, num_warps={warps}, "

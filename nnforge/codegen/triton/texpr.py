@@ -147,8 +147,8 @@ def nf_grid_sync(sync, target):
 
 
 def nf_resident_programs(dev):
-    """The programs of a resident loop's launch: one per SM of the GPU, all resident at once; one under the
-    interpreter, which runs programs one after another (a barrier among several would wait forever)."""
+    """The most programs a resident loop's launch may have: one per SM of the GPU, all resident at once; one
+    under the interpreter, which runs programs one after another (a barrier among several would wait forever)."""
     if NF_INTERPRETED:
         return 1
     return torch.cuda.get_device_properties(dev).multi_processor_count

@@ -1046,3 +1046,28 @@ def test_alike_resident_loops_share_their_kernel(rng: np.random.Generator):
     program = _check(two_layers, *args, backend=TritonBackend(target=_resident()))
     resident = [name for name in program.kernels if "_resident_" in name]
     assert len(resident) == 2 and len(set(resident)) == 1, program.kernels
+
+
+@pytest.mark.parametrize(("sms", "programs", "held"), [(132, 6, True), (4, 4, False)])
+def test_a_resident_launch_has_no_more_programs_than_a_step_has_tiles(sms: int, programs: int, held: bool,
+                                                                      rng: np.random.Generator):
+    """The launch's programs are the GPU's SMs, but no more than the widest kernel of a step has tiles (each
+    program arrives at every barrier): an LSTM step of 3 x 2 tiles launches 6 programs on a 132-SM part, each
+    holding its tile of the weights, and 4 on a 4-SM one, reading them each step. The launches are recorded, not
+    run (a barrier among several programs waits forever under the interpreter)."""
+    import torch
+
+    args = lstm_args(rng, T=3, N=40, H=32)
+    tiles = Tiles(gemm_m_f32=16, gemm_n=16)
+    program = TritonBackend(tiles=tiles, target=_resident())(nf.compile(lstm).trace(*args))
+    module = program.module
+    launches = []
+    original, module.nf_resident_programs = module.nf_resident_programs, lambda dev: sms
+    try:
+        outs = [torch.empty(np.asarray(w).shape) for w in nf.compile(lstm)(*args)]
+        module.run([torch.from_numpy(a) for a in args], [], outs, [3], "cpu",
+                   launch=lambda kernel, grid, *a, **meta: launches.append((grid, meta)))
+    finally:
+        module.nf_resident_programs = original
+    (resident,) = [(grid, meta) for grid, meta in launches if "H0" in meta]
+    assert resident == ((programs,), resident[1]) and resident[1]["H0"] is held, resident
