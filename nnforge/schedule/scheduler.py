@@ -261,7 +261,7 @@ class _Scheduler:
         return ok(start, idx)
 
     def loop(self, n: Node, graph: Graph, g: Grouping, dest: dict[int, int], split: RowSplit | None,
-             chunked: tuple[tuple[Node, int, Node, Node, Node], ...], top: bool = False) -> Loop:
+             chunked: tuple[tuple[Node, int, Node, Node, Node], ...], top: bool) -> Loop:
         a = n.attrs
         is_scan = n.op == Op.SCAN
         body: Graph = split.body if split else a["body"]
@@ -523,7 +523,6 @@ def _inlined(g: Grouping, n: Node, root: Node | None = None, stop: Node | None =
     for s in (n.srcs if root is None else (n,)):
         walk(s)
     return tuple(names)
-
 
 
 def resident_body(block: Block) -> bool:

@@ -59,6 +59,8 @@ from .texpr import (
 )
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
+# a GEMM kernel's sum over K, spelled into the emitter given its accumulators and batch index
+KSum = Callable[[Emitter, list[str], tuple[str, ...]], None]
 
 
 def open_k_loop(em: Emitter, lo: str, hi: str, static_k: int | None, dt: DType, accs: Sequence[str]) -> list[str]:
@@ -103,7 +105,7 @@ class Stage:
     extents: list[str]
     consts: dict[str, int]
     warps: int
-    held: tuple[Stage, Stage] | None = None  # a sliced step's weights function and the kernel that holds them
+    held: tuple[Stage, Stage] | None = None  # the weights function and the kernel that holds them
 
 
 @dataclass
@@ -477,16 +479,17 @@ class Renderer:
             return self.gemm_parts(k, ctx, outs)
         batch = p.shape[:-2]
         block = self.gemm_block(p, copies=batch)
-        first = len(self.stages) if self.stages is not None else None
-        self.gemm_kernel(k, ctx, outs, block, block.consts(), lambda em, accs, bidx: self.k_loop(em, ctx, p, bidx))
+
+        def spell(consts: dict[str, int], k_sum: KSum, takes: Sequence[str] = ()) -> None:
+            self.gemm_kernel(k, ctx, outs, block, consts, k_sum, takes)
+
+        spell(block.consts(), lambda em, accs, bidx: self.k_loop(em, ctx, p, bidx))
         if not batch:
-            self.hold(first, p, k.b_resident, block, ["rn"], self.sz(p.shape[-1]), ctx,
-                      lambda consts, k_sum, takes: self.gemm_kernel(k, ctx, outs, block, consts,
-                                                                    lambda em, accs, _: k_sum(em, accs), takes))
+            self.hold(p, k.b_resident, block, ["rn"], self.sz(p.shape[-1]), ctx, spell)
 
     def gemm_kernel(self, k: Gemm, ctx: Ctx, outs: list[str], block: GemmBlock, consts: dict[str, int],
-                    k_sum: Callable[[Emitter, list[str], tuple[str, ...]], None], takes: Sequence[str] = ()) -> None:
-        """``gemm``'s kernel with its sum over K spelled by ``k_sum`` (given the batch index)."""
+                    k_sum: KSum, takes: Sequence[str] = ()) -> None:
+        """``gemm``'s kernel with its sum over K spelled by ``k_sum``."""
         p = k.node
         sz = self.sz
         M, N = sz(p.shape[-2]), sz(p.shape[-1])
@@ -605,22 +608,21 @@ class Renderer:
         W = self.sz(sg.width)
         block = self.gemm_block(p, width=sg.width)
         columns = [sliced("rn", str(off)) for off in sg.offsets]
-        first = len(self.stages) if self.stages is not None else None
-        self.sliced_kernel(k, ctx, outs, product, block, block.consts(),
-                           lambda em, accs: self.k_loop(em, ctx, p, accs=accs, columns=columns, width=W))
-        self.hold(first, p, k.b_resident, block, columns, W, ctx,
-                  lambda consts, k_sum, takes: self.sliced_kernel(k, ctx, outs, product, block, consts, k_sum, takes))
 
-    def hold(self, first: int | None, p: Node, b_resident: bool, block: GemmBlock, columns: Sequence[str],
-             width: str, ctx: Ctx, kernel: Callable[[dict[str, int], Callable[[Emitter, list[str]], None],
-                                                     Sequence[str]], None]) -> None:
-        """In a resident loop (``first``: the index of the stage just noted for matmul ``p``, None outside one),
-        where its weights can be held (``held_weights``), also spell that stage with a program's tile of them
-        held across steps: a function loading the tile (B at ``columns``, each ``width`` wide, in chunks of K)
-        and ``kernel(consts, k_sum, takes)`` with its sum over K taking them (``k_held``); the stage then carries
-        both (``Stage.held``)."""
+        def spell(consts: dict[str, int], k_sum: KSum, takes: Sequence[str] = ()) -> None:
+            self.sliced_kernel(k, ctx, outs, product, block, consts, k_sum, takes)
+
+        spell(block.consts(), lambda em, accs, _: self.k_loop(em, ctx, p, accs=accs, columns=columns, width=W))
+        self.hold(p, k.b_resident, block, columns, W, ctx, spell)
+
+    def hold(self, p: Node, b_resident: bool, block: GemmBlock, columns: Sequence[str], width: str, ctx: Ctx,
+             spell: Callable[[dict[str, int], KSum, Sequence[str]], None]) -> None:
+        """In a resident loop, where the weights of matmul ``p`` can be held (``held_weights``), also spell the
+        stage just noted for it with a program's tile of them held across steps: a function loading the tile (B
+        at ``columns``, each ``width`` wide, in chunks of K) and ``spell(consts, k_sum, takes)``, the stage's
+        kernel with its sum over K taking them (``k_held``); the stage then carries both (``Stage.held``)."""
         chunks, rows = self.held_weights(p, b_resident, block, len(columns))
-        if first is None or not chunks:
+        if self.stages is None or not chunks:
             return
         held = block.consts() | {"BK": rows}
         em = Emitter()
@@ -633,9 +635,9 @@ class Renderer:
         em.line(f"return ({', '.join(names)},)")
         M = self.sz(p.shape[-2])
         self.emit("weights", em, [self.gemm_tiles(p, block, width)], held, self.tile_ids(M, width), warps=block.warps)
-        kernel(held, lambda em, accs: self.k_held(em, ctx, p, accs, chunks), ("wts",))
-        normal, loader, stage = self.stages[first:]  # type: ignore[index]
-        self.stages[first:] = [dataclasses.replace(normal, held=(loader, stage))]  # type: ignore[index]
+        spell(held, lambda em, accs, _: self.k_held(em, ctx, p, accs, chunks), ("wts",))
+        normal, loader, stage = self.stages[-3:]
+        self.stages[-3:] = [dataclasses.replace(normal, held=(loader, stage))]
 
     def held_weights(self, p: Node, b_resident: bool, block: GemmBlock, slices: int) -> tuple[int, int]:
         """(chunks, rows of each) of matmul ``p``'s weights a resident loop's step holds across steps, or (0, 0)
@@ -652,8 +654,9 @@ class Renderer:
         return (chunks, rows) if size <= HELD_BYTES else (0, 0)
 
     def k_held(self, em: Emitter, ctx: Ctx, p: Node, accs: Sequence[str], chunks: int) -> None:
-        """The sum over K of sliced product ``p`` into ``accs`` with its weights held in ``wts`` (``chunks``
-        chunks a slice, in slice order, as its weights function returns them): a ``tl.dot`` per chunk and slice."""
+        """The sum over K of matmul ``p`` into ``accs`` (one a column slice) with its weights held in ``wts``
+        (``chunks`` chunks a slice, in slice order, as its weights function returns them): a ``tl.dot`` per chunk
+        and slice."""
         a = p.srcs[0]
         K = self.sz(a.shape[-1])
         em.open(f"for c in tl.static_range({chunks}):")  # unrolled: ``wts`` is indexed by a constant
@@ -665,8 +668,7 @@ class Renderer:
         em.close()
 
     def sliced_kernel(self, k: SlicedGemm, ctx: Ctx, outs: Sequence[Sequence[str]], product: Sequence[str],
-                      block: GemmBlock, consts: dict[str, int], k_sum: Callable[[Emitter, list[str]], None],
-                      takes: Sequence[str] = ()) -> None:
+                      block: GemmBlock, consts: dict[str, int], k_sum: KSum, takes: Sequence[str] = ()) -> None:
         """``sliced``'s kernel with its sum over K spelled by ``k_sum``."""
         sg = k.group
         p, root = sg.gemm, sg.root
@@ -675,7 +677,7 @@ class Renderer:
         em = Emitter()
         accs = [f"acc{g}" for g in range(len(sg.offsets))]
         prologue = [*self.tile_ids(M, W), *(f"{acc} = tl.zeros([BM, BN], {acc_dtype(p.dtype)})" for acc in accs)]
-        k_sum(em, accs)
+        k_sum(em, accs, ())
         em.line(tile_mask(M, W))
         tiles: dict[tuple[int, tuple[str, ...]], str] = {}
         for g, off in enumerate(sg.offsets):

@@ -29,7 +29,7 @@ FP_FUSION = True
 # cuDNN's is 6.4e-4, docs/benchmarks.md); promoted every 4096 it stays near a rounding of the output.
 DOT_PROMOTE_K = 4096
 
-# Bytes of weights a resident loop's sliced step may hold on chip across steps (``Renderer.held_weights``): a
+# Bytes of weights a resident loop's step GEMM may hold on chip across steps (``Renderer.held_weights``): a
 # program's tile of them beside its A tiles and layout conversions in an H100/H200 program's 227 KiB of shared
 # memory, as a row-split loop's weights (``max_split_weight_bytes``, 160 KiB); an H = 384 LSTM's tile of 32 units
 # a gate in half precision is 4 x 384 x 32 x 2 = 96 KiB.
@@ -132,7 +132,7 @@ class Tiles:
     ``gemm_big_programs``: the fewest programs a GEMM must still make at the large tile to take it (about one
     per SM of a 132-SM part; 0: never). Not yet timed on a GPU (``bench/lstm_gpu.py --variant
     gemm_big_programs=0`` times the former tiles beside them).
-    ``held_k``: the rows of each chunk of weights a resident loop's sliced step holds across steps (``Target.
+    ``held_k``: the rows of each chunk of weights a resident loop's step GEMM holds across steps (``Target.
     resident_steps``; its K loop unrolled over them, one held tile a chunk and slice).
     ``nnforge.tune.tune_triton`` searches these on a GPU and caches the winner per device; ``TritonBackend``
     then uses it there."""
