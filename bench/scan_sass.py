@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tempfile
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the launches are recorded by its interpreter
@@ -35,7 +34,7 @@ from lstm_gpu import variant_options  # this folder, on sys.path when run as a s
 from precision_gpu import MODELS
 
 import nnforge as nf
-from nnforge.codegen.triton.offline import compile_offline, record_launches
+from nnforge.codegen.triton.offline import compile_offline, held_forms, record_launches
 from nnforge.codegen.triton.target import Tiles
 
 COLUMNS = ("instructions", "barriers", "global_loads", "async_copies", "shared_loads", "mma", "special", "local",
@@ -55,17 +54,6 @@ def models(H: int, N: int, cells: bool) -> dict[str, tuple]:
         if name == "LSTM" or cells:
             args = (rnd(3, N, H), *(rnd(N, H) for _ in range(n_states)), *(rnd(*w(H)) for w in weights.values()))
             out[name] = (lambda *a, m=model: m(*a)[0], args, tuple(range(1 + n_states, len(args))))
-    return out
-
-
-def held_forms(records: list[dict]) -> list[dict]:
-    """``records`` and, for each resident loop's kernel with steps that may hold their weights (constants
-    ``H<j>``, false under the interpreter's one program), the same kernel with them held, labelled ``+held``."""
-    out = list(records)
-    for r in records:
-        flags = [k for k, v in r["consts"].items() if re.fullmatch(r"H\d+", k) and v is False]
-        if flags:
-            out.append(r | {"label": r["name"] + "+held", "consts": r["consts"] | dict.fromkeys(flags, True)})
     return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -188,6 +189,18 @@ def record_launches(call: Callable[[], object]) -> list[dict[str, Any]]:
     with LaunchRecorder() as recorder:
         call()
     return recorder.records
+
+
+def held_forms(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` and, for each resident loop's kernel whose steps may hold their weights (constants ``H<j>``,
+    chosen at launch: false under the interpreter's one program), the same kernel with them held, labelled
+    ``<name>+held``: so both forms are built."""
+    out = list(records)
+    for r in records:
+        flags = [k for k, v in r["consts"].items() if re.fullmatch(r"H\d+", k) and v is False]
+        if flags:
+            out.append(r | {"label": r["name"] + "+held", "consts": r["consts"] | dict.fromkeys(flags, True)})
+    return out
 
 
 def compile_offline(records: list[dict[str, Any]], arch: int = 90, threads: int = 1, timeout: float = 900,

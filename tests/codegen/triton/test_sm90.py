@@ -5,15 +5,13 @@ that class of bug on a CPU machine."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from test_triton_render import layer_norm_lstm, lstm
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, interpreted
-from nnforge.codegen.triton.offline import MAX_SHARED, NoPtxas, compile_offline, record_launches
+from nnforge.codegen.triton.offline import MAX_SHARED, NoPtxas, compile_offline, held_forms, record_launches
 from nnforge.codegen.triton.target import Tiles
 
 HOPPER_SHARED = MAX_SHARED[90]  # bytes of shared memory one program may use on an H100 / H200
@@ -243,10 +241,8 @@ def test_a_resident_training_step_builds_its_barriers_for_hopper():
     step, args = _training_step(lstm, 257, T=2, N=64, H=256, options={"target": target})
     records = [r for r in record_launches(lambda: step(*args)) if "_resident_" in r["name"]]
     assert len(records) == 2, [r["name"] for r in records]
-    flags = [{k for k, v in r["consts"].items() if re.fullmatch(r"H\d+", k) and v is False} for r in records]
-    assert [len(f) for f in flags] == [1, 1], flags  # the forward's step, the backward's product with W_hh
-    records += [r | {"label": r["name"] + "+held", "consts": r["consts"] | dict.fromkeys(f, True)}
-                for r, f in zip(records, flags, strict=True)]
+    records = held_forms(records)
+    assert len(records) == 4, records  # the forward's step, the backward's product with W_hh: each also held
     try:
         built = compile_offline(records, arch=90, threads=2, loops=True)["kernels"]
     except NoPtxas:
