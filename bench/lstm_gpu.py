@@ -243,15 +243,18 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref).norm() / ref.norm())
 
 
-def disagreement(results: dict[str, object], base: str = "nnforge.triton") -> dict[str, float]:
-    """Each other nnforge form's largest relative difference (``rel``, over its results) from ``base``'s: a
-    variant (other tiles, a resident loop's barrier) must compute the same function, or its time means nothing."""
+def print_disagreement(results: dict[str, object], base: str = "nnforge.triton") -> None:
+    """Print each other nnforge form's largest relative difference (``rel``, over its results) from ``base``'s,
+    marked DISAGREES above 1e-2: a variant (other tiles, a resident loop's barrier) must compute the same
+    function, or its time means nothing."""
     def parts(r: object) -> list[torch.Tensor]:
         return [t for t in (r if isinstance(r, tuple | list) else [r]) if isinstance(t, torch.Tensor)]
 
     want = parts(results[base])
-    return {name: max((rel(g, w.double()) for g, w in zip(parts(r), want, strict=True)), default=0.0)
-            for name, r in results.items() if name != base and name.startswith("nnforge")}
+    for name, r in results.items():
+        if name != base and name.startswith("nnforge"):
+            d = max((rel(g, w.double()) for g, w in zip(parts(r), want, strict=True)), default=0.0)
+            print(f"  {name:16s} differs from {base} by {d:.2e}" + ("  DISAGREES" if d > 1e-2 else ""))
 
 
 def accuracy(T: int, H: int, dtype: torch.dtype, device: str, training: bool, N: int, flash: str = "auto") -> None:
@@ -407,8 +410,7 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
               f"{fewest_bytes(T, N, H, dtype.itemsize, training) / t / 1e9:7.1f} GB/s{ratio}")
     for name, why in failed.items():
         print(f"  {name:16s} failed: {why}")
-    for name, d in disagreement({k: v for k, v in results.items() if k in fns}).items():
-        print(f"  {name:16s} differs from nnforge.triton by {d:.2e}" + ("  DISAGREES" if d > 1e-2 else ""))
+    print_disagreement({k: v for k, v in results.items() if k in fns})
     if profile:
         kernel_profile(fns["nnforge.triton"], device)
 
@@ -466,8 +468,7 @@ def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds:
         for k, t in med.items():
             ratio = "" if k == "nnforge.triton" else f"  {k} / nnforge = {t / mine:.2f}"
             print(f"  {k:16s} {t * 1e3:9.3f} ms  {t / T * 1e6:8.2f} us/step{ratio}")
-        for k, d in disagreement(results).items():
-            print(f"  {k:16s} differs from nnforge.triton by {d:.2e}" + ("  DISAGREES" if d > 1e-2 else ""))
+        print_disagreement(results)
 
 
 def main() -> None:
