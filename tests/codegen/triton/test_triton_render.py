@@ -937,6 +937,11 @@ def test_products_in_the_large_tile_agree_with_float64(rng: np.random.Generator)
     assert _blocks(step) == {big, f"BM={Tiles().gemm_m}, BN={Tiles().gemm_n}, BK={Tiles().gemm_k}"}
 
 
+# a resident loop's step of one tile, holding its weights in one chunk of K or in chunks of 16; in 16 x 16 tiles,
+# more than the interpreter's one program, reading them each step
+RESIDENT_TILES = [Tiles(), Tiles(held_k=16), Tiles(gemm_m_f32=16, gemm_n=16)]
+
+
 def _resident(**changes) -> object:
     """The GPU target stepping every loop on the host (no row split), each such loop's steps in one launch of
     resident programs (``Target.resident_steps``)."""
@@ -944,8 +949,7 @@ def _resident(**changes) -> object:
 
 
 @pytest.mark.parametrize("fn", [lstm, reverse_lstm])
-@pytest.mark.parametrize("tiles", [Tiles(), Tiles(held_k=16), Tiles(gemm_m_f32=16, gemm_n=16)],
-                         ids=["held", "held-in-chunks", "read"])
+@pytest.mark.parametrize("tiles", RESIDENT_TILES, ids=["held", "held-in-chunks", "read"])
 def test_a_resident_loop_runs_every_step_in_one_launch(fn, tiles: Tiles, rng: np.random.Generator):
     """An LSTM layer not split by rows (a wide layer's weights do not fit one program) with ``resident_steps``:
     its loop is one kernel, launched once, whose programs run each step's fused GEMM + cell kernel and wait for
@@ -973,8 +977,7 @@ def test_a_resident_loop_runs_every_step_in_one_launch(fn, tiles: Tiles, rng: np
     assert backend.loads == 1
 
 
-@pytest.mark.parametrize("tiles", [Tiles(), Tiles(held_k=16), Tiles(gemm_m_f32=16, gemm_n=16)],
-                         ids=["held", "held-in-chunks", "read"])
+@pytest.mark.parametrize("tiles", RESIDENT_TILES, ids=["held", "held-in-chunks", "read"])
 def test_a_resident_training_step_waits_between_the_kernels_of_each_step(tiles: Tiles, rng: np.random.Generator):
     """A training step of the LSTM and of the GRU, each loop resident: the forward step saves its carries for
     the backward (a second kernel), the backward step is three kernels (the joined gate gradients, their product
