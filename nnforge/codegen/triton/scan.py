@@ -481,34 +481,37 @@ class ScanKernel:
             self.keep(m, [(v, off, w) for v, (off, w, _) in zip(values, parts)], out, more, body, nxt)
 
     def row_reduce(self, k: Reduce, body: Ctx, nxt: dict[int, Held]) -> None:
-        """A sum or max over all of a row's values (a layer norm's statistics): one reduction of the tile (of a
-        value held by column ranges, one of the ranges' tiles combined)."""
+        """A sum or max over all of a row's values (a layer norm's statistics): one reduction across the row, of
+        the tile, or of a value held by column ranges, of their tiles combined into one of the narrowest width."""
         p, root = k.node, k.epilogue
         src = p.srcs[0]
         if tuple(p.attrs["axes"]) != tuple(range(1, src.ndim)) or not p.dtype.is_float:
             raise Unsupported("a reduction inside a persistent scan other than a float sum or max over each row")
         em = self.em
-        parts = [(self.mask(w), idx) for _, w, idx in self.tiling(src)]  # a value held by pieces: piece by piece
-        # ranges of one width are tiles of one shape: combined element by element first, then one reduction
-        # across the row (a reduction across a program's warps goes through shared memory between barriers)
-        tiles: dict[str, list[str]] = {}
-        for mask, idx in parts:
-            tiles.setdefault(mask, []).append(f"{self.eval(body, mask).val(src, idx)}.to({acc_dtype(p.dtype)})")
-        terms, axis = [], 0 if self.tr else 1
-        for mask, vs in tiles.items():
+        # ranges of one width are tiles of one shape: combined element by element first; wider tiles then fold to
+        # the narrowest, halves combined, so one reduction crosses the row (a reduction across a program's warps
+        # is a shared-memory round trip between barriers: H = 96 held as 64 + 32 took two per statistic)
+        tiles: dict[int, list[str]] = {}
+        for _, w, idx in self.tiling(src):
+            value = self.eval(body, self.mask(w)).val(src, idx)
+            tiles.setdefault(w, []).append(f"{value}.to({acc_dtype(p.dtype)})")
+        narrowest, axis, tr = min(_pad(w) for w in tiles), 0 if self.tr else 1, int(self.tr)
+        total = ""
+        for w, vs in tiles.items():
+            mask = self.mask(w)
             if p.op == Op.SUM:
-                terms.append(f"tl.sum(tl.where({mask}, {' + '.join(vs)}, 0), axis={axis})")
+                v = f"tl.where({mask}, {' + '.join(vs)}, 0)"
             else:
-                both = vs[0]
-                for v in vs[1:]:
-                    both = f"tl.maximum({both}, {v}, propagate_nan=tl.PropagateNan.ALL)"
-                terms.append(f"tl.max(tl.where({mask}, {both}, -float(\"inf\")), axis={axis})")
-        if p.op == Op.SUM:
-            total = " + ".join(terms)
-        else:
-            total = terms[0]
-            for t in terms[1:]:
-                total = f"tl.maximum({total}, {t}, propagate_nan=tl.PropagateNan.ALL)"
+                v = vs[0]
+                for u in vs[1:]:
+                    v = f"tl.maximum({v}, {u}, propagate_nan=tl.PropagateNan.ALL)"
+                v = f"tl.where({mask}, {v}, -float(\"inf\"))"
+            fold, cols = "nf_fold_sum" if p.op == Op.SUM else "nf_fold_max", _pad(w)
+            while cols > narrowest:
+                v, cols = f"{fold}({v}, {tr})", cols // 2
+            total = v if not total else (f"{total} + {v}" if p.op == Op.SUM else
+                                         f"tl.maximum({total}, {v}, propagate_nan=tl.PropagateNan.ALL)")
+        total = f"tl.sum({total}, axis={axis})" if p.op == Op.SUM else f"tl.max({total}, axis={axis})"
         row = f"({total}){self.rows_axis}"
         res = em.tmp(row if self.wide else rounded(row, p.dtype), "s")
         idx = self.ident(p)

@@ -98,6 +98,33 @@ def nf_sigmoid(x):
 
 
 @triton.jit
+def nf_halves(x, TR: tl.constexpr):
+    """The two halves of a step tile's row values ([ROWS, 2w], or [2w, ROWS] transposed), as [ROWS, w] tiles:
+    a row reduction over tiles of several widths folds the wider ones to the narrowest, element by element, then
+    reduces across the row once (each reduction across a program's warps is a shared-memory round trip between
+    barriers)."""
+    if TR:
+        h = tl.permute(tl.reshape(x, (2, x.shape[0] // 2, x.shape[1])), (1, 2, 0))
+    else:
+        h = tl.permute(tl.reshape(x, (x.shape[0], 2, x.shape[1] // 2)), (0, 2, 1))
+    return tl.split(h)
+
+
+@triton.jit
+def nf_fold_sum(x, TR: tl.constexpr):
+    """``x``'s halves added (``nf_halves``)."""
+    a, b = nf_halves(x, TR)
+    return a + b
+
+
+@triton.jit
+def nf_fold_max(x, TR: tl.constexpr):
+    """``x``'s halves' maximum, NaN kept (``nf_halves``)."""
+    a, b = nf_halves(x, TR)
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def nf_pow(a, b):
     """C's pow from exp and log: a negative base takes an integer exponent's sign (else NaN), a signed zero
     keeps its sign under an odd exponent, and pow(1, y), pow(x, 0), pow(-1, +-inf) are 1 even at NaN."""

@@ -500,16 +500,25 @@ def max_centred_lstm(x, h0, c0, w_ih, w_hh, b):
 
 
 @pytest.mark.parametrize(("fn", "op", "per_row"), [(layer_norm_lstm, "sum", 6), (max_centred_lstm, "max", 1)])
-def test_a_row_held_one_tile_per_gate_is_reduced_once(fn, op: str, per_row: int, rng: np.random.Generator):
+@pytest.mark.parametrize(("H", "transposed"), [(8, False), (48, False), (48, True)],
+                         ids=["one-tile", "tiles-of-32-and-16", "transposed"])
+def test_a_row_held_one_tile_per_gate_is_reduced_once(fn, op: str, per_row: int, H: int, transposed: bool,
+                                                       rng: np.random.Generator):
     """A sum or max over a row held one tile per gate combines the gate tiles element by element and reduces
     once (a reduction across a program's warps exchanges through shared memory between barriers), not once per
     tile: the layer-norm LSTM's step makes six row sums (two per normalized row: the gate rows of x and h, and
-    the cell state, whose row is one tile), the max-centred one a single row max; both agree with the reference."""
-    args = lstm_args(rng, T=4, N=10, I=6)
+    the cell state), the max-centred one a single row max. At H = 48 each gate is a tile of 32 and one of 16: the
+    32-wide tiles fold to 16 (their halves combined) and join the 16-wide ones, still one reduction a statistic,
+    in ``[ROWS, width]`` tiles and transposed; all agree with the reference."""
+    args = lstm_args(rng, T=4, N=10, I=6, H=H)
+    tiles = Tiles(scan_transposed=transposed)
     program, _ = _scheduled(fn, *args)
     assert [loop.parallel is not None for loop in program.loops()] == [True]
-    built = _check(fn, *args)
+    built = _check(fn, *args, backend=TritonBackend(tiles=tiles))
     assert _scan_calls(built.source, op) == [per_row]
+    folds = [sum(isinstance(n, ast.Call) and ast.unparse(n.func) == f"nf_fold_{op}" for n in ast.walk(k))
+             for k in _scan_kernels(built.source)]
+    assert folds == [per_row if H == 48 else 0], folds
 
 
 def test_a_layer_norm_lstm_holds_its_gate_row_one_tile_per_gate(rng: np.random.Generator):
