@@ -18,6 +18,7 @@ from .program import (
     Program,
     Random,
     Reduce,
+    Rows,
     ScatterAdd,
     SlicedGemm,
     format_program,
@@ -26,5 +27,5 @@ from .program import (
 from .scheduler import schedule
 
 __all__ = ["Block", "Buf", "ChunkedInput", "Concat", "Copy", "Elementwise", "Gemm", "Kernel", "Loop", "Program",
-           "Random", "Reduce", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program", "gemm_tile",
-           "schedule", "stored_node"]
+           "Random", "Reduce", "Rows", "ScatterAdd", "SlicedGemm", "Target", "Unsupported", "format_program",
+           "gemm_tile", "schedule", "stored_node"]

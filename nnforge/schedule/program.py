@@ -71,6 +71,21 @@ class Reduce(Kernel):
 
 
 @dataclass(frozen=True)
+class Rows(Kernel):
+    """``members`` (row reductions over the last axis, elementwise kernels of the rows' shape) as one kernel
+    over rows of ``lead`` x ``width`` values (``Target.row_programs``): each program takes whole rows through every
+    member in order, a member reading an earlier one's value from where it was computed (a row's sum, an element
+    of the rows), not from memory. ``stores``: whether each member stores its results, as it would alone (False
+    where only later members read them: a softmax's exponentials, a layer norm's statistics). ``node``,
+    ``out``: the last member's."""
+
+    members: tuple[Reduce | Elementwise, ...] = ()
+    lead: tuple = ()
+    width: int = 0
+    stores: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True)
 class Gemm(Kernel):
     """A matrix product, then ``epilogue`` on each accumulator (None: the products are stored).
     ``b_resident``: B does not change inside the enclosing loop (a recurrent weight): packed once before the
@@ -244,7 +259,12 @@ def format_program(p: Program) -> str:
 
 def _format_block(b: Block, ind: str, lines: list[str], names: dict[str, str]) -> None:
     for k in b.kernels:
-        if isinstance(k, Loop):
+        if isinstance(k, Rows):
+            lines.append(f"{ind}rows of {k.width} values, whole in each program {{")
+            lines.extend(f"{ind}  {_kernel_line(m, names) if kept else m.kind + ' (held, not stored)'}"
+                         for m, kept in zip(k.members, k.stores))
+            lines.append(f"{ind}}}")
+        elif isinstance(k, Loop):
             results = ", ".join(_buf(r, names) for r in k.results)
             lines.append(f"{ind}{_loop_head(k, names)} -> ({results}) {{")
             for c in k.chunked:

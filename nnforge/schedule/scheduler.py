@@ -11,7 +11,9 @@ Taken here, from the graph, its fusion grouping (``passes.fuse``) and the backen
   runs on;
 * which hoisted input projections are computed inside their row-split loop a chunk of steps at a time;
 * which GEMM operands are loop-invariant (B resident across steps);
-* which kernels run a vector of the last axis at a time (elementwise kernels, row sums, GEMM epilogue tiles).
+* which kernels run a vector of the last axis at a time (elementwise kernels, row sums, GEMM epilogue tiles);
+* which consecutive top-level kernels over the same rows run as one, each program on whole rows
+  (``row_programs``: a layer norm's or a softmax's reductions and elementwise kernels).
 
 A renderer walks the ``Program`` and spells these decisions; it decides none of them.
 """
@@ -50,6 +52,7 @@ from .program import (
     SlicedGemm,
 )
 from .registers import register_body_refusal
+from .row_programs import row_programs
 from .target import Target, Unsupported, gemm_tile
 
 log = logging.getLogger("nnforge.schedule")
@@ -131,6 +134,8 @@ class _Scheduler:
                     stored_extra.add(id(n))
                 kernels.append(k)
         copies += [(o, pos) for o, pos in dups if id(o) not in stored_extra]
+        if top:
+            kernels = list(row_programs(kernels, graph, g, self.target.row_programs, self.dynamic))
         return Block(graph, g, tuple(kernels), tuple(Copy(o, self.buf(o, pos), ()) for o, pos in copies))
 
     def kernel(self, n: Node, g: Grouping, out: Buf, also: tuple[int, ...], resident: frozenset[int],

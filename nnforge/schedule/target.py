@@ -72,6 +72,11 @@ class Target:
     body, where its body allows it (``resident_body``: no nested loop, no random draws, no GEMM summed in parts);
     off, each kernel of the body is a launch per step. Why: a wide layer's step (H = 384 on a GPU) is one fused
     GEMM + cell kernel whose launch, and whose weights' trip from L2, every step pays.
+    ``row_programs``: the widest row (values) a program takes whole: consecutive top-level kernels over the same
+    rows — sums and maxima over the last axis, and elementwise kernels of the rows' shape — run as one kernel
+    (``Rows``), each program on whole rows, a later kernel reading an earlier one's values where they were
+    computed; 0: each its own kernel. Why: a layer norm or a softmax over rows is two reductions and an
+    elementwise kernel, each reading the rows from memory again.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
@@ -100,10 +105,12 @@ class Target:
     split_k_min: int = 1
     hoist_step_work: bool = False
     resident_steps: bool = False
+    row_programs: int = 0
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
-                      "max_chunk_steps", "row_block", "k_slice", "split_sum_outputs", "split_k_outputs"):
+                      "max_chunk_steps", "row_block", "k_slice", "split_sum_outputs", "split_k_outputs",
+                      "row_programs"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
         if self.split_k_min < 1:

@@ -2,10 +2,11 @@
 
 The renderer walks the program's records in order and spells each: an ``Elementwise`` or ``Copy`` kernel is a
 blocked loop over the flat output index (masked for the partial last block), a ``Reduce`` a tile of outputs by
-reduced elements, a ``Gemm`` ``tl.dot`` over K blocks with its epilogue on the accumulator, a ``Concat`` one
-kernel storing each source into its range, and a row-split ``Loop`` one persistent kernel (``scan.py``). The
-generated ``run(ins, data, outs, S, dev)`` allocates the program's scratch buffers, computes each grid from the
-run-time sizes ``S`` and launches the kernels in order: no Python runs per time step.
+reduced elements, ``Rows`` whole rows a program through each of its members (``rows.py``), a ``Gemm``
+``tl.dot`` over K blocks with its epilogue on the accumulator, a ``Concat`` one kernel storing each source into
+its range, and a row-split ``Loop`` one persistent kernel (``scan.py``). The generated ``run(ins, data, outs,
+S, dev)`` allocates the program's scratch buffers, computes each grid from the run-time sizes ``S`` and launches
+the kernels in order: no Python runs per time step.
 
 What the renderer decides itself (no record holds it yet): the block sizes (``target.Tiles``), multiply-adds
 contracted to FMA (``target.FP_FUSION``), float32 dots in IEEE precision (not TF32: results must match the float32
@@ -35,12 +36,14 @@ from ...schedule import (
     Program,
     Random,
     Reduce,
+    Rows,
     ScatterAdd,
     SlicedGemm,
     Unsupported,
     stored_node,
 )
 from .evaluate import Ctx, Emitter, Eval
+from .rows import render_rows
 from .scan import render_loop
 from .steps import render_steps
 from .target import DOT_PROMOTE_K, FP_FUSION, HELD_BYTES, GemmBlock, Tiles
@@ -181,6 +184,14 @@ class Renderer:
                 ctx.bind_results(k.node, results)
                 continue
             if id(stored_node(k)) in chunked:
+                continue
+            if isinstance(k, Rows):
+                outs = [[self.place(m.out), *(f"out{i}" for i in m.also)] if kept else []
+                        for m, kept in zip(k.members, k.stores)]
+                render_rows(self, k, ctx, outs)
+                for m, o in zip(k.members, outs):
+                    if o:
+                        ctx.buffers[id(stored_node(m))] = o[0]
                 continue
             if isinstance(k, SlicedGemm):
                 outs = [[self.place(o), *(f"out{i}" for i in more)] for o, more in zip(k.outs, k.also_of)]

@@ -18,6 +18,7 @@ STEP_RECOMPUTE_OPS = 24  # see triton_target: a host loop's elementwise cones re
 STEP_RECOMPUTE_READS = 8
 SPLIT_SUM_OUTPUTS = 4096  # see triton_target: a reduction with fewer results runs over its leading axis first
 SPLIT_K_OUTPUTS = 1 << 19  # see triton_target: a GEMM with fewer results sums its K in parts side by side
+ROW_PROGRAMS = 4096  # see triton_target: the widest row a program takes whole through a layer norm or softmax
 # Multiply-adds contracted to FMA in every kernel, said at each launch: the C backend's compiler contracts them
 # too (gnu11), one rounding is as accurate or more, and Triton 3.9 warns that its unset default turns off in 3.10,
 # which would change results and speed with a Triton upgrade alone.
@@ -77,6 +78,10 @@ def triton_target() -> Target:
       hoisted, it costs a write and a read of a [T, N, 4H] array. Built for sm_90 the layer-norm LSTM's step
       shrinks with it (docs/benchmarks.md); which is faster is not yet timed (`bench/lstm_gpu.py --variant
       hoist_step_work=1 --cells ...`).
+    * ``row_programs`` 4096: a layer norm or softmax over rows of up to 4096 values (a transformer's features, an
+      LSTM's gate row) is one kernel whose programs take whole rows (``Tiles.row_elements`` values a program,
+      float32 in registers: 32 per thread of 4 warps at the widest), not two or three reduction kernels and an
+      elementwise one, each reading every row again from memory. Not yet timed on a GPU.
     * ``step_recompute``: in a host loop every kernel of the body is a Python launch per step (a host-loop step
       took 19–40 µs on an H200 whatever its work, docs/benchmarks.md) and its stored values make a round trip
       through memory that the next launch reads back; so an elementwise value read by several of the step's
@@ -88,7 +93,8 @@ def triton_target() -> Target:
                   chunk_bytes=0, max_chunk_steps=16, row_split=True, row_block=0, pack_a_min_k=None,
                   pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True, random=True,
                   step_recompute=Recompute(ops=STEP_RECOMPUTE_OPS, op_set=None, reads=STEP_RECOMPUTE_READS),
-                  split_sum_outputs=SPLIT_SUM_OUTPUTS, split_k_outputs=SPLIT_K_OUTPUTS, split_k_min=DOT_PROMOTE_K)
+                  split_sum_outputs=SPLIT_SUM_OUTPUTS, split_k_outputs=SPLIT_K_OUTPUTS, split_k_min=DOT_PROMOTE_K,
+                  row_programs=ROW_PROGRAMS)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ class Tiles:
     former order, row tiles fastest over all rows; 8, as Triton's matmul tutorial groups them: not yet timed
     here). ``reduce_rows`` /
     ``reduce_cols``: a reduction program's outputs and the reduced elements it reads per iteration.
+    ``row_elements``: the values a program of whole rows (``Rows``) takes, its rows padded to a power of two (a
+    row of 384 values: 8 rows of 512 a program; one row where a row is wider).
     ``scan_rows``: batch rows per program of a persistent scan kernel, the M side of the step's ``tl.dot`` (at
     least 8: Triton pads a narrower M to the tensor cores' 16 rows, so 8 leaves half of each MMA idle but makes
     twice the programs — at batch 1024, 128 of them on a 132-SM part instead of 64: 1.5x faster there than 16 on
@@ -145,6 +153,7 @@ class Tiles:
     gemm_group: int = 8
     reduce_rows: int = 16
     reduce_cols: int = 128
+    row_elements: int = 4096
     scan_rows: int = 8
     warps: int = 4
     gemm_warps: int = 4
@@ -161,7 +170,8 @@ class Tiles:
     held_k: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("flat", "gemm_m", "gemm_m_f32", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "scan_rows",
+        for name in ("flat", "gemm_m", "gemm_m_f32", "gemm_n", "gemm_k", "reduce_rows", "reduce_cols", "row_elements",
+                     "scan_rows",
                      "warps", "gemm_warps", "scan_warps", "gemm_big_m", "gemm_big_n", "gemm_big_slice_n", "gemm_big_k",
                      "gemm_big_warps", "held_k"):
             v = getattr(self, name)

@@ -1,0 +1,93 @@
+"""A ``Rows`` kernel: consecutive kernels over the same rows (a layer norm's or a softmax's reductions and
+elementwise kernels) as one Triton kernel whose programs take ``BR`` whole rows each.
+
+A program's rows are a ``[BR, C]`` tile (C: the row's width padded to a power of two, the columns past it masked).
+Each member is evaluated on the tile in order: a reduction's row values are ``[BR, 1]`` (``tl.sum`` / ``tl.max`` over
+the columns), an elementwise member's values the tile itself; each member stores its results as its own kernel
+would, and later members read earlier ones' values from the registers they were computed in (the schedule made
+sure every such read is at the element or the row being computed: ``schedule/row_programs.py``), so a row is read
+from memory once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...dtypes import DType
+from ...ir.node import Node
+from ...ir.ops import Op
+from ...schedule import Reduce, Rows, stored_node
+from .evaluate import Ctx, Emitter, Eval
+from .texpr import acc_dtype, rounded
+
+if TYPE_CHECKING:
+    from .render import Renderer
+
+
+def render_rows(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
+    """``k``'s members into their outputs (``outs``: each member's buffers), one program per ``BR`` rows."""
+    sz = r.sz
+    width = k.width
+    cols = 1 << (width - 1).bit_length()
+    block = max(1, r.tiles.row_elements // cols)
+    n_rows = sz.prod(k.lead) if k.lead else "1"
+    em = Emitter()
+    prologue = ["pid = tl.program_id(0).to(tl.int64)", "rows = pid * BR + tl.arange(0, BR)[:, None]",
+                f"c = tl.arange(0, {cols})[None, :]", f"mr = rows < {n_rows}", f"m = mr & (c < {width})"]
+    # each row's index along the leading axes (0 along those of size 1, as a view's index map makes it)
+    lead = ["0"] * len(k.lead)
+    big = [a for a, d in enumerate(k.lead) if not (sz.is_static(d) and int(d) == 1)]  # type: ignore[call-overload]
+    for a, e in zip(big, Eval(em, ctx, sz, None, 2, hoist=False).unflatten("rows", [sz(k.lead[a]) for a in big])):
+        lead[a] = e
+    dims = [sz(d) for d in k.lead]
+    element = (*lead, "c")
+    hints = {(element, (*dims, sz(width))): f"(rows * {width} + c)", (tuple(lead), tuple(dims)): "rows",
+             ((*lead, "0"), (*dims, "1")): "rows"}
+
+    def own(n: Node) -> tuple[str, ...]:
+        """A per-row value's index at the program's rows (its shape the leading axes, or them and a 1)."""
+        return tuple(lead) if n.ndim == len(lead) else (*lead, "0")
+
+    held: dict[tuple[int, tuple[str, ...]], str] = {}  # earlier members' values, where later ones read them
+    memo: dict[tuple[int, tuple[str, ...]], str] = {}  # values at the rows' elements, computed once
+
+    def evaluator(mask: str, root: Node | None = None) -> Eval:
+        ev = Eval(em, ctx, sz, mask, 2, root=root, overrides=held, flat_hint=hints, hoist=False)
+        if mask == "m":
+            ev.memo = memo
+        return ev
+
+    for m, bufs in zip(k.members, outs):
+        if not isinstance(m, Reduce):
+            value = evaluator("m", m.node).val(m.node, element)
+            for o in bufs:
+                em.line(f"tl.store({o} + (rows * {width} + c), {value}, mask=m)")
+            held[(id(m.node), element)] = value
+            continue
+        p = m.node
+        res = em.tmp(_row_reduction(p, evaluator("m"), element), "s", hoist=False)
+        if p.dtype.is_half:
+            res = em.tmp(rounded(res, p.dtype), "s", hoist=False)
+        value = res
+        if m.epilogue is not None:
+            ev = evaluator("mr", m.epilogue)
+            ev.overrides[(id(p), own(p))] = res
+            value = ev.val(m.epilogue, own(m.epilogue))
+        for o in bufs:
+            em.line(f"tl.store({o} + rows, {value}, mask=mr)")
+        held[(id(stored_node(m)), own(stored_node(m)))] = value
+    r.emit(k.kind, em, [f"triton.cdiv({n_rows}, {block})"], {"BR": block}, prologue)
+
+
+def _row_reduction(p: Node, ev: Eval, element: tuple[str, ...]) -> str:
+    """Reduction ``p`` over each row of the tile, as a ``[BR, 1]`` expression: a sum in its accumulator's dtype, a
+    float max NaN where the row holds one (as the reduction kernels do), an integer max."""
+    acc = acc_dtype(p.dtype)
+    if p.op == Op.SUM:
+        return f"tl.sum({ev.masked(p.srcs[0], element)}.to({acc}), axis=1)[:, None]"
+    v = ev.tmp(f"{ev.val(p.srcs[0], element)}.to({acc})")
+    if p.dtype.is_float:
+        nan = f"tl.max(tl.where(m & ({v} != {v}), 1, 0), axis=1)[:, None] > 0"
+        return f"tl.where({nan}, float(\"nan\"), tl.max(tl.where(m, {v}, -float(\"inf\")), axis=1)[:, None])"
+    least = -(2 ** 63) if p.dtype == DType.int64 else -(2 ** 31)
+    return f"tl.max(tl.where(m, {v}, {least}), axis=1)[:, None]"

@@ -1,0 +1,156 @@
+"""Which consecutive top-level kernels run as one kernel over whole rows (``Target.row_programs``, ``Rows``).
+
+A layer norm over the last axis is a sum, a sum of squared deviations and an elementwise kernel; a softmax a max,
+an exponential, a sum and a division: three or four kernels, each reading the rows from memory again. Where a
+program can hold whole rows (at most ``row_programs`` values each), they are one kernel: each program takes its
+rows through every member in order, and a member reads what an earlier one computed where it was computed — a
+row's sum broadcast along the row, an element of the rows at its own element. Every other read is a load of a
+buffer the group does not write (a member's store is read back by no other member: that would be a load of what
+other threads of the program stored, unordered). A kernel that would read an earlier member any other way (at
+another element, through a stored alias) starts a new group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..ir.dims import fixed
+from ..ir.node import Graph, Node, users
+from ..ir.ops import ELEMENTWISE, Op
+from ..passes.fuse import Grouping
+from .program import Elementwise, Kernel, Loop, Reduce, Rows, stored_node
+
+Member = Reduce | Elementwise
+_VIEWS = (Op.EXPAND, Op.RESHAPE, Op.SLICE, Op.PERMUTE, Op.PAD, Op.CONCAT, Op.GATHER)  # inlined where read
+
+
+def row_programs(kernels: Sequence[Kernel | Loop], graph: Graph, g: Grouping, widest: int,
+                 dynamic: set[str]) -> tuple[Kernel | Loop, ...]:
+    """``graph``'s ``kernels`` with each run of consecutive kernels over the same rows of at most ``widest``
+    values (a width fixed when compiling: none of ``dynamic``, the run-time size symbols) that holds a row
+    reduction made one ``Rows`` kernel (``widest`` 0: ``kernels`` as they are)."""
+    if not widest:
+        return tuple(kernels)
+    readers = users(graph.order)
+    results = {id(o) for o in graph.outputs}
+    out: list[Kernel | Loop] = []
+    run: list[Member] = []
+    rows: tuple | None = None
+
+    def close() -> None:
+        if any(isinstance(k, Reduce) for k in run) and len(run) > 1:
+            stores = tuple(k.out.output is not None or bool(k.also)
+                           or _read_after(stored_node(k), run, readers, results, g) for k in run)
+            out.append(Rows(run[-1].node, run[-1].out, tuple(f for k in run for f in k.fuses), (), tuple(run),
+                            rows[0], rows[1], stores))  # type: ignore[index]
+        else:
+            out.extend(run)
+        run.clear()
+
+    for k in kernels:
+        shape = _rows_of(k, widest, dynamic)
+        if shape is None:
+            close()
+            out.append(k)
+            continue
+        if run and (shape != rows or not _reads_rowwise(k, run, g, shape)):  # type: ignore[arg-type]
+            close()
+        if not run:
+            rows = shape
+        run.append(k)  # type: ignore[arg-type]
+    close()
+    return tuple(out)
+
+
+def _rows_of(k: Kernel | Loop, widest: int, dynamic: set[str]) -> tuple[tuple, int] | None:
+    """(the leading dims, the row's width) of a kernel that may join a group: a float or integer sum or max over
+    the last axis alone, or an elementwise kernel, over rows of a compile-time width of 2 to ``widest`` values."""
+    if isinstance(k, Reduce):
+        src = k.node.srcs[0]
+        if (k.leading or src.ndim < 2 or tuple(k.node.attrs["axes"]) != (src.ndim - 1,)
+                or not (k.node.dtype.is_float or k.node.dtype.is_int)):
+            return None
+        shape = src.shape
+    elif type(k) is Elementwise and k.node.ndim >= 2:
+        shape = k.node.shape
+    else:
+        return None
+    width = fixed(shape[-1], dynamic)
+    if width is None or not 2 <= width <= widest:
+        return None
+    return tuple(shape[:-1]), width
+
+
+def _per_row(n: Node, lead: tuple) -> bool:
+    """``n`` holds one value per row: shape ``lead`` or ``lead + (1,)``."""
+    return tuple(n.shape) in (lead, (*lead, 1))
+
+
+def _reads_rowwise(k: Member, run: list[Member], g: Grouping, rows: tuple[tuple, int]) -> bool:
+    """Whether ``k`` reads earlier members' values only as the program holds them: a reduction's value per row
+    (through broadcasts along the row, reshapes between ``lead`` and ``lead + (1,)`` and elementwise ops), an
+    elementwise member's at the element being computed; never through a stored alias or another view."""
+    earlier = {id(stored_node(m)): m for m in run}
+    lead = rows[0]
+    full = (*lead, (k.node.srcs[0] if isinstance(k, Reduce) else k.node).shape[-1])
+    seen: set[int] = set()
+
+    def ok(n: Node) -> bool:
+        if id(n) in seen:
+            return True
+        seen.add(id(n))
+        if id(n) in earlier:  # held: a row's value wherever its row is read, an element at its own element
+            return isinstance(earlier[id(n)], Reduce) or tuple(n.shape) == full
+        if n.op == Op.CONST or (n is k.node and isinstance(k, Reduce)):  # the kernel's own sum, in its epilogue
+            return True
+        if n is not computed and id(n) not in g.alias and (g.is_stored(n) or n.op in (Op.INPUT, Op.DATA, Op.PROJ)):
+            return True  # a load of a buffer the group does not write
+        if n.op == Op.EXPAND and tuple(n.shape) == full and _per_row(n.srcs[0], lead) and id(n) not in g.alias:
+            return ok(n.srcs[0])
+        if n.op == Op.RESHAPE and _per_row(n, lead) and _per_row(n.srcs[0], lead) and id(n) not in g.alias:
+            return ok(n.srcs[0])
+        if n.op in ELEMENTWISE:
+            return all(ok(s) for s in n.srcs)
+        return not _reaches(n, earlier, g)  # another view, or a stored alias: only of what the group does not write
+
+    computed = k.epilogue if isinstance(k, Reduce) else k.node  # the stored value the kernel computes, not loads
+    if isinstance(k, Reduce):
+        return ok(k.node.srcs[0]) and (computed is None or ok(computed))
+    return ok(computed)
+
+
+def _read_after(n: Node, run: list[Member], readers: dict[int, list[Node]], results: set[int],
+                g: Grouping) -> bool:
+    """Whether a kernel outside the group (or the graph's results) reads ``n``: a reader of it that the group's
+    kernels do not compute, or one that is inlined wherever it is read, read so by such a kernel."""
+    computed = {id(k.node) for k in run} | {id(k.epilogue) for k in run if isinstance(k, Reduce) and k.epilogue}
+    stack, seen = [n], set()
+    while stack:
+        m = stack.pop()
+        if id(m) in results:
+            return True
+        for u in readers.get(id(m), ()):
+            if id(u) in seen or id(u) in computed:
+                continue
+            seen.add(id(u))
+            if g.is_stored(u) or id(u) in g.alias or not (u.op in ELEMENTWISE or u.op in _VIEWS):
+                return True  # a kernel of its own, a loop, a buffer read under another name
+            stack.append(u)  # inlined: into whichever kernels read it
+    return False
+
+
+def _reaches(n: Node, earlier: dict[int, Member], g: Grouping) -> bool:
+    """Whether ``n``'s value in this kernel depends on an earlier member's (through anything it inlines or the
+    buffer an alias reads)."""
+    stack, seen = [n], set()
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if id(m) in earlier:
+            return True
+        if m is not n and g.is_stored(m) and id(m) not in g.alias:
+            continue
+        stack.extend(m.srcs)
+    return False

@@ -1,0 +1,189 @@
+"""Kernels over the same rows as one Triton kernel of whole rows (``Target.row_programs``, ``Rows``), under the
+interpreter: which kernels join (asserted on the schedule's records), that a row is loaded once and only results
+are stored (asserted on the kernel's parsed source), and every result against the reference interpreter —
+layer norms and softmaxes forward and trained, NaN and infinite rows, integers, half precision, leading axes of
+size 1 and of a run-time length."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (by the backend, lazily)
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import nnforge as nf
+from nnforge.codegen.triton import TritonBackend, lower, prepare, triton_target
+from nnforge.codegen.triton.target import Tiles
+from nnforge.schedule import Elementwise, Reduce, Rows
+
+pytestmark = [pytest.mark.triton,
+              pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # masked-off lanes compute garbage in numpy
+              pytest.mark.skipif(not TritonBackend().available, reason="TRITON_INTERPRET=0 and no CUDA device")]
+
+
+def _f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return (rng.standard_normal(shape) * 2.0).astype(np.float32)
+
+
+def layer_norm(x, g, b):
+    d = x - x.mean(-1, keepdims=True)
+    return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b
+
+
+def softmax(x):
+    e = nf.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _built(fn, args, target=None, tiles: Tiles | None = None):
+    """(the schedule, the rendered module, the outputs) of ``fn`` on Triton, checked against the reference."""
+    target = target or triton_target()
+    graph = prepare(nf.compile(fn).trace(*args), target)
+    program, rendered = lower(graph, tiles, target)
+    got = TritonBackend(target=target, tiles=tiles or Tiles())(nf.compile(fn).trace(*args))(list(args))
+    want = nf.compile(fn)(*args)
+    want = list(want) if isinstance(want, tuple | list) else [want]
+    assert len(got) == len(want)
+    for a, w in zip(got, want):
+        w = np.asarray(w)
+        tol = 2e-3 if w.dtype == np.float16 else 2e-5
+        np.testing.assert_allclose(np.asarray(a, dtype=np.float64), w.astype(np.float64), rtol=tol, atol=tol)
+    return program, rendered, got
+
+
+def _rows(program) -> list[Rows]:
+    return [k for k in program.kernels() if isinstance(k, Rows)]
+
+
+def _calls(source: str, kernel: str, name: str) -> int:
+    """How many times kernel ``kernel`` of a module's source calls ``name`` (``tl.load``, ``tl.store``)."""
+    fn = next(f for f in ast.parse(source).body if isinstance(f, ast.FunctionDef) and f.name == kernel)
+    return sum(isinstance(n, ast.Call) and ast.unparse(n.func) == name for n in ast.walk(fn))
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 48), (40, 384), (1, 6, 100), (6, 1, 7)], ids=str)
+@pytest.mark.parametrize("fn", [layer_norm, softmax])
+def test_a_layer_norm_or_softmax_is_one_kernel_that_reads_each_row_once(fn, shape, rng: np.random.Generator):
+    """A layer norm (two row sums and the normalization) and a softmax (a row max, the exponentials, their sum,
+    the division) are one kernel of whole rows: it loads each input once and stores only the result — the
+    statistics and the exponentials stay where they were computed. Widths not a power of two (48, 100, 7),
+    leading axes of size 1, rows more than one program takes (40 rows of 384: 8 a program)."""
+    args = [_f32(rng, *shape)] + ([_f32(rng, shape[-1]), _f32(rng, shape[-1])] if fn is layer_norm else [])
+    program, rendered, _ = _built(fn, args)
+    (rows,) = _rows(program)
+    assert [type(m) for m in rows.members] == ([Reduce, Reduce, Elementwise] if fn is layer_norm
+                                               else [Reduce, Elementwise, Reduce, Elementwise])
+    assert rows.stores[-1] and not any(rows.stores[:-1])
+    (kernel,) = rendered.kernels
+    assert _calls(rendered.source, kernel, "tl.load") == len(args)  # x, and a layer norm's gain and bias
+    assert _calls(rendered.source, kernel, "tl.store") == 1
+
+
+def test_the_rows_kernel_trains_a_layer_norm(rng: np.random.Generator):
+    """A layer norm's gradient: its backward's row sums (of dy * xhat, of dy) and the input gradient join the
+    forward's statistics in whole-row kernels; the gain and bias gradients, sums over the rows, do not (they
+    reduce the other axis). Every gradient agrees with the reference."""
+    x, g, b, dy = _f32(rng, 12, 48), _f32(rng, 48), _f32(rng, 48), _f32(rng, 12, 48)
+
+    def loss(x, g, b):
+        return (layer_norm(x, g, b) * dy).sum()
+
+    program, _, _ = _built(nf.grad(loss, argnums=(0, 1, 2)), [x, g, b])
+    rows = _rows(program)
+    assert rows and sum(isinstance(m, Reduce) for r in rows for m in r.members) >= 4
+
+
+def test_nan_and_infinite_rows_are_what_the_reference_makes_of_them(rng: np.random.Generator):
+    """A softmax over rows holding a NaN, +inf, only -inf, and the largest float32: NaN propagates through the
+    row max as in the reduction kernels, 0 * inf and inf - inf are NaN, an all -inf row is NaN."""
+    x = _f32(rng, 6, 24)
+    x[1, 3] = np.nan
+    x[2, 5] = np.inf
+    x[3, :] = -np.inf
+    x[4, 7] = np.finfo(np.float32).max
+    _, _, (got,) = _built(softmax, [x])
+    assert np.isnan(got[1]).all() and np.isnan(got[3]).all() and not np.isnan(got[[0, 4, 5]]).any()
+
+
+def test_integer_rows(rng: np.random.Generator):
+    """Integer row maxima and sums (int32 and int64) with the elementwise kernels on them, one kernel each."""
+    x = rng.integers(-50, 50, (7, 20)).astype(np.int32)
+    y = rng.integers(-2**40, 2**40, (7, 20)).astype(np.int64)
+
+    def f(x, y):
+        return x - x.max(-1, keepdims=True) + x.sum(-1, keepdims=True), y * 2 - y.max(-1, keepdims=True)
+
+    program, _, _ = _built(f, [x, y])
+    assert len(_rows(program)) >= 1
+
+
+def test_half_precision_rows(rng: np.random.Generator):
+    """float16 rows: the statistics summed in float32 and rounded where the reference rounds them."""
+    x = _f32(rng, 9, 96).astype(np.float16)
+    program, _, _ = _built(lambda x: layer_norm(x, x[0], x[1]), [x])
+    assert len(_rows(program)) == 1
+
+
+def test_rows_of_a_run_time_length(rng: np.random.Generator):
+    """A scan's stacked outputs [T, N, H] (T a run-time length) normalized over H: the rows' count is a run-time
+    size, one compiled program serves every T."""
+    w = _f32(rng, 16, 16) * 0.2
+
+    def f(x, h0):
+        _, ys = nf.scan(lambda h, x_t: (nf.tanh(x_t + h @ w), nf.tanh(x_t + h @ w)), h0, x)
+        return softmax(ys)
+
+    for T in (3, 5):
+        program, _, _ = _built(f, [_f32(rng, T, 4, 16), _f32(rng, 4, 16)])
+        assert len(_rows(program)) == 1
+
+
+def test_a_kernel_reading_an_earlier_one_elsewhere_starts_a_new_group(rng: np.random.Generator):
+    """``e`` read reversed along the row (another thread's element) cannot come from the program's registers:
+    the kernel reading it so is not in ``e``'s group, which stores ``e`` for it."""
+    def f(x):
+        e = nf.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True) + e[:, ::-1]
+
+    program, _, _ = _built(f, [_f32(rng, 5, 24)])
+    (rows,) = _rows(program)
+    assert isinstance(rows.members[-1], Reduce) and rows.stores[1], rows  # e stored: read after the group
+
+
+def test_a_value_read_after_the_group_is_stored(rng: np.random.Generator):
+    """The row max is read again by a kernel after the group (a count over the rows, through the same broadcast
+    the softmax reads it by): its member stores it; the exponentials, read by no one else, stay unstored."""
+    def f(x):
+        top = x.max(-1, keepdims=True)
+        e = nf.exp(x - top)
+        return e / e.sum(-1, keepdims=True), (x == top).astype(np.float32).sum(0)
+
+    program, _, _ = _built(f, [_f32(rng, 9, 24)])
+    (rows,) = _rows(program)
+    assert rows.stores == (True, False, False, True), rows.stores
+
+
+def test_rows_wider_than_the_target_takes_are_kernels_of_their_own(rng: np.random.Generator):
+    """``row_programs``: rows wider than it, and a target without it (0), keep one kernel per reduction."""
+    x = _f32(rng, 4, 48)
+    for widest in (32, 0):
+        target = dataclasses.replace(triton_target(), row_programs=widest)
+        program, rendered, _ = _built(softmax, [x], target)
+        assert not _rows(program) and len(rendered.kernels) >= 3
+    program, _, _ = _built(softmax, [x], dataclasses.replace(triton_target(), row_programs=48))
+    assert len(_rows(program)) == 1
+
+
+@pytest.mark.parametrize("elements", [64, 4096])
+def test_a_program_takes_as_many_rows_as_its_tile_holds(elements: int, rng: np.random.Generator):
+    """``Tiles.row_elements``: 64 values a program is one row of 48 (padded to 64) and many programs; 4096, 64
+    rows a program; the same results."""
+    _, rendered, _ = _built(softmax, [_f32(rng, 70, 48)], tiles=Tiles(row_elements=elements))
+    assert f"BR={elements // 64}" in rendered.source
