@@ -1,4 +1,5 @@
-"""Which consecutive top-level kernels run as one kernel over whole rows (``Target.row_programs``, ``Rows``).
+"""Which consecutive kernels run as one kernel over whole rows (``Target.row_programs``, ``Rows``): in the program
+and in the body of a loop the host steps (a row-split body is one kernel already).
 
 A layer norm over the last axis is a sum, a sum of squared deviations and an elementwise kernel; a softmax a max,
 an exponential, a sum and a division: three or four kernels, each reading the rows from memory again. Where a
@@ -35,34 +36,34 @@ def row_programs(kernels: Sequence[Kernel | Loop], graph: Graph, g: Grouping, wi
     results = {id(o) for o in graph.outputs}
     out: list[Kernel | Loop] = []
     run: list[Member] = []
-    rows: tuple | None = None
-
-    def close() -> None:
-        if any(isinstance(k, Reduce) for k in run) and len(run) > 1:
-            stores = tuple(k.out.output is not None or bool(k.also)
-                           or _read_after(stored_node(k), run, readers, results, g) for k in run)
-            out.append(Rows(run[-1].node, run[-1].out, tuple(f for k in run for f in k.fuses), (), tuple(run),
-                            rows[0], rows[1], stores))  # type: ignore[index]
-        else:
-            out.extend(run)
-        run.clear()
-
+    rows: tuple[tuple, int] = ((), 0)
     for k in kernels:
-        shape = _rows_of(k, widest, dynamic)
+        shape = _rows_of(k, widest, dynamic) if isinstance(k, Reduce) or type(k) is Elementwise else None
+        if run and (shape != rows or not _reads_rowwise(k, run, g, rows)):  # type: ignore[arg-type]
+            out.extend(_joined(run, rows, readers, results, g))
+            run = []
         if shape is None:
-            close()
             out.append(k)
             continue
-        if run and (shape != rows or not _reads_rowwise(k, run, g, shape)):  # type: ignore[arg-type]
-            close()
-        if not run:
-            rows = shape
+        rows = rows if run else shape
         run.append(k)  # type: ignore[arg-type]
-    close()
+    out.extend(_joined(run, rows, readers, results, g))
     return tuple(out)
 
 
-def _rows_of(k: Kernel | Loop, widest: int, dynamic: set[str]) -> tuple[tuple, int] | None:
+def _joined(run: list[Member], rows: tuple[tuple, int], readers: dict[int, list[Node]], results: set[int],
+            g: Grouping) -> list[Kernel]:
+    """``run`` as one ``Rows`` kernel where it holds a row reduction and another kernel, else as it is."""
+    if len(run) < 2 or not any(isinstance(k, Reduce) for k in run):
+        return list(run)
+    stores = tuple(k.out.output is not None or bool(k.also) or _read_after(stored_node(k), run, readers, results, g)
+                   for k in run)
+    last = run[-1]
+    return [Rows(last.node, last.out, tuple(f for k in run for f in k.fuses), (), tuple(run), rows[0], rows[1],
+                 stores)]
+
+
+def _rows_of(k: Member, widest: int, dynamic: set[str]) -> tuple[tuple, int] | None:
     """(the leading dims, the row's width) of a kernel that may join a group: a float or integer sum or max over
     the last axis alone, or an elementwise kernel, over rows of a compile-time width of 2 to ``widest`` values."""
     if isinstance(k, Reduce):
@@ -71,7 +72,7 @@ def _rows_of(k: Kernel | Loop, widest: int, dynamic: set[str]) -> tuple[tuple, i
                 or not (k.node.dtype.is_float or k.node.dtype.is_int)):
             return None
         shape = src.shape
-    elif type(k) is Elementwise and k.node.ndim >= 2:
+    elif k.node.ndim >= 2:
         shape = k.node.shape
     else:
         return None

@@ -12,8 +12,8 @@ Taken here, from the graph, its fusion grouping (``passes.fuse``) and the backen
 * which hoisted input projections are computed inside their row-split loop a chunk of steps at a time;
 * which GEMM operands are loop-invariant (B resident across steps);
 * which kernels run a vector of the last axis at a time (elementwise kernels, row sums, GEMM epilogue tiles);
-* which consecutive top-level kernels over the same rows run as one, each program on whole rows
-  (``row_programs``: a layer norm's or a softmax's reductions and elementwise kernels).
+* which consecutive kernels over the same rows run as one, each program on whole rows (``row_programs``: a
+  layer norm's or a softmax's reductions and elementwise kernels, in the program or a host-stepped body).
 
 A renderer walks the ``Program`` and spells these decisions; it decides none of them.
 """
@@ -87,9 +87,11 @@ class _Scheduler:
         name = f"out{output}" if output is not None else f"b{next(self.names)}"
         return Buf(name, dtype, tuple(shape), output)
 
-    def block(self, graph: Graph, top: bool, resident: frozenset[int], recompute: Recompute = CHEAP) -> Block:
+    def block(self, graph: Graph, top: bool, resident: frozenset[int], recompute: Recompute = CHEAP,
+              whole_rows: bool = True) -> Block:
         """The kernels of ``graph``; ``resident``: ids of its inputs that do not change across the steps of the
-        enclosing loop (none at the top level); ``recompute``: the fuser's policy for it."""
+        enclosing loop (none at the top level); ``recompute``: the fuser's policy for it; ``whole_rows``: its
+        kernels over the same rows may be one (``row_programs``; not in a row-split body, one kernel already)."""
         g = self.grouping(graph, recompute)
         splits = {id(n): self.row_split(n) for n in graph.order if top and n.op == Op.SCAN}
         chunked = find_chunked(graph, g, splits) if top and self.target.chunk_bytes else {}
@@ -134,7 +136,7 @@ class _Scheduler:
                     stored_extra.add(id(n))
                 kernels.append(k)
         copies += [(o, pos) for o, pos in dups if id(o) not in stored_extra]
-        if top:
+        if whole_rows:
             kernels = list(row_programs(kernels, graph, g, self.target.row_programs, self.dynamic))
         return Block(graph, g, tuple(kernels), tuple(Copy(o, self.buf(o, pos), ()) for o, pos in copies))
 
@@ -288,7 +290,7 @@ class _Scheduler:
                for _, k, view, root, p in chunked]
         # a loop the host steps launches each kernel of its body every step: the target may fuse more by recomputing
         block = self.block(body, top=False, resident=resident,
-                           recompute=CHEAP if split else self.target.step_recompute)
+                           recompute=CHEAP if split else self.target.step_recompute, whole_rows=split is None)
         resident_steps = top and split is None and is_scan and self.target.resident_steps and resident_body(block)
         return Loop(n, tuple(results), length, bool(is_scan and a["reverse"]), block, split,
                     self.row_block(split, block) if split else 0, tuple(ins), resident_steps)

@@ -72,11 +72,11 @@ class Target:
     body, where its body allows it (``resident_body``: no nested loop, no random draws, no GEMM summed in parts);
     off, each kernel of the body is a launch per step. Why: a wide layer's step (H = 384 on a GPU) is one fused
     GEMM + cell kernel whose launch, and whose weights' trip from L2, every step pays.
-    ``row_programs``: the widest row (values) a program takes whole: consecutive top-level kernels over the same
-    rows — sums and maxima over the last axis, and elementwise kernels of the rows' shape — run as one kernel
-    (``Rows``), each program on whole rows, a later kernel reading an earlier one's values where they were
-    computed; 0: each its own kernel. Why: a layer norm or a softmax over rows is two reductions and an
-    elementwise kernel, each reading the rows from memory again.
+    ``row_programs``: the widest row (values) a program takes whole: consecutive kernels over the same rows (of
+    the program, or of a loop body the host steps) — sums and maxima over the last axis, and elementwise kernels
+    of the rows' shape — run as one kernel (``Rows``), each program on whole rows, a later kernel reading an
+    earlier one's values where they were computed; 0: each its own kernel. Why: a layer norm or a softmax over
+    rows is two reductions and an elementwise kernel, each reading the rows from memory again.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 
 from ...ir.node import Node
 from ...ir.ops import Op
-from ...schedule import Buf, Loop, SlicedGemm, Unsupported, stored_node
+from ...schedule import Buf, Kernel, Loop, Rows, SlicedGemm, Unsupported, stored_node
 from .evaluate import Ctx, Eval
+from .rows import render_rows
 from .scan import render_loop
 from .target import FP_FUSION
 
@@ -67,7 +68,7 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
             for b in k.results:
                 r.alloc(Buf(f"{tag}_{b.name}", b.dtype, b.shape))
         else:
-            for b in (k.outs if isinstance(k, SlicedGemm) else (k.out,)):  # a returned product is an output
+            for b in _stored(k):
                 if b.output is None:
                     r.alloc(b)
 
@@ -113,6 +114,13 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
                 if product:
                     body.buffers[id(k.returned)] = product[0]
                 continue
+            if isinstance(k, Rows):
+                outs_of = [dests(m.out, m.also) if kept else [] for m, kept in zip(k.members, k.stores)]
+                render_rows(r, k, body, outs_of)
+                for m, o in zip(k.members, outs_of):
+                    if o:
+                        body.buffers[id(stored_node(m))] = o[0]
+                continue
             outs = dests(k.out, k.also)
             r.kernel(k, body, outs)
             body.buffers[id(stored_node(k))] = outs[0]
@@ -130,6 +138,15 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
         return
     for k in range(nc):
         r.run.append(f"{r.ind}{results[k]}.copy_({cur[k]})")
+
+
+def _stored(k: Kernel) -> tuple[Buf, ...]:
+    """The buffers a body kernel stores into (a returned product's is an output)."""
+    if isinstance(k, SlicedGemm):
+        return k.outs
+    if isinstance(k, Rows):
+        return tuple(m.out for m, kept in zip(k.members, k.stores) if kept)
+    return (k.out,)
 
 
 def resident_kernel(r: Renderer, loop: Loop, tag: str, stages: list[Stage], carries: list[tuple[str, str]]) -> None:

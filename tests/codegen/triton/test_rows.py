@@ -187,3 +187,44 @@ def test_a_program_takes_as_many_rows_as_its_tile_holds(elements: int, rng: np.r
     rows a program; the same results."""
     _, rendered, _ = _built(softmax, [_f32(rng, 70, 48)], tiles=Tiles(row_elements=elements))
     assert f"BR={elements // 64}" in rendered.source
+
+
+def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
+    """An LSTM normalizing its gate row and its cell state (no learned gains)."""
+    def ln(v):
+        d = v - v.mean(-1, keepdims=True)
+        return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+
+    def cell(carry, x_t):
+        h, c = carry
+        i, f, g, o = (ln(x_t @ w_ih.T + h @ w_hh.T) + b).chunk(4, axis=-1)
+        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+        h = nf.sigmoid(o) * nf.tanh(ln(c))
+        return (h, c), h
+
+    (h, c), ys = nf.scan(cell, (h0, c0), x)
+    return ys, h, c
+
+
+@pytest.mark.parametrize("resident", [False, True], ids=["host-loop", "resident"])
+def test_a_step_the_host_runs_takes_its_rows_whole(resident: bool, rng: np.random.Generator):
+    """A loop stepped by the host (not split by rows, as a wide layer's is), forward and trained: its body's
+    layer norms are kernels of whole rows too, launched each step or run as stages of the loop's resident
+    programs (``resident_steps``); a row-split loop's body is one kernel already and has none. Against the
+    reference at T = 4."""
+    T, N, H = 4, 6, 8
+    args = [_f32(rng, T, N, 5), _f32(rng, N, H), _f32(rng, N, H), _f32(rng, 4 * H, 5) * 0.3,
+            _f32(rng, 4 * H, H) * 0.3, _f32(rng, 4 * H)]
+
+    def loss(*a):
+        ys, h, c = layer_norm_lstm(*a)
+        return (ys * ys).sum() + (h * c).sum()
+
+    target = dataclasses.replace(triton_target(), row_split=False, resident_steps=resident)
+    for fn in (layer_norm_lstm, nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))):
+        program, _, _ = _built(fn, args, target)
+        bodies = [k for loop in program.loops() for k in loop.body.kernels if isinstance(k, Rows)]
+        assert bodies and all(loop.resident == resident for loop in program.loops())
+    split, _, _ = _built(layer_norm_lstm, args)
+    assert [loop.parallel is not None for loop in split.loops()] == [True]
+    assert not any(isinstance(k, Rows) for k in split.loops()[0].body.kernels)
