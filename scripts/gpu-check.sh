@@ -6,10 +6,10 @@
 # kernels; the whole-model tests; a streamed training loop's copies against its kernels
 # (tests/control/test_staging.py, bench/feeder.py with a profiler trace); each model's error against float64 per
 # dtype (bench/precision_gpu.py); Nsight Compute's stall reasons of the persistent scans (bench/scan_stalls_gpu.py);
-# bench/lstm_gpu.py against FlashRNN; ModelView's GPU tests (CUDA events, NVML,
-# a CUDA out-of-memory cell as a row); the ModelView sweep of scripts/gpu-sweep.toml into $OUT/gpu-sweep.db
-# (resumed where a run of it stopped; `nnforge report` draws it on any machine). Run from the repository root on
-# a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
+# layer norms and softmaxes of whole rows (bench/rows_gpu.py); bench/lstm_gpu.py against FlashRNN; ModelView's
+# GPU tests (CUDA events, NVML, a CUDA out-of-memory cell as a row); the ModelView sweep of
+# scripts/gpu-sweep.toml into $OUT/gpu-sweep.db (resumed where a run of it stopped; `nnforge report` draws it on
+# any machine). Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
 #
 #   scripts/gpu-check.sh                    # everything
 #   BENCH="--hidden 96 --batch 128" scripts/gpu-check.sh   # bench/lstm_gpu.py's arguments
@@ -39,7 +39,7 @@ PY=${PY:-python3}
 JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
-STEPS=${STEPS:-render bench compile matrix whole_model cells stalls streams precision modelview flashrnn sweep}
+STEPS=${STEPS:-render bench compile matrix whole_model cells rows stalls streams precision modelview flashrnn sweep}
 KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
@@ -54,7 +54,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt
 
 SKIP=${SKIP:-}
 if [[ ${PARALLEL:-0} == 1 ]]; then  # the timed steps alone, then the checks in three groups at once
-    timed="tune bench compile cells wide stalls flashrnn sweep"
+    timed="tune bench compile cells rows wide stalls flashrnn sweep"
     SKIP="render matrix whole_model streams precision modelview" PARALLEL=0 "$0"
     # the matrix leaves four cores to the other groups (with all of them, the 2026-11-27 lease's render,
     # precision and ModelView steps ran out of their limits behind it)
@@ -113,6 +113,10 @@ step cells "${CELLS_S:-240}" $PY bench/lstm_gpu.py --mode inference --hidden 96 
     ${CELL_VARIANTS:+--variant $CELL_VARIANTS} --cells ${CELLS:-1024 96} \
     ${CUSTOM_VARIANTS:+--cell-variant $CUSTOM_VARIANTS}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
+# layer norms and softmaxes over rows as one kernel of whole rows, against the same programs with a kernel per
+# reduction (row_programs=0), PyTorch's kernels and torch.compile (bench/rows_gpu.py)
+step rows "${ROWS_S:-180}" $PY bench/rows_gpu.py --rounds 5
+cat "$OUT/rows.txt" 2>/dev/null
 # (opt-in, STEPS=wide) the widest batch, 64 rows per SM: at 8 rows a program 1056 programs, of which an
 # H200 holds 264 at once (79 KiB of shared memory each), so four waves of all T steps; 16 rows make two
 # (bench/scan_sass.py --rows: 87 KiB, 864 instructions a step for twice the rows)

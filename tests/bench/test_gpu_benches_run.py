@@ -46,6 +46,16 @@ def test_lstm_gpu_bench_times_every_candidate_and_reports_errors():
     assert out.count("nnforge.triton, one call by operator (") == 2  # --profile: on a GPU, by kernel
 
 
+def test_rows_gpu_bench_times_each_form_of_a_layer_norm_and_a_softmax():
+    out = run("bench/rows_gpu.py", "--smoke", "--rounds", "1")
+    for op in ("layer norm", "softmax"):
+        assert out.count(f"{op}: ") == 2  # two shapes
+    for anchor in ("nnforge[row_programs=0]", "torch", "torch.compile"):
+        assert out.count(f"{anchor} / nnforge = ") == 4, out
+    errors = [float(e) for e in re.findall(r"error (\S+)", out)]
+    assert len(errors) == 16 and max(errors) < 1e-5, out
+
+
 def test_an_anchor_that_kills_its_process_is_left_out_with_its_reason(monkeypatch: pytest.MonkeyPatch):
     """cuDNN's LSTM at batch 8448 ends its process's CUDA context on an H200: the anchors' first calls run in
     child processes first, and one that fails (reported by the child, or the child dying inside it) is left out

@@ -1,0 +1,165 @@
+"""Layer norms and softmaxes over rows on a GPU: nnforge backend="triton" (one kernel of whole rows, ``Rows``)
+against the same program with ``row_programs=0`` (its reductions and elementwise kernels each a kernel, as before
+whole-row kernels), PyTorch's own kernels (``torch.nn.functional.layer_norm``, ``torch.softmax``) and
+``torch.compile`` of the same function, measured in the same process, interleaved.
+
+Shapes: rows x width in the dtype, float16 by default: the layer-norm LSTM's input projection at T = 2000, batch
+1024, H = 96 (2,048,000 rows of 384), a transformer's features (rows of 1024, 4096) and attention scores (rows of
+2048). Each round times every candidate once with CUDA events after a warm-up; printed per shape and candidate:
+the median time, the GB/s of the fewest bytes the operation must move (the rows read once and written once) with
+the device's copy bandwidth beside it, the ratio candidate time / nnforge time (> 1: nnforge faster), and each
+candidate's error: its largest difference from the same function in float64 on the device, over the largest
+value. Record results in docs/benchmarks.md with the device and date.
+
+Usage: ``python bench/rows_gpu.py [--rows 2048000 --width 384] [--dtype float16] [--rounds 5]``; ``--smoke`` runs
+tiny shapes on the CPU under Triton's interpreter (anchors on the CPU): it proves the script runs, its times mean
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+SMOKE = "--smoke" in sys.argv
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import nnforge as nf  # noqa: E402
+from nnforge.codegen.triton import triton_target  # noqa: E402
+
+# (rows, width): the layer-norm LSTM's projection (T x N rows of 4H), a transformer's features, attention rows
+SHAPES = [(2_048_000, 384), (65_536, 1024), (16_384, 4096), (65_536, 2048)]
+SMOKE_SHAPES = [(40, 48), (9, 100)]
+
+
+def layer_norm(x, g, b):
+    d = x - x.mean(-1, keepdims=True)
+    return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b
+
+
+def softmax(x):
+    e = nf.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def t_layer_norm(x, g, b):
+    d = x - x.mean(-1, keepdim=True)
+    return d / torch.sqrt((d * d).mean(-1, keepdim=True) + 1e-5) * g + b
+
+
+def t_softmax(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def timer(device: str) -> Callable[[Callable[[], object]], float]:
+    """Seconds a call takes on the device: CUDA events on a GPU, perf_counter on the CPU (smoke runs)."""
+    def clock(fn: Callable[[], object]) -> float:
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    return clock
+
+
+def copy_peak(device: str, clock: Callable) -> float:
+    """Device memory bandwidth as a large device-to-device copy (bytes read plus written), GB/s."""
+    n = 1 << 30 if device == "cuda" else 1 << 22
+    a = torch.empty(n, dtype=torch.uint8, device=device).random_()
+    b = torch.empty_like(a)
+    b.copy_(a)
+    return 2 * n / min(clock(lambda: b.copy_(a)) for _ in range(5)) / 1e9
+
+
+def candidates(op: str, args: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
+    """name -> a call computing ``op`` on ``args``."""
+    fn, t_fn = (layer_norm, t_layer_norm) if op == "layer norm" else (softmax, t_softmax)
+    apart = dataclasses.replace(triton_target(), row_programs=0)
+    mine = nf.compile(fn, backend="triton")
+    theirs = nf.compile(fn, backend="triton", options={"target": apart})
+    compiled = torch.compile(t_fn, dynamic=False)
+    if op == "layer norm":
+        x, g, b = args
+        aten = lambda: torch.nn.functional.layer_norm(x, x.shape[-1:], g, b, 1e-5)  # noqa: E731
+    else:
+        aten = lambda: torch.softmax(args[0], -1)  # noqa: E731
+    return {"nnforge.triton": lambda: mine(*args), "nnforge[row_programs=0]": lambda: theirs(*args),
+            "torch": aten, "torch.compile": lambda: compiled(*args)}
+
+
+def bench(op: str, rows: int, width: int, dtype: torch.dtype, device: str, rounds: int, clock: Callable,
+          peak: float) -> None:
+    gen = torch.Generator(device="cpu").manual_seed(rows * 7919 + width)
+    shapes = [(rows, width)] + ([(width,), (width,)] if op == "layer norm" else [])
+    args = [(torch.randn(s, generator=gen) * 2.0).to(device=device, dtype=dtype) for s in shapes]
+    fns = candidates(op, args)
+    ref = (t_layer_norm if op == "layer norm" else t_softmax)(*(a.double() for a in args))
+    errors, failed = {}, {}
+    for name, fn in list(fns.items()):
+        try:
+            out = fn()
+            errors[name] = float(((out.double() - ref).abs().max() / ref.abs().max()).item())
+        except Exception as e:  # an anchor that cannot run here is reported, the others go on
+            if name == "nnforge.triton":
+                raise
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            del fns[name]
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(clock(fn))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    moved = 2 * rows * width * dtype.itemsize
+    print(f"{op}: {rows} rows of {width}, {str(dtype).removeprefix('torch.')} (copy peak {peak:.0f} GB/s)")
+    for name, t in med.items():
+        ratio = "" if name == "nnforge.triton" else f"  {name} / nnforge = {t / med['nnforge.triton']:.2f}"
+        print(f"  {name:24s} {t * 1e3:9.3f} ms  {moved / t / 1e9:7.0f} GB/s  error {errors[name]:.1e}{ratio}")
+    for name, why in failed.items():
+        print(f"  {name:24s} failed: {why}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", help="rows per shape (with --width, one each)")
+    ap.add_argument("--width", type=int, nargs="+")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    ap.add_argument("--op", nargs="+", default=["layer norm", "softmax"], choices=["layer norm", "softmax"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
+    a = ap.parse_args()
+    device = "cpu" if a.smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench/rows_gpu.py needs a CUDA GPU (--smoke runs it on the CPU under Triton's interpreter)")
+    if a.rows or a.width:
+        if not (a.rows and a.width) or len(a.rows) != len(a.width):
+            sys.exit(f"--rows and --width give one shape each: got {a.rows} and {a.width}")
+        shapes = list(zip(a.rows, a.width))
+    else:
+        shapes = SMOKE_SHAPES if a.smoke else SHAPES
+    dtype = getattr(torch, "float32" if a.smoke else a.dtype)  # the interpreter's half arithmetic is numpy's
+    clock = timer(device)
+    print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'CPU (interpreter: times mean nothing)'}")
+    peak = copy_peak(device, clock)
+    np.seterr(all="ignore")
+    for rows, width in shapes:
+        for op in a.op:
+            bench(op, rows, width, dtype, device, a.rounds, clock, peak)
+
+
+if __name__ == "__main__":
+    main()
