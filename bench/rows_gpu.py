@@ -23,7 +23,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 SMOKE = "--smoke" in sys.argv
@@ -32,8 +31,10 @@ if SMOKE:
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from lstm_gpu import Clock, copy_peak  # noqa: E402  (this folder, on sys.path when run as a script)
 
 import nnforge as nf  # noqa: E402
+import nnforge.nn.functional as F  # noqa: E402
 from nnforge.codegen.triton import triton_target  # noqa: E402
 
 # (rows, width): the layer-norm LSTM's projection (T x N rows of 4H), a transformer's features, attention rows
@@ -42,13 +43,11 @@ SMOKE_SHAPES = [(40, 48), (9, 100)]
 
 
 def layer_norm(x, g, b):
-    d = x - x.mean(-1, keepdims=True)
-    return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b
+    return F.layer_norm(x, x.shape[-1:], g, b)
 
 
 def softmax(x):
-    e = nf.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
+    return x.softmax(-1)
 
 
 def t_layer_norm(x, g, b):
@@ -59,31 +58,6 @@ def t_layer_norm(x, g, b):
 def t_softmax(x):
     e = torch.exp(x - x.amax(-1, keepdim=True))
     return e / e.sum(-1, keepdim=True)
-
-
-def timer(device: str) -> Callable[[Callable[[], object]], float]:
-    """Seconds a call takes on the device: CUDA events on a GPU, perf_counter on the CPU (smoke runs)."""
-    def clock(fn: Callable[[], object]) -> float:
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    return clock
-
-
-def copy_peak(device: str, clock: Callable) -> float:
-    """Device memory bandwidth as a large device-to-device copy (bytes read plus written), GB/s."""
-    n = 1 << 30 if device == "cuda" else 1 << 22
-    a = torch.empty(n, dtype=torch.uint8, device=device).random_()
-    b = torch.empty_like(a)
-    b.copy_(a)
-    return 2 * n / min(clock(lambda: b.copy_(a)) for _ in range(5)) / 1e9
 
 
 def candidates(op: str, args: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
@@ -102,7 +76,7 @@ def candidates(op: str, args: list[torch.Tensor]) -> dict[str, Callable[[], obje
             "torch": aten, "torch.compile": lambda: compiled(*args)}
 
 
-def bench(op: str, rows: int, width: int, dtype: torch.dtype, device: str, rounds: int, clock: Callable,
+def bench(op: str, rows: int, width: int, dtype: torch.dtype, device: str, rounds: int, clock: Clock,
           peak: float) -> None:
     gen = torch.Generator(device="cpu").manual_seed(rows * 7919 + width)
     shapes = [(rows, width)] + ([(width,), (width,)] if op == "layer norm" else [])
@@ -152,7 +126,7 @@ def main() -> None:
     else:
         shapes = SMOKE_SHAPES if a.smoke else SHAPES
     dtype = getattr(torch, "float32" if a.smoke else a.dtype)  # the interpreter's half arithmetic is numpy's
-    clock = timer(device)
+    clock = Clock(device)
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'CPU (interpreter: times mean nothing)'}")
     peak = copy_peak(device, clock)
     np.seterr(all="ignore")
