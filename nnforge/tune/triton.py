@@ -38,6 +38,7 @@ AXES: dict[str, tuple[int, ...]] = {
     "gemm_big_n": (128, 256),
     "gemm_big_warps": (4, 8),
     "flat": (512, 1024, 2048),    # elements per elementwise program
+    "row_elements": (1024, 4096, 16384),  # values a program of whole rows takes (a layer norm's, a softmax's)
     "warps": (4, 8),
 }
 
@@ -56,14 +57,16 @@ def load_triton_tiles(device: str) -> Tiles | None:
 
 
 def _time_tiles(tiles: Tiles, shapes: Sequence[tuple[int, int, int]], repeats: int) -> float:
-    """Seconds of one LSTM layer's forward plus one training step per shape, float16, each the best of
-    ``repeats`` calls timed with CUDA events after a warm-up (the first call compiles)."""
+    """Seconds of one LSTM layer's forward, one training step and a layer norm of its input projection's rows
+    (T x N rows of 4H, as a layer-norm LSTM's) per shape, float16, each the best of ``repeats`` calls timed with
+    CUDA events after a warm-up (the first call compiles)."""
     import numpy as np
     import torch
 
     from .. import compile as nf_compile
     from .. import grad, scan, sigmoid, tanh
     from ..codegen.triton import TritonBackend
+    from ..nn.functional import layer_norm
 
     def lstm(x, h0, c0, w_ih, w_hh, b):
         def cell(carry, x_t):
@@ -79,6 +82,10 @@ def _time_tiles(tiles: Tiles, shapes: Sequence[tuple[int, int, int]], repeats: i
         ys = lstm(x, h0, c0, w_ih, w_hh, b)
         return (ys * ys).sum()
 
+    def normalized(x, h0, c0, w_ih, w_hh, b):
+        rows = (x @ w_ih.T).reshape(-1, w_ih.shape[0])  # a layer-norm LSTM's input projection, its rows whole
+        return layer_norm(rows, rows.shape[-1:], b, b)
+
     backend = TritonBackend(tiles=tiles)
     rng = np.random.default_rng(0)
     total = 0.0
@@ -86,7 +93,7 @@ def _time_tiles(tiles: Tiles, shapes: Sequence[tuple[int, int, int]], repeats: i
         host = [(rng.standard_normal(s) * 0.1).astype(np.float16)
                 for s in ((T, N, H), (N, H), (N, H), (4 * H, H), (4 * H, H), (4 * H,))]
         dev = [torch.from_numpy(a).cuda() for a in host]
-        for fn in (lstm, grad(loss, argnums=(3, 4, 5))):
+        for fn in (lstm, grad(loss, argnums=(3, 4, 5)), normalized):
             program = backend(nf_compile(fn).trace(*host))
             program.call_tensors(dev)  # type: ignore[attr-defined]
             best = float("inf")

@@ -21,11 +21,12 @@ pytestmark = [pytest.mark.triton,
 
 def _cost(t: Tiles) -> float:
     """A made-up timing with one best value per axis (64 rows, 8 warps, 64 x 32 GEMM tiles in groups of 32 row
-    tiles, 2048 elements, 3 stages, the large GEMM tile 128 x 256 on 4 warps from 64 programs)."""
+    tiles, 2048 elements, 3 stages, the large GEMM tile 128 x 256 on 4 warps from 64 programs, 16384 values a
+    program of whole rows)."""
     return (abs(t.scan_rows - 64) + abs(t.scan_warps - 8) + abs(t.gemm_m - 64) + abs(t.gemm_n - 32)
             + abs(t.gemm_k - 32) + abs(t.flat - 2048) / 64 + abs(t.warps - 4) + (t.gemm_warps == 8) * 1e6
             + abs(t.scan_stages - 3) + abs(t.gemm_group - 32) + abs(t.gemm_big_programs - 64) / 64
-            + abs(t.gemm_big_n - 256) / 128 + abs(t.gemm_big_warps - 4))
+            + abs(t.gemm_big_n - 256) / 128 + abs(t.gemm_big_warps - 4) + abs(t.row_elements - 16384) / 1024)
 
 
 def test_the_search_keeps_each_axis_best_and_caches_it_per_device(tmp_path, monkeypatch):
@@ -39,7 +40,7 @@ def test_the_search_keeps_each_axis_best_and_caches_it_per_device(tmp_path, monk
     best = tune_triton(timer=timer, device="NVIDIA H200")
     assert best == Tiles(scan_rows=64, scan_warps=8, gemm_m=64, gemm_n=32, gemm_k=32, gemm_warps=4, flat=2048,
                          warps=4, scan_stages=3, gemm_group=32, gemm_big_programs=64, gemm_big_n=256,
-                         gemm_big_warps=4)
+                         gemm_big_warps=4, row_elements=16384)
     # each candidate timed once, one axis at a time: the defaults, then each other value of each axis
     assert len(seen) == len(set(seen)) == 1 + sum(len(values) - 1 for values in AXES.values())
     assert load_triton_tiles("NVIDIA H200") == best and load_triton_tiles("NVIDIA H100 80GB HBM3") is None
