@@ -186,12 +186,7 @@ class Renderer:
             if id(stored_node(k)) in chunked:
                 continue
             if isinstance(k, Rows):
-                outs = [[self.place(m.out), *(f"out{i}" for i in m.also)] if kept else []
-                        for m, kept in zip(k.members, k.stores)]
-                render_rows(self, k, ctx, outs)
-                for m, o in zip(k.members, outs):
-                    if o:
-                        ctx.buffers[id(stored_node(m))] = o[0]
+                render_rows(self, k, ctx, lambda buf, also: [self.place(buf), *(f"out{i}" for i in also)])
                 continue
             if isinstance(k, SlicedGemm):
                 outs = [[self.place(o), *(f"out{i}" for i in more)] for o, more in zip(k.outs, k.also_of)]

@@ -11,12 +11,13 @@ from memory once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...dtypes import DType
 from ...ir.node import Node
 from ...ir.ops import Op
-from ...schedule import Reduce, Rows, stored_node
+from ...schedule import Buf, Reduce, Rows, stored_node
 from .evaluate import Ctx, Emitter, Eval
 from .texpr import acc_dtype, rounded
 
@@ -24,8 +25,18 @@ if TYPE_CHECKING:
     from .render import Renderer
 
 
-def render_rows(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
-    """``k``'s members into their outputs (``outs``: each member's buffers), one program per ``BR`` rows."""
+def render_rows(r: Renderer, k: Rows, ctx: Ctx, dests: Callable[[Buf, tuple[int, ...]], list[str]]) -> None:
+    """``k``'s members, one program per ``BR`` rows, each stored member into ``dests(out, also)`` (its buffer and
+    its extra results), which later kernels of ``ctx`` then read."""
+    outs = [dests(m.out, m.also) if kept else [] for m, kept in zip(k.members, k.stores)]
+    _render(r, k, ctx, outs)
+    for m, o in zip(k.members, outs):
+        if o:
+            ctx.buffers[id(stored_node(m))] = o[0]
+
+
+def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
+    """The kernel: each member on the program's ``[BR, C]`` tile in order, into ``outs`` (none: held only)."""
     sz = r.sz
     width = k.width
     cols = 1 << (width - 1).bit_length()

@@ -115,11 +115,7 @@ def render_steps(r: Renderer, loop: Loop, ctx: Ctx, results: list[str]) -> None:
                     body.buffers[id(k.returned)] = product[0]
                 continue
             if isinstance(k, Rows):
-                outs_of = [dests(m.out, m.also) if kept else [] for m, kept in zip(k.members, k.stores)]
-                render_rows(r, k, body, outs_of)
-                for m, o in zip(k.members, outs_of):
-                    if o:
-                        body.buffers[id(stored_node(m))] = o[0]
+                render_rows(r, k, body, dests)
                 continue
             outs = dests(k.out, k.also)
             r.kernel(k, body, outs)
