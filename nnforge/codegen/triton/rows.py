@@ -40,8 +40,12 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
     sz = r.sz
     width = k.width
     cols = 1 << (width - 1).bit_length()
-    block = max(1, r.tiles.row_elements // cols)
-    n_rows = sz.prod(k.lead) if k.lead else "1"
+    n_rows = sz.prod(k.lead)
+    # ``row_elements`` values of 4 bytes a program (float64 rows: half as many), and no more rows than there are
+    wide = max(4, *(m.node.dtype.itemsize for m in k.members))
+    block = max(1, r.tiles.row_elements * 4 // wide // cols)
+    if all(sz.is_static(d) for d in k.lead):
+        block = min(block, 1 << max(0, int(n_rows) - 1).bit_length())
     em = Emitter()
     prologue = ["pid = tl.program_id(0).to(tl.int64)", "rows = pid * BR + tl.arange(0, BR)[:, None]",
                 f"c = tl.arange(0, {cols})[None, :]", f"mr = rows < {n_rows}", f"m = mr & (c < {width})"]

@@ -111,8 +111,9 @@ class Tiles:
     former order, row tiles fastest over all rows; 8, as Triton's matmul tutorial groups them: not yet timed
     here). ``reduce_rows`` /
     ``reduce_cols``: a reduction program's outputs and the reduced elements it reads per iteration.
-    ``row_elements``: the values a program of whole rows (``Rows``) takes, its rows padded to a power of two (a
-    row of 384 values: 8 rows of 512 a program; one row where a row is wider).
+    ``row_elements``: the values of 4 bytes a program of whole rows (``Rows``) takes, its rows padded to a power
+    of two (a row of 384 values: 8 rows of 512 a program; one row where a row is wider; float64 values half as
+    many), and never more rows than there are (rounded up to a power of two).
     ``scan_rows``: batch rows per program of a persistent scan kernel, the M side of the step's ``tl.dot`` (at
     least 8: Triton pads a narrower M to the tensor cores' 16 rows, so 8 leaves half of each MMA idle but makes
     twice the programs — at batch 1024, 128 of them on a 132-SM part instead of 64: 1.5x faster there than 16 on

@@ -181,12 +181,15 @@ def test_rows_wider_than_the_target_takes_are_kernels_of_their_own(rng: np.rando
     assert len(_rows(program)) == 1
 
 
-@pytest.mark.parametrize("elements", [64, 4096])
-def test_a_program_takes_as_many_rows_as_its_tile_holds(elements: int, rng: np.random.Generator):
-    """``Tiles.row_elements``: 64 values a program is one row of 48 (padded to 64) and many programs; 4096, 64
-    rows a program; the same results."""
-    _, rendered, _ = _built(softmax, [_f32(rng, 70, 48)], tiles=Tiles(row_elements=elements))
-    assert f"BR={elements // 64}" in rendered.source
+@pytest.mark.parametrize(("elements", "rows", "dtype", "block"), [
+    (64, 70, np.float32, 1), (4096, 70, np.float32, 64), (4096, 70, np.float64, 32), (4096, 6, np.float32, 8)])
+def test_a_program_takes_as_many_rows_as_its_tile_holds(elements: int, rows: int, dtype, block: int,
+                                                        rng: np.random.Generator):
+    """``Tiles.row_elements``: values of 4 bytes a program takes, rows of 48 padded to 64 — 64 values a program
+    is one row, 4096 are 64 rows, or 32 of float64 values (as many registers); never more rows than there are
+    (6 rows: 8 a program, not 64). The same results."""
+    _, rendered, _ = _built(softmax, [_f32(rng, rows, 48).astype(dtype)], tiles=Tiles(row_elements=elements))
+    assert f"BR={block}," in rendered.source
 
 
 def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
