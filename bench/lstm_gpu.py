@@ -369,6 +369,32 @@ def kernel_profile(fn: Callable[[], object], device: str, top: int = 12) -> None
         print(f"    {us / 1e3:9.3f} ms {100 * us / total:5.1f} %  x{count:<5d} {key[:90]}")
 
 
+def first_calls(fns: dict[str, Callable[[], object]], device: str, failed: dict[str, str]) -> dict[str, object]:
+    """Each candidate's first call's result; a candidate that cannot run here (cuDNN at batch 8448, FlashRNN
+    unbuilt) leaves ``fns`` with its reason in ``failed`` — but nnforge's own failure is raised."""
+    results: dict[str, object] = {}
+    for name, fn in list(fns.items()):
+        try:
+            results[name] = fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:
+            if name == "nnforge.triton":
+                raise
+            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            del fns[name]
+    return results
+
+
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int, clock: Clock) -> dict[str, float]:
+    """Each candidate's median time over ``rounds`` rounds, each round timing every candidate once in turn."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(clock(fn))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: bool, rounds: int,
           clock: Clock, flash: str = "auto", graphs: bool = False, known: dict[str, str] | None = None,
           variants: tuple[str, ...] = (), profile: bool = False) -> None:
@@ -384,22 +410,8 @@ def bench(T: int, N: int, H: int, dtype: torch.dtype, device: str, training: boo
         torch.cuda.synchronize()
     first = time.perf_counter() - t0
     failed = {name: f"{why} (in a separate process)" for name, why in known.items()}
-    results: dict[str, object] = {}
-    for name, fn in list(fns.items()):
-        try:
-            results[name] = fn()
-            if device == "cuda":
-                torch.cuda.synchronize()
-        except Exception as e:  # an anchor that cannot run here (cuDNN at batch 8448, FlashRNN unbuilt) is reported
-            if name == "nnforge.triton":
-                raise
-            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            del fns[name]
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(clock(fn))
-    med = {name: statistics.median(ts) for name, ts in times.items()}
+    results = first_calls(fns, device, failed)
+    med = interleaved(fns, rounds, clock)
     mine = med["nnforge.triton"]
     mode = "training" if training else "inference"
     print(f"T={T} N={N} H={H} {str(dtype).removeprefix('torch.')} {mode}: first call (compile) {first:.2f} s")

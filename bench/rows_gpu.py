@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import sys
 from collections.abc import Callable
 
@@ -31,7 +30,7 @@ if SMOKE:
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from lstm_gpu import Clock, copy_peak  # noqa: E402  (this folder, on sys.path when run as a script)
+from lstm_gpu import Clock, copy_peak, first_calls, interleaved  # noqa: E402  (this folder, on sys.path when run as a script)
 
 import nnforge as nf  # noqa: E402
 import nnforge.nn.functional as F  # noqa: E402
@@ -83,21 +82,10 @@ def bench(op: str, rows: int, width: int, dtype: torch.dtype, device: str, round
     args = [(torch.randn(s, generator=gen) * 2.0).to(device=device, dtype=dtype) for s in shapes]
     fns = candidates(op, args)
     ref = (t_layer_norm if op == "layer norm" else t_softmax)(*(a.double() for a in args))
-    errors, failed = {}, {}
-    for name, fn in list(fns.items()):
-        try:
-            out = fn()
-            errors[name] = float(((out.double() - ref).abs().max() / ref.abs().max()).item())
-        except Exception as e:  # an anchor that cannot run here is reported, the others go on
-            if name == "nnforge.triton":
-                raise
-            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            del fns[name]
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(clock(fn))
-    med = {name: statistics.median(ts) for name, ts in times.items()}
+    failed: dict[str, str] = {}
+    errors = {name: float(((out.double() - ref).abs().max() / ref.abs().max()).item())  # type: ignore[union-attr]
+              for name, out in first_calls(fns, device, failed).items()}
+    med = interleaved(fns, rounds, clock)
     moved = 2 * rows * width * dtype.itemsize
     print(f"{op}: {rows} rows of {width}, {str(dtype).removeprefix('torch.')} (copy peak {peak:.0f} GB/s)")
     for name, t in med.items():
