@@ -453,8 +453,7 @@ class Renderer:
         if is_sum:
             em.line(f"res = tl.sum(acc, axis={axis})")
         elif p.dtype.is_float:
-            em.line(f"res = tl.where(tl.max((acc != acc).to(tl.int32), axis={axis}) > 0, float(\"nan\"), "
-                    f"tl.max(acc, axis={axis}))")
+            em.line(f"res = nf_max(acc, {axis})")
         else:
             em.line(f"res = tl.max(acc, axis={axis})")
         if p.dtype.is_half:

@@ -102,7 +102,6 @@ def _row_reduction(p: Node, ev: Eval, element: tuple[str, ...]) -> str:
         return f"tl.sum({ev.masked(p.srcs[0], element)}.to({acc}), axis=1)[:, None]"
     v = ev.tmp(f"{ev.val(p.srcs[0], element)}.to({acc})")
     if p.dtype.is_float:
-        nan = f"tl.max(tl.where(m & ({v} != {v}), 1, 0), axis=1)[:, None] > 0"
-        return f"tl.where({nan}, float(\"nan\"), tl.max(tl.where(m, {v}, -float(\"inf\")), axis=1)[:, None])"
+        return f"nf_max(tl.where(m, {v}, -float(\"inf\")), 1)[:, None]"
     least = -(2 ** 63) if p.dtype == DType.int64 else -(2 ** 31)
     return f"tl.max(tl.where(m, {v}, {least}), axis=1)[:, None]"

@@ -98,6 +98,13 @@ def nf_sigmoid(x):
 
 
 @triton.jit
+def nf_max(x, AXIS: tl.constexpr):
+    """The maximum of float ``x`` along ``AXIS``, NaN where any value is (as numpy, torch and the reference):
+    compiled for a GPU, ``tl.max`` takes the larger of a number and NaN to be the number."""
+    return tl.where(tl.max((x != x).to(tl.int32), axis=AXIS) > 0, float("nan"), tl.max(x, axis=AXIS))
+
+
+@triton.jit
 def nf_halves(x, TR: tl.constexpr):
     """The two halves of a step tile's row values ([ROWS, 2w], or [2w, ROWS] transposed), as [ROWS, w] tiles:
     a row reduction over tiles of several widths folds the wider ones to the narrowest, element by element, then
