@@ -626,8 +626,10 @@ class Renderer:
         stage just noted for it with a program's tile of them held across steps: a function loading the tile (B
         at ``columns``, each ``width`` wide, in chunks of K) and ``spell(consts, k_sum, takes)``, the stage's
         kernel with its sum over K taking them (``k_held``); the stage then carries both (``Stage.held``)."""
+        if self.stages is None:
+            return
         chunks, rows = self.held_weights(p, b_resident, block, len(columns))
-        if self.stages is None or not chunks:
+        if not chunks:
             return
         held = block.consts() | {"BK": rows}
         em = Emitter()
