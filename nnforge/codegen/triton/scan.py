@@ -23,6 +23,7 @@ nested loops, scatter-adds or batched products, step values read through views, 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from ...dtypes import DType
@@ -495,23 +496,22 @@ class ScanKernel:
         for _, w, idx in self.tiling(src):
             value = self.eval(body, self.mask(w)).val(src, idx)
             tiles.setdefault(w, []).append(f"{value}.to({acc_dtype(p.dtype)})")
+        is_sum = p.op == Op.SUM
+
+        def combine(a: str, b: str) -> str:
+            return f"{a} + {b}" if is_sum else f"tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+
         narrowest, axis, tr = min(_pad(w) for w in tiles), 0 if self.tr else 1, int(self.tr)
-        total = ""
+        empty, fold = ("0", "nf_fold_sum") if is_sum else ('-float("inf")', "nf_fold_max")  # the masked columns
+        folded = []
         for w, vs in tiles.items():
-            mask = self.mask(w)
-            if p.op == Op.SUM:
-                v = f"tl.where({mask}, {' + '.join(vs)}, 0)"
-            else:
-                v = vs[0]
-                for u in vs[1:]:
-                    v = f"tl.maximum({v}, {u}, propagate_nan=tl.PropagateNan.ALL)"
-                v = f"tl.where({mask}, {v}, -float(\"inf\"))"
-            fold, cols = "nf_fold_sum" if p.op == Op.SUM else "nf_fold_max", _pad(w)
+            v = f"tl.where({self.mask(w)}, {functools.reduce(combine, vs)}, {empty})"
+            cols = _pad(w)
             while cols > narrowest:
                 v, cols = f"{fold}({v}, {tr})", cols // 2
-            total = v if not total else (f"{total} + {v}" if p.op == Op.SUM else
-                                         f"tl.maximum({total}, {v}, propagate_nan=tl.PropagateNan.ALL)")
-        total = f"tl.sum({total}, axis={axis})" if p.op == Op.SUM else f"tl.max({total}, axis={axis})"
+            folded.append(v)
+        total = functools.reduce(combine, folded)
+        total = f"tl.sum({total}, axis={axis})" if is_sum else f"tl.max({total}, axis={axis})"
         row = f"({total}){self.rows_axis}"
         res = em.tmp(row if self.wide else rounded(row, p.dtype), "s")
         idx = self.ident(p)
