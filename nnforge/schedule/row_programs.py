@@ -17,12 +17,12 @@ from collections.abc import Sequence
 
 from ..ir.dims import fixed
 from ..ir.node import Graph, Node, users
-from ..ir.ops import ELEMENTWISE, Op
+from ..ir.ops import ELEMENTWISE, MOVEMENT, Op
 from ..passes.fuse import Grouping
 from .program import Elementwise, Kernel, Loop, Reduce, Rows, stored_node
 
 Member = Reduce | Elementwise
-_VIEWS = (Op.EXPAND, Op.RESHAPE, Op.SLICE, Op.PERMUTE, Op.PAD, Op.CONCAT, Op.GATHER)  # inlined where read
+_VIEWS = MOVEMENT | {Op.GATHER}  # inlined where they are read
 
 
 def row_programs(kernels: Sequence[Kernel | Loop], graph: Graph, g: Grouping, widest: int,
