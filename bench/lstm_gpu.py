@@ -467,12 +467,8 @@ def bench_cells(T: int, N: int, H: int, dtype: torch.dtype, device: str, rounds:
                    "torch.compile": lambda f=compiled, a=args: f(*a),
                    "cuDNN std LSTM": lambda: cudnn(x, (h0[None], c0[None]))}
             fns |= {k: lambda f=f, a=args: f(*a) for k, f in others.items()}
-            times: dict[str, list[float]] = {k: [] for k in fns}
             results = {k: fn() for k, fn in fns.items()}
-            for _ in range(rounds):
-                for k, fn in fns.items():
-                    times[k].append(clock(fn))
-        med = {k: statistics.median(ts) for k, ts in times.items()}
+            med = interleaved(fns, rounds, clock)
         mine = med["nnforge.triton"]
         print(f"{name} T={T} N={N} H={H} {str(dtype).removeprefix('torch.')} inference "
               f"(error vs float64: nnforge {err:.2e}, the eager loop {eager:.2e}; "
