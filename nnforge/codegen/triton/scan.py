@@ -511,7 +511,7 @@ class ScanKernel:
                 v, cols = f"{fold}({v}, {tr})", cols // 2
             folded.append(v)
         total = functools.reduce(combine, folded)
-        total = f"tl.sum({total}, axis={axis})" if is_sum else f"tl.max({total}, axis={axis})"
+        total = f"tl.sum({total}, axis={axis})" if is_sum else f"nf_max({total}, {axis})"  # NaN kept on a GPU
         row = f"({total}){self.rows_axis}"
         res = em.tmp(row if self.wide else rounded(row, p.dtype), "s")
         idx = self.ident(p)

@@ -481,8 +481,8 @@ def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
 
 def _scan_calls(source: str, name: str, step: bool = False) -> list[int]:
     """How many times each persistent scan kernel of a program's source (with ``step``, its time loop) calls
-    ``tl.<name>``."""
-    return [sum(isinstance(n, ast.Call) and ast.unparse(n.func) == f"tl.{name}"
+    ``name`` (``tl.store``, or a prelude function such as ``nf_max``)."""
+    return [sum(isinstance(n, ast.Call) and ast.unparse(n.func) == name
                 for n in ast.walk(_time_loop(fn) if step else fn))
             for fn in _scan_kernels(source)]
 
@@ -516,10 +516,23 @@ def test_a_row_held_one_tile_per_gate_is_reduced_once(fn, op: str, per_row: int,
     program, _ = _scheduled(fn, *args)
     assert [loop.parallel is not None for loop in program.loops()] == [True]
     built = _check(fn, *args, backend=TritonBackend(tiles=tiles))
-    assert _scan_calls(built.source, op) == [per_row]
+    assert _scan_calls(built.source, {"sum": "tl.sum", "max": "nf_max"}[op]) == [per_row]
     folds = [sum(isinstance(n, ast.Call) and ast.unparse(n.func) == f"nf_fold_{op}" for n in ast.walk(k))
              for k in _scan_kernels(built.source)]
     assert folds == [per_row if H == 48 else 0], folds
+
+
+def test_a_row_max_in_a_scan_keeps_nan(rng: np.random.Generator):
+    """A NaN in one batch row's input makes that row's max, and so its outputs from that step on, NaN, as in the
+    reference; the other rows stay numbers. The scan reduces with ``nf_max`` (compiled for a GPU, ``tl.max``
+    takes the larger of a number and NaN to be the number; the interpreter's is numpy's, NaN-keeping either
+    way), at H = 48 after the fold of 32-wide tiles to 16."""
+    args = lstm_args(rng, T=4, N=10, I=6, H=48)
+    args[0][1, 3, 2] = np.nan
+    built = _check(max_centred_lstm, *args)
+    assert _scan_calls(built.source, "nf_max") == [1] and _scan_calls(built.source, "tl.max") == [0]
+    ys = built(list(args))[0]
+    assert np.isnan(ys[1:, 3]).all() and not np.isnan(ys[0]).any() and not np.isnan(np.delete(ys, 3, axis=1)).any()
 
 
 def test_a_layer_norm_lstm_holds_its_gate_row_one_tile_per_gate(rng: np.random.Generator):
@@ -635,11 +648,11 @@ def test_a_step_stores_its_tiles_of_one_width_at_once(pieces: bool, rng: np.rand
     tiles = Tiles(scan_pieces=pieces)
     program = _check(_trained(lstm), *lstm_args(rng, T=3, N=10, H=48), backend=TritonBackend(tiles=tiles))
     widths = 2 if pieces else 1
-    assert _scan_calls(program.source, "join", step=True) == [3 * widths, 3 * widths], program.source
-    assert _scan_calls(program.source, "store", step=True) == [3 * widths, widths], program.source
+    assert _scan_calls(program.source, "tl.join", step=True) == [3 * widths, 3 * widths], program.source
+    assert _scan_calls(program.source, "tl.store", step=True) == [3 * widths, widths], program.source
     gru_step = _check(_trained(gru), *[_f32(rng, *s) for s in [(3, 10, 4), (10, 48), (144, 4), (144, 48), (144,),
                                                                 (144,)]], backend=TritonBackend(tiles=tiles))
-    assert 0 in _scan_calls(gru_step.source, "join", step=True), gru_step.source
+    assert 0 in _scan_calls(gru_step.source, "tl.join", step=True), gru_step.source
 
 
 def test_a_row_held_by_gates_is_stored_gate_by_gate_as_a_step_output(rng: np.random.Generator):
