@@ -429,13 +429,16 @@ def compile(fn: Callable | None = None, *, backend: str = "reference", options: 
 
 def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
     """Print and return the IR of ``fn`` for these arguments. ``stage``: "traced" (before passes), "ir",
-    "scheduled" (the backend-neutral program the CPU target schedules: kernels named after what they fuse, where
-    results go, which loops are split by rows, chunked projections) or "fused" (the C backend's kernel listing:
-    what each kernel fuses and its index expressions)."""
-    stages = ("traced", "ir", "scheduled", "fused")
+    "scheduled" (the backend-neutral program a target schedules: kernels named after what they fuse, where results
+    go, which loops are split by rows, chunked projections; the Triton target's for a function compiled with
+    ``backend="triton"``, else the CPU target's), "fused" (the C backend's kernel listing: what each kernel fuses
+    and its index expressions) or "source" (the code the compiled function's backend generates: C, or a Triton
+    module)."""
+    stages = ("traced", "ir", "scheduled", "fused", "source")
     if stage not in stages:
         raise ValueError(f"show: unknown stage {stage!r}; choose one of {', '.join(stages)}")
     cf = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
+    shown = getattr(cf._builder, stage, None)  # a code-generating backend's own view of the stage
     if stage == "ir":
         text = repr(cf.trace(*args, **kwargs))
     elif stage == "fused":
@@ -445,7 +448,12 @@ def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
     elif stage == "scheduled":
         from .codegen.c import scheduled
 
-        text = scheduled(cf.trace(*args, **kwargs))
+        text = (shown or scheduled)(cf.trace(*args, **kwargs))
+    elif stage == "source":
+        if shown is None:
+            raise ValueError(f"show: backend {cf.backend!r} generates no code; stage 'source' shows a function "
+                             "compiled with backend='cpu' or backend='triton'")
+        text = shown(cf.trace(*args, **kwargs))
     else:
         leaves, treedef, arrays, _ = cf._split(args, kwargs)
         text = repr(trace_function(cf.fn, treedef, leaves, arrays).graph)

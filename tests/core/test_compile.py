@@ -234,6 +234,30 @@ def test_show_rejects_unknown_stage():
         nf.show(tiny, *_tiny_args(), stage="kernels?")
 
 
+def _normalized(x, g, b):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / nf.sqrt(v + 1e-5) * g + b
+
+
+def test_show_follows_the_compiled_functions_backend(rng: np.random.Generator):
+    """"scheduled" is the program of the target the function is compiled for — the Triton target makes a
+    layer norm one kernel of whole rows, the CPU target three kernels — and "source" the code its backend
+    generates (C, or a Triton module of ``@triton.jit`` kernels); the reference backend generates none."""
+    x = rng.standard_normal((8, 48)).astype(np.float32)
+    args = (x, x[0] + 1, x[1])
+    cpu, gpu = (nf.show(nf.compile(_normalized, backend=b), *args, stage="scheduled") for b in ("cpu", "triton"))
+    assert cpu == nf.show(_normalized, *args, stage="scheduled") and cpu.startswith("program for target cpu")
+    assert gpu.startswith("program for target triton") and "whole in each program" in gpu
+    assert "whole in each program" not in cpu and cpu.count(" -> ") == 3
+    c = nf.show(nf.compile(_normalized, backend="cpu"), *args, stage="source")
+    triton = nf.show(nf.compile(_normalized, backend="triton"), *args, stage="source")
+    assert "void " in c and "@triton.jit" not in c
+    assert triton.count("@triton.jit\ndef k") == 1 and "def run(" in triton
+    with pytest.raises(ValueError, match="backend 'reference' generates no code"):
+        nf.show(_normalized, *args, stage="source")
+
+
 def _size_uses(xs):
     h, ys = nf.scan(lambda h, x: (h + x, h), nf.zeros(2, dtype=xs.dtype), xs)
     n = xs.shape[0]

@@ -86,6 +86,16 @@ class CpuBackend:
         lib, key = self.toolchain.load(low.text)
         return CProgram(graph, lib, key, low.sizes, [n.attrs["array"] for n in low.data], low.listing, low.text)
 
+    def scheduled(self, graph: Graph) -> str:
+        """``nf.show(stage="scheduled")``: the program the CPU target schedules (``scheduled``)."""
+        return scheduled(graph)
+
+    def source(self, graph: Graph) -> str:
+        """``nf.show(stage="source")``: the C this backend would compile for an optimized graph, with the tiles
+        ``nf.show`` shows (raises ``Unsupported`` where it would run the interpreter instead)."""
+        gemm = _shown_config()
+        return lower(prepare(graph, gemm), gemm).text
+
     def _gemm_for(self, graph: Graph) -> GemmConfig:
         """The tile configuration to build with: a tuned one from the cache, else this backend's; its vector width
         the compiler's widest where it says 0."""

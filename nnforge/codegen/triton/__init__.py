@@ -114,6 +114,19 @@ class TritonBackend:
     def device(self) -> str:
         return "cpu" if interpreted() else "cuda"
 
+    def scheduled(self, graph: Graph) -> str:
+        """``nf.show(stage="scheduled")`` of a function compiled for Triton: the program this backend's target
+        schedules for an optimized graph (whole-row kernels, weight gradients summed in parts, persistent scans),
+        which it renders."""
+        return str(schedule(prepare(graph, self.target), self.target))
+
+    def source(self, graph: Graph) -> str:
+        """``nf.show(stage="source")``: the Triton module this backend would build for an optimized graph, with
+        the tiles it would build with (raises ``Unsupported`` where it would run the interpreter instead)."""
+        graph = prepare(graph, self.target)
+        tiles = self.tiles or (self.device_tiles if self.available else Tiles())
+        return render(schedule(graph, self.target), graph, tiles).source
+
     def __call__(self, graph: Graph) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
         from ...runtime import debug_level, setup_logging
 
