@@ -25,7 +25,7 @@ import numpy as np
 
 from .codegen import build_program
 from .control import _is_leaf
-from .dtypes import from_numpy
+from .dtypes import DType, as_dtype, from_numpy
 from .errors import NNForgeError, TraceError, at
 from .interop.autograd import call_with_autograd, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
@@ -38,7 +38,7 @@ from .passes import run_pipeline
 from .passes.rewrite import substitute
 from .passes.specialize import specialize, unify_sizes
 from .pytree import flatten, unflatten
-from .tensor import Tensor, adopt
+from .tensor import Tensor, adopt, as_tensor
 from .trace import scope, session
 
 log = logging.getLogger("nnforge.compile")
@@ -90,7 +90,8 @@ class CompiledFunction:
 
     loaded_from: str | None = None  # the file of a program ``nf.load`` rebuilt (``saving.LoadedFunction``)
 
-    def __init__(self, fn: Callable, backend: str = "reference", options: Mapping[str, Any] | None = None):
+    def __init__(self, fn: Callable, backend: str = "reference", options: Mapping[str, Any] | None = None,
+                 dtype: Any = None):
         from .codegen import BACKENDS, backend_with
 
         if backend not in BACKENDS:
@@ -98,6 +99,8 @@ class CompiledFunction:
         if not callable(fn):
             raise TraceError(at(f"compile: expected a function, got {type(fn).__name__}"))
         self.fn = fn
+        self.dtype = _compute_dtype(dtype)
+        self._body = fn if self.dtype is None else _floats_cast(fn, self.dtype)  # what is traced
         self.backend = backend
         self.options = dict(options or {})
         self._builder = backend_with(backend, self.options)  # raises early on options the backend does not take
@@ -117,6 +120,8 @@ class CompiledFunction:
 
     def _split(self, args: tuple, kwargs: dict) -> tuple[list, Any, list, tuple]:
         leaves, treedef = flatten((args, kwargs), lambda x: _is_leaf(x) or _is_static(x))
+        if self.dtype is not None:
+            leaves = [_converted(v, self.dtype) for v in leaves]
         arrays, statics = [], []
         for v in leaves:
             if isinstance(v, (str, type(None))) or (isinstance(v, (bool, int, float)) and not isinstance(v, Tensor)):
@@ -136,7 +141,7 @@ class CompiledFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if session().tracing:
-            return self.fn(*args, **kwargs)  # inside another trace: inline
+            return self._body(*args, **kwargs)  # inside another trace: inline
         if "torch" in sys.modules and needs_autograd(flatten((args, kwargs), _is_leaf)[0]):
             return call_with_autograd(self, args, kwargs)
         leaves, arrays, shapes, entry = self._lookup(args, kwargs)
@@ -171,7 +176,7 @@ class CompiledFunction:
         """The compiled pullback used by torch autograd (``interop.autograd``), one per argument structure."""
         key = (treedef, n_leaves, diff)
         if key not in self._vjps:
-            fn = vjp_function(self.fn, treedef, n_leaves, diff)
+            fn = vjp_function(self._body, treedef, n_leaves, diff)
             fn.__qualname__ = f"{_name(self.fn)}.vjp"
             self._vjps[key] = CompiledFunction(fn, self.backend, self.options)
         return self._vjps[key]
@@ -244,7 +249,7 @@ class CompiledFunction:
     def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         self.trace_count += 1
         start = time.perf_counter()
-        t = trace_function(self.fn, treedef, leaves, arrays)
+        t = trace_function(self._body, treedef, leaves, arrays)
         traced = time.perf_counter()
         graph = run_pipeline(t.graph)
         log.info("%s: traced in %.3f s (%d nodes), passes in %.3f s", _name(self.fn), traced - start,
@@ -252,6 +257,50 @@ class CompiledFunction:
         graph, generic, ties = _generic_axes(graph, shapes, t.baked)
         return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out,
                       grads=t.grads, grad_reads=t.grad_reads, presence=t.presence, ties=ties)
+
+
+def _compute_dtype(dtype: Any) -> DType | None:
+    """``nf.compile``'s ``dtype``: None, or a floating-point dtype (else ``ValueError`` naming it)."""
+    if dtype is None:
+        return None
+    try:
+        dt = as_dtype(dtype)
+    except (TypeError, ValueError):
+        raise ValueError(f"compile: dtype must be a floating-point dtype such as nf.float16, got {dtype!r}") from None
+    if not dt.is_float:
+        raise ValueError(f"compile: dtype must be a floating-point dtype such as nf.float16, got {dt.value}")
+    return dt
+
+
+def _converted(v: Any, dtype: DType) -> Any:
+    """A floating-point array argument in ``dtype`` (a torch tensor stays on its device); anything else as it is."""
+    if isinstance(v, Tensor):
+        return v.cast(dtype) if v.dtype.is_float else v
+    if isinstance(v, np.ndarray):
+        return v.astype(dtype.np) if from_numpy(v.dtype).is_float and v.dtype != dtype.np else v
+    if is_torch(v) and v.is_floating_point():
+        import torch
+
+        return v.to(getattr(torch, dtype.value))
+    return v
+
+
+def _floats_cast(fn: Callable, dtype: DType) -> Callable:
+    """``fn`` reading its floating-point array arguments as ``dtype``, for a trace that calls it (the compiled
+    function inlined in another, or its gradient program for torch autograd): there the casts are nodes of the
+    graph, so gradients with respect to those arguments come back in their own dtype."""
+    @functools.wraps(fn)
+    def cast(*args: Any, **kwargs: Any) -> Any:
+        leaves, treedef = flatten((args, kwargs), _is_leaf)
+        leaves = [as_tensor(v).cast(dtype) if _is_array(v) and as_tensor(v).dtype.is_float else v for v in leaves]
+        a, k = unflatten(treedef, leaves)
+        return fn(*a, **k)
+
+    return cast
+
+
+def _is_array(v: Any) -> bool:
+    return isinstance(v, (Tensor, np.ndarray)) or is_torch(v)
 
 
 def _name(fn: Callable) -> str:
@@ -417,14 +466,20 @@ def _captured(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node
     return out
 
 
-def compile(fn: Callable | None = None, *, backend: str = "reference", options: Mapping[str, Any] | None = None
-            ) -> Any:
+def compile(fn: Callable | None = None, *, backend: str = "reference", options: Mapping[str, Any] | None = None,
+            dtype: Any = None) -> Any:
     """Compile ``fn`` (usable as ``@nf.compile`` or ``@nf.compile(backend="cpu")``). ``options``: settings of the
     backend, for ``triton`` ``{"cuda_graphs": True}`` (replay its programs as CUDA graphs) and ``{"tiles":
-    Tiles(...)}`` (block sizes); an option the backend does not take raises ``ValueError``."""
+    Tiles(...)}`` (block sizes); an option the backend does not take raises ``ValueError``. ``dtype``: a
+    floating-point dtype (``nf.float16``, ``nf.bfloat16``...) every floating-point array argument is converted to
+    at the call (a torch tensor on its device), so a function written and called in float32 runs in half
+    precision (its matmuls accumulating in float32) with the very program the converted arguments would get;
+    the results are what the computation makes of them, and torch autograd's gradients of the arguments are in
+    the arguments' dtype (a compiled ``nf.grad`` converts its own arguments: its gradients are in ``dtype``).
+    Tensors the function captures (a module's parameters) keep theirs: cast the module (``Module.to``)."""
     if fn is None:
-        return lambda f: CompiledFunction(f, backend, options)
-    return CompiledFunction(fn, backend, options)
+        return lambda f: CompiledFunction(f, backend, options, dtype)
+    return CompiledFunction(fn, backend, options, dtype)
 
 
 def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
@@ -456,6 +511,6 @@ def show(fn: Callable, *args: Any, stage: str = "ir", **kwargs: Any) -> str:
         text = shown(cf.trace(*args, **kwargs))
     else:
         leaves, treedef, arrays, _ = cf._split(args, kwargs)
-        text = repr(trace_function(cf.fn, treedef, leaves, arrays).graph)
+        text = repr(trace_function(cf._body, treedef, leaves, arrays).graph)
     print(text)
     return text

@@ -208,6 +208,7 @@ class SavedFunction:
     backend: str
     entries: tuple[SavedEntry, ...]
     vjps: tuple[tuple[Any, SavedFunction], ...]
+    dtype: str | None = None  # ``nf.compile(dtype=...)``: the arguments are converted to it at each call
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,8 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
                                       tuple((capture(r), i) for r, i in e.state), e.n_out, tuple(progs),
                                       e.ties))
         return SavedFunction(f.__qualname__, f.backend, tuple(entries),
-                             tuple((k, function(v)) for k, v in f._vjps.items()))
+                             tuple((k, function(v)) for k, v in f._vjps.items()),
+                             None if f.dtype is None else f.dtype.value)
 
     if not cf._entries:
         raise NNForgeError(f"save: {cf.__qualname__} has not been called yet: call it once with example inputs so "
@@ -390,7 +392,7 @@ def load(path: str | os.PathLike) -> CompiledFunction:
                                   [(weakref.ref(captured[i]), k) for i, k in e.state], e.n_out, programs,
                                   ties=e.ties))
         vjps = {k: function(v) for k, v in s.vjps}
-        return LoadedFunction(s.name, s.backend, entries, vjps, captured, str(path))
+        return LoadedFunction(s.name, s.backend, entries, vjps, captured, str(path), s.dtype)
 
     return function(record)
 
@@ -399,13 +401,14 @@ class LoadedFunction(CompiledFunction):
     """A compiled function rebuilt by ``load``: its saved signatures, programs and gradient programs, and its own
     copies of the tensors it captured (``captured``). There is no Python function: it never traces."""
 
-    def __init__(self, name: str, backend: str, entries: list, vjps: dict, captured: list, path: str):
+    def __init__(self, name: str, backend: str, entries: list, vjps: dict, captured: list, path: str,
+                 dtype: str | None = None):
         def untraceable(*args: Any, **kwargs: Any) -> Any:
             raise TraceError(f"{name} was loaded from {path}: it runs the signatures it was saved with and cannot be "
                              "traced inside another function")
 
         untraceable.__qualname__ = untraceable.__name__ = name
-        super().__init__(untraceable, backend)
+        super().__init__(untraceable, backend, dtype=dtype)
         self._entries, self._vjps, self.captured, self.loaded_from = entries, vjps, captured, path
 
     def _drop_stale_entries(self) -> None:
