@@ -165,6 +165,10 @@ CASES: list[OpCase] = [
     pair("minimum_ties", nf.minimum, torch.minimum, R(3, 4, domain="smallint"), R(3, 4, domain="smallint"), fd=False),
     pair("maximum_scalar", lambda a: nf.maximum(a, 0.25), lambda a: torch.clamp(a, min=0.25), X34),
     pair("maximum_int", nf.maximum, torch.maximum, X34, R(3, 4), dtypes=INTS, grad=False, fd=False),
+    # a 0-d operand: a scalar load beside a block (Triton's interpreter once failed on its NaN test)
+    pair("maximum_0d", nf.maximum, torch.maximum, R(), R(4)),
+    pair("minimum_0d", nf.minimum, torch.minimum, R(4), R()),
+    pair("maximum_0d_int", nf.maximum, torch.maximum, R(), R(4), dtypes=INTS, grad=False, fd=False),
     pair("clamp", lambda a: nf.clamp(a, -0.5, 0.5), lambda a: torch.clamp(a, -0.5, 0.5), X34),
     pair("clamp_min", lambda a: a.clamp(min=0.0), lambda a: a.clamp(min=0.0), R(3, 4, domain="away0")),
     pair("clamp_max", lambda a: a.clamp(max=0.3), lambda a: a.clamp(max=0.3), X34),

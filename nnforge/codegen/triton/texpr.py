@@ -361,9 +361,9 @@ def formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str], at
     if op == Op.POW:
         return f"nf_pow({a}, {b})" if fl else f"nf_ipow({a}, {b})"
     if op in (Op.MAX, Op.MIN):
-        cmp = ">" if op == Op.MAX else "<"
-        nan = f" | ({a} != {a})" if fl else ""
-        return f"tl.where(({a} {cmp} {b}){nan}, {a}, {b})"
+        if fl:  # NaN where either is (torch's maximum); one max.NaN / min.NaN instruction on a GPU
+            return f"tl.{'maximum' if op == Op.MAX else 'minimum'}({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"
+        return f"tl.where(({a} {'>' if op == Op.MAX else '<'} {b}), {a}, {b})"
     if op in _COMPARE:
         return f"({a} {_COMPARE[op]} {b})"
     if op == Op.WHERE:
