@@ -140,8 +140,8 @@ class CompiledFunction:
         return leaves, treedef, arrays, tuple(statics)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if session().tracing:
-            return self._body(*args, **kwargs)  # inside another trace: inline
+        if session().tracing or _differentiated(flatten((args, kwargs), _is_leaf)[0]):
+            return self._body(*args, **kwargs)  # inside another trace, or under a gradient: inline
         if "torch" in sys.modules and needs_autograd(flatten((args, kwargs), _is_leaf)[0]):
             return call_with_autograd(self, args, kwargs)
         leaves, arrays, shapes, entry = self._lookup(args, kwargs)
@@ -297,6 +297,24 @@ def _floats_cast(fn: Callable, dtype: DType) -> Callable:
         return fn(*a, **k)
 
     return cast
+
+
+def _differentiated(leaves: list) -> bool:
+    """Whether a gradient will be taken through these arguments' nnforge tensors: under an eager ``nf.grad`` or
+    ``nf.vjp``, or computed from a tensor created with ``requires_grad=True`` (``Tensor.backward``). A program
+    run on them would hand back constants, its gradient silently zero; inlined, its ops join the graph."""
+    nodes = [v.node for v in leaves if isinstance(v, Tensor)]
+    if not nodes:
+        return False
+    s = session()
+    if s.differentiating:
+        return True
+    for n in toposort(nodes):
+        ref = s.grad_leaves.get(id(n))
+        t = ref() if ref is not None else None
+        if t is not None and t.node is n:
+            return True
+    return False
 
 
 def _is_array(v: Any) -> bool:

@@ -6,7 +6,8 @@ The frontend's side of autodiff: it wraps arguments and cotangents as Tensors an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .autodiff import fresh, gradients
@@ -40,6 +41,18 @@ def _prepare(args: Sequence[Any], argnums: Sequence[int]) -> tuple[list[Any], li
         wrt.append(ts)
         defs.append(d)
     return args, wrt, defs, eager
+
+
+@contextlib.contextmanager
+def _differentiating() -> Iterator[None]:
+    """While a function whose gradient is taken runs: a compiled function it calls on nnforge tensors is inlined
+    (its ops join the graph differentiated), not run as a program whose results would be constants."""
+    s = session()
+    s.differentiating += 1
+    try:
+        yield
+    finally:
+        s.differentiating -= 1
 
 
 def _finish(values: Any, eager: bool) -> Any:
@@ -77,7 +90,8 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         call_args, wrt, defs, eager = _prepare(args, nums)
-        result = f(*call_args, **kwargs)
+        with _differentiating():
+            result = f(*call_args, **kwargs)
         out, aux = (result if has_aux else (result, None))
         out = _scalar_output(out, "grad")
         g = _grads_for([out.node], [ones_like(out)], wrt, defs)
@@ -102,7 +116,8 @@ def grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False) -
 def vjp(f: Callable, *primals: Any) -> tuple[Any, Callable]:
     """``(f(*primals), vjp_fn)``; ``vjp_fn(cotangent)`` returns one cotangent per primal."""
     args, wrt, defs, eager = _prepare(primals, range(len(primals)))
-    out = f(*args)
+    with _differentiating():
+        out = f(*args)
     leaves, out_def = flatten(out, _is_leaf)
 
     def vjp_fn(cotangent: Any) -> tuple:

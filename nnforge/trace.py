@@ -45,6 +45,7 @@ class Session:
     grad_epoch: int = 0  # bumped whenever a tensor's requires_grad flips: compiled functions then trace again
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     scopes: list[Scope] = field(default_factory=lambda: [Scope("top")])
+    differentiating: int = 0  # eager ``nf.grad`` / ``nf.vjp`` calls running their function (compiled ones inline)
 
     @property
     def scope(self) -> Scope:

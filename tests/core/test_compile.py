@@ -398,3 +398,31 @@ def test_grad_is_written_back_and_accumulates_as_eagerly(backend: str, rng: np.r
         assert_close(model.weight.grad.numpy(), np.broadcast_to(x.sum(0), (1, 3)), "float32")
         assert_close(model.weight.numpy(), weight - 0.1 * model.weight.grad.numpy(), "float32")
     assert step.trace_count == 1  # the step clears the gradients first: their presence does not matter
+
+
+def _scanned(w, xs):
+    """A scan whose gradient reaches ``w`` through every step (a compiled function's worth of ops)."""
+    h, ys = nf.scan(lambda h, x: (nf.tanh(h * w + x), h * h), nf.zeros_like(w), xs)
+    return ys.sum() + (h * w).sum()
+
+
+def test_a_compiled_function_under_an_eager_gradient_is_differentiated(backend: str, rng: np.random.Generator):
+    """Called under an eager ``nf.grad`` or ``nf.vjp``, or on a tensor computed from one created with
+    ``requires_grad=True``, a compiled function is inlined: its ops join the graph differentiated, so the
+    gradients are those of the plain function (a program's results would be constants: a gradient of zero).
+    Called on nnforge tensors with no gradient taken, it still runs its program."""
+    w, xs = rng.standard_normal(3).astype(np.float32), rng.standard_normal((6, 3)).astype(np.float32)
+    cf = nf.compile(_scanned, backend=backend)
+    want = nf.grad(_scanned)(w, xs)
+    assert np.abs(want).min() > 0
+    assert_close(nf.grad(lambda w: cf(w, xs))(w), want, "float32")
+    value, back = nf.vjp(lambda w: cf(w, xs) * 2.0, w)
+    assert_close(back(np.float32(0.5))[0], want, "float32")
+    assert_close(value, 2 * _scanned(nf.tensor(w), nf.tensor(xs)).numpy(), "float32")
+    leaf = nf.tensor(w, requires_grad=True)
+    cf(leaf * 1.0, nf.tensor(xs)).backward()
+    assert_close(leaf.grad, want, "float32")
+    assert cf.trace_count == 0
+    plain = cf(nf.tensor(w), nf.tensor(xs))
+    assert isinstance(plain, np.ndarray) and cf.trace_count == 1
+    assert_close(plain, _scanned(nf.tensor(w), nf.tensor(xs)).numpy(), "float32")
