@@ -18,67 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PLUGIN = '''import torch
-from torch import nn
-
-from nnforge.modelview import Param, Request, Variant, variant
-
-REPEAT = {repeat}
-
-
-class Net(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(7)
-        self.w = nn.Parameter(torch.randn(width, width, generator=g, dtype=torch.float64) / width**0.5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(REPEAT):
-            x = torch.tanh(x @ self.w)
-        return x
-
-
-@variant
-class Work(Variant):
-    name = "work"
-    description = "REPEAT matmul + tanh layers"
-    params = {{"width": Param(96)}}
-    throughput_unit = "vectors/s"
-
-    def module(self, req: Request) -> nn.Module:
-        return Net(req.params["width"])
-
-    def inputs(self, req: Request, gen: torch.Generator):
-        return (torch.randn(req.seq_shape(req.params["width"]), generator=gen, dtype=torch.float64),)
-
-    def flops(self, req: Request) -> float:
-        return float(REPEAT * 2 * req.batch * req.seq_len * req.params["width"] ** 2)
-
-    def min_bytes(self, req: Request, itemsize: int) -> float:
-        return float(2 * req.batch * req.seq_len * req.params["width"] * itemsize)
-'''
-
-SPEC = '''name = "ab-bench"
-variants = ["work"]
-backends = ["eager"]
-batch = [8]
-seq_len = [16]
-plugins = ["work.py"]
-measure_peaks = false
-seed = 3
-
-[timing]
-budget_s = {budget}
-clock = "{clock}"
-processes = {processes}
-threads = 1
-round_samples = 2
-target_rel_ci = 0.005
-'''
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+from revision_repo import make_repo  # this folder, on sys.path when run as a script
 
 
 def load() -> float:
@@ -94,20 +34,9 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ab-bench-") as tmp:
         repo = Path(tmp) / "repo"
-        repo.mkdir()
-        git(repo, "init", "-q", "-b", "main")
-        git(repo, "config", "user.email", "bench@example.com")
-        git(repo, "config", "user.name", "bench")
-        (repo / "bench.toml").write_text(SPEC.format(budget=args.budget, clock=args.clock, processes=args.processes))
-        commits = []
-        for i, (repeat, note) in enumerate(((20, None), (None, "a/a"), (21, None))):
-            if repeat is not None:
-                (repo / "work.py").write_text(PLUGIN.format(repeat=repeat))
-            if note is not None:
-                (repo / "NOTES.md").write_text(note)
-            git(repo, "add", "-A")
-            git(repo, "commit", "-q", "-m", f"commit {i}")
-            commits.append(git(repo, "rev-parse", "HEAD"))
+        timing = {"budget_s": args.budget, "clock": args.clock, "processes": args.processes, "threads": 1,
+                  "round_samples": 2, "target_rel_ci": 0.005}
+        commits = make_repo(repo, [20, None, 21], width=96, seq_len=16, timing=timing)  # A/A control, then +5 %
         print(f"# {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, clock={args.clock}, budget={args.budget}, "
               f"processes={args.processes}")
         print("| pair | true change | measured change [99 % CI] | verdict | rounds | load before → after |")

@@ -4,16 +4,19 @@ named at the commits that made them: 50 % (ab) and 30 % (history) more CPU work,
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
-from revision_repo import make_repo
 from typer.testing import CliRunner
 
 from nnforge.cli import app
 from nnforge.modelview import open_store
 from nnforge.modelview.ab import blocks_of
 from nnforge.modelview.interleave import shared_cpus
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from revision_repo import make_repo  # bench/'s throwaway repository, as bench/modelview_ab.py uses it
 
 RUNNER = CliRunner()
 
