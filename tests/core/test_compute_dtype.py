@@ -12,21 +12,15 @@ import pytest
 import torch
 
 import nnforge as nf
+from nnforge.nn.rnn import lstm_layer
 
 from .compiled import skip_where_unrunnable
 from .utils import assert_close, np_dtype, to_torch
 
 
 def lstm(x, h0, c0, w_ih, w_hh, b, steps):
-    """An LSTM layer over ``x``'s first ``steps`` rows (an integer array: the index of each kept step)."""
-    def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
-        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-        h = nf.sigmoid(o) * nf.tanh(c)
-        return (h, c), h
-
-    (h, c), ys = nf.scan(cell, (h0, c0), nf.index_select(x, 0, steps))
+    """An LSTM layer over the steps of ``x`` that ``steps`` (an integer array) picks."""
+    ys, h, c = lstm_layer(nf.index_select(x, 0, steps), h0, c0, w_ih, w_hh, b, None)
     return ys * 0.5, h, c
 
 
