@@ -139,7 +139,8 @@ class _Walk:
         value = _constant(n) if self.base(n) is None else None
         if view is not None:  # a buffer read in place: where its elements are, and how many (a GEMM's K, a loop's
             base, offset, strides = view  # bound, is a view's extent: two products differing only in K differ)
-            ref: tuple = ("buffer", self.buffer(base), n.dtype.name, offset, tuple(strides), self.sizes.of(n.shape))
+            ref: tuple = ("buffer", self.buffer(base), n.dtype.name, offset, tuple(strides), self.sizes.of(n.shape),
+                          self.views(n))
         elif value is not None:  # the same value at every index: only it matters
             ref = ("constant", self.sizes.value(value.attrs["value"]), value.dtype.name)
         else:
@@ -150,6 +151,15 @@ class _Walk:
             ref = ("node", len(self.nodes) - 1)
         self.refs[memo] = ref
         return ref
+
+    def views(self, n: Node) -> tuple:
+        """The views ``n`` reads its buffer through, as the code indexes it: equal strides do not make equal index
+        expressions where an axis has one element (a ``[1, 1]`` matrix and its transpose)."""
+        chain = []
+        while self.base(n) is None and n.op in STRIDED:
+            chain.append((n.op.name, tuple((k, self.sizes.value(v)) for k, v in sorted(n.attrs.items()))))
+            n = n.srcs[0]
+        return tuple(chain)
 
     def base(self, n: Node) -> Hashable | None:
         """The buffer ``n`` is read from, if it is read from one (not computed by the step)."""

@@ -104,3 +104,19 @@ def test_products_of_views_differing_only_in_extent_differ(rng: np.random.Genera
     got = nf.compile(fn, backend="cpu")(a, b, c)
     np.testing.assert_allclose(got[0], a[:, :2] @ b[:2], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[1], a @ c, rtol=1e-5, atol=1e-5)
+
+
+def test_a_one_element_matrix_and_its_transpose_are_keyed_apart(rng: np.random.Generator) -> None:
+    """``b * c`` and ``b.T * c`` for a ``[1, 1]`` b read it at the same offset with the same strides, but the C
+    indexes the transpose's axes the other way round; keyed alike, the backend raised finding their code
+    different (the fuzzer's scan of a 1 x 1 carry hit it). The views a step reads through are in its key."""
+    b, c = rng.standard_normal((1, 1)), rng.standard_normal((1, 1))
+
+    def fn(b, c):
+        return b * c, b.T * c
+
+    _, keys = _keys(fn, [b, c])
+    assert len(keys) == 2 and keys[0] != keys[1]
+    got = nf.compile(fn, backend="cpu")(b, c)
+    np.testing.assert_array_equal(got[0], b * c)
+    np.testing.assert_array_equal(got[1], b.T * c)
