@@ -72,14 +72,15 @@ class Reduce(Kernel):
 
 @dataclass(frozen=True)
 class Rows(Kernel):
-    """``members`` (row reductions over the last axis, elementwise kernels of the rows' shape) as one kernel
-    over rows of ``lead`` x ``width`` values (``Target.row_programs``): each program takes whole rows through every
-    member in order, a member reading an earlier one's value from where it was computed (a row's sum, an element
-    of the rows), not from memory. ``stores``: whether each member stores its results, as it would alone (False
-    where only later members read them: a softmax's exponentials, a layer norm's statistics). ``node``,
-    ``out``: the last member's."""
+    """``members`` (row reductions over the last axis, elementwise kernels of the rows' shape; first, maybe, the
+    GEMM whose rows they read: ``Target.gemm_row_programs``) as one kernel over rows of ``lead`` x ``width`` values
+    (``Target.row_programs``): each program takes whole rows through every member in order, a member reading an
+    earlier one's value from where it was computed (a row's sum, an element of the rows or of the product's
+    rows, through a reshape that splits their leading axis), not from memory. ``stores``: whether each member
+    stores its results, as it would alone (False where only later members read them: a softmax's exponentials, a
+    layer norm's statistics). ``node``, ``out``: the last member's."""
 
-    members: tuple[Reduce | Elementwise, ...] = ()
+    members: tuple[Reduce | Elementwise | Gemm, ...] = ()
     lead: tuple = ()
     width: int = 0
     stores: tuple[bool, ...] = ()

@@ -9,27 +9,36 @@ row's sum broadcast along the row, an element of the rows at its own element. Ev
 buffer the group does not write (a member's store is read back by no other member: that would be a load of what
 other threads of the program stored, unordered). A kernel that would read an earlier member any other way (at
 another element, through a stored alias) starts a new group.
+
+A GEMM whose result rows are narrow enough (``Target.gemm_row_programs``) may lead such a group: each program
+computes whole rows of the product (its tile all N columns), and the reductions and elementwise kernels after it
+read them from the accumulator — a projection and its layer norm, a transformer's output projection, residual
+add and norm — so the product is not written and read back. Its readers may see its rows with their leading axis
+split (``[T * N, 4H]`` read as ``[T, N, 4H]``): the same rows, the same elements.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 
-from ..ir.dims import fixed
+from ..ir.dims import fixed, same_product
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, MOVEMENT, Op
 from ..passes.fuse import Grouping
-from .program import Elementwise, Kernel, Loop, Reduce, Rows, stored_node
+from .program import Elementwise, Gemm, Kernel, Loop, Reduce, Rows, stored_node
 
-Member = Reduce | Elementwise
+Member = Reduce | Elementwise | Gemm
 _VIEWS = MOVEMENT | {Op.GATHER}  # inlined where they are read
 
 
 def row_programs(kernels: Sequence[Kernel | Loop], graph: Graph, g: Grouping, widest: int,
-                 dynamic: set[str]) -> tuple[Kernel | Loop, ...]:
+                 dynamic: set[str], gemm_widest: int = 0) -> tuple[Kernel | Loop, ...]:
     """``graph``'s ``kernels`` with each run of consecutive kernels over the same rows of at most ``widest``
     values (a width fixed when compiling: none of ``dynamic``, the run-time size symbols) that holds a row
-    reduction made one ``Rows`` kernel (``widest`` 0: ``kernels`` as they are)."""
+    reduction made one ``Rows`` kernel, led by the GEMM before them where its rows are at most ``gemm_widest``
+    values (``widest`` 0: ``kernels`` as they are)."""
     if not widest:
         return tuple(kernels)
     readers = users(graph.order)
@@ -38,7 +47,18 @@ def row_programs(kernels: Sequence[Kernel | Loop], graph: Graph, g: Grouping, wi
     run: list[Member] = []
     rows: tuple[tuple, int] = ((), 0)
     for k in kernels:
+        if type(k) is Gemm:
+            out.extend(_joined(run, rows, readers, results, g))
+            run = []
+            shape = _gemm_rows(k, gemm_widest, dynamic)
+            if shape is None:
+                out.append(k)
+            else:
+                run, rows = [k], shape
+            continue
         shape = _rows_of(k, widest, dynamic) if isinstance(k, Reduce) or type(k) is Elementwise else None
+        if len(run) == 1 and type(run[0]) is Gemm and shape is not None and _same_rows(shape, rows, dynamic):
+            rows = shape  # the product's rows as its readers index them: its leading axis split, maybe
         if run and (shape != rows or not _reads_rowwise(k, run, g, rows)):  # type: ignore[arg-type]
             out.extend(_joined(run, rows, readers, results, g))
             run = []
@@ -49,6 +69,25 @@ def row_programs(kernels: Sequence[Kernel | Loop], graph: Graph, g: Grouping, wi
         run.append(k)  # type: ignore[arg-type]
     out.extend(_joined(run, rows, readers, results, g))
     return tuple(out)
+
+
+def _gemm_rows(k: Gemm, widest: int, dynamic: set[str]) -> tuple[tuple, int] | None:
+    """(its rows, their width) of a GEMM that may lead a group: a product of two matrices (no batch, K summed
+    whole, B not held across a loop's steps) of a compile-time width of 2 to ``widest`` columns."""
+    p = k.node
+    if not widest or p.ndim != 2 or k.k_parts > 1 or k.b_resident or k.pack_a or k.k_split:
+        return None
+    width = fixed(p.shape[-1], dynamic)
+    if width is None or not 2 <= width <= widest:
+        return None
+    return (p.shape[0],), width
+
+
+def _same_rows(a: tuple[tuple, int], b: tuple[tuple, int], dynamic: set[str]) -> bool:
+    """Rows of one width whose leading axes hold as many rows, whatever the run-time sizes (``dynamic``)."""
+    ca, cb = (functools.reduce(operator.mul, x[0], 1) for x in (a, b))
+    fa, fb = fixed(ca, dynamic), fixed(cb, dynamic)
+    return a[1] == b[1] and (fa == fb if fa is not None and fb is not None else same_product(ca, cb))
 
 
 def _joined(run: list[Member], rows: tuple[tuple, int], readers: dict[int, list[Node]], results: set[int],
@@ -110,6 +149,8 @@ def _reads_rowwise(k: Member, run: list[Member], g: Grouping, rows: tuple[tuple,
             return ok(n.srcs[0])
         if n.op == Op.RESHAPE and _per_row(n, lead) and _per_row(n.srcs[0], lead) and id(n) not in g.alias:
             return ok(n.srcs[0])
+        if n.op == Op.RESHAPE and tuple(n.shape) == full and type(earlier.get(id(n.srcs[0]))) is Gemm:
+            return True  # the product's rows, their leading axis split (an alias of its buffer): held at the element
         if n.op in ELEMENTWISE:
             return all(ok(s) for s in n.srcs)
         return not _reaches(n, earlier, g)  # another view, or a stored alias: only of what the group does not write
@@ -124,7 +165,7 @@ def _read_after(n: Node, run: list[Member], readers: dict[int, list[Node]], resu
                 g: Grouping) -> bool:
     """Whether a kernel outside the group (or the graph's results) reads ``n``: a reader of it that the group's
     kernels do not compute, or one that is inlined wherever it is read, read so by such a kernel."""
-    computed = {id(k.node) for k in run} | {id(k.epilogue) for k in run if isinstance(k, Reduce) and k.epilogue}
+    computed = {id(k.node) for k in run} | {id(k.epilogue) for k in run if isinstance(k, Reduce | Gemm) and k.epilogue}
     stack, seen = [n], set()
     while stack:
         m = stack.pop()
@@ -134,9 +175,9 @@ def _read_after(n: Node, run: list[Member], readers: dict[int, list[Node]], resu
             if id(u) in seen or id(u) in computed:
                 continue
             seen.add(id(u))
-            if g.is_stored(u) or id(u) in g.alias or not (u.op in ELEMENTWISE or u.op in _VIEWS):
-                return True  # a kernel of its own, a loop, a buffer read under another name
-            stack.append(u)  # inlined: into whichever kernels read it
+            if g.is_stored(u) or not (u.op in ELEMENTWISE or u.op in _VIEWS):
+                return True  # a kernel of its own, a loop
+            stack.append(u)  # inlined into whichever kernels read it, or a view of the buffer that they load
     return False
 
 

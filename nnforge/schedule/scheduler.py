@@ -137,7 +137,8 @@ class _Scheduler:
                 kernels.append(k)
         copies += [(o, pos) for o, pos in dups if id(o) not in stored_extra]
         if whole_rows:
-            kernels = list(row_programs(kernels, graph, g, self.target.row_programs, self.dynamic))
+            kernels = list(row_programs(kernels, graph, g, self.target.row_programs, self.dynamic,
+                                        self.target.gemm_row_programs))
         return Block(graph, g, tuple(kernels), tuple(Copy(o, self.buf(o, pos), ()) for o, pos in copies))
 
     def kernel(self, n: Node, g: Grouping, out: Buf, also: tuple[int, ...], resident: frozenset[int],

@@ -77,6 +77,9 @@ class Target:
     of the rows' shape — run as one kernel (``Rows``), each program on whole rows, a later kernel reading an
     earlier one's values where they were computed; 0: each its own kernel. Why: a layer norm or a softmax over
     rows is two reductions and an elementwise kernel, each reading the rows from memory again.
+    ``gemm_row_programs``: with ``row_programs``, the widest row (values) of a matrix product that leads such a
+    kernel, each program computing whole rows of it (all its columns) for the kernels after it; 0: none. Why: a
+    projection followed by a layer norm wrote the product and read it back.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.
@@ -106,11 +109,12 @@ class Target:
     hoist_step_work: bool = False
     resident_steps: bool = False
     row_programs: int = 0
+    gemm_row_programs: int = 0
 
     def __post_init__(self) -> None:
         for field in ("min_split_rows", "max_split_weight_bytes", "reduction_hoist_bytes", "chunk_bytes",
                       "max_chunk_steps", "row_block", "k_slice", "split_sum_outputs", "split_k_outputs",
-                      "row_programs"):
+                      "row_programs", "gemm_row_programs"):
             if getattr(self, field) < 0:
                 raise ValueError(f"Target {self.name!r}: {field} must be >= 0, got {getattr(self, field)}")
         if self.split_k_min < 1:

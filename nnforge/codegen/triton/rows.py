@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ...dtypes import DType
 from ...ir.node import Node
 from ...ir.ops import Op
-from ...schedule import Buf, Reduce, Rows, stored_node
+from ...schedule import Buf, Gemm, Reduce, Rows, stored_node
 from .evaluate import Ctx, Emitter, Eval
 from .texpr import acc_dtype, rounded
 
@@ -39,6 +39,7 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
     """The kernel: each member on the program's ``[BR, C]`` tile in order, into ``outs`` (none: held only)."""
     sz = r.sz
     width = k.width
+    gemm = k.members[0] if isinstance(k.members[0], Gemm) else None
     cols = 1 << (width - 1).bit_length()
     n_rows = sz.prod(k.lead)
     # ``row_elements`` values of 4 bytes a program (float64 rows: half as many), and no more rows than there are
@@ -46,9 +47,15 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
     block = max(1, r.tiles.row_elements * 4 // wide // cols)
     if all(sz.is_static(d) for d in k.lead):
         block = min(block, 1 << max(0, int(n_rows) - 1).bit_length())
+    consts = {"BR": block}
     em = Emitter()
     prologue = ["pid = tl.program_id(0).to(tl.int64)", "rows = pid * BR + tl.arange(0, BR)[:, None]",
                 f"c = tl.arange(0, {cols})[None, :]", f"mr = rows < {n_rows}", f"m = mr & (c < {width})"]
+    if gemm is not None:  # a tile of whole rows of the product: tl.dot takes 16 rows and columns at least
+        cols, block = max(cols, 16), max(block, 16)
+        consts = {"BR": block, "BK": r.tiles.gemm_k}
+        prologue[2] = f"c = tl.arange(0, {cols})[None, :]"
+        prologue += ["rm = rows", "rn = c", f"acc = tl.zeros([BR, {cols}], {acc_dtype(gemm.node.dtype)})"]
     # each row's index along the leading axes (0 along those of size 1, as a view's index map makes it)
     lead = ["0"] * len(k.lead)
     big = [a for a, d in enumerate(k.lead) if not (sz.is_static(d) and int(d) == 1)]  # type: ignore[call-overload]
@@ -73,6 +80,14 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
         return ev
 
     for m, bufs in zip(k.members, outs):
+        if isinstance(m, Gemm):
+            value = _product_rows(r, m, ctx, em)
+            for o in bufs:
+                em.line(f"tl.store({o} + (rows * {width} + c), {value}, mask=m)")
+            held[(id(stored_node(m)), ("rows", "c"))] = value
+            for view in _split_views(stored_node(m), ctx.graph.order, (*k.lead, width)):
+                held[(id(view), element)] = value
+            continue
         if not isinstance(m, Reduce):
             value = evaluator("m", m.node).val(m.node, element)
             for o in bufs:
@@ -91,7 +106,29 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
         for o in bufs:
             em.line(f"tl.store({o} + rows, {value}, mask=mr)")
         held[(id(stored_node(m)), own(stored_node(m)))] = value
-    r.emit(k.kind, em, [f"triton.cdiv({n_rows}, {block})"], {"BR": block}, prologue)
+    # built for sm_90, a float32 product's tile of 16 rows of 384 or 512 took 234 registers a thread on 4 warps
+    # (90 on 8); a half-precision one 108 / 156 on 4 warps, and spilled on 8
+    warps = None if gemm is None else r.tiles.gemm_warps
+    if gemm is not None and not gemm.node.dtype.is_half and block * cols >= 8192:
+        warps = 2 * r.tiles.gemm_warps
+    r.emit(k.kind, em, [f"triton.cdiv({n_rows}, {block})"], consts, prologue, warps=warps)
+
+
+def _product_rows(r: Renderer, m: Gemm, ctx: Ctx, em: Emitter) -> str:
+    """The program's rows of GEMM ``m`` (its accumulator ``acc`` summed over K, then rounded to a half-precision
+    product's dtype and its epilogue), as an expression over the ``[BR, C]`` tile."""
+    p = m.node
+    r.k_loop(em, ctx, p)
+    value = "acc" if not p.dtype.is_half else em.tmp(rounded("acc", p.dtype), "acc", hoist=False)
+    if m.epilogue is None:
+        return value
+    ev = Eval(em, ctx, r.sz, "m", 2, root=m.epilogue, overrides={(id(p), ("rows", "c")): value}, hoist=False)
+    return ev.val(m.epilogue, ("rows", "c"))
+
+
+def _split_views(n: Node, graph_order: list[Node], shape: tuple) -> list[Node]:
+    """The reshapes of ``n`` to ``shape``: its rows with their leading axis split, as later members may read them."""
+    return [v for v in graph_order if v.op == Op.RESHAPE and v.srcs[0] is n and tuple(v.shape) == tuple(shape)]
 
 
 def _row_reduction(p: Node, ev: Eval, element: tuple[str, ...]) -> str:

@@ -19,6 +19,7 @@ STEP_RECOMPUTE_READS = 8
 SPLIT_SUM_OUTPUTS = 4096  # see triton_target: a reduction with fewer results runs over its leading axis first
 SPLIT_K_OUTPUTS = 1 << 19  # see triton_target: a GEMM with fewer results sums its K in parts side by side
 ROW_PROGRAMS = 4096  # see triton_target: the widest row a program takes whole through a layer norm or softmax
+GEMM_ROW_PROGRAMS = 512  # see triton_target: the widest product a program computes whole rows of for them
 # Multiply-adds contracted to FMA in every kernel, said at each launch: the C backend's compiler contracts them
 # too (gnu11), one rounding is as accurate or more, and Triton 3.9 warns that its unset default turns off in 3.10,
 # which would change results and speed with a Triton upgrade alone.
@@ -82,6 +83,13 @@ def triton_target() -> Target:
       LSTM's gate row) is one kernel whose programs take whole rows (``Tiles.row_elements`` values a program,
       float32 in registers: 32 per thread of 4 warps at the widest), not two or three reduction kernels and an
       elementwise one, each reading every row again from memory. Not yet timed on a GPU.
+    * ``gemm_row_programs`` 512: a matrix product of rows up to 512 values before such a kernel leads it (a
+      projection and its layer norm: the layer-norm LSTM's input projection with ``hoist_step_work``, a
+      transformer's output projections and their norms): each program computes 16 or more whole rows of the
+      product (``tl.dot`` over K into a ``[BR, 512]`` tile at most: built for sm_90, 108 / 156 registers a thread
+      at 384 / 512 half-precision columns, no spill) and the row reductions read them there, so the product is
+      not written and read back. Not yet timed on a GPU (``bench/rows_gpu.py`` times it against
+      ``gemm_row_programs=0``).
     * ``step_recompute``: in a host loop every kernel of the body is a Python launch per step (a host-loop step
       took 19–40 µs on an H200 whatever its work, docs/benchmarks.md) and its stored values make a round trip
       through memory that the next launch reads back; so an elementwise value read by several of the step's
@@ -94,7 +102,7 @@ def triton_target() -> Target:
                   pack_a_min_m=None, k_slice=0, steps_in_registers=True, pow2_weights=True, random=True,
                   step_recompute=Recompute(ops=STEP_RECOMPUTE_OPS, op_set=None, reads=STEP_RECOMPUTE_READS),
                   split_sum_outputs=SPLIT_SUM_OUTPUTS, split_k_outputs=SPLIT_K_OUTPUTS, split_k_min=DOT_PROMOTE_K,
-                  row_programs=ROW_PROGRAMS)
+                  row_programs=ROW_PROGRAMS, gemm_row_programs=GEMM_ROW_PROGRAMS)
 
 
 @dataclass(frozen=True)

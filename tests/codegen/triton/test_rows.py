@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import re
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (by the backend, lazily)
 
@@ -22,7 +23,7 @@ import nnforge as nf
 import nnforge.nn.functional as F
 from nnforge.codegen.triton import TritonBackend, lower, prepare, triton_target
 from nnforge.codegen.triton.target import Tiles
-from nnforge.schedule import Elementwise, Reduce, Rows
+from nnforge.schedule import Elementwise, Gemm, Loop, Reduce, Rows
 
 pytestmark = [pytest.mark.triton,
               pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # masked-off lanes compute garbage in numpy
@@ -231,3 +232,91 @@ def test_a_step_the_host_runs_takes_its_rows_whole(resident: bool, rng: np.rando
     split, _, _ = _built(layer_norm_lstm, args)
     assert [loop.parallel is not None for loop in split.loops()] == [True]
     assert not any(isinstance(k, Rows) for k in split.loops()[0].body.kernels)
+
+
+def projected_norm(x, w, b0, g, b):
+    """A projection and the layer norm of its rows (a transformer's output projection and norm)."""
+    return layer_norm(x @ w + b0, g, b)
+
+
+@pytest.mark.parametrize(("M", "K", "N", "dtype"), [(10, 6, 48, np.float32), (40, 32, 384, np.float32),
+                                                      (5, 20, 7, np.float32), (3, 100, 512, np.float32),
+                                                      (33, 24, 96, np.float16)], ids=str)
+def test_a_projection_leads_the_rows_of_its_layer_norm(M: int, K: int, N: int, dtype, rng: np.random.Generator):
+    """A GEMM whose rows are at most ``Target.gemm_row_programs`` values leads the kernel of the layer norm after
+    it: each program computes whole rows of the product (all N columns, the bias added on the accumulator) and
+    normalizes them where they are, so the product is neither stored nor read back — one kernel, its loads x, w,
+    the projection's bias, the norm's gain and bias, one store. Widths not a power of two (48, 7: padded to the
+    16 columns ``tl.dot`` takes at least), rows over several programs (40 of 384: 16 a program), float16."""
+    args = [_f32(rng, M, K).astype(dtype) * 0.3, _f32(rng, K, N).astype(dtype) * 0.3, _f32(rng, N).astype(dtype),
+            _f32(rng, N).astype(dtype), _f32(rng, N).astype(dtype)]
+    program, rendered, _ = _built(projected_norm, args)
+    (rows,) = _rows(program)
+    assert type(rows.members[0]) is Gemm and sum(isinstance(m, Reduce) for m in rows.members) == 2
+    assert rows.stores[-1] and not any(rows.stores[:-1])
+    (kernel,) = rendered.kernels
+    assert _calls(rendered.source, kernel, "tl.load") == 5
+    assert _calls(rendered.source, kernel, "tl.store") == 1
+    assert _calls(rendered.source, kernel, "tl.dot") == 1
+    # tl.dot takes tiles of 16 rows and columns at least (a GPU build refuses fewer; the interpreter does not)
+    assert min(map(int, re.findall(r"tl\.arange\(0, (\d+)\)", rendered.source))) >= 16
+    assert int(re.search(r"\bBR=(\d+)", rendered.source).group(1)) >= 16
+
+
+def test_a_projection_read_with_its_leading_axis_split_leads_its_rows(rng: np.random.Generator):
+    """An input projection over all steps ``[T * N, 4H]``, normalized as ``[T, N, 4H]`` (the layer-norm LSTM's
+    with ``hoist_step_work``): the same rows, read through the reshape from the accumulator — one kernel, and
+    in the LSTM one kernel before the scan where there were a GEMM and a whole-row kernel."""
+    T, N, H = 4, 6, 8
+    x, w, g, b = _f32(rng, T * N, 5), _f32(rng, 5, 4 * H), _f32(rng, 4 * H), _f32(rng, 4 * H)
+    program, rendered, _ = _built(lambda x, w, g, b: layer_norm((x @ w).reshape(T, N, 4 * H), g, b), [x, w, g, b])
+    (rows,) = _rows(program)
+    assert type(rows.members[0]) is Gemm and not rows.stores[0] and len(rendered.kernels) == 1
+    args = [_f32(rng, T, N, 5), _f32(rng, N, H), _f32(rng, N, H), _f32(rng, 4 * H, 5) * 0.3,
+            _f32(rng, 4 * H, H) * 0.3, _f32(rng, 4 * H)]
+    def ln(v):
+        d = v - v.mean(-1, keepdims=True)
+        return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+
+    def projections_normalized(x, h0, c0, w_ih, w_hh, b):
+        """A layer-norm LSTM normalizing each projection apart (bench/cells_cpu.py's): x's may leave the step."""
+        def cell(carry, x_t):
+            h, c = carry
+            i, f, g, o = (ln(x_t @ w_ih.T) + ln(h @ w_hh.T) + b).chunk(4, axis=-1)
+            c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+            return (nf.sigmoid(o) * nf.tanh(ln(c)), c), nf.sigmoid(o) * nf.tanh(ln(c))
+
+        return nf.scan(cell, (h0, c0), x)[1]
+
+    hoisted = dataclasses.replace(triton_target(), hoist_step_work=True)
+    program, _, _ = _built(projections_normalized, args, hoisted)
+    before = [k for k in program.block.kernels if not isinstance(k, Loop)]
+    assert len(before) == 1 and isinstance(before[0], Rows) and type(before[0].members[0]) is Gemm
+
+
+def test_a_product_read_after_its_rows_is_stored_and_a_wide_one_is_apart(rng: np.random.Generator):
+    """A product the function also returns is stored by the kernel that leads its rows (once, from the
+    accumulator); one wider than ``gemm_row_programs`` (or with it 0) is a GEMM of its own before them, trained
+    too: the backward's products are not led (they read whole rows, not rows of their own), all against the
+    reference."""
+    x, w, g, b = _f32(rng, 9, 12), _f32(rng, 12, 40), _f32(rng, 40), _f32(rng, 40)
+
+    def both(x, w, g, b):
+        y = x @ w
+        return y, layer_norm(y, g, b)
+
+    program, rendered, _ = _built(both, [x, w, g, b])
+    (rows,) = _rows(program)
+    assert type(rows.members[0]) is Gemm and rows.stores[0] and len(rendered.kernels) == 1
+    assert _calls(rendered.source, rendered.kernels[0], "tl.store") == 2
+    for widest in (32, 0):
+        target = dataclasses.replace(triton_target(), gemm_row_programs=widest)
+        program, _, _ = _built(both, [x, w, g, b], target)
+        assert isinstance(program.block.kernels[0], Gemm)
+        assert [type(m) for m in _rows(program)[0].members] == [Reduce, Reduce, Elementwise]
+
+    def loss(x, w, g, b):
+        return (layer_norm(x @ w, g, b) * x[:, :1]).sum()
+
+    program, _, _ = _built(nf.grad(loss, argnums=(0, 1, 2, 3)), [x, w, g, b])
+    assert any(type(r.members[0]) is Gemm for r in _rows(program))

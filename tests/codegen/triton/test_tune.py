@@ -82,15 +82,20 @@ def test_tuning_needs_a_gpu_not_the_interpreter(monkeypatch):
 
 
 def test_chosen_tiles_reach_the_launches_and_compute_the_same(rng: np.random.Generator):
+    """A GEMM's tile and warps, a reduction's; and a GEMM leading the row sums after it (one kernel of whole
+    rows) takes its K step and warps from the GEMM's."""
     def f(x, w):
+        return nf.tanh(x @ w).sum(axis=0) + 1.0
+
+    def rows(x, w):
         return nf.tanh(x @ w).sum(axis=1) + 1.0
 
     args = [rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 48)).astype(np.float32)]
-    graph = nf.compile(f).trace(*args)
     tiles = Tiles(gemm_m=32, gemm_m_f32=64, gemm_n=16, gemm_k=16, gemm_warps=8, flat=256, warps=2, reduce_cols=32)
-    program = TritonBackend(tiles=tiles)(graph)
-    assert "BM=64, BN=16, BK=16, num_warps=8" in program.source and "num_warps=2" in program.source
-    np.testing.assert_allclose(program(args)[0], nf.compile(f)(*args), rtol=2e-5, atol=2e-5)
+    for fn, launches in ((f, ("BM=64, BN=16, BK=16, num_warps=8", "num_warps=2")), (rows, ("BK=16, num_warps=8",))):
+        program = TritonBackend(tiles=tiles)(nf.compile(fn).trace(*args))
+        assert all(launch in program.source for launch in launches), program.source
+        np.testing.assert_allclose(program(args)[0], nf.compile(fn)(*args), rtol=2e-5, atol=2e-5)
 
 
 def test_the_backend_uses_the_tiles_tuned_for_its_device(tmp_path, monkeypatch):
