@@ -114,8 +114,9 @@ step cells "${CELLS_S:-240}" $PY bench/lstm_gpu.py --mode inference --hidden 96 
     ${CUSTOM_VARIANTS:+--cell-variant $CUSTOM_VARIANTS}
 grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
 # layer norms and softmaxes over rows as one kernel of whole rows, against the same programs with a kernel per
-# reduction (row_programs=0), PyTorch's kernels and torch.compile (bench/rows_gpu.py)
-step rows "${ROWS_S:-180}" $PY bench/rows_gpu.py --rounds 5
+# reduction (row_programs=0), PyTorch's kernels and torch.compile; a projection and its layer norm as one kernel
+# computing whole rows of the product, against the GEMM apart (gemm_row_programs=0) (bench/rows_gpu.py)
+step rows "${ROWS_S:-240}" $PY bench/rows_gpu.py --rounds 5
 cat "$OUT/rows.txt" 2>/dev/null
 # (opt-in, STEPS=wide) the widest batch, 64 rows per SM: at 8 rows a program 1056 programs, of which an
 # H200 holds 264 at once (79 KiB of shared memory each), so four waves of all T steps; 16 rows make two
