@@ -282,8 +282,12 @@ def _epilogue_root(g: Grouping, p: Node, us: dict[int, list[Node]], members: dic
     if not _same_shape(p, root):
         return "reader kernel has another shape"
     kernel_nodes = members.get(root_id, [root])
-    if any(m.op in MOVEMENT for m in kernel_nodes):
-        return "the epilogue moves indices"
+    on_product = {id(p)}  # the epilogue's nodes computed from the product (in order: sources first)
+    for m in kernel_nodes:
+        if any(id(s) in on_product for s in m.srcs):
+            on_product.add(id(m))
+    if any(m.op in MOVEMENT and id(m) in on_product for m in kernel_nodes):
+        return "the epilogue moves indices"  # a view of another operand (a bias broadcast) is only its loads
     if any(m.op in (Op.MATMUL, *REDUCE) and id(m) != id(p) and id(m) in g.epilogue_of for m in kernel_nodes):
         return ""
     return root

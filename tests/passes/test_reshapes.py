@@ -1,0 +1,108 @@
+"""``elementwise_before_reshapes``: elementwise work on a product's rows reshaped (their leading axis split) is
+computed on the product, so the GEMM takes it as its epilogue; and an epilogue may read its other operands
+through views (a bias broadcast), only the product's own indices must not move."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import numpy as np
+import pytest
+
+import nnforge as nf
+from nnforge.codegen.reference import ReferenceProgram
+from nnforge.ir.ops import ELEMENTWISE, Op
+from nnforge.nn import Linear
+from nnforge.nn.rnn import lstm_layer
+from nnforge.passes.reshapes import elementwise_before_reshapes
+
+
+def _linear_tanh(x, w, b):
+    """A linear layer on a ``[T, N, I]`` input as ``nnforge.nn.Linear`` traces it, then an activation."""
+    return nf.tanh(nf.nn.functional.linear(x, w, b)) * 2.0
+
+
+def _args(rng: np.random.Generator) -> list[np.ndarray]:
+    return [rng.standard_normal(s).astype(np.float32) for s in ((5, 3, 6), (8, 6), (8,))]
+
+
+def test_the_rows_of_a_product_take_their_elementwise_work_before_the_reshape(rng: np.random.Generator):
+    """tanh(x @ w.T + b) * 2 on a [T, N, I] x: the bias add, tanh and scaling run on the [T * N, H] product and one
+    reshape ends the chain; against the traced graph's values."""
+    args = _args(rng)
+
+    def rows_reshaped(x, w, b):  # the form the compiled pipeline gives a batched product
+        return nf.tanh((x.reshape(15, 6) @ w.T).reshape(5, 3, 8) + b) * 2.0
+
+    graph = nf.compile(rows_reshaped).trace(*args)
+    moved = elementwise_before_reshapes(graph)
+    work = [n for n in moved.order if n.op in ELEMENTWISE]
+    assert work and all(n.ndim == 2 for n in work)
+    (out,) = moved.outputs
+    assert out.op == Op.RESHAPE and out.srcs[0].op in ELEMENTWISE
+    for a, b in zip(ReferenceProgram(moved)(args), ReferenceProgram(graph)(args)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_work_reading_other_rows_or_moving_indices_stays(rng: np.random.Generator):
+    """A residual add (another tensor of the reshaped shape) and a product reshaped across its last axis keep
+    their shape: only broadcasts of one row or value and other reshapes of such rows come along."""
+    x, w = rng.standard_normal((4, 3, 6)).astype(np.float32), rng.standard_normal((6, 6)).astype(np.float32)
+
+    def residual(x, w):
+        return x + (x.reshape(12, 6) @ w).reshape(4, 3, 6)
+
+    def across(x, w):
+        return (x.reshape(12, 6) @ w).reshape(4, 18) * 2.0
+
+    for fn in (residual, across):
+        graph = nf.compile(fn).trace(x, w)
+        assert elementwise_before_reshapes(graph) is graph
+
+
+def test_a_linear_layer_and_its_activation_are_one_kernel(backend: str, rng: np.random.Generator):
+    """Compiled, the linear layer on a [T, N, I] input with its bias and activation is one GEMM kernel with the
+    bias, tanh and scaling as its epilogue, written straight into the result (no copy), on every compiled
+    backend; its values agree with the reference."""
+    args = _args(rng)
+    got = nf.compile(_linear_tanh, backend=backend)(*args)
+    np.testing.assert_allclose(got, nf.compile(_linear_tanh)(*args), rtol=1e-5, atol=1e-5)
+    if backend == "reference":
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        text = nf.show(nf.compile(_linear_tanh, backend=backend), *args, stage="scheduled")
+    kernels = [line for line in text.splitlines()[1:] if " -> " in line]
+    assert len(kernels) == 1 and kernels[0].lstrip().startswith("gemm+add+tanh+mul -> out0"), text
+
+
+def test_an_epilogue_reads_a_computed_bias_through_its_broadcast(rng: np.random.Generator):
+    """An LSTM layer with two biases: their sum, broadcast over the rows, is added to the hoisted input
+    projection by the GEMM's epilogue (the broadcast's reshape and expand only index the bias; before, "the
+    epilogue moves indices" refused it and the add was a kernel writing the [T * N, 4H] array again)."""
+    T, N, I, H = 6, 3, 5, 4
+    args = [rng.standard_normal(s).astype(np.float32) for s in
+            ((T, N, I), (N, H), (N, H), (4 * H, I), (4 * H, H), (4 * H,), (4 * H,))]
+
+    def layer(*a):
+        return lstm_layer(*a)[0]
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        text = nf.show(nf.compile(layer, backend="cpu"), *args, stage="scheduled")
+    assert "gemm+add -> " in text and not any(line.strip().startswith("add -> ") for line in text.splitlines())
+    np.testing.assert_allclose(nf.compile(layer, backend="cpu")(*args), nf.compile(layer)(*args), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("width", [16, 48])
+def test_a_module_on_a_sequence_compiles_to_the_same_values(width: int, rng: np.random.Generator):
+    """``nnforge.nn.Linear`` on a [T, N, I] sequence, then a layer norm over its features: C and reference
+    agree."""
+    lin = Linear(6, width)
+    x = rng.standard_normal((7, 2, 6)).astype(np.float32)
+
+    def fn(x):
+        y = lin(x)
+        return nf.nn.functional.layer_norm(y + 1.0, (width,))
+
+    np.testing.assert_allclose(nf.compile(fn, backend="cpu")(x), nf.compile(fn)(x), rtol=1e-5, atol=1e-5)
