@@ -149,8 +149,8 @@ def _reads_rowwise(k: Member, run: list[Member], g: Grouping, rows: tuple[tuple,
             return ok(n.srcs[0])
         if n.op == Op.RESHAPE and _per_row(n, lead) and _per_row(n.srcs[0], lead) and id(n) not in g.alias:
             return ok(n.srcs[0])
-        if n.op == Op.RESHAPE and tuple(n.shape) == full and type(earlier.get(id(n.srcs[0]))) is Gemm:
-            return True  # the product's rows, their leading axis split (an alias of its buffer): held at the element
+        if n.op == Op.RESHAPE and tuple(n.shape) == full and _on_product(n.srcs[0], run, g, earlier):
+            return True  # the product's rows (or elementwise work on them), their leading axis split: held there
         if n.op in ELEMENTWISE:
             return all(ok(s) for s in n.srcs)
         return not _reaches(n, earlier, g)  # another view, or a stored alias: only of what the group does not write
@@ -159,6 +159,24 @@ def _reads_rowwise(k: Member, run: list[Member], g: Grouping, rows: tuple[tuple,
     if isinstance(k, Reduce):
         return ok(k.node.srcs[0]) and (computed is None or ok(computed))
     return ok(computed)
+
+
+def _on_product(n: Node, run: list[Member], g: Grouping, earlier: dict[int, Member]) -> bool:
+    """Whether ``n`` is the leading GEMM's product (its stored value) or elementwise work inlined on it at the same
+    element (a bias added after a reshape was moved before it), reading nothing else the group computes: the
+    kernel evaluates it where the product's rows are."""
+    if type(run[0]) is not Gemm or n.ndim != 2:
+        return False
+    product = stored_node(run[0])
+
+    def ok(m: Node) -> bool:
+        if m is product:
+            return True
+        if m.op in ELEMENTWISE and not g.is_stored(m) and id(m) not in g.alias and tuple(m.shape) == tuple(n.shape):
+            return all(ok(s) for s in m.srcs)
+        return not _reaches(m, earlier, g)  # other data (a bias row), read at the element
+
+    return ok(n)
 
 
 def _read_after(n: Node, run: list[Member], readers: dict[int, list[Node]], results: set[int],

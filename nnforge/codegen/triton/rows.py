@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ...dtypes import DType
 from ...ir.node import Node
-from ...ir.ops import Op
+from ...ir.ops import ELEMENTWISE, Op
 from ...schedule import Buf, Gemm, Reduce, Rows, stored_node
 from .evaluate import Ctx, Emitter, Eval
 from .texpr import acc_dtype, rounded
@@ -85,8 +85,9 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
             for o in bufs:
                 em.line(f"tl.store({o} + (rows * {width} + c), {value}, mask=m)")
             held[(id(stored_node(m)), ("rows", "c"))] = value
+            on_rows = Eval(em, ctx, sz, "m", 2, overrides={(id(stored_node(m)), ("rows", "c")): value}, hoist=False)
             for view in _split_views(stored_node(m), ctx.graph.order, (*k.lead, width)):
-                held[(id(view), element)] = value
+                held[(id(view), element)] = on_rows.val(view.srcs[0], ("rows", "c"))
             continue
         if not isinstance(m, Reduce):
             value = evaluator("m", m.node).val(m.node, element)
@@ -126,9 +127,14 @@ def _product_rows(r: Renderer, m: Gemm, ctx: Ctx, em: Emitter) -> str:
     return ev.val(m.epilogue, ("rows", "c"))
 
 
-def _split_views(n: Node, graph_order: list[Node], shape: tuple) -> list[Node]:
-    """The reshapes of ``n`` to ``shape``: its rows with their leading axis split, as later members may read them."""
-    return [v for v in graph_order if v.op == Op.RESHAPE and v.srcs[0] is n and tuple(v.shape) == tuple(shape)]
+def _split_views(product: Node, order: list[Node], shape: tuple) -> list[Node]:
+    """The reshapes to ``shape`` (rows with their leading axis split) of ``product`` or of elementwise work inlined on
+    it at the same element (``schedule.row_programs`` let later members read those), in ``order``."""
+    on: set[int] = {id(product)}
+    for v in order:  # topological: sources first
+        if v.op in ELEMENTWISE and v.shape == product.shape and any(id(s) in on for s in v.srcs):
+            on.add(id(v))
+    return [v for v in order if v.op == Op.RESHAPE and id(v.srcs[0]) in on and tuple(v.shape) == tuple(shape)]
 
 
 def _row_reduction(p: Node, ev: Eval, element: tuple[str, ...]) -> str:

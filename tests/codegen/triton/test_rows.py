@@ -320,3 +320,20 @@ def test_a_product_read_after_its_rows_is_stored_and_a_wide_one_is_apart(rng: np
 
     program, _, _ = _built(nf.grad(loss, argnums=(0, 1, 2, 3)), [x, w, g, b])
     assert any(type(r.members[0]) is Gemm for r in _rows(program))
+
+
+def test_a_linear_layer_on_a_sequence_leads_its_residual_layer_norm(rng: np.random.Generator):
+    """A transformer's output projection, residual add and norm, ``layer_norm(x + linear(x))`` on a [T, N, d] x:
+    the bias is added on the product's rows before the reshape (``passes.reshapes``), inlined where the
+    residual add reads it through the reshape, and the whole is one kernel led by the GEMM, nothing stored but
+    the result."""
+    x, w, b0 = _f32(rng, 5, 3, 24), _f32(rng, 24, 24) * 0.2, _f32(rng, 24)
+    g, b = _f32(rng, 24), _f32(rng, 24)
+
+    def block(x, w, b0, g, b):
+        return layer_norm(x + F.linear(x, w, b0), g, b)
+
+    program, rendered, _ = _built(block, [x, w, b0, g, b])
+    (rows,) = _rows(program)
+    assert type(rows.members[0]) is Gemm and rows.stores[-1] and not any(rows.stores[:-1])
+    assert len(rendered.kernels) == 1
