@@ -140,9 +140,10 @@ class CompiledFunction:
         return leaves, treedef, arrays, tuple(statics)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if session().tracing or _differentiated(flatten((args, kwargs), _is_leaf)[0]):
+        given = flatten((args, kwargs), _is_leaf)[0]
+        if session().tracing or _differentiated(given):
             return self._body(*args, **kwargs)  # inside another trace, or under a gradient: inline
-        if "torch" in sys.modules and needs_autograd(flatten((args, kwargs), _is_leaf)[0]):
+        if "torch" in sys.modules and needs_autograd(given):
             return call_with_autograd(self, args, kwargs)
         leaves, arrays, shapes, entry = self._lookup(args, kwargs)
         program = self._program(entry, shapes)
