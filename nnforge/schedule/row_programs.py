@@ -57,7 +57,8 @@ def row_programs(kernels: Sequence[Kernel | Loop], graph: Graph, g: Grouping, wi
                 run, rows = [k], shape
             continue
         shape = _rows_of(k, widest, dynamic) if isinstance(k, Reduce) or type(k) is Elementwise else None
-        if len(run) == 1 and type(run[0]) is Gemm and shape is not None and _same_rows(shape, rows, dynamic):
+        if (len(run) == 1 and type(run[0]) is Gemm and run[0].node.ndim == 2 and shape is not None
+                and _same_rows(shape, rows, dynamic)):
             rows = shape  # the product's rows as its readers index them: its leading axis split, maybe
         if run and (shape != rows or not _reads_rowwise(k, run, g, rows)):  # type: ignore[arg-type]
             out.extend(_joined(run, rows, readers, results, g))
@@ -72,15 +73,16 @@ def row_programs(kernels: Sequence[Kernel | Loop], graph: Graph, g: Grouping, wi
 
 
 def _gemm_rows(k: Gemm, widest: int, dynamic: set[str]) -> tuple[tuple, int] | None:
-    """(its rows, their width) of a GEMM that may lead a group: a product of two matrices (no batch, K summed
-    whole, B not held across a loop's steps) of a compile-time width of 2 to ``widest`` columns."""
+    """(its rows, their width) of a GEMM that may lead a group: a product of matrices, or a batch of them (an
+    attention's scores; K summed whole, B not held across a loop's steps) of a compile-time width of 2 to
+    ``widest`` columns."""
     p = k.node
-    if not widest or p.ndim != 2 or k.k_parts > 1 or k.b_resident or k.pack_a or k.k_split:
+    if not widest or k.k_parts > 1 or k.b_resident or k.pack_a or k.k_split:
         return None
     width = fixed(p.shape[-1], dynamic)
     if width is None or not 2 <= width <= widest:
         return None
-    return (p.shape[0],), width
+    return tuple(p.shape[:-1]), width
 
 
 def _same_rows(a: tuple[tuple, int], b: tuple[tuple, int], dynamic: set[str]) -> bool:

@@ -77,9 +77,10 @@ class Target:
     of the rows' shape — run as one kernel (``Rows``), each program on whole rows, a later kernel reading an
     earlier one's values where they were computed; 0: each its own kernel. Why: a layer norm or a softmax over
     rows is two reductions and an elementwise kernel, each reading the rows from memory again.
-    ``gemm_row_programs``: with ``row_programs``, the widest row (values) of a matrix product that leads such a
-    kernel, each program computing whole rows of it (all its columns) for the kernels after it; 0: none. Why: a
-    projection followed by a layer norm wrote the product and read it back.
+    ``gemm_row_programs``: with ``row_programs``, the widest row (values) of a matrix product (or a batch of them)
+    that leads such a kernel, each program computing whole rows of it (all its columns) for the kernels after
+    it; 0: none. Why: a projection followed by a layer norm, an attention's scores followed by their softmax,
+    wrote the product and read it back.
     ``gemm_tiles``: the register tiles of the backend's GEMM micro-kernels as (max K, rows, bytes of a tile row),
     in order of preference (``gemm_tile``); a row-split body of several kernels then runs whole tiles of its GEMMs
     per pass (``row_block`` for a body without GEMMs). Empty: the backend blocks its GEMMs itself.

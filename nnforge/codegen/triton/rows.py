@@ -45,9 +45,12 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
     # ``row_elements`` values of 4 bytes a program (float64 rows: half as many), and no more rows than there are
     wide = max(4, *(m.node.dtype.itemsize for m in k.members))
     block = max(1, r.tiles.row_elements * 4 // wide // cols)
-    if all(sz.is_static(d) for d in k.lead):
-        block = min(block, 1 << max(0, int(n_rows) - 1).bit_length())
+    batch = tuple(gemm.node.shape[:-2]) if gemm is not None else ()
+    per = k.lead[-1:] if batch else k.lead  # the rows a program's rows come from: a batch's product's, or all
+    if all(sz.is_static(d) for d in per):
+        block = min(block, 1 << max(0, int(sz.prod(per)) - 1).bit_length())
     consts = {"BR": block}
+    grid = f"triton.cdiv({n_rows}, {block})"
     em = Emitter()
     prologue = ["pid = tl.program_id(0).to(tl.int64)", "rows = pid * BR + tl.arange(0, BR)[:, None]",
                 f"c = tl.arange(0, {cols})[None, :]", f"mr = rows < {n_rows}", f"m = mr & (c < {width})"]
@@ -56,6 +59,13 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
         consts = {"BR": block, "BK": r.tiles.gemm_k}
         prologue[2] = f"c = tl.arange(0, {cols})[None, :]"
         prologue += ["rm = rows", "rn = c", f"acc = tl.zeros([BR, {cols}], {acc_dtype(gemm.node.dtype)})"]
+    if batch:  # a batch of products: each program's rows within one product (they share its B)
+        M = sz(gemm.node.shape[-2])  # type: ignore[union-attr]
+        prologue[1:2] = [f"tiles = ({M} + BR - 1) // BR", "pid_b = pid // tiles",
+                         "rm = (pid % tiles) * BR + tl.arange(0, BR)[:, None]", f"rows = pid_b * {M} + rm"]
+        prologue[prologue.index(f"mr = rows < {n_rows}")] = f"mr = rm < {M}"
+        prologue.remove("rm = rows")
+        grid = f"({sz.prod(batch)}) * triton.cdiv({M}, {block})"
     # each row's index along the leading axes (0 along those of size 1, as a view's index map makes it)
     lead = ["0"] * len(k.lead)
     big = [a for a, d in enumerate(k.lead) if not (sz.is_static(d) and int(d) == 1)]  # type: ignore[call-overload]
@@ -81,13 +91,15 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
 
     for m, bufs in zip(k.members, outs):
         if isinstance(m, Gemm):
-            value = _product_rows(r, m, ctx, em)
+            bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch]) if batch else ()
+            at = (*bidx, "rm", "c") if batch else ("rows", "c")  # the product's own index of the program's rows
+            value = _product_rows(r, m, ctx, em, bidx, at)
             for o in bufs:
                 em.line(f"tl.store({o} + (rows * {width} + c), {value}, mask=m)")
-            held[(id(stored_node(m)), ("rows", "c"))] = value
-            on_rows = Eval(em, ctx, sz, "m", 2, overrides={(id(stored_node(m)), ("rows", "c")): value}, hoist=False)
+            held[(id(stored_node(m)), at)] = held[(id(stored_node(m)), element)] = value
+            on_rows = Eval(em, ctx, sz, "m", 2, overrides={(id(stored_node(m)), at): value}, hoist=False)
             for view in _split_views(stored_node(m), ctx.graph.order, (*k.lead, width)):
-                held[(id(view), element)] = on_rows.val(view.srcs[0], ("rows", "c"))
+                held[(id(view), element)] = on_rows.val(view.srcs[0], at)
             continue
         if not isinstance(m, Reduce):
             value = evaluator("m", m.node).val(m.node, element)
@@ -112,19 +124,20 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
     warps = None if gemm is None else r.tiles.gemm_warps
     if gemm is not None and not gemm.node.dtype.is_half and block * cols >= 8192:
         warps = 2 * r.tiles.gemm_warps
-    r.emit(k.kind, em, [f"triton.cdiv({n_rows}, {block})"], consts, prologue, warps=warps)
+    r.emit(k.kind, em, [grid], consts, prologue, warps=warps)
 
 
-def _product_rows(r: Renderer, m: Gemm, ctx: Ctx, em: Emitter) -> str:
-    """The program's rows of GEMM ``m`` (its accumulator ``acc`` summed over K, then rounded to a half-precision
-    product's dtype and its epilogue), as an expression over the ``[BR, C]`` tile."""
+def _product_rows(r: Renderer, m: Gemm, ctx: Ctx, em: Emitter, bidx: tuple[str, ...], at: tuple[str, ...]) -> str:
+    """The program's rows of GEMM ``m`` (of product ``bidx`` of a batch; its accumulator ``acc`` summed over K,
+    then rounded to a half-precision product's dtype and its epilogue), as an expression over the ``[BR, C]``
+    tile at the product's index ``at``."""
     p = m.node
-    r.k_loop(em, ctx, p)
+    r.k_loop(em, ctx, p, bidx)
     value = "acc" if not p.dtype.is_half else em.tmp(rounded("acc", p.dtype), "acc", hoist=False)
     if m.epilogue is None:
         return value
-    ev = Eval(em, ctx, r.sz, "m", 2, root=m.epilogue, overrides={(id(p), ("rows", "c")): value}, hoist=False)
-    return ev.val(m.epilogue, ("rows", "c"))
+    ev = Eval(em, ctx, r.sz, "m", 2, root=m.epilogue, overrides={(id(p), at): value}, hoist=False)
+    return ev.val(m.epilogue, at)
 
 
 def _split_views(product: Node, order: list[Node], shape: tuple) -> list[Node]:

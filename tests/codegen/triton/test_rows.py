@@ -337,3 +337,27 @@ def test_a_linear_layer_on_a_sequence_leads_its_residual_layer_norm(rng: np.rand
     (rows,) = _rows(program)
     assert type(rows.members[0]) is Gemm and rows.stores[-1] and not any(rows.stores[:-1])
     assert len(rendered.kernels) == 1
+
+
+@pytest.mark.parametrize(("T", "S"), [(10, 12), (33, 40)], ids=str)
+def test_attention_scores_lead_their_softmax(T: int, S: int, rng: np.random.Generator):
+    """A batch of products leads the rows after it: an attention's scores ``q @ k.T * scale`` over [batch, heads]
+    and their softmax are one kernel whose programs each take rows of one product (they share its k) — T query
+    rows per product, not a multiple of the 16 a program takes, so the last program of each product is partly
+    masked. The scores are not stored; against the reference, trained too."""
+    q, kk = _f32(rng, 2, 3, T, 8) * 0.3, _f32(rng, 2, 3, S, 8) * 0.3
+
+    def scores(q, kk):
+        return (q @ kk.transpose(-1, -2) * 0.35).softmax(-1)
+
+    program, rendered, _ = _built(scores, [q, kk])
+    (rows,) = _rows(program)
+    assert type(rows.members[0]) is Gemm and not any(rows.stores[:-1]) and len(rendered.kernels) == 1
+    # a program's rows past its product's T are masked: unmasked, they would store into the next product's rows,
+    # which its own programs write too (in an order the interpreter fixes and a GPU does not)
+    assert "pid_b = pid // tiles" in rendered.source and f"mr = rm < {T}" in rendered.source
+
+    def loss(q, kk):
+        return (scores(q, kk) * q[..., :1]).sum()
+
+    _built(nf.grad(loss, argnums=(0, 1)), [q, kk])
