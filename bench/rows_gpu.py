@@ -4,18 +4,20 @@ whole-row kernels), PyTorch's own kernels (``torch.nn.functional.layer_norm``, `
 ``torch.compile`` of the same function, measured in the same process, interleaved. And a projection followed by
 its layer norm (``x @ w + b0``, then the norm): nnforge's one kernel whose programs compute whole rows of the
 product and normalize them (``Target.gemm_row_programs``) against the same program with ``gemm_row_programs=0``
-(a GEMM, then the norm's kernel), PyTorch (``x @ w + b0``, ``F.layer_norm``) and ``torch.compile``.
+(a GEMM, then the norm's kernel), PyTorch (``x @ w + b0``, ``F.layer_norm``) and ``torch.compile``; likewise an
+attention's scores and their softmax, ``(q @ k.T * scale).softmax(-1)`` over a batch of heads.
 
 Shapes: rows x width in the dtype, float16 by default: the layer-norm LSTM's input projection at T = 2000, batch
 1024, H = 96 (2,048,000 rows of 384), a transformer's features (rows of 1024, 4096) and attention scores (rows of
-2048); the projections: that LSTM's (K = 96 to 384) and a transformer's feed-forward output (2048 to 512). Each
+2048); the projections: that LSTM's (K = 96 to 384) and a transformer's feed-forward output (2048 to 512); the
+scores: 128 heads of 500 queries and keys of 64 values (a basecaller transformer's chunk after its stride). Each
 round times every candidate once with CUDA events after a warm-up; printed per shape and candidate: the median
 time, the GB/s of the fewest bytes the operation must move (the rows read once and written once; a projection's
 inputs read once) with the device's copy bandwidth beside it, the ratio candidate time / nnforge time (> 1:
 nnforge faster), and each candidate's error: its largest difference from the same function in float64 on the
 device, over the largest value. Record results in docs/benchmarks.md with the device and date.
 
-Usage: ``python bench/rows_gpu.py [--rows 2048000 --width 384] [--op "layer norm" softmax projection] [--dtype
+Usage: ``python bench/rows_gpu.py [--rows 2048000 --width 384] [--op "layer norm" softmax projection attention] [--dtype
 float16] [--rounds 5]`` (a projection given by --rows and --width has K = width / 4); ``--smoke`` runs
 tiny shapes on the CPU under Triton's interpreter (anchors on the CPU): it proves the script runs, its times mean
 nothing.
@@ -47,6 +49,9 @@ SMOKE_SHAPES = [(40, 48), (9, 100)]
 # (rows, K, width) of the projections: the layer-norm LSTM's input projection, a transformer's feed-forward output
 PROJECTIONS = [(2_048_000, 96, 384), (65_536, 2048, 512)]
 SMOKE_PROJECTIONS = [(40, 12, 48)]
+# (heads x queries, values per query and key, keys) of the attention scores; queries as many as keys
+ATTENTION = [(128 * 500, 64, 500)]
+SMOKE_ATTENTION = [(2 * 20, 8, 20)]
 
 
 def layer_norm(x, g, b):
@@ -75,11 +80,19 @@ def t_projection(x, w, b0, g, b):
     return t_layer_norm(x @ w + b0, g, b)
 
 
+def attention(q, k):
+    return (q @ k.transpose(-1, -2) * 0.125).softmax(-1)
+
+
+def t_attention(q, k):
+    return t_softmax(q @ k.transpose(-1, -2) * 0.125)
+
+
 def candidates(op: str, args: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
     """name -> a call computing ``op`` on ``args``."""
     fn, t_fn = {"layer norm": (layer_norm, t_layer_norm), "softmax": (softmax, t_softmax),
-                "projection": (projection, t_projection)}[op]
-    field = "gemm_row_programs" if op == "projection" else "row_programs"
+                "projection": (projection, t_projection), "attention": (attention, t_attention)}[op]
+    field = "gemm_row_programs" if op in ("projection", "attention") else "row_programs"
     apart = dataclasses.replace(triton_target(), **{field: 0})
     mine = nf.compile(fn, backend="triton")
     theirs = nf.compile(fn, backend="triton", options={"target": apart})
@@ -90,6 +103,9 @@ def candidates(op: str, args: list[torch.Tensor]) -> dict[str, Callable[[], obje
     elif op == "projection":
         x, w, b0, g, b = args
         aten = lambda: torch.nn.functional.layer_norm(x @ w + b0, w.shape[-1:], g, b, 1e-5)  # noqa: E731
+    elif op == "attention":
+        q, k = args
+        aten = lambda: torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1)  # noqa: E731
     else:
         aten = lambda: torch.softmax(args[0], -1)  # noqa: E731
     return {"nnforge.triton": lambda: mine(*args), f"nnforge[{field}=0]": lambda: theirs(*args),
@@ -102,20 +118,23 @@ def bench(op: str, rows: int, width: int, dtype: torch.dtype, device: str, round
     gen = torch.Generator(device="cpu").manual_seed(rows * 7919 + width)
     k = k or max(width // 4, 1)
     shapes = {"layer norm": [(rows, width), (width,), (width,)], "softmax": [(rows, width)],
-              "projection": [(rows, k), (k, width), (width,), (width,), (width,)]}[op]
+              "projection": [(rows, k), (k, width), (width,), (width,), (width,)],
+              "attention": [(rows // width, width, k)] * 2}[op]
     args = [(torch.randn(s, generator=gen) * 2.0).to(device=device, dtype=dtype) for s in shapes]
     if op == "projection":
         args[1] = args[1] / (2.0 * k ** 0.5)  # products of the size of the inputs
     fns = candidates(op, args)
-    ref = {"layer norm": t_layer_norm, "softmax": t_softmax, "projection": t_projection}[op](
+    ref = {"layer norm": t_layer_norm, "softmax": t_softmax, "projection": t_projection,
+           "attention": t_attention}[op](
         *(a.double() for a in args))
     failed: dict[str, str] = {}
     errors = {name: float(((out.double() - ref).abs().max() / ref.abs().max()).item())  # type: ignore[union-attr]
               for name, out in first_calls(fns, device, failed).items()}
     med = interleaved(fns, rounds, clock)
-    moved = (rows * k + k * width if op == "projection" else rows * width) * dtype.itemsize + rows * width * \
-        dtype.itemsize
-    what = f"{rows} rows of {k} projected to {width}" if op == "projection" else f"{rows} rows of {width}"
+    read = {"projection": rows * k + k * width, "attention": 2 * rows * k}.get(op, rows * width)
+    moved = (read + rows * width) * dtype.itemsize
+    what = {"projection": f"{rows} rows of {k} projected to {width}",
+            "attention": f"{rows // width} heads of {width} queries and keys of {k}"}.get(op, f"{rows} rows of {width}")
     print(f"{op}: {what}, {str(dtype).removeprefix('torch.')} (copy peak {peak:.0f} GB/s)")
     for name, t in med.items():
         ratio = "" if name == "nnforge.triton" else f"  {name} / nnforge = {t / med['nnforge.triton']:.2f}"
@@ -129,8 +148,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", help="rows per shape (with --width, one each)")
     ap.add_argument("--width", type=int, nargs="+")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    ap.add_argument("--op", nargs="+", default=["layer norm", "softmax", "projection"],
-                    choices=["layer norm", "softmax", "projection"])
+    ap.add_argument("--op", nargs="+", default=["layer norm", "softmax", "projection", "attention"],
+                    choices=["layer norm", "softmax", "projection", "attention"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     a = ap.parse_args()
@@ -141,10 +160,11 @@ def main() -> None:
         if not (a.rows and a.width) or len(a.rows) != len(a.width):
             sys.exit(f"--rows and --width give one shape each: got {a.rows} and {a.width}")
         shapes = list(zip(a.rows, a.width))
-        projections = [(r, max(w // 4, 1), w) for r, w in shapes]
+        projections = attentions = [(r, max(w // 4, 1), w) for r, w in shapes]
     else:
         shapes = SMOKE_SHAPES if a.smoke else SHAPES
         projections = SMOKE_PROJECTIONS if a.smoke else PROJECTIONS
+        attentions = SMOKE_ATTENTION if a.smoke else ATTENTION
     dtype = getattr(torch, "float32" if a.smoke else a.dtype)  # the interpreter's half arithmetic is numpy's
     clock = Clock(device)
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'CPU (interpreter: times mean nothing)'}")
@@ -152,11 +172,11 @@ def main() -> None:
     np.seterr(all="ignore")
     for rows, width in shapes:
         for op in a.op:
-            if op != "projection":
+            if op in ("layer norm", "softmax"):
                 bench(op, rows, width, dtype, device, a.rounds, clock, peak)
-    if "projection" in a.op:
-        for rows, k, width in projections:
-            bench("projection", rows, width, dtype, device, a.rounds, clock, peak, k)
+    for op, cases in (("projection", projections), ("attention", attentions)):
+        for rows, k, width in cases if op in a.op else ():
+            bench(op, rows, width, dtype, device, a.rounds, clock, peak, k)
 
 
 if __name__ == "__main__":

@@ -46,17 +46,20 @@ def test_lstm_gpu_bench_times_every_candidate_and_reports_errors():
     assert out.count("nnforge.triton, one call by operator (") == 2  # --profile: on a GPU, by kernel
 
 
-def test_rows_gpu_bench_times_each_form_of_a_layer_norm_a_softmax_and_a_projection():
+def test_rows_gpu_bench_times_each_form_of_its_row_kernels():
+    """Layer norms and softmaxes (two shapes each), a projection and its layer norm, attention scores and their
+    softmax: each against its anchors, every result within float32's error of float64."""
     out = run("bench/rows_gpu.py", "--smoke", "--rounds", "1")
     for op in ("layer norm", "softmax"):
         assert out.count(f"{op}: ") == 2  # two shapes
     assert out.count("projection: 40 rows of 12 projected to 48") == 1
+    assert out.count("attention: 2 heads of 20 queries and keys of 8") == 1
     assert out.count("nnforge[row_programs=0] / nnforge = ") == 4, out
-    assert out.count("nnforge[gemm_row_programs=0] / nnforge = ") == 1, out
+    assert out.count("nnforge[gemm_row_programs=0] / nnforge = ") == 2, out
     for anchor in ("torch", "torch.compile"):
-        assert out.count(f"  {anchor} / nnforge = ") == 5, out
+        assert out.count(f"  {anchor} / nnforge = ") == 6, out
     errors = [float(e) for e in re.findall(r"error (\S+)", out)]
-    assert len(errors) == 20 and max(errors) < 1e-5, out
+    assert len(errors) == 24 and max(errors) < 1e-5, out
 
 
 def test_an_anchor_that_kills_its_process_is_left_out_with_its_reason(monkeypatch: pytest.MonkeyPatch):
