@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..ir.dims import fixed
 from ..ir.node import Graph, Node
 from ..ir.ops import ELEMENTWISE, Op
 from ..passes.fuse import Grouping
@@ -27,9 +28,10 @@ _VIEWS = (Op.SLICE, Op.PERMUTE, Op.PAD, Op.CONCAT, Op.GATHER, Op.RESHAPE, Op.EXP
 _NESTED = (Op.SCAN, Op.LOOP, Op.SCATTER_ADD)
 
 
-def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
+def register_body_refusal(body: Graph, g: Grouping, n_carry: int, dynamic: set[str] = frozenset()) -> str | None:
     """Why ``body`` (a row-split loop body, batch rows first, its first ``n_carry`` inputs the carries) cannot
-    keep its step values in registers; None when it can."""
+    keep its step values in registers (tiles of a width fixed when compiling: none of ``dynamic``, the run-time
+    size symbols); None when it can."""
     tiled = {id(sg.root) for sg in g.sliced}  # read through its slices on the gate tiles, never as a whole
     held = {id(x) for x in body.inputs[:n_carry]}
     held |= {id(m) for m in body.order
@@ -53,6 +55,9 @@ def register_body_refusal(body: Graph, g: Grouping, n_carry: int) -> str | None:
             continue
         if m.op == Op.MATMUL and m.ndim != 2:
             return f"{where} is a batched product"
+        if (m.ndim >= 2 and fixed(tuple(m.shape[1:]), dynamic) is None) or (
+                m.op == Op.MATMUL and fixed(tuple(m.srcs[1].shape), dynamic) is None):
+            return f"{where} has a size known only at run time (a register tile's is fixed when compiling)"
         if m.op in (Op.SUM, Op.REDUCE_MAX) and tuple(m.attrs["axes"]) != tuple(range(1, m.srcs[0].ndim)):
             return f"{where} reduces other than each row's values"
         if m.op in _VIEWS and not _in_place(m) and _reaches(m.srcs[0], held, g, set()):

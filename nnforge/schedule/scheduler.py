@@ -392,7 +392,7 @@ class _Scheduler:
                     break
             if why is None and self.target.steps_in_registers:
                 why = register_body_refusal(split.body, g, n.attrs["n_carry"] if n.op == Op.SCAN else
-                                            n.attrs["n_state"])
+                                            n.attrs["n_state"], self.dynamic)
         if why is not None:
             log.debug("scan at %s not split by rows: %s", n.loc, why)
             return None

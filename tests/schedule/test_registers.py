@@ -174,3 +174,33 @@ def test_rows_held_by_ranges_agree_with_the_interpreter(cell, backend: str, rng:
     got = nf.compile(_cell_scan(cell), backend=backend)(*args)
     for g, w in zip(got, want, strict=True):  # float32 sums in another order: errors scale with the largest value
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=max(2e-5, 2e-6 * float(np.abs(w).max())))
+
+
+def _run_time_width(xs, zs, h0):
+    """A second scan whose step multiplies its carry by a matrix as wide as the first scan is long (``T1``, a
+    size known only at run time)."""
+    s, _ = nf.scan(lambda c, x: (c + x, c), nf.zeros_like(xs[0]), xs)
+    a = xs.T * s[0]  # [2, T1]
+
+    def step(h, z):
+        h = nf.tanh((h @ a) @ a.T + z)
+        return h, h
+
+    return nf.scan(step, h0, zs)
+
+
+def test_a_run_time_width_keeps_the_loop_out_of_registers(backend: str, rng: np.random.Generator,
+                                                          caplog: pytest.LogCaptureFixture):
+    """A register tile's width is fixed when compiling: a step value or product of a run-time width keeps the loop
+    stepped by the host on a target that holds steps in registers (the fuzzer found the Triton renderer refusing
+    such a loop the scheduler had split), and every backend agrees with the reference, at two lengths."""
+    for T1 in (3, 5):
+        xs, zs, h0 = (rng.standard_normal(s).astype(np.float32) * 0.5 for s in ((T1, 2), (4, 3, 2), (3, 2)))
+        got = nf.compile(_run_time_width, backend=backend)(xs, zs, h0)
+        for a, b in zip(got, nf.compile(_run_time_width)(xs, zs, h0)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    target = dataclasses.replace(cpu_target(), min_split_rows=1, steps_in_registers=True)
+    with caplog.at_level("DEBUG", logger="nnforge.schedule"):
+        program = schedule(prepare(nf.compile(_run_time_width).trace(xs, zs, h0)), target)
+    assert [loop.parallel is not None for loop in program.loops()][-1] is False
+    assert "a size known only at run time" in caplog.text
