@@ -504,6 +504,7 @@ class Renderer:
         bidx: tuple[str, ...] = ()
         if batch:
             bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
+            em.scalars |= {"pid_b", *bidx}  # the program's product: an epilogue load at it alone is scalar
         k_sum(em, ["acc"], bidx)
         em.line(tile_mask(M, N))
         self.gemm_epilogue(em, ctx, k, outs, bidx)

@@ -344,20 +344,21 @@ def test_attention_scores_lead_their_softmax(T: int, S: int, rng: np.random.Gene
     """A batch of products leads the rows after it: an attention's scores ``q @ k.T * scale`` over [batch, heads]
     and their softmax are one kernel whose programs each take rows of one product (they share its k) — T query
     rows per product, not a multiple of the 16 a program takes, so the last program of each product is partly
-    masked. The scores are not stored; against the reference, trained too."""
-    q, kk = _f32(rng, 2, 3, T, 8) * 0.3, _f32(rng, 2, 3, S, 8) * 0.3
+    masked. Each head has a temperature of its own (one value per product: a scalar load in the program). The
+    scores are not stored; against the reference, trained too."""
+    q, kk, c = _f32(rng, 2, 3, T, 8) * 0.3, _f32(rng, 2, 3, S, 8) * 0.3, _f32(rng, 2, 3, 1, 1)
 
-    def scores(q, kk):
-        return (q @ kk.transpose(-1, -2) * 0.35).softmax(-1)
+    def scores(q, kk, c):
+        return (q @ kk.transpose(-1, -2) * c).softmax(-1)
 
-    program, rendered, _ = _built(scores, [q, kk])
+    program, rendered, _ = _built(scores, [q, kk, c])
     (rows,) = _rows(program)
     assert type(rows.members[0]) is Gemm and not any(rows.stores[:-1]) and len(rendered.kernels) == 1
     # a program's rows past its product's T are masked: unmasked, they would store into the next product's rows,
     # which its own programs write too (in an order the interpreter fixes and a GPU does not)
     assert "pid_b = pid // tiles" in rendered.source and f"mr = rm < {T}" in rendered.source
 
-    def loss(q, kk):
-        return (scores(q, kk) * q[..., :1]).sum()
+    def loss(q, kk, c):
+        return (scores(q, kk, c) * q[..., :1]).sum()
 
-    _built(nf.grad(loss, argnums=(0, 1)), [q, kk])
+    _built(nf.grad(loss, argnums=(0, 1, 2)), [q, kk, c])

@@ -103,6 +103,17 @@ def test_a_batch_of_products_takes_its_tiles_from_one_grid_axis(rng: np.random.G
     assert "tl.program_id(1)" not in program.source and "tl.program_id(2)" not in program.source
 
 
+def test_a_batch_of_products_adds_a_value_per_product_in_its_epilogue(rng: np.random.Generator):
+    """``u @ v + c`` with one c per product (broadcast over its rows and columns): the epilogue loads c at the
+    program's product index alone, a scalar address that Triton takes without a block mask (the fuzzer's
+    ``matmul`` of a summed, negated operand hit it once epilogues could read views)."""
+    def f(u, v, c):
+        return u @ v + c
+
+    program = _check(f, _f32(rng, 2, 3, 5, 4), _f32(rng, 2, 3, 4, 6), _f32(rng, 2, 3, 1, 1))
+    assert len(program.kernels) == 1 and program.kernels[0].startswith("k0_gemm_add")
+
+
 @pytest.mark.parametrize("k,blocks", [(64, False), (DOT_PROMOTE_K + 904, True)])
 def test_a_long_half_precision_product_adds_its_blocks_in_float32(k: int, blocks: bool, rng: np.random.Generator):
     """A weight gradient's K (steps x batch) runs to millions, and the tensor cores' accumulation does not round
