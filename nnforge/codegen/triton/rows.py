@@ -50,22 +50,24 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
     if all(sz.is_static(d) for d in per):
         block = min(block, 1 << max(0, int(sz.prod(per)) - 1).bit_length())
     consts = {"BR": block}
-    grid = f"triton.cdiv({n_rows}, {block})"
-    em = Emitter()
-    prologue = ["pid = tl.program_id(0).to(tl.int64)", "rows = pid * BR + tl.arange(0, BR)[:, None]",
-                f"c = tl.arange(0, {cols})[None, :]", f"mr = rows < {n_rows}", f"m = mr & (c < {width})"]
     if gemm is not None:  # a tile of whole rows of the product: tl.dot takes 16 rows and columns at least
         cols, block = max(cols, 16), max(block, 16)
         consts = {"BR": block, "BK": r.tiles.gemm_k}
-        prologue[2] = f"c = tl.arange(0, {cols})[None, :]"
-        prologue += ["rm = rows", "rn = c", f"acc = tl.zeros([BR, {cols}], {acc_dtype(gemm.node.dtype)})"]
+    em = Emitter()
+    prologue = ["pid = tl.program_id(0).to(tl.int64)"]
     if batch:  # a batch of products: each program's rows within one product (they share its B)
         M = sz(gemm.node.shape[-2])  # type: ignore[union-attr]
-        prologue[1:2] = [f"tiles = ({M} + BR - 1) // BR", "pid_b = pid // tiles",
-                         "rm = (pid % tiles) * BR + tl.arange(0, BR)[:, None]", f"rows = pid_b * {M} + rm"]
-        prologue[prologue.index(f"mr = rows < {n_rows}")] = f"mr = rm < {M}"
-        prologue.remove("rm = rows")
+        prologue += [f"tiles = ({M} + BR - 1) // BR", "pid_b = pid // tiles",
+                     "rm = (pid % tiles) * BR + tl.arange(0, BR)[:, None]", f"rows = pid_b * {M} + rm",
+                     f"mr = rm < {M}"]
         grid = f"({sz.prod(batch)}) * triton.cdiv({M}, {block})"
+    else:
+        prologue += ["rows = pid * BR + tl.arange(0, BR)[:, None]", f"mr = rows < {n_rows}"]
+        prologue += ["rm = rows"] if gemm is not None else []
+        grid = f"triton.cdiv({n_rows}, {block})"
+    prologue += [f"c = tl.arange(0, {cols})[None, :]", f"m = mr & (c < {width})"]
+    if gemm is not None:
+        prologue += ["rn = c", f"acc = tl.zeros([BR, {cols}], {acc_dtype(gemm.node.dtype)})"]
     # each row's index along the leading axes (0 along those of size 1, as a view's index map makes it)
     lead = ["0"] * len(k.lead)
     big = [a for a, d in enumerate(k.lead) if not (sz.is_static(d) and int(d) == 1)]  # type: ignore[call-overload]
