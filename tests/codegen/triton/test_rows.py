@@ -19,6 +19,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from lstm_cells import gate_row_norm_lstm, layer_norm_lstm  # this folder: shared with test_triton_render.py
+
 import nnforge as nf
 import nnforge.nn.functional as F
 from nnforge.codegen.triton import TritonBackend, lower, prepare, triton_target
@@ -193,23 +195,6 @@ def test_a_program_takes_as_many_rows_as_its_tile_holds(elements: int, rows: int
     assert f"BR={block}," in rendered.source
 
 
-def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
-    """An LSTM normalizing its gate row and its cell state (no learned gains)."""
-    def ln(v):
-        d = v - v.mean(-1, keepdims=True)
-        return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
-
-    def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (ln(x_t @ w_ih.T + h @ w_hh.T) + b).chunk(4, axis=-1)
-        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-        h = nf.sigmoid(o) * nf.tanh(ln(c))
-        return (h, c), h
-
-    (h, c), ys = nf.scan(cell, (h0, c0), x)
-    return ys, h, c
-
-
 @pytest.mark.parametrize("resident", [False, True], ids=["host-loop", "resident"])
 def test_a_step_the_host_runs_takes_its_rows_whole(resident: bool, rng: np.random.Generator):
     """A loop stepped by the host (not split by rows, as a wide layer's is), forward and trained: its body's
@@ -221,15 +206,15 @@ def test_a_step_the_host_runs_takes_its_rows_whole(resident: bool, rng: np.rando
             _f32(rng, 4 * H, H) * 0.3, _f32(rng, 4 * H)]
 
     def loss(*a):
-        ys, h, c = layer_norm_lstm(*a)
+        ys, h, c = gate_row_norm_lstm(*a)
         return (ys * ys).sum() + (h * c).sum()
 
     target = dataclasses.replace(triton_target(), row_split=False, resident_steps=resident)
-    for fn in (layer_norm_lstm, nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))):
+    for fn in (gate_row_norm_lstm, nf.grad(loss, argnums=(0, 1, 2, 3, 4, 5))):
         program, _, _ = _built(fn, args, target)
         bodies = [k for loop in program.loops() for k in loop.body.kernels if isinstance(k, Rows)]
         assert bodies and all(loop.resident == resident for loop in program.loops())
-    split, _, _ = _built(layer_norm_lstm, args)
+    split, _, _ = _built(gate_row_norm_lstm, args)
     assert [loop.parallel is not None for loop in split.loops()] == [True]
     assert not any(isinstance(k, Rows) for k in split.loops()[0].body.kernels)
 
@@ -275,22 +260,8 @@ def test_a_projection_read_with_its_leading_axis_split_leads_its_rows(rng: np.ra
     assert type(rows.members[0]) is Gemm and not rows.stores[0] and len(rendered.kernels) == 1
     args = [_f32(rng, T, N, 5), _f32(rng, N, H), _f32(rng, N, H), _f32(rng, 4 * H, 5) * 0.3,
             _f32(rng, 4 * H, H) * 0.3, _f32(rng, 4 * H)]
-    def ln(v):
-        d = v - v.mean(-1, keepdims=True)
-        return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
-
-    def projections_normalized(x, h0, c0, w_ih, w_hh, b):
-        """A layer-norm LSTM normalizing each projection apart (bench/cells_cpu.py's): x's may leave the step."""
-        def cell(carry, x_t):
-            h, c = carry
-            i, f, g, o = (ln(x_t @ w_ih.T) + ln(h @ w_hh.T) + b).chunk(4, axis=-1)
-            c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-            return (nf.sigmoid(o) * nf.tanh(ln(c)), c), nf.sigmoid(o) * nf.tanh(ln(c))
-
-        return nf.scan(cell, (h0, c0), x)[1]
-
     hoisted = dataclasses.replace(triton_target(), hoist_step_work=True)
-    program, _, _ = _built(projections_normalized, args, hoisted)
+    program, _, _ = _built(layer_norm_lstm, args, hoisted)
     before = [k for k in program.block.kernels if not isinstance(k, Loop)]
     assert len(before) == 1 and isinstance(before[0], Rows) and type(before[0].members[0]) is Gemm
 

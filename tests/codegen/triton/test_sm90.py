@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_triton_render import layer_norm_lstm, lstm
+from lstm_cells import layer_norm_lstm
+from test_triton_render import lstm
 
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, interpreted

@@ -22,6 +22,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from lstm_cells import layer_norm_lstm  # this folder: shared with test_rows.py
+
 import nnforge as nf
 from nnforge.codegen.triton import TritonBackend, TritonProgram, Unsupported, lower, prepare, triton_target
 from nnforge.codegen.triton.scan import tile_pieces
@@ -472,22 +474,6 @@ def test_a_gru_training_step_runs_both_loops_in_persistent_kernels(rng: np.rando
     program, _ = _scheduled(grads, *args)
     assert [loop.parallel is not None for loop in program.loops()] == [True, True]
     _check(grads, *args)
-
-
-def layer_norm_lstm(x, h0, c0, w_ih, w_hh, b):
-    """Layer norm over each product's whole gate row, then the gates as slices of the normalized sum."""
-    def ln(v):
-        d = v - v.mean(-1, keepdims=True)
-        return d / nf.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
-
-    def cell(carry, x_t):
-        h, c = carry
-        i, f, g, o = (ln(x_t @ w_ih.T) + ln(h @ w_hh.T) + b).chunk(4, axis=-1)
-        c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-        return (nf.sigmoid(o) * nf.tanh(ln(c)), c), nf.sigmoid(o) * nf.tanh(ln(c))
-
-    (h, c), ys = nf.scan(cell, (h0, c0), x)
-    return ys, h, c
 
 
 def _scan_calls(source: str, name: str, step: bool = False) -> list[int]:
