@@ -38,7 +38,7 @@ from .passes import run_pipeline
 from .passes.rewrite import substitute
 from .passes.specialize import specialize, unify_sizes
 from .pytree import flatten, unflatten
-from .tensor import Tensor, adopt, as_tensor
+from .tensor import Tensor, adopt
 from .trace import scope, session
 
 log = logging.getLogger("nnforge.compile")
@@ -293,8 +293,7 @@ def _floats_cast(fn: Callable, dtype: DType) -> Callable:
     @functools.wraps(fn)
     def cast(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten((args, kwargs), _is_leaf)
-        leaves = [as_tensor(v).cast(dtype) if _is_array(v) and as_tensor(v).dtype.is_float else v for v in leaves]
-        a, k = unflatten(treedef, leaves)
+        a, k = unflatten(treedef, [_converted(v, dtype) for v in leaves])
         return fn(*a, **k)
 
     return cast
@@ -316,10 +315,6 @@ def _differentiated(leaves: list) -> bool:
         if t is not None and t.node is n:
             return True
     return False
-
-
-def _is_array(v: Any) -> bool:
-    return isinstance(v, (Tensor, np.ndarray)) or is_torch(v)
 
 
 def _name(fn: Callable) -> str:
