@@ -78,12 +78,14 @@ class Rows(Kernel):
     earlier one's value from where it was computed (a row's sum, an element of the rows or of the product's
     rows, through a reshape that splits their leading axis), not from memory. ``stores``: whether each member
     stores its results, as it would alone (False where only later members read them: a softmax's exponentials, a
-    layer norm's statistics). ``node``, ``out``: the last member's."""
+    layer norm's statistics). ``node``, ``out``: the last member's. ``views``: the reshapes through which members
+    read a leading GEMM's rows (or elementwise work inlined on them) with their leading axis split."""
 
     members: tuple[Reduce | Elementwise | Gemm, ...] = ()
     lead: tuple = ()
     width: int = 0
     stores: tuple[bool, ...] = ()
+    views: tuple[Node, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,7 @@ split (``[T * N, 4H]`` read as ``[T, N, 4H]``): the same rows, the same elements
 
 from __future__ import annotations
 
-import functools
-import operator
+import math
 from collections.abc import Sequence
 
 from ..ir.dims import fixed, same_product
@@ -87,9 +86,10 @@ def _gemm_rows(k: Gemm, widest: int, dynamic: set[str]) -> tuple[tuple, int] | N
 
 def _same_rows(a: tuple[tuple, int], b: tuple[tuple, int], dynamic: set[str]) -> bool:
     """Rows of one width whose leading axes hold as many rows, whatever the run-time sizes (``dynamic``)."""
-    ca, cb = (functools.reduce(operator.mul, x[0], 1) for x in (a, b))
-    fa, fb = fixed(ca, dynamic), fixed(cb, dynamic)
-    return a[1] == b[1] and (fa == fb if fa is not None and fb is not None else same_product(ca, cb))
+    fa, fb = fixed(a[0], dynamic), fixed(b[0], dynamic)
+    if fa is not None and fb is not None:
+        return a[1] == b[1] and fa == fb
+    return a[1] == b[1] and same_product(math.prod(a[0]), math.prod(b[0]))
 
 
 def _joined(run: list[Member], rows: tuple[tuple, int], readers: dict[int, list[Node]], results: set[int],
@@ -101,7 +101,29 @@ def _joined(run: list[Member], rows: tuple[tuple, int], readers: dict[int, list[
                    for k in run)
     last = run[-1]
     return [Rows(last.node, last.out, tuple(f for k in run for f in k.fuses), (), tuple(run), rows[0], rows[1],
-                 stores)]
+                 stores, _split_views(run, rows, g))]
+
+
+def _split_views(run: list[Member], rows: tuple[tuple, int], g: Grouping) -> tuple[Node, ...]:
+    """The reshapes through which later members read the leading GEMM's rows with their leading axis split (of the
+    product, or of elementwise work inlined on it: ``_on_product``), as ``_reads_rowwise`` let them."""
+    if type(run[0]) is not Gemm:
+        return ()
+    earlier = {id(stored_node(m)): m for m in run}
+    full = (*rows[0], rows[1])
+    found: dict[int, Node] = {}
+    stack = [s for k in run[1:] for n in (k.node, getattr(k, "epilogue", None)) if n is not None for s in n.srcs]
+    seen: set[int] = set()
+    while stack:  # what the members inline, down to the buffers and the members' own values
+        n = stack.pop()
+        if id(n) in seen or id(n) in earlier or g.is_stored(n):
+            continue
+        seen.add(id(n))
+        if n.op == Op.RESHAPE and tuple(n.shape) == full and _on_product(n.srcs[0], run, g, earlier):
+            found[id(n)] = n
+        elif n.op in ELEMENTWISE or n.op in _VIEWS:
+            stack.extend(n.srcs)
+    return tuple(found.values())
 
 
 def _rows_of(k: Member, widest: int, dynamic: set[str]) -> tuple[tuple, int] | None:

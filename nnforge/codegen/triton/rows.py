@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ...dtypes import DType
 from ...ir.node import Node
-from ...ir.ops import ELEMENTWISE, Op
+from ...ir.ops import Op
 from ...schedule import Buf, Gemm, Reduce, Rows, stored_node
 from .evaluate import Ctx, Emitter, Eval
 from .texpr import acc_dtype, rounded
@@ -101,7 +101,7 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
                 em.line(f"tl.store({o} + (rows * {width} + c), {value}, mask=m)")
             held[(id(stored_node(m)), at)] = held[(id(stored_node(m)), element)] = value
             on_rows = Eval(em, ctx, sz, "m", 2, overrides={(id(stored_node(m)), at): value}, hoist=False)
-            for view in _split_views(stored_node(m), ctx.graph.order, (*k.lead, width)):
+            for view in k.views:
                 held[(id(view), element)] = on_rows.val(view.srcs[0], at)
             continue
         if not isinstance(m, Reduce):
@@ -141,16 +141,6 @@ def _product_rows(r: Renderer, m: Gemm, ctx: Ctx, em: Emitter, bidx: tuple[str, 
         return value
     ev = Eval(em, ctx, r.sz, "m", 2, root=m.epilogue, overrides={(id(p), at): value}, hoist=False)
     return ev.val(m.epilogue, at)
-
-
-def _split_views(product: Node, order: list[Node], shape: tuple) -> list[Node]:
-    """The reshapes to ``shape`` (rows with their leading axis split) of ``product`` or of elementwise work inlined on
-    it at the same element (``schedule.row_programs`` let later members read those), in ``order``."""
-    on: set[int] = {id(product)}
-    for v in order:  # topological: sources first
-        if v.op in ELEMENTWISE and v.shape == product.shape and any(id(s) in on for s in v.srcs):
-            on.add(id(v))
-    return [v for v in order if v.op == Op.RESHAPE and id(v.srcs[0]) in on and tuple(v.shape) == tuple(shape)]
 
 
 def _row_reduction(p: Node, ev: Eval, element: tuple[str, ...]) -> str:
