@@ -30,6 +30,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 SMOKE = "--smoke" in sys.argv
 if SMOKE:
@@ -88,59 +89,74 @@ def t_attention(q, k):
     return t_softmax(q @ k.transpose(-1, -2) * 0.125)
 
 
-def candidates(op: str, args: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
+@dataclass(frozen=True)
+class RowOp:
+    """One operation's rules, together: nnforge's function, the same in torch (what torch.compile compiles and the
+    float64 reference), PyTorch's own kernels on the same arguments, the ``Target`` field that (0) runs it as
+    separate kernels, and of ``(rows, k, width)``: its arguments' shapes, the values it must read at least, its
+    printed description."""
+
+    fn: Callable
+    torch_fn: Callable
+    aten: Callable
+    apart: str
+    shapes: Callable[[int, int, int], list[tuple[int, ...]]]
+    reads: Callable[[int, int, int], int]
+    what: Callable[[int, int, int], str]
+
+
+def _rows(r: int, k: int, w: int) -> str:
+    return f"{r} rows of {w}"
+
+
+OPS = {
+    "layer norm": RowOp(layer_norm, t_layer_norm,
+                        lambda x, g, b: torch.nn.functional.layer_norm(x, x.shape[-1:], g, b, 1e-5), "row_programs",
+                        lambda r, k, w: [(r, w), (w,), (w,)], lambda r, k, w: r * w, _rows),
+    "softmax": RowOp(softmax, t_softmax, lambda x: torch.softmax(x, -1), "row_programs",
+                     lambda r, k, w: [(r, w)], lambda r, k, w: r * w, _rows),
+    "projection": RowOp(projection, t_projection,
+                        lambda x, w, b0, g, b: torch.nn.functional.layer_norm(x @ w + b0, w.shape[-1:], g, b, 1e-5),
+                        "gemm_row_programs", lambda r, k, w: [(r, k), (k, w), (w,), (w,), (w,)],
+                        lambda r, k, w: r * k + k * w, lambda r, k, w: f"{r} rows of {k} projected to {w}"),
+    "attention": RowOp(attention, t_attention, lambda q, k: torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1),
+                       "gemm_row_programs", lambda r, k, w: [(r // w, w, k)] * 2, lambda r, k, w: 2 * r * k,
+                       lambda r, k, w: f"{r // w} heads of {w} queries and keys of {k}"),
+}
+
+
+def candidates(op: RowOp, args: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
     """name -> a call computing ``op`` on ``args``."""
-    fn, t_fn = {"layer norm": (layer_norm, t_layer_norm), "softmax": (softmax, t_softmax),
-                "projection": (projection, t_projection), "attention": (attention, t_attention)}[op]
-    field = "gemm_row_programs" if op in ("projection", "attention") else "row_programs"
-    apart = dataclasses.replace(triton_target(), **{field: 0})
-    mine = nf.compile(fn, backend="triton")
-    theirs = nf.compile(fn, backend="triton", options={"target": apart})
-    compiled = torch.compile(t_fn, dynamic=False)
-    if op == "layer norm":
-        x, g, b = args
-        aten = lambda: torch.nn.functional.layer_norm(x, x.shape[-1:], g, b, 1e-5)  # noqa: E731
-    elif op == "projection":
-        x, w, b0, g, b = args
-        aten = lambda: torch.nn.functional.layer_norm(x @ w + b0, w.shape[-1:], g, b, 1e-5)  # noqa: E731
-    elif op == "attention":
-        q, k = args
-        aten = lambda: torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1)  # noqa: E731
-    else:
-        aten = lambda: torch.softmax(args[0], -1)  # noqa: E731
-    return {"nnforge.triton": lambda: mine(*args), f"nnforge[{field}=0]": lambda: theirs(*args),
-            "torch": aten, "torch.compile": lambda: compiled(*args)}
+    apart = dataclasses.replace(triton_target(), **{op.apart: 0})
+    mine = nf.compile(op.fn, backend="triton")
+    theirs = nf.compile(op.fn, backend="triton", options={"target": apart})
+    compiled = torch.compile(op.torch_fn, dynamic=False)
+    return {"nnforge.triton": lambda: mine(*args), f"nnforge[{op.apart}=0]": lambda: theirs(*args),
+            "torch": lambda: op.aten(*args), "torch.compile": lambda: compiled(*args)}
 
 
-def bench(op: str, rows: int, width: int, dtype: torch.dtype, device: str, rounds: int, clock: Clock,
+def bench(name: str, rows: int, width: int, dtype: torch.dtype, device: str, rounds: int, clock: Clock,
           peak: float, k: int = 0) -> None:
-    """``op`` on ``rows`` x ``width`` (a projection's from ``rows`` x ``k``), timed against its anchors."""
+    """Operation ``name`` on ``rows`` x ``width`` (a product's from ``rows`` x ``k``), timed against its anchors."""
+    op = OPS[name]
     gen = torch.Generator(device="cpu").manual_seed(rows * 7919 + width)
     k = k or max(width // 4, 1)
-    shapes = {"layer norm": [(rows, width), (width,), (width,)], "softmax": [(rows, width)],
-              "projection": [(rows, k), (k, width), (width,), (width,), (width,)],
-              "attention": [(rows // width, width, k)] * 2}[op]
-    args = [(torch.randn(s, generator=gen) * 2.0).to(device=device, dtype=dtype) for s in shapes]
-    if op == "projection":
+    args = [(torch.randn(s, generator=gen) * 2.0).to(device=device, dtype=dtype) for s in op.shapes(rows, k, width)]
+    if name == "projection":
         args[1] = args[1] / (2.0 * k ** 0.5)  # products of the size of the inputs
     fns = candidates(op, args)
-    ref = {"layer norm": t_layer_norm, "softmax": t_softmax, "projection": t_projection,
-           "attention": t_attention}[op](
-        *(a.double() for a in args))
+    ref = op.torch_fn(*(a.double() for a in args))
     failed: dict[str, str] = {}
     errors = {name: float(((out.double() - ref).abs().max() / ref.abs().max()).item())  # type: ignore[union-attr]
               for name, out in first_calls(fns, device, failed).items()}
     med = interleaved(fns, rounds, clock)
-    read = {"projection": rows * k + k * width, "attention": 2 * rows * k}.get(op, rows * width)
-    moved = (read + rows * width) * dtype.itemsize
-    what = {"projection": f"{rows} rows of {k} projected to {width}",
-            "attention": f"{rows // width} heads of {width} queries and keys of {k}"}.get(op, f"{rows} rows of {width}")
-    print(f"{op}: {what}, {str(dtype).removeprefix('torch.')} (copy peak {peak:.0f} GB/s)")
-    for name, t in med.items():
-        ratio = "" if name == "nnforge.triton" else f"  {name} / nnforge = {t / med['nnforge.triton']:.2f}"
-        print(f"  {name:28s} {t * 1e3:9.3f} ms  {moved / t / 1e9:7.0f} GB/s  error {errors[name]:.1e}{ratio}")
-    for name, why in failed.items():
-        print(f"  {name:28s} failed: {why}")
+    moved = (op.reads(rows, k, width) + rows * width) * dtype.itemsize
+    print(f"{name}: {op.what(rows, k, width)}, {str(dtype).removeprefix('torch.')} (copy peak {peak:.0f} GB/s)")
+    for who, t in med.items():
+        ratio = "" if who == "nnforge.triton" else f"  {who} / nnforge = {t / med['nnforge.triton']:.2f}"
+        print(f"  {who:28s} {t * 1e3:9.3f} ms  {moved / t / 1e9:7.0f} GB/s  error {errors[who]:.1e}{ratio}")
+    for who, why in failed.items():
+        print(f"  {who:28s} failed: {why}")
 
 
 def main() -> None:
@@ -148,8 +164,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", help="rows per shape (with --width, one each)")
     ap.add_argument("--width", type=int, nargs="+")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    ap.add_argument("--op", nargs="+", default=["layer norm", "softmax", "projection", "attention"],
-                    choices=["layer norm", "softmax", "projection", "attention"])
+    ap.add_argument("--op", nargs="+", default=list(OPS), choices=list(OPS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under Triton's interpreter")
     a = ap.parse_args()
