@@ -35,13 +35,8 @@ class Dim(int):
     def _combine(self, op: str, other: object, value: int, swap: bool = False) -> int:
         if not isinstance(other, int) or isinstance(other, bool):
             return NotImplemented
-        if not isinstance(other, Dim):  # identities keep expressions short: x+0, x-0, 0+x, x*1, 1*x, x//1
-            o = int(other)
-            if (op == "add" and o == 0) or (op in ("mul",) and o == 1) or (
-                    not swap and ((op == "sub" and o == 0) or (op == "floordiv" and o == 1))):
-                return self
         a, b = (_expr(other), self.expr) if swap else (self.expr, _expr(other))
-        return Dim(value, (op, a, b))
+        return _sized(value, normal((op, a, b)))
 
     def __add__(self, o):
         return self._combine("add", o, int(self) + int(o)) if isinstance(o, int) else NotImplemented
@@ -70,8 +65,17 @@ class Dim(int):
     def __mod__(self, o):
         return self._combine("mod", o, int(self) % int(o)) if isinstance(o, int) else NotImplemented
 
+    def __rmod__(self, o):
+        return self._combine("mod", o, int(o) % int(self), swap=True) if isinstance(o, int) else NotImplemented
+
+    def __divmod__(self, o):
+        return (self // o, self % o) if isinstance(o, int) else NotImplemented
+
+    def __rdivmod__(self, o):
+        return (o // self, o % self) if isinstance(o, int) else NotImplemented
+
     def __neg__(self):
-        return Dim(-int(self), ("sub", ("const", 0), self.expr))
+        return _sized(-int(self), normal(("sub", ("const", 0), self.expr)))
 
     def _bake(self) -> None:
         seen = baked_symbols.get()
@@ -94,6 +98,10 @@ class Dim(int):
         self._bake()
         return pow(int(self), o, mod)
 
+    def __rpow__(self, o, mod=None):
+        self._bake()
+        return pow(o, int(self), mod)
+
     def __hash__(self) -> int:
         return int.__hash__(self)
 
@@ -106,6 +114,129 @@ class Dim(int):
 
 def _expr(x: int) -> tuple:
     return x.expr if isinstance(x, Dim) else ("const", int(x))
+
+
+def _sized(value: int, expr: tuple) -> int:
+    """A Dim of ``expr``, or the plain int where it no longer depends on any symbol (``T - T + 4``)."""
+    return expr[1] if expr[0] == "const" else Dim(value, expr)
+
+
+Poly = dict[tuple[tuple, ...], int]
+"""A size as a polynomial: each monomial (its non-constant factors, sorted; () for the constant) with its
+coefficient."""
+
+
+def normal(e: tuple) -> tuple:
+    """Size expression ``e`` in one normal form: a sum of monomials with their constants gathered, products
+    multiplied out, and floor divisions and remainders by a monomial taken exactly where the dividend's terms are
+    multiples of it (``(5 * (n - 1) + 5) // 5`` is ``n``). Equal sizes built different ways (a convolution's
+    ``T + 2 + 2 - 5 + 1`` and ``T``) then have one recipe: they print alike and compare equal in the IR."""
+    return _build(_poly(e))
+
+
+def _poly(e: tuple) -> Poly:
+    kind = e[0]
+    if kind == "const":
+        return {(): e[1]} if e[1] else {}
+    if kind == "sym":
+        return {(e,): 1}
+    a, b = _poly(e[1]), _poly(e[2])
+    if kind in ("add", "sub"):
+        out = dict(a)
+        for m, k in b.items():
+            out[m] = out.get(m, 0) + (k if kind == "add" else -k)
+        return {m: k for m, k in out.items() if k}
+    if kind == "mul":
+        out = {}
+        for ma, ka in a.items():
+            for mb, kb in b.items():
+                m = tuple(sorted(ma + mb, key=repr))
+                out[m] = out.get(m, 0) + ka * kb
+        return {m: k for m, k in out.items() if k}
+    return _divided(kind, a, b)
+
+
+def _divided(kind: str, a: Poly, b: Poly) -> Poly:
+    """``a // b`` or ``a % b``: for a divisor ``d`` that is one monomial with a positive coefficient, the terms of
+    ``a`` that are multiples of ``d`` (q * d) leave the division exactly — (q * d + r) // d == q + r // d and
+    (q * d + r) % d == r % d for integers — and what remains (r) stays one atom of the result."""
+    if len(b) != 1 or next(iter(b.values())) <= 0:
+        return _atom(kind, a, b)
+    (mb, kb), = b.items()
+    quotient: Poly = {}
+    rest: Poly = {}
+    for m, k in a.items():
+        left = _without(m, mb)
+        if left is not None and k % kb == 0:
+            quotient[left] = k // kb
+        else:
+            rest[m] = k
+    if not rest:
+        tail: Poly = {}
+    elif list(rest) == [()] and mb == ():
+        r = rest[()] // kb if kind == "floordiv" else rest[()] % kb
+        tail = {(): r} if r else {}
+    else:
+        tail = _atom(kind, rest, b)
+    if kind == "mod":
+        return tail
+    out = dict(quotient)
+    for m, k in tail.items():
+        out[m] = out.get(m, 0) + k
+    return {m: k for m, k in out.items() if k}
+
+
+def _atom(kind: str, a: Poly, b: Poly) -> Poly:
+    return {((kind, _build(a), _build(b)),): 1}
+
+
+def _common_factors(monomials: list[tuple]) -> tuple:
+    """The factors every monomial has (with their multiplicity)."""
+    common = list(monomials[0])
+    for m in monomials[1:]:
+        rest = list(m)
+        common = [f for f in common if f in rest and not rest.remove(f)]  # type: ignore[func-returns-value]
+    return tuple(common)
+
+
+def _without(m: tuple, d: tuple) -> tuple | None:
+    """Monomial ``m`` divided by monomial ``d`` (both sorted factor tuples), or None where ``d`` does not divide
+    it."""
+    left = list(m)
+    for f in d:
+        if f not in left:
+            return None
+        left.remove(f)
+    return tuple(left)
+
+
+def _build(p: Poly) -> tuple:
+    """The expression of a polynomial: the factors its terms share outside, then its monomials in a fixed
+    order, each ``x * k``, those with a positive coefficient first (a constant alone where there are none: ``0 -
+    T``), then the negative ones, the constant last."""
+    def term(m: tuple, k: int) -> tuple:
+        factors = m[0]
+        for f in m[1:]:
+            factors = ("mul", factors, f)
+        return factors if k == 1 else ("mul", factors, ("const", k))
+
+    if len(p) > 1:  # (T + 1) * N * 4 rather than T * N * 4 + N * 4
+        g, common = math.gcd(*p.values()), _common_factors(list(p))
+        if common:
+            inner = _build({_without(m, common): k for m, k in p.items()})  # type: ignore[misc]
+            return ("mul", inner, _build({common: 1}))
+        if g > 1:
+            return ("mul", _build({m: k // g for m, k in p.items()}), ("const", g))
+    monomials = sorted((m for m in p if m), key=repr)
+    c = p.get((), 0)
+    out: tuple | None = None
+    for m in (m for m in monomials if p[m] > 0):
+        out = term(m, p[m]) if out is None else ("add", out, term(m, p[m]))
+    if out is None:
+        out, c = ("const", c), 0
+    for m in (m for m in monomials if p[m] < 0):
+        out = ("sub", out, term(m, -p[m]))
+    return out if c == 0 else ("add", out, ("const", c)) if c > 0 else ("sub", out, ("const", -c))
 
 
 def _factors(e: tuple) -> tuple[int, list[tuple]]:
