@@ -1,4 +1,4 @@
-"""Elementwise work on a matrix's rows before the reshape that splits their leading axis.
+"""Elementwise work on a matrix's rows before the reshape that splits their leading axis (or drops axes of 1).
 
 A linear layer on a ``[T, N, I]`` input is traced as ``reshape(x2 @ w.T, [T, N, H]) + b``: the product of the
 ``[T * N, I]`` rows, reshaped back, then the bias and the activation on the reshaped view. A GEMM's epilogue
@@ -7,11 +7,16 @@ the product's own ``[M, N]`` shape, so the bias add was a kernel of its own: a w
 The reshape only renames the rows (same last axis, row-major), so ``f(reshape(a), b) = reshape(f(a, b'))`` where
 each other operand ``b'`` is ``b`` on the ``[M, N]`` rows: another reshape of such rows, a broadcast of one row
 (the bias) or of one value, or a constant. Applied bottom-up, a chain of such ops ends in one reshape (a view).
+
+A reshape that only drops or inserts axes of size 1 is a view of any array, so the same holds for it with every
+operand: a convolution's grouped product ``[N, 1, C, L]`` read as ``[N, C, L]`` takes its per-channel bias and
+activation on the product's own shape, its GEMM's epilogue.
 """
 
 from __future__ import annotations
 
 from ..ir.build import make
+from ..ir.dims import Dim, same_product
 from ..ir.node import Graph, Node
 from ..ir.ops import ELEMENTWISE, Op
 from .rewrite import map_nodes
@@ -39,9 +44,71 @@ def _on_rows(s: Node, rows: tuple, shape: tuple) -> Node | None:
     return None
 
 
-def _before_reshape(n: Node) -> Node | None:
-    if n.op not in ELEMENTWISE or n.ndim < 3:
+def _same(a: int, b: int) -> bool:
+    """Whether sizes ``a`` and ``b`` are equal at every size (by their recipes)."""
+    if isinstance(a, Dim) != isinstance(b, Dim):
+        return False
+    return int(a) == int(b) and (not isinstance(a, Dim) or same_product(a, b))
+
+
+def _unit_pairs(src: tuple, shape: tuple) -> list[tuple[int, int]] | None:
+    """The axes of ``src`` and ``shape`` that are one another, where ``shape`` is ``src`` with axes of size 1
+    dropped or inserted: every other axis is 1 now, and as the reshape keeps the element count with the matched
+    axes equal at every size, at every size (a symbolic channel count of 1 too). None for any other reshape."""
+    pairs, i, j = [], 0, 0
+    while i < len(src) or j < len(shape):
+        if i < len(src) and j < len(shape) and _same(src[i], shape[j]):
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif i < len(src) and int(src[i]) == 1:
+            i += 1
+        elif j < len(shape) and int(shape[j]) == 1:
+            j += 1
+        else:
+            return None
+    return pairs
+
+
+def _unit_source(s: Node, shape: tuple) -> tuple | None:
+    """The shape ``s``'s source has, if ``s`` reshapes it to ``shape`` by dropping or inserting axes of size 1."""
+    if s.op != Op.RESHAPE or tuple(s.shape) != shape:
         return None
+    src = tuple(s.srcs[0].shape)
+    return src if len(src) != len(shape) and _unit_pairs(src, shape) is not None else None
+
+
+def _on_unit_axes(s: Node, src: tuple, shape: tuple) -> Node:
+    """Operand ``s`` (of ``shape``, or broadcast to it) on ``src``, ``shape`` with axes of size 1 dropped or
+    inserted: a view of anything."""
+    if _unit_source(s, shape) == src:
+        return s.srcs[0]
+    if s.op == Op.CONST:
+        return make(Op.CONST, (), {**s.attrs, "shape": src}, loc=s.loc)
+    if s.op == Op.EXPAND and s.srcs[0].ndim == len(shape):  # the broadcast operand itself, on src's axes
+        one = s.srcs[0]
+        sizes = [1] * len(src)
+        for a, b in _unit_pairs(src, shape) or ():
+            sizes[a] = one.shape[b]
+        small = make(Op.RESHAPE, (one,), {"shape": tuple(sizes)}, loc=s.loc)
+        return make(Op.EXPAND, (small,), {"shape": src}, loc=s.loc)
+    return make(Op.RESHAPE, (s,), {"shape": src}, loc=s.loc)
+
+
+def _before_unit_reshape(n: Node) -> Node | None:
+    shape = tuple(n.shape)
+    src = next((r for r in (_unit_source(s, shape) for s in n.srcs) if r is not None), None)
+    if src is None:
+        return None
+    flat = make(n.op, tuple(_on_unit_axes(s, src, shape) for s in n.srcs), n.attrs, loc=n.loc)
+    return make(Op.RESHAPE, (flat,), {"shape": shape}, loc=n.loc)
+
+
+def _before_reshape(n: Node) -> Node | None:
+    if n.op not in ELEMENTWISE or n.ndim == 0:
+        return None
+    unit = _before_unit_reshape(n)
+    if unit is not None or n.ndim < 3:
+        return unit
     shape = tuple(n.shape)
     rows = next((r for r in (_rows_of(s, shape) for s in n.srcs) if r is not None), None)
     if rows is None:

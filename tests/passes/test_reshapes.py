@@ -106,3 +106,60 @@ def test_a_module_on_a_sequence_compiles_to_the_same_values(width: int, rng: np.
         return nf.nn.functional.layer_norm(y + 1.0, (width,))
 
     np.testing.assert_allclose(nf.compile(fn, backend="cpu")(x), nf.compile(fn)(x), rtol=1e-5, atol=1e-5)
+
+
+def _conv_silu(x, w, b):
+    """A convolution with few output channels (its grouped product ``[N, 1, C, L]`` read as ``[N, C, L]``), then
+    swish, as the basecaller's first layers trace."""
+    return nf.silu(nf.nn.functional.conv1d(x, w, b, padding=2))
+
+
+def _conv_args(rng: np.random.Generator, c_in: int) -> list[np.ndarray]:
+    return [rng.standard_normal(s).astype(np.float32) for s in ((3, c_in, 20), (4, c_in, 5), (4,))]
+
+
+@pytest.mark.parametrize("c_in", [1, 3])
+def test_work_on_a_product_with_axes_of_one_dropped_moves_onto_the_product(c_in: int, rng: np.random.Generator):
+    """The bias add and swish of a convolution run on its product's ``[N, 1, C, L]`` shape, the bias broadcast on
+    those axes; one reshape ends the chain. With one input channel that channel count is a symbolic size of value
+    1 (the input's), dropped all the same: the reshape keeps the element count, the other axes equal."""
+    args = _conv_args(rng, c_in)
+    graph = nf.compile(_conv_silu).trace(*args)
+    moved = elementwise_before_reshapes(graph)
+    (product,) = [n for n in moved.order if n.op == Op.MATMUL]
+    work = [n for n in moved.order if n.op in ELEMENTWISE]
+    assert work and all(tuple(n.shape) == tuple(product.shape) for n in work)
+    (out,) = moved.outputs
+    assert out.op == Op.RESHAPE and out.srcs[0].op in ELEMENTWISE
+    for a, b in zip(ReferenceProgram(moved)(args), ReferenceProgram(graph)(args)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_any_operand_comes_along_through_a_reshape_of_axes_of_one(rng: np.random.Generator):
+    """A tensor of the reshaped shape (not a broadcast) is read on the product's shape through its own reshape —
+    a view of any array — where through a reshape of rows it would have to stay."""
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((5, 6), (6, 7), (1, 5, 7)))
+
+    def fn(a, b, c):
+        return nf.tanh((a @ b).unsqueeze(0) + c)
+
+    graph = nf.compile(fn).trace(a, b, c)
+    moved = elementwise_before_reshapes(graph)
+    assert all(n.ndim == 2 for n in moved.order if n.op in ELEMENTWISE)
+    np.testing.assert_array_equal(ReferenceProgram(moved)([a, b, c])[0], ReferenceProgram(graph)([a, b, c])[0])
+
+
+@pytest.mark.parametrize("c_in", [1, 3])
+def test_a_convolution_and_its_activation_are_one_kernel(backend: str, c_in: int, rng: np.random.Generator):
+    """Compiled, a convolution with few output channels is its im2col copy and one GEMM kernel whose epilogue is
+    the bias and swish (before, the bias and swish were a kernel of their own reading the product back), on every
+    compiled backend; its values agree with the reference."""
+    args = _conv_args(rng, c_in)
+    got = nf.compile(_conv_silu, backend=backend)(*args)
+    np.testing.assert_allclose(got, nf.compile(_conv_silu)(*args), rtol=1e-5, atol=1e-5)
+    if backend == "reference":
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        text = nf.show(nf.compile(_conv_silu, backend=backend), *args, stage="scheduled")
+    kernels = [line.strip() for line in text.splitlines()[1:] if " -> " in line]
+    assert len(kernels) == 2 and kernels[1].startswith("gemm+add+sigmoid+mul -> out0"), text
