@@ -6,7 +6,9 @@ A linear layer on a ``[T, N, I]`` input is traced as ``reshape(x2 @ w.T, [T, N, 
 the product's own ``[M, N]`` shape, so the bias add was a kernel of its own: a write and a read of the product.
 The reshape only renames the rows (same last axis, row-major), so ``f(reshape(a), b) = reshape(f(a, b'))`` where
 each other operand ``b'`` is ``b`` on the ``[M, N]`` rows: another reshape of such rows, a broadcast of one row
-(the bias) or of one value, or a constant. Applied bottom-up, a chain of such ops ends in one reshape (a view).
+(the bias) or of one value, a constant, or an array that is not itself a view (a residual: reshaped, it is a view
+of what the scheduler stores, or indexes work an epilogue inlines); a permuted or sliced operand stays, its rows
+reshaped would be a copy. Applied bottom-up, a chain of such ops ends in one reshape (a view).
 
 A reshape that only drops or inserts axes of size 1 is a view of any array, so the same holds for it with every
 operand: a convolution's grouped product ``[N, 1, C, L]`` read as ``[N, C, L]`` takes its per-channel bias and
@@ -18,7 +20,7 @@ from __future__ import annotations
 from ..ir.build import make
 from ..ir.dims import Dim, same_product
 from ..ir.node import Graph, Node
-from ..ir.ops import ELEMENTWISE, Op
+from ..ir.ops import ELEMENTWISE, MOVEMENT, Op
 from .rewrite import map_nodes
 
 
@@ -31,7 +33,8 @@ def _rows_of(s: Node, shape: tuple) -> tuple | None:
 
 
 def _on_rows(s: Node, rows: tuple, shape: tuple) -> Node | None:
-    """Operand ``s`` (of ``shape``) as the same values on the ``rows`` matrix, where that is a view."""
+    """Operand ``s`` (of ``shape``) as the same values on the ``rows`` matrix, where that is a view (or indexes
+    work that is not stored)."""
     if _rows_of(s, shape) == rows:
         return s.srcs[0]
     if s.op == Op.CONST:
@@ -41,6 +44,8 @@ def _on_rows(s: Node, rows: tuple, shape: tuple) -> Node | None:
         if one.ndim == len(shape) and all(int(d) == 1 for d in one.shape[:-1]):
             row = make(Op.RESHAPE, (one,), {"shape": (1, one.shape[-1])}, loc=s.loc)
             return make(Op.EXPAND, (row,), {"shape": rows}, loc=s.loc)
+    if s.op not in MOVEMENT:
+        return make(Op.RESHAPE, (s,), {"shape": rows}, loc=s.loc)
     return None
 
 

@@ -45,20 +45,29 @@ def test_the_rows_of_a_product_take_their_elementwise_work_before_the_reshape(rn
         np.testing.assert_array_equal(a, b)
 
 
-def test_work_reading_other_rows_or_moving_indices_stays(rng: np.random.Generator):
-    """A residual add (another tensor of the reshaped shape) and a product reshaped across its last axis keep
-    their shape: only broadcasts of one row or value and other reshapes of such rows come along."""
+def test_a_residual_comes_along_and_work_moving_indices_stays(rng: np.random.Generator):
+    """A residual add (another tensor of the reshaped shape, stored or computed: its reshape is a view or inlined
+    work) runs on the rows; work on a product reshaped across its last axis, or reading a permuted tensor (whose
+    rows reshaped would be a copy), keeps its shape."""
     x, w = rng.standard_normal((4, 3, 6)).astype(np.float32), rng.standard_normal((6, 6)).astype(np.float32)
 
     def residual(x, w):
-        return x + (x.reshape(12, 6) @ w).reshape(4, 3, 6)
+        return nf.tanh(x) + (x.reshape(12, 6) @ w).reshape(4, 3, 6) + x
 
     def across(x, w):
         return (x.reshape(12, 6) @ w).reshape(4, 18) * 2.0
 
-    for fn in (residual, across):
+    def permuted(x, w):
+        return x.permute(1, 0, 2) + (x.reshape(12, 6) @ w).reshape(3, 4, 6)
+
+    graph = nf.compile(residual).trace(x, w)
+    moved = elementwise_before_reshapes(graph)
+    adds = [n for n in moved.order if n.op == Op.ADD]
+    assert len(adds) == 2 and all(n.ndim == 2 for n in adds)
+    np.testing.assert_array_equal(ReferenceProgram(moved)([x, w])[0], ReferenceProgram(graph)([x, w])[0])
+    for fn in (across, permuted):
         graph = nf.compile(fn).trace(x, w)
-        assert elementwise_before_reshapes(graph) is graph
+        assert elementwise_before_reshapes(graph) is graph, fn.__name__
 
 
 def test_a_linear_layer_and_its_activation_are_one_kernel(backend: str, rng: np.random.Generator):
@@ -74,6 +83,25 @@ def test_a_linear_layer_and_its_activation_are_one_kernel(backend: str, rng: np.
         text = nf.show(nf.compile(_linear_tanh, backend=backend), *args, stage="scheduled")
     kernels = [line for line in text.splitlines()[1:] if " -> " in line]
     assert len(kernels) == 1 and kernels[0].lstrip().startswith("gemm+add+tanh+mul -> out0"), text
+
+
+def _linear_residual(x, w, b):
+    """A linear layer on a ``[T, N, I]`` input and the residual add after it (a transformer's out projection)."""
+    return x + nf.nn.functional.linear(x, w, b)
+
+
+def test_a_linear_layer_and_its_residual_add_are_one_kernel(backend: str, rng: np.random.Generator):
+    """The bias and the residual are the GEMM's epilogue, the residual read through its rows' reshape, on every
+    compiled backend (before, they were a kernel reading the product back); values agree with the reference."""
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((5, 3, 6), (6, 6), (6,)))
+    got = nf.compile(_linear_residual, backend=backend)(x, w, b)
+    np.testing.assert_allclose(got, nf.compile(_linear_residual)(x, w, b), rtol=1e-5, atol=1e-5)
+    if backend == "reference":
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        text = nf.show(nf.compile(_linear_residual, backend=backend), x, w, b, stage="scheduled")
+    kernels = [line.strip() for line in text.splitlines()[1:] if " -> " in line]
+    assert len(kernels) == 1 and kernels[0].startswith("gemm+add -> out0"), text
 
 
 def test_an_epilogue_reads_a_computed_bias_through_its_broadcast(rng: np.random.Generator):
