@@ -68,7 +68,8 @@ class MultiheadAttention(Module):
         def heads(x: Tensor, length: int) -> Tensor:  # [L, N, E] -> [N, heads, L, d]
             return x.reshape(length, n, h, d).permute(1, 2, 0, 3)
 
-        qh = heads(F.linear(q, wq, bq), tgt)
+        # scaled before the heads are split (the same values): the projection's GEMM scales on its accumulator
+        qh = heads(F.linear(q, wq, bq) * (1.0 / d ** 0.5), tgt)
         kh = heads(F.linear(k, wk, bk), src)
         vh = heads(F.linear(v, wv, bv), src)
         mask = None
@@ -82,7 +83,7 @@ class MultiheadAttention(Module):
         if key_padding_mask is not None:
             kp = _additive(key_padding_mask, qh.dtype).reshape(n, 1, 1, src)
             mask = kp if mask is None else mask + kp
-        scores = (qh * (1.0 / d ** 0.5)) @ kh.mT
+        scores = qh @ kh.mT
         if mask is not None:
             scores = scores + mask
         attn = scores.softmax(-1)
