@@ -2,7 +2,9 @@
 (an LSTM layer at its three shapes, a layer-norm LSTM and a Cho GRU at the first), inference and a training step
 (forward + backward to the weights), float32, plus the compile time of a 5-layer LSTM stack at T = 2000; with
 ``--basecaller`` also the inference of ``bench/basecaller_cpu.py``'s encoder at full length and its training step
-(forward, CTC, backward, Adam; N = 16, 2,500 samples).
+(forward, CTC, backward, Adam; N = 16, 2,500 samples); with ``--transformer`` also a transformer encoder layer
+(d = 256, 4 heads, feed-forward 1024, eval mode) on a [T, 16, 256] sequence (T = 5000 / ``--t-div``), its
+inference and the gradient of a loss on its output with respect to its input.
 
 Each revision is checked out in a git worktree and served by a worker process of its own that imports nnforge from
 there (its own empty shared-object cache). Every round times each cell once in each worker, the order A, B / B, A
@@ -11,7 +13,7 @@ of its calls). Printed per cell: the median ratio over rounds and the middle hal
 trace + passes + schedule + C generation, and the C compiler's run, both revisions in fresh caches.
 
     .venv/bin/python bench/revisions_cpu.py REV_A REV_B [--rounds 7] [--calls 5] [--t-div 10] [--only TEXT]
-        [--basecaller]
+        [--basecaller] [--transformer]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ except ImportError:  # revisions before the scheduler named the pass pipeline ``
 
 T_DIV = int(sys.argv[1])
 BASECALLER = sys.argv[2] == "1"
+TRANSFORMER = sys.argv[3] == "1"
 rng = np.random.default_rng(0)
 
 def a(*s):
@@ -76,6 +79,16 @@ if BASECALLER:  # the Bonito-fast-like encoder of bench/basecaller_cpu.py, a ful
     step = compiled_step(trained, optim.Adam(trained.parameters(), lr=1e-4), "cpu")
     cells["basecaller F=96 N=16 training step"] = (step, [a(16, 1, 2_500), rng.integers(1, 5, (16, 50)),
                                                           np.full(16, 500), np.full(16, 50)])
+
+if TRANSFORMER:
+    from nnforge.nn import TransformerEncoderLayer
+    nf.manual_seed(0)
+    layer = TransformerEncoderLayer(256, 4, 1024)
+    layer.eval()
+    tx = [a(max(5000 // T_DIV, 2), 16, 256)]
+    cells["transformer layer d=256 inference"] = (nf.compile(lambda x: layer(x), backend="cpu"), tx)
+    cells["transformer layer d=256 input gradient"] = (
+        nf.compile(nf.grad(lambda x: (layer(x) ** 2).sum()), backend="cpu"), tx)
 
 def stack_compile():
     T, N, H, L = 2000, 8, 64, 5
@@ -122,10 +135,10 @@ def worktree(repo: Path, rev: str, where: Path) -> Path:
     return path
 
 
-def start(path: Path, t_div: int, cache: Path, basecaller: bool) -> tuple[subprocess.Popen, dict]:
+def start(path: Path, t_div: int, cache: Path, basecaller: bool, transformer: bool) -> tuple[subprocess.Popen, dict]:
     env = {**os.environ, "PYTHONPATH": str(path), "NNFORGE_CACHE_DIR": str(cache)}
-    p = subprocess.Popen([sys.executable, "-c", WORKER, str(t_div), str(int(basecaller))], cwd=path, env=env, text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-c", WORKER, str(t_div), str(int(basecaller)), str(int(transformer))],
+                         cwd=path, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     head = json.loads(p.stdout.readline())
     return p, head
 
@@ -141,6 +154,8 @@ def main() -> None:
     ap.add_argument("--basecaller", action="store_true",
                     help="also the basecaller encoder's inference at batch 16 and 64 (10,000 samples, full length) "
                          "and its training step")
+    ap.add_argument("--transformer", action="store_true", help="also a transformer encoder layer's inference and "
+                    "input gradient")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -149,7 +164,7 @@ def main() -> None:
         try:
             workers, heads = [], []
             for k, path in enumerate(paths):  # one after the other: each compiles alone
-                w, head = start(path, args.t_div, tmp_path / f"cache{k}", args.basecaller)
+                w, head = start(path, args.t_div, tmp_path / f"cache{k}", args.basecaller, args.transformer)
                 assert w.stdout.readline().strip() == "ready"
                 workers.append(w)
                 heads.append(head)
