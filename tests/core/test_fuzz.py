@@ -7,6 +7,10 @@ fitting shapes from the pool. ``run`` interprets the same program with either li
 same computation built independently. The loss is a random projection of every value in the pool, so every step's
 gradient is checked. The test runs on every backend (the ``backend`` fixture): each example is also compiled for it,
 one C build per example on ``cpu`` (~0.7 s; the 60 examples add ~40 s with ``-n 2``).
+
+``make test`` runs a fixed set of examples. For more, ``NNFORGE_FUZZ_EXAMPLES=N`` runs N of that set (the first ones
+are make test's), and ``NNFORGE_FUZZ_SEED=S`` draws them from seed S instead: another seed, other programs. A failure
+replays with the same two variables (hypothesis prints the example and shrinks it).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, note, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 import nnforge as nf
@@ -27,6 +32,7 @@ from .scan_util import py_scan
 from .utils import assert_close, to_torch, torch_getitem
 
 MAX_EXAMPLES = int(os.environ.get("NNFORGE_FUZZ_EXAMPLES", "60"))
+FUZZ_SEED = os.environ.get("NNFORGE_FUZZ_SEED")
 UNARY = ["neg", "tanh", "sigmoid", "sin", "cos", "exp_tanh", "log1p_sq", "sqrt1p_sq", "abs", "relu", "sq", "cube",
          "recip1p_sq", "cast_roundtrip"]
 BINARY = ["add", "sub", "mul", "div_safe", "maximum", "minimum"]
@@ -353,8 +359,14 @@ def base_seed(rng: np.random.Generator) -> int:
     return int(rng.integers(2 ** 63))
 
 
+def _seeded(test):
+    """The examples of ``NNFORGE_FUZZ_SEED`` where it is set, else the derandomized set."""
+    return hypothesis_seed(int(FUZZ_SEED))(test) if FUZZ_SEED else test
+
+
 # The backend fixture is function-scoped and the same for every example of one test: nothing to reset between them.
-@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
+@_seeded
+@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=FUZZ_SEED is None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
 @given(case=programs(), seed=st.integers(0, 2 ** 32 - 1))
