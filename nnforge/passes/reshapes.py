@@ -13,6 +13,9 @@ reshaped would be a copy. Applied bottom-up, a chain of such ops ends in one res
 A reshape that only drops or inserts axes of size 1 is a view of any array, so the same holds for it with every
 operand: a convolution's grouped product ``[N, 1, C, L]`` read as ``[N, C, L]`` takes its per-channel bias and
 activation on the product's own shape, its GEMM's epilogue.
+
+Only work on a product (or on work already moved onto one) moves: elsewhere it would only change shape, and the
+pointwise kernel reading it back through the reshape would store it apart.
 """
 
 from __future__ import annotations
@@ -99,9 +102,20 @@ def _on_unit_axes(s: Node, src: tuple, shape: tuple) -> Node:
     return make(Op.RESHAPE, (s,), {"shape": src}, loc=s.loc)
 
 
+def _of_product(n: Node, depth: int = 6) -> bool:
+    """Whether ``n`` is a matrix product or elementwise work on one (a chain this pass moved already): work moved
+    onto it is then the GEMM's epilogue, which reads its other operands through any view. Elsewhere the move only
+    changes which shape the work has, and a pointwise kernel after it would read it through the reshape, which
+    it does not inline: one kernel more."""
+    if n.op == Op.MATMUL:
+        return True
+    return depth > 0 and n.op in ELEMENTWISE and any(_of_product(s, depth - 1) for s in n.srcs)
+
+
 def _before_unit_reshape(n: Node) -> Node | None:
     shape = tuple(n.shape)
-    src = next((r for r in (_unit_source(s, shape) for s in n.srcs) if r is not None), None)
+    src = next((_unit_source(s, shape) for s in n.srcs
+                if _unit_source(s, shape) is not None and _of_product(s.srcs[0])), None)
     if src is None:
         return None
     flat = make(n.op, tuple(_on_unit_axes(s, src, shape) for s in n.srcs), n.attrs, loc=n.loc)
@@ -115,7 +129,8 @@ def _before_reshape(n: Node) -> Node | None:
     if unit is not None or n.ndim < 3:
         return unit
     shape = tuple(n.shape)
-    rows = next((r for r in (_rows_of(s, shape) for s in n.srcs) if r is not None), None)
+    rows = next((_rows_of(s, shape) for s in n.srcs if _rows_of(s, shape) is not None and _of_product(s.srcs[0])),
+                None)
     if rows is None:
         return None
     srcs = [_on_rows(s, rows, shape) for s in n.srcs]

@@ -70,6 +70,24 @@ def test_a_residual_comes_along_and_work_moving_indices_stays(rng: np.random.Gen
         assert elementwise_before_reshapes(graph) is graph, fn.__name__
 
 
+
+def test_work_on_anything_but_a_product_stays(rng: np.random.Generator):
+    """Moved onto anything but a product (or work on one), the work would only change shape, and the pointwise
+    kernel after it, which does not inline work read through a reshape, would store it separately: an optimizer's
+    update of a bias from its gradient's sum ``[1, 1, H]`` read as ``[H]`` stays (it was one kernel more per
+    bias in a compiled training step), and so does work on reshaped rows of a sum."""
+    g, m = rng.standard_normal((5, 3, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+
+    def update(g, m):
+        return g.sum(axis=(0, 1), keepdims=True).reshape(g.shape[2]) * 0.1 + m * 0.9
+
+    def rows_of_a_sum(g, m):
+        return (g.reshape(15, 8) + 1.0).reshape(5, 3, 8) * m
+
+    for fn in (update, rows_of_a_sum):
+        graph = nf.compile(fn).trace(g, m)
+        assert elementwise_before_reshapes(graph) is graph, fn.__name__
+
 def test_a_linear_layer_and_its_activation_are_one_kernel(backend: str, rng: np.random.Generator):
     """Compiled, the linear layer on a [T, N, I] input with its bias and activation is one GEMM kernel with the
     bias, tanh and scaling as its epilogue, written straight into the result (no copy), on every compiled
