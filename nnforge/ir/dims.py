@@ -24,10 +24,19 @@ class Dim(int):
 
     expr: tuple
 
-    def __new__(cls, value: int, expr: tuple) -> Dim:
+    def __new__(cls, value: int, expr: tuple, poly: Poly | None = None) -> Dim:
         d = super().__new__(cls, value)
         d.expr = expr
+        # the normal form's polynomial, kept so that arithmetic on this size need not parse ``expr`` again; a tuple,
+        # which the garbage collector stops tracking (a dict per size kept it busy: docs/benchmarks.md)
+        d._terms = None if poly is None else tuple(poly.items())
         return d
+
+    def poly(self) -> Poly:
+        """This size's expression as a polynomial (``normal``'s), a new dict."""
+        if self._terms is None:
+            self._terms = tuple(_poly(self.expr).items())
+        return dict(self._terms)
 
     def __repr__(self) -> str:
         return render(self)
@@ -35,8 +44,14 @@ class Dim(int):
     def _combine(self, op: str, other: object, value: int, swap: bool = False) -> int:
         if not isinstance(other, int) or isinstance(other, bool):
             return NotImplemented
-        a, b = (_expr(other), self.expr) if swap else (self.expr, _expr(other))
-        return _sized(value, normal((op, a, b)))
+        if self.expr[0] == "sym" and not isinstance(other, Dim) and op in ("add", "sub") and not swap:
+            c = int(other) if op == "add" else -int(other)  # most arithmetic on sizes: T + c, as normal spells it
+            return self if c == 0 else Dim(value, ("add", self.expr, ("const", c)) if c > 0 else
+                                           ("sub", self.expr, ("const", -c)))
+        o = other.poly() if isinstance(other, Dim) else _poly(("const", int(other)))
+        p = _applied(op, o, self.poly()) if swap else _applied(op, self.poly(), o)
+        expr = _build(p)
+        return expr[1] if expr[0] == "const" else Dim(value, expr, p)
 
     def __add__(self, o):
         return self._combine("add", o, int(self) + int(o)) if isinstance(o, int) else NotImplemented
@@ -75,7 +90,7 @@ class Dim(int):
         return (o // self, o % self) if isinstance(o, int) else NotImplemented
 
     def __neg__(self):
-        return _sized(-int(self), normal(("sub", ("const", 0), self.expr)))
+        return self._combine("sub", 0, -int(self), swap=True)
 
     def _bake(self) -> None:
         seen = baked_symbols.get()
@@ -116,11 +131,6 @@ def _expr(x: int) -> tuple:
     return x.expr if isinstance(x, Dim) else ("const", int(x))
 
 
-def _sized(value: int, expr: tuple) -> int:
-    """A Dim of ``expr``, or the plain int where it no longer depends on any symbol (``T - T + 4``)."""
-    return expr[1] if expr[0] == "const" else Dim(value, expr)
-
-
 Poly = dict[tuple[tuple, ...], int]
 """A size as a polynomial: each monomial (its non-constant factors, sorted; () for the constant) with its
 coefficient."""
@@ -140,7 +150,11 @@ def _poly(e: tuple) -> Poly:
         return {(): e[1]} if e[1] else {}
     if kind == "sym":
         return {(e,): 1}
-    a, b = _poly(e[1]), _poly(e[2])
+    return _applied(kind, _poly(e[1]), _poly(e[2]))
+
+
+def _applied(kind: str, a: Poly, b: Poly) -> Poly:
+    """The polynomial of ``a <kind> b``."""
     if kind in ("add", "sub"):
         out = dict(a)
         for m, k in b.items():
@@ -150,7 +164,7 @@ def _poly(e: tuple) -> Poly:
         out = {}
         for ma, ka in a.items():
             for mb, kb in b.items():
-                m = tuple(sorted(ma + mb, key=repr))
+                m = tuple(sorted(ma + mb))  # atoms of one kind have one structure: tuples compare
                 out[m] = out.get(m, 0) + ka * kb
         return {m: k for m, k in out.items() if k}
     return _divided(kind, a, b)
@@ -227,7 +241,7 @@ def _build(p: Poly) -> tuple:
             return ("mul", inner, _build({common: 1}))
         if g > 1:
             return ("mul", _build({m: k // g for m, k in p.items()}), ("const", g))
-    monomials = sorted((m for m in p if m), key=repr)
+    monomials = sorted(m for m in p if m)
     c = p.get((), 0)
     out: tuple | None = None
     for m in (m for m in monomials if p[m] > 0):

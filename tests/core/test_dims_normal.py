@@ -8,7 +8,7 @@ import operator
 import numpy as np
 import pytest
 
-from nnforge.ir.dims import Dim, _eval, baked_symbols, render, same_product, sym
+from nnforge.ir.dims import Dim, _eval, baked_symbols, normal, render, same_product, sym
 
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv, "%": operator.mod}
 
@@ -56,6 +56,9 @@ def test_equal_sizes_built_differently_have_one_recipe() -> None:
     assert (n * t * 6 // (3 * n)).expr == (t * 2).expr  # an exact division by a monomial
     assert ((n * t + 3) % n).expr == (3 % n).expr
     assert render(5 - t) == "5-T" and render(-t) == "0-T"
+    for c in (-3, 0, 4):  # a symbol plus a constant, built without the polynomial, in the same form
+        assert (t + c).expr == normal(("add", t.expr, ("const", c))) and (t - c).expr == normal(
+            ("sub", t.expr, ("const", c)))
 
 
 def test_a_size_that_no_longer_depends_on_a_symbol_is_an_int() -> None:
