@@ -6,7 +6,8 @@
 # kernels; the whole-model tests; a streamed training loop's copies against its kernels
 # (tests/control/test_staging.py, bench/feeder.py with a profiler trace); each model's error against float64 per
 # dtype (bench/precision_gpu.py); Nsight Compute's stall reasons of the persistent scans (bench/scan_stalls_gpu.py);
-# layer norms and softmaxes of whole rows (bench/rows_gpu.py); bench/lstm_gpu.py against FlashRNN; ModelView's
+# layer norms and softmaxes of whole rows (bench/rows_gpu.py); a transformer encoder layer against torch and
+# torch.compile (bench/transformer_gpu.py); bench/lstm_gpu.py against FlashRNN; ModelView's
 # GPU tests (CUDA events, NVML, a CUDA out-of-memory cell as a row); the ModelView sweep of
 # scripts/gpu-sweep.toml into $OUT/gpu-sweep.db (resumed where a run of it stopped; `nnforge report` draws it on
 # any machine). Run from the repository root on a machine with a CUDA GPU; logs go to $OUT (default gpu-out/).
@@ -39,7 +40,7 @@ PY=${PY:-python3}
 JOBS=${JOBS:-$(nproc)}
 DIRS="tests/core tests/codegen tests/control tests/nn tests/interop tests/passes tests/runtime tests/schedule"
 
-STEPS=${STEPS:-render bench compile matrix whole_model cells rows stalls streams precision modelview flashrnn sweep}
+STEPS=${STEPS:-render bench compile matrix whole_model cells rows transformer stalls streams precision modelview flashrnn sweep}
 KEYS="triton${SELECT:+ and ($SELECT)}"
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log to $OUT/NAME.txt, say how it ended
@@ -118,6 +119,10 @@ grep -v "^T=\|^device" "$OUT/cells.txt" 2>/dev/null
 # computing whole rows of the product, against the GEMM apart (gemm_row_programs=0) (bench/rows_gpu.py)
 step rows "${ROWS_S:-240}" $PY bench/rows_gpu.py --rounds 5
 cat "$OUT/rows.txt" 2>/dev/null
+# a transformer encoder layer (d = 512, 8 heads, T = 500, batch 64, float16), inference and a training step,
+# against torch's layer and torch.compile of it, nnforge's call by kernel (bench/transformer_gpu.py)
+step transformer "${TRANSFORMER_S:-180}" $PY bench/transformer_gpu.py --rounds 10 --profile
+cat "$OUT/transformer.txt" 2>/dev/null
 # (opt-in, STEPS=wide) the widest batch, 64 rows per SM: at 8 rows a program 1056 programs, of which an
 # H200 holds 264 at once (79 KiB of shared memory each), so four waves of all T steps; 16 rows make two
 # (bench/scan_sass.py --rows: 87 KiB, 864 instructions a step for twice the rows)

@@ -62,6 +62,18 @@ def test_rows_gpu_bench_times_each_form_of_its_row_kernels():
     assert len(errors) == 24 and max(errors) < 1e-5, out
 
 
+def test_transformer_gpu_bench_times_the_layer_against_torch_in_both_modes():
+    """nnforge's encoder layer (the twin's weights, through ``TorchModule``) against torch and torch.compile,
+    inference and a training step, each within float32's error of the layer in float64; ``--profile`` by kernel."""
+    out = run("bench/transformer_gpu.py", "--smoke", "--rounds", "1", "--profile")
+    for mode in ("inference:", "training step (forward, backward to the input and weights):"):
+        assert f"transformer encoder layer d=16 heads=2 ff=32 T=6 N=2 float32 {mode}" in out, out
+    for anchor in ("torch", "torch.compile"):
+        assert out.count(f"  {anchor} / nnforge = ") == 2, out
+    errors = [float(e) for e in re.findall(r"error vs float64 (\S+)", out)]
+    assert len(errors) == 6 and max(errors) < 1e-5, out
+    assert out.count("nnforge.triton, one call by operator (") == 2
+
 def test_an_anchor_that_kills_its_process_is_left_out_with_its_reason(monkeypatch: pytest.MonkeyPatch):
     """cuDNN's LSTM at batch 8448 ends its process's CUDA context on an H200: the anchors' first calls run in
     child processes first, and one that fails (reported by the child, or the child dying inside it) is left out
