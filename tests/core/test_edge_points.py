@@ -197,3 +197,28 @@ def test_interpreted_fallback_is_a_warning_once(caplog: pytest.LogCaptureFixture
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "float16" in warned[0].getMessage()
     assert "reference interpreter" in warned[0].getMessage()
+
+
+# ---- one-element views -------------------------------------------------------------------------------------------
+
+def test_a_strided_slice_of_a_sum_to_one_value_and_its_gradient(backend: str, rng: np.random.Generator) -> None:
+    """``(-x).sum((0, 1))[::2]`` of a [1, 1, 1] x, every value of the way weighed into the loss: the gradient reads
+    the slice's cotangent at a padded index that is the same in every lane, a scalar (on Triton a load at it with
+    the block's mask was refused). Found by the fuzzer."""
+    x = rng.standard_normal((1, 1, 1))
+    weights = [rng.standard_normal(s) for s in ((1, 1, 1), (1, 1, 1), (1,), (1,))]
+
+    def values(v):
+        n = -v
+        s = n.sum(axis=(0, 1))
+        return [v, n, s, s[::2]]
+
+    def loss(v):
+        return sum((a * w).sum() for a, w in zip(values(v), weights))
+
+    got = nf.compile(lambda v: (*values(v), nf.grad(loss)(v)), backend=backend)(x)
+    t = torch.tensor(x, requires_grad=True)
+    want = [-t, (-t).sum(dim=(0, 1)), (-t).sum(dim=(0, 1))[::2]]
+    sum((a * torch.tensor(w)).sum() for a, w in zip([t, *want], weights)).backward()
+    for g, w in zip(got, [t, *want, t.grad]):
+        _same(g, w.detach().numpy(), rtol=1e-15)

@@ -23,6 +23,7 @@ from .texpr import Sizes, flat, formula, literal, sliced, tl_dtype
 
 _TOKEN = re.compile(r"[A-Za-z_]\w*")
 _SCALAR = re.compile(r"S\d+|t\d+")  # run-time sizes and host loop counters: the same in every lane
+_LANEWISE = frozenset({"minimum", "maximum", "to", "int64", "int32"})  # Triton that keeps a scalar a scalar
 
 
 def _defines(line: str, made: set[str]) -> tuple[str | None, str]:
@@ -154,7 +155,22 @@ class Eval:
         self.fused: list[str] = []
 
     def tmp(self, expr: str, prefix: str = "v") -> str:
-        return self.em.tmp(expr, prefix, self.hoist)
+        name = self.em.tmp(expr, prefix, self.hoist)
+        if prefix == "i" and self.lane_free(expr):
+            self.em.scalars.add(name)  # an index of a scalar index (a pad's shift, a clamp): a load at it is scalar
+        return name
+
+    def lane_free(self, expr: str) -> bool:
+        """Whether integer expression ``expr`` has one value in every lane: each name it reads is a scalar, and
+        the Triton it calls only clamps and converts (``tl.arange`` and the like make blocks)."""
+        for m in _TOKEN.finditer(expr):
+            name = m.group(0)
+            if expr[m.start() - 1:m.start()] == ".":
+                if name not in _LANEWISE:
+                    return False
+            elif name != "tl" and not (_SCALAR.fullmatch(name) or name in self.em.scalars):
+                return False
+        return True
 
     def val(self, n: Node, idx: Sequence[str]) -> str:
         idx = tuple(idx)
@@ -168,7 +184,7 @@ class Eval:
     def load(self, ptr: str, n: Node, idx: tuple[str, ...]) -> str:
         shape = tuple(self.sz(d) for d in n.shape)
         offset = self.flat_hint.get((idx, shape)) or flat(idx, shape)
-        scalar = all(_SCALAR.fullmatch(tok) or tok in self.em.scalars for tok in _TOKEN.findall(offset))
+        scalar = self.lane_free(offset)
         # a scalar offset (a 0-d value, a broadcast element, a step's row) is in range whenever the kernel runs,
         # and Triton takes no block mask for a scalar pointer
         mask = f", mask={self.mask}, other=0" if self.mask and not scalar else ""
