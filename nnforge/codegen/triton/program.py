@@ -68,7 +68,9 @@ class TritonProgram(CompiledProgram):
         self.device = device
         self.data = [np.asarray(d) for d in data]  # the constants, as saved with the program
         self._torch = torch
-        self._data = [host_tensor(np.ascontiguousarray(d)).to(device) for d in data]
+        # a read-only constant (a captured array nnforge froze) is copied once: torch warns on sharing it
+        self._data = [host_tensor(d if d.flags.writeable else d.copy()).to(device)
+                      for d in map(np.ascontiguousarray, data)]
         # the generated run, or run behind CUDA graphs (not for a program that draws: its seed would be frozen);
         # None: graphs where the program has a host loop
         if cuda_graphs is None:

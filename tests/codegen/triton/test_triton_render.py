@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import os
 import re
+import warnings
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (by the backend, lazily)
 
@@ -82,6 +83,21 @@ def test_reduction_with_epilogue_and_over_leading_axes(rng: np.random.Generator)
         return e / e.sum(axis=-1, keepdims=True), y.sum(axis=(0, 1)), nf.sqrt(y.max(axis=(1, 2)) + 4.0)
 
     _check(f, _f32(rng, 6, 33), _f32(rng, 5, 3, 130))
+
+
+def test_a_captured_constant_runs_without_a_warning(rng: np.random.Generator):
+    """An array the function captures is frozen by the trace (read-only); the program copies it once rather than
+    have torch warn, at its first call, that it shares memory it may not write."""
+    w = _f32(rng, 6)
+
+    def scaled(x):
+        return x * nf.tensor(w)
+
+    x = _f32(rng, 3, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        got = nf.compile(scaled, backend="triton")(x)
+    np.testing.assert_allclose(got, x * w, **TOL)
 
 
 def test_gemm_with_bias_and_activation_epilogue(rng: np.random.Generator):
