@@ -20,6 +20,8 @@ pointwise kernel reading it back through the reshape would store it apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..ir.build import make
 from ..ir.dims import Dim, same_product
 from ..ir.node import Graph, Node
@@ -112,10 +114,19 @@ def _of_product(n: Node, depth: int = 6) -> bool:
     return depth > 0 and n.op in ELEMENTWISE and any(_of_product(s, depth - 1) for s in n.srcs)
 
 
+def _read_product(n: Node, seen_as: Callable[[Node, tuple], tuple | None]) -> tuple | None:
+    """What ``seen_as`` says of the first operand of ``n`` that reshapes a product's work (None: none does)."""
+    shape = tuple(n.shape)
+    for s in n.srcs:
+        got = seen_as(s, shape)
+        if got is not None and _of_product(s.srcs[0]):
+            return got
+    return None
+
+
 def _before_unit_reshape(n: Node) -> Node | None:
     shape = tuple(n.shape)
-    src = next((_unit_source(s, shape) for s in n.srcs
-                if _unit_source(s, shape) is not None and _of_product(s.srcs[0])), None)
+    src = _read_product(n, _unit_source)
     if src is None:
         return None
     flat = make(n.op, tuple(_on_unit_axes(s, src, shape) for s in n.srcs), n.attrs, loc=n.loc)
@@ -129,8 +140,7 @@ def _before_reshape(n: Node) -> Node | None:
     if unit is not None or n.ndim < 3:
         return unit
     shape = tuple(n.shape)
-    rows = next((_rows_of(s, shape) for s in n.srcs if _rows_of(s, shape) is not None and _of_product(s.srcs[0])),
-                None)
+    rows = _read_product(n, _rows_of)
     if rows is None:
         return None
     srcs = [_on_rows(s, rows, shape) for s in n.srcs]
