@@ -1,12 +1,13 @@
 """A grammar fuzzer: random small programs run by nnforge (eager and compiled) and by torch, values and gradients.
 
-A program is a list of steps over a growing pool of values. Each step picks an op from a small grammar
-(elementwise unary/binary with broadcasting and Python scalars, reductions, softmax family, matmul against a fresh
-weight, movement ops, slicing with any step, concat, pad, where, a scan over a value's leading axis) and operands of
-fitting shapes from the pool. ``run`` interprets the same program with either library, so the torch result is the
-same computation built independently. The loss is a random projection of every value in the pool, so every step's
-gradient is checked. The test runs on every backend (the ``backend`` fixture): each example is also compiled for it,
-one C build per example on ``cpu`` (~0.7 s; the 60 examples add ~40 s with ``-n 2``).
+A program is a list of steps over a growing pool of values. Each step picks an op from a small grammar (elementwise
+unary/binary with broadcasting and Python scalars, reductions, softmax family, matmul against a fresh weight,
+movement ops, slicing with any step, concat, pad, where, a scan over a value's leading axis, a Conv1d of a [N, C, L]
+value with a fresh weight) and operands of fitting shapes from the pool. ``run`` interprets the same program with
+either library, so the torch result is the same computation built independently. The loss is a random projection of
+every value in the pool, so every step's gradient is checked. The test runs on every backend (the ``backend``
+fixture): each example is also compiled for it, one C build per example on ``cpu`` (~0.7 s; the 60 examples add
+~40 s with ``-n 2``).
 
 ``make test`` runs a fixed set of examples. For more, ``NNFORGE_FUZZ_EXAMPLES=N`` runs N of that set (the first ones
 are make test's), and ``NNFORGE_FUZZ_SEED=S`` draws them from seed S instead: another seed, other programs. A failure
@@ -26,6 +27,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 import nnforge as nf
+import nnforge.nn.functional as NF
 
 from .compiled import run_compiled
 from .scan_util import py_scan
@@ -186,6 +188,10 @@ def run(program: list, lib: str, inputs: list, n_first: int) -> list:
         elif kind == "scan":
             _, template, x, c, w, reverse = step
             pool.extend(scan_step(lib, template, pool[x], pool[c], pool[w], reverse))
+        elif kind == "conv1d":
+            _, i, w, b, stride, padding, dilation = step
+            conv = F.conv1d if lib == "torch" else NF.conv1d
+            pool.append(conv(pool[i], pool[w], None if b is None else pool[b], stride, padding, dilation))
         else:
             raise AssertionError(kind)
     return pool
@@ -218,7 +224,7 @@ def programs(draw):
     for _ in range(draw(st.integers(3, 8))):
         kind = draw(st.sampled_from(["unary", "binary", "binary", "binary_scalar", "reduce", "softmax", "matmul",
                                      "reshape", "permute", "transpose", "expand", "index", "flip", "squeeze",
-                                     "concat", "stack", "pad", "where", "scan", "scan"]))
+                                     "concat", "stack", "pad", "where", "scan", "scan", "conv1d"]))
         i = pick()
         s = pool[i]
         if kind == "unary":
@@ -326,6 +332,15 @@ def programs(draw):
             pads = tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in s)
             program.append(("pad", i, pads))
             pool.append(tuple(d + lo + hi for d, (lo, hi) in zip(s, pads)))
+        elif kind == "conv1d" and len(s) == 3:  # [N, C, L]: an im2col, a grouped or a channels-last product
+            k, stride, dilation = draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+            span = dilation * (k - 1) + 1
+            padding = max(draw(st.integers(0, 2)), (span - s[2] + 1) // 2)  # at least one output position
+            cout = draw(st.sampled_from([1, 2, 3, 64]))  # 64: channels as columns (nn.functional's other form)
+            w = new_input((cout, s[1], k))
+            b = new_input((cout,)) if draw(st.booleans()) else None
+            program.append(("conv1d", i, w, b, stride, padding, dilation))
+            pool.append((s[0], cout, (s[2] + 2 * padding - span) // stride + 1))
         elif kind == "scan" and len(s) >= 2:
             carry = s[1:]
             template = draw(st.integers(0, 2))
