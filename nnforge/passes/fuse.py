@@ -140,6 +140,10 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
             g.free.add(id(n))
             continue
         needs_view = any(u.op == Op.MATMUL for u in readers)
+        if n.op in STRIDED and all(id(s) in g.stored or id(s) in g.free for s in n.srcs):
+            # its source was stored after the forward pass ran (a reshape a view of which a later GEMM reads, made
+            # an alias of its source): it is a view of a buffer now, free as those the forward pass found
+            g.free.add(id(n))
         if id(n) in g.free:
             if id(n) in outputs or any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) or id(u) in g.alias
                                        for u in readers) or (

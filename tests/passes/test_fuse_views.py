@@ -1,0 +1,37 @@
+"""Views a GEMM reads without a copy: a reshape of a computed product seen through two permutes, each read by a
+GEMM (an attention's query heads, read by the scores' product and, in training, by a gradient's), is one stored
+buffer the views index."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import numpy as np
+
+import nnforge as nf
+
+L, N, H, D = 5, 3, 2, 4
+
+
+def _heads_twice(a, w, b, c):
+    """``(a @ w) * 0.5`` split into heads, read by one batch of GEMMs as ``[N, H, L, D]`` (an attention's scores)
+    and by another as ``[N, H, D, L]`` (the keys' gradient)."""
+    r = ((a @ w) * 0.5).reshape(L, N, H, D)
+    return r.permute(1, 2, 0, 3) @ b, r.permute(1, 2, 3, 0) @ c
+
+
+def test_two_permuted_views_of_a_reshaped_product_are_read_in_place(backend: str, rng: np.random.Generator):
+    """Before, the second view decided (the first in the program) found the reshape already stored as an alias
+    of the product and was copied for its GEMM; it is a view of that buffer. Values against the reference on every
+    backend; on the compiled ones the product, its epilogue and the two GEMMs are the only kernels."""
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((L * N, 6), (6, H * D), (N, H, D, 3), (N, H, L, 2))]
+    got = nf.compile(_heads_twice, backend=backend)(*args)
+    for g, w in zip(got, nf.compile(_heads_twice)(*args)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    if backend == "reference":
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        text = nf.show(nf.compile(_heads_twice, backend=backend), *args, stage="scheduled")
+    kernels = [line.strip().split(" -> ")[0] for line in text.splitlines()[1:] if " -> " in line]
+    assert kernels == ["gemm+mul", "gemm", "gemm"], text
