@@ -27,6 +27,18 @@ def _args(rng: np.random.Generator) -> list[np.ndarray]:
     return [rng.standard_normal(s).astype(np.float32) for s in ((5, 3, 6), (8, 6), (8,))]
 
 
+def _kernels(fn, backend: str, args: list[np.ndarray]) -> list[str] | None:
+    """``fn`` compiled for ``backend``, checked against the reference; the kernel lines of its schedule (None on
+    the reference backend, which has none)."""
+    got = nf.compile(fn, backend=backend)(*args)
+    np.testing.assert_allclose(got, nf.compile(fn)(*args), rtol=1e-5, atol=1e-5)
+    if backend == "reference":
+        return None
+    with contextlib.redirect_stdout(io.StringIO()):
+        text = nf.show(nf.compile(fn, backend=backend), *args, stage="scheduled")
+    return [line.strip() for line in text.splitlines()[1:] if " -> " in line]
+
+
 def test_the_rows_of_a_product_take_their_elementwise_work_before_the_reshape(rng: np.random.Generator):
     """tanh(x @ w.T + b) * 2 on a [T, N, I] x: the bias add, tanh and scaling run on the [T * N, H] product and one
     reshape ends the chain; against the traced graph's values."""
@@ -92,15 +104,8 @@ def test_a_linear_layer_and_its_activation_are_one_kernel(backend: str, rng: np.
     """Compiled, the linear layer on a [T, N, I] input with its bias and activation is one GEMM kernel with the
     bias, tanh and scaling as its epilogue, written straight into the result (no copy), on every compiled
     backend; its values agree with the reference."""
-    args = _args(rng)
-    got = nf.compile(_linear_tanh, backend=backend)(*args)
-    np.testing.assert_allclose(got, nf.compile(_linear_tanh)(*args), rtol=1e-5, atol=1e-5)
-    if backend == "reference":
-        return
-    with contextlib.redirect_stdout(io.StringIO()):
-        text = nf.show(nf.compile(_linear_tanh, backend=backend), *args, stage="scheduled")
-    kernels = [line for line in text.splitlines()[1:] if " -> " in line]
-    assert len(kernels) == 1 and kernels[0].lstrip().startswith("gemm+add+tanh+mul -> out0"), text
+    kernels = _kernels(_linear_tanh, backend, _args(rng))
+    assert kernels is None or (len(kernels) == 1 and kernels[0].startswith("gemm+add+tanh+mul -> out0")), kernels
 
 
 def _linear_residual(x, w, b):
@@ -111,15 +116,9 @@ def _linear_residual(x, w, b):
 def test_a_linear_layer_and_its_residual_add_are_one_kernel(backend: str, rng: np.random.Generator):
     """The bias and the residual are the GEMM's epilogue, the residual read through its rows' reshape, on every
     compiled backend (before, they were a kernel reading the product back); values agree with the reference."""
-    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((5, 3, 6), (6, 6), (6,)))
-    got = nf.compile(_linear_residual, backend=backend)(x, w, b)
-    np.testing.assert_allclose(got, nf.compile(_linear_residual)(x, w, b), rtol=1e-5, atol=1e-5)
-    if backend == "reference":
-        return
-    with contextlib.redirect_stdout(io.StringIO()):
-        text = nf.show(nf.compile(_linear_residual, backend=backend), x, w, b, stage="scheduled")
-    kernels = [line.strip() for line in text.splitlines()[1:] if " -> " in line]
-    assert len(kernels) == 1 and kernels[0].startswith("gemm+add -> out0"), text
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((5, 3, 6), (6, 6), (6,))]
+    kernels = _kernels(_linear_residual, backend, args)
+    assert kernels is None or (len(kernels) == 1 and kernels[0].startswith("gemm+add -> out0")), kernels
 
 
 def test_an_epilogue_reads_a_computed_bias_through_its_broadcast(rng: np.random.Generator):
@@ -200,12 +199,5 @@ def test_a_convolution_and_its_activation_are_one_kernel(backend: str, c_in: int
     """Compiled, a convolution with few output channels is its im2col copy and one GEMM kernel whose epilogue is
     the bias and swish (before, the bias and swish were a kernel of their own reading the product back), on every
     compiled backend; its values agree with the reference."""
-    args = _conv_args(rng, c_in)
-    got = nf.compile(_conv_silu, backend=backend)(*args)
-    np.testing.assert_allclose(got, nf.compile(_conv_silu)(*args), rtol=1e-5, atol=1e-5)
-    if backend == "reference":
-        return
-    with contextlib.redirect_stdout(io.StringIO()):
-        text = nf.show(nf.compile(_conv_silu, backend=backend), *args, stage="scheduled")
-    kernels = [line.strip() for line in text.splitlines()[1:] if " -> " in line]
-    assert len(kernels) == 2 and kernels[1].startswith("gemm+add+sigmoid+mul -> out0"), text
+    kernels = _kernels(_conv_silu, backend, _conv_args(rng, c_in))
+    assert kernels is None or (len(kernels) == 2 and kernels[1].startswith("gemm+add+sigmoid+mul -> out0")), kernels
