@@ -1,5 +1,5 @@
 """A transformer's feed-forward block on a [T, N, d] sequence, compiled for the CPU with and without
-``passes.reshapes.elementwise_before_reshapes``, timed against each other in one interleaved run.
+``passes.reshapes.elementwise_before_views``, timed against each other in one interleaved run.
 
 ``linear2(relu(linear1(x)))``: each linear layer traces as ``reshape(x2 @ w.T) + b``. Without the pass the bias
 and relu run on the reshaped view, a kernel of their own that writes the [T * N, d_ff] product again and reads
@@ -43,7 +43,7 @@ def main() -> None:
     forms = {"with": nf.compile(block, backend="cpu")}
     forms["with"](x)  # built with the pass
     every = c_backend.pipeline
-    c_backend.pipeline = lambda target: tuple(p for p in every(target) if p[0] != "elementwise_before_reshapes")
+    c_backend.pipeline = lambda target: tuple(p for p in every(target) if p[0] != "elementwise_before_views")
     try:
         forms["without"] = nf.compile(block, backend="cpu")
         forms["without"](x)

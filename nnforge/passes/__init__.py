@@ -15,7 +15,7 @@ from .dce import dce, pure_loops
 from .hoist import hoist
 from .products import shared_weight_products, sums_of_products
 from .reductions import hoist_reductions
-from .reshapes import elementwise_before_reshapes
+from .reshapes import elementwise_before_views
 from .scans import carries_read_from_outputs, merge_augmented_scans, stacked_parts_read_as_views
 from .simplify import sigmoid_forms, simplify
 from .sinks import sink_output_products
@@ -53,7 +53,7 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         ("carries_read_from_outputs", carries_read_from_outputs),  # on the weight-gradient GEMMs folded by now
         ("stacked_parts_read_as_views", stacked_parts_read_as_views),  # before simplify, which folds the reshapes
         # after biases_into_scans, which reads a sequence's bias add on its [T, N, G] shape
-        ("elementwise_before_reshapes", elementwise_before_reshapes),
+        ("elementwise_before_views", elementwise_before_views),
         ("simplify", simplify),
         # after simplify, which drops the zero a hoisted bias gradient starts from (its two sums then nest)
         ("nested_half_sums", nested_half_sums),

@@ -1,4 +1,5 @@
-"""Elementwise work on a matrix's rows before the reshape that splits their leading axis (or drops axes of 1).
+"""Elementwise work on a product before the views it is read through: a reshape splitting its rows, one dropping
+axes of 1, a permute.
 
 A linear layer on a ``[T, N, I]`` input is traced as ``reshape(x2 @ w.T, [T, N, H]) + b``: the product of the
 ``[T * N, I]`` rows, reshaped back, then the bias and the activation on the reshaped view. A GEMM's epilogue
@@ -13,6 +14,10 @@ reshaped would be a copy. Applied bottom-up, a chain of such ops ends in one res
 A reshape that only drops or inserts axes of size 1 is a view of any array, so the same holds for it with every
 operand: a convolution's grouped product ``[N, 1, C, L]`` read as ``[N, C, L]`` takes its per-channel bias and
 activation on the product's own shape, its GEMM's epilogue.
+
+Work on a permute of a product (or of its rows reshaped) moves before the permute likewise, the other operands
+permuted back (a broadcast stays one), the permute after it a view its readers index: a convolution's product
+read channels-first takes its bias and swish as its GEMM's epilogue, in the product's own order.
 
 Only work on a product (or on work already moved onto one) moves: elsewhere it would only change shape, and the
 pointwise kernel reading it back through the reshape would store it apart.
@@ -133,6 +138,46 @@ def _before_unit_reshape(n: Node) -> Node | None:
     return make(Op.RESHAPE, (flat,), {"shape": shape}, loc=n.loc)
 
 
+def _permuted_product(s: Node) -> tuple | None:
+    """The permutation of ``s``, a permute of a product's work (or of its rows reshaped), else None."""
+    if s.op != Op.PERMUTE:
+        return None
+    src = s.srcs[0].srcs[0] if s.srcs[0].op == Op.RESHAPE else s.srcs[0]
+    return tuple(s.attrs["perm"]) if _of_product(src) else None
+
+
+def _unpermuted(s: Node, perm: tuple) -> Node:
+    """Operand ``s`` (of the permuted shape) in the order before ``perm``: its source where it is that permute,
+    a constant or a broadcast of that shape, else a permute back (a view)."""
+    if s.op == Op.PERMUTE and tuple(s.attrs["perm"]) == perm:
+        return s.srcs[0]
+    inverse = tuple(perm.index(a) for a in range(len(perm)))
+    shape = tuple(s.shape[a] for a in inverse)
+    if s.op == Op.CONST:
+        return make(Op.CONST, (), {**s.attrs, "shape": shape}, loc=s.loc)
+    if s.op == Op.EXPAND and s.srcs[0].ndim == len(perm):  # a broadcast stays one: of its source permuted back
+        small = make(Op.PERMUTE, (s.srcs[0],), {"perm": inverse}, loc=s.loc)
+        return make(Op.EXPAND, (small,), {"shape": shape}, loc=s.loc)
+    return make(Op.PERMUTE, (s,), {"perm": inverse}, loc=s.loc)
+
+
+def _before_permute(n: Node) -> Node | None:
+    """Work on a permuted product computed in the product's order, the permute after it (a view the readers
+    index): the GEMM's epilogue then, where before a kernel of its own wrote it in the permuted order."""
+    perm = next((q for q in map(_permuted_product, n.srcs) if q is not None), None)
+    if perm is None:
+        return None
+    flat = make(n.op, tuple(_unpermuted(s, perm) for s in n.srcs), n.attrs, loc=n.loc)
+    flat = _before_reshape(flat) or flat  # then before the reshape of the product's rows it reads
+    return make(Op.PERMUTE, (flat,), {"perm": perm}, loc=n.loc)
+
+
+def _before_views(n: Node) -> Node | None:
+    if n.op not in ELEMENTWISE or n.ndim == 0:
+        return None
+    return _before_reshape(n) or _before_permute(n)
+
+
 def _before_reshape(n: Node) -> Node | None:
     if n.op not in ELEMENTWISE or n.ndim == 0:
         return None
@@ -150,7 +195,7 @@ def _before_reshape(n: Node) -> Node | None:
     return make(Op.RESHAPE, (flat,), {"shape": shape}, loc=n.loc)
 
 
-def elementwise_before_reshapes(graph: Graph) -> Graph:
-    """``graph`` with each elementwise op on a matrix's rows reshaped (their leading axis split) computed on the
-    matrix, the reshape after it (bodies included)."""
-    return map_nodes(graph, _before_reshape)
+def elementwise_before_views(graph: Graph) -> Graph:
+    """``graph`` with each elementwise op on a product seen through a reshape or a permute (above) computed on the
+    product, the view after it (bodies included)."""
+    return map_nodes(graph, _before_views)

@@ -1,6 +1,6 @@
-"""``elementwise_before_reshapes``: elementwise work on a product's rows reshaped (their leading axis split) is
-computed on the product, so the GEMM takes it as its epilogue; and an epilogue may read its other operands
-through views (a bias broadcast), only the product's own indices must not move."""
+"""``elementwise_before_views``: elementwise work on a product read through a view (its rows reshaped, axes of 1
+dropped or inserted, a permute) is computed on the product, so the GEMM takes it as its epilogue; and an epilogue
+may read its other operands through views (a bias broadcast), only the product's own indices must not move."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from nnforge.codegen.reference import ReferenceProgram
 from nnforge.ir.ops import ELEMENTWISE, Op
 from nnforge.nn import Linear
 from nnforge.nn.rnn import lstm_layer
-from nnforge.passes.reshapes import elementwise_before_reshapes
+from nnforge.passes.reshapes import elementwise_before_views
 
 
 def _linear_tanh(x, w, b):
@@ -48,7 +48,7 @@ def test_the_rows_of_a_product_take_their_elementwise_work_before_the_reshape(rn
         return nf.tanh((x.reshape(15, 6) @ w.T).reshape(5, 3, 8) + b) * 2.0
 
     graph = nf.compile(rows_reshaped).trace(*args)
-    moved = elementwise_before_reshapes(graph)
+    moved = elementwise_before_views(graph)
     work = [n for n in moved.order if n.op in ELEMENTWISE]
     assert work and all(n.ndim == 2 for n in work)
     (out,) = moved.outputs
@@ -73,13 +73,13 @@ def test_a_residual_comes_along_and_work_moving_indices_stays(rng: np.random.Gen
         return x.permute(1, 0, 2) + (x.reshape(12, 6) @ w).reshape(3, 4, 6)
 
     graph = nf.compile(residual).trace(x, w)
-    moved = elementwise_before_reshapes(graph)
+    moved = elementwise_before_views(graph)
     adds = [n for n in moved.order if n.op == Op.ADD]
     assert len(adds) == 2 and all(n.ndim == 2 for n in adds)
     np.testing.assert_array_equal(ReferenceProgram(moved)([x, w])[0], ReferenceProgram(graph)([x, w])[0])
     for fn in (across, permuted):
         graph = nf.compile(fn).trace(x, w)
-        assert elementwise_before_reshapes(graph) is graph, fn.__name__
+        assert elementwise_before_views(graph) is graph, fn.__name__
 
 
 
@@ -98,7 +98,7 @@ def test_work_on_anything_but_a_product_stays(rng: np.random.Generator):
 
     for fn in (update, rows_of_a_sum):
         graph = nf.compile(fn).trace(g, m)
-        assert elementwise_before_reshapes(graph) is graph, fn.__name__
+        assert elementwise_before_views(graph) is graph, fn.__name__
 
 def test_a_linear_layer_and_its_activation_are_one_kernel(backend: str, rng: np.random.Generator):
     """Compiled, the linear layer on a [T, N, I] input with its bias and activation is one GEMM kernel with the
@@ -170,7 +170,7 @@ def test_work_on_a_product_with_axes_of_one_dropped_moves_onto_the_product(c_in:
     1 (the input's), dropped all the same: the reshape keeps the element count, the other axes equal."""
     args = _conv_args(rng, c_in)
     graph = nf.compile(_conv_silu).trace(*args)
-    moved = elementwise_before_reshapes(graph)
+    moved = elementwise_before_views(graph)
     (product,) = [n for n in moved.order if n.op == Op.MATMUL]
     work = [n for n in moved.order if n.op in ELEMENTWISE]
     assert work and all(tuple(n.shape) == tuple(product.shape) for n in work)
@@ -189,7 +189,7 @@ def test_any_operand_comes_along_through_a_reshape_of_axes_of_one(rng: np.random
         return nf.tanh((a @ b).unsqueeze(0) + c)
 
     graph = nf.compile(fn).trace(a, b, c)
-    moved = elementwise_before_reshapes(graph)
+    moved = elementwise_before_views(graph)
     assert all(n.ndim == 2 for n in moved.order if n.op in ELEMENTWISE)
     np.testing.assert_array_equal(ReferenceProgram(moved)([a, b, c])[0], ReferenceProgram(graph)([a, b, c])[0])
 
@@ -201,3 +201,24 @@ def test_a_convolution_and_its_activation_are_one_kernel(backend: str, c_in: int
     compiled backend; its values agree with the reference."""
     kernels = _kernels(_conv_silu, backend, _conv_args(rng, c_in))
     assert kernels is None or (len(kernels) == 2 and kernels[1].startswith("gemm+add+sigmoid+mul -> out0")), kernels
+
+
+
+def test_work_on_a_permuted_product_moves_before_the_permute(rng: np.random.Generator):
+    """``tanh(permute(reshape(a @ w)) + b)`` with b a per-channel bias: the add and tanh run on the product's rows
+    (then its GEMM's epilogue), the permute after them a view its readers index; a permute of anything but a
+    product's work stays."""
+    a, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((12, 5), (5, 6), (6, 1)))
+
+    def channels_first(a, w, b):
+        return nf.tanh((a @ w).reshape(4, 3, 6).permute(1, 2, 0) + b)
+
+    def not_a_product(a, w, b):
+        return a.permute(1, 0) * 2.0
+
+    graph = nf.compile(channels_first).trace(a, w, b)
+    moved = elementwise_before_views(graph)
+    assert all(n.ndim == 2 for n in moved.order if n.op in ELEMENTWISE)
+    np.testing.assert_array_equal(ReferenceProgram(moved)([a, w, b])[0], ReferenceProgram(graph)([a, w, b])[0])
+    graph = nf.compile(not_a_product).trace(a, w, b)
+    assert elementwise_before_views(graph) is graph
