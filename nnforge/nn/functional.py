@@ -111,8 +111,9 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
     over kernel taps (a handful), never over the sequence. With few output channels the product is
     ``weight @ columns`` per sequence (the positions fill the GEMM's tiles); from ``CHANNELS_AS_COLUMNS`` on it is
     ``columns @ weightᵀ`` with a row per position, channels last: one GEMM over every sequence with the weight
-    packed once, instead of packing the (stride-fold larger) columns, and its result is already in the
-    [position, channel] order that a recurrent layer after it reads.
+    packed once, instead of packing the (stride-fold larger) columns. Its rows are time-major ([L_out, N]), the
+    order a recurrent layer after it reads (``y.permute(2, 0, 1)``): the bias and an activation are then the
+    GEMM's epilogue (``passes.reshapes``) and the layer reads the product as it is stored.
     """
     x = as_tensor(x)
     unbatched = x.ndim == 2
@@ -136,13 +137,13 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
     last = stride * (l_out - 1) + 1
     taps = [x[:, :, j * dilation: j * dilation + last: stride] for j in range(k)]
     if groups == 1 and c_out >= CHANNELS_AS_COLUMNS:
-        # rows [N, L_out, C_in * K], the weight's own order (its transpose is a view): a row of the one-nest
-        # concat is C_in runs of K taps, each read from one contiguous window of the input
-        cols = stack([t.permute(0, 2, 1) for t in taps], axis=3).reshape(n, l_out, c_per_group * k)
+        # rows [L_out, N, C_in * K], time-major as a recurrent layer after it reads them, the weight's own order
+        # (its transpose is a view): a row of the concat is C_in runs of K taps, each from one window of the input
+        cols = stack([t.permute(2, 0, 1) for t in taps], axis=3).reshape(l_out, n, c_per_group * k)
         y = cols @ weight.reshape(c_out, c_per_group * k).mT
         if bias is not None:
             y = y + bias
-        y = y.permute(0, 2, 1)
+        y = y.permute(1, 2, 0)
     else:
         cols = stack(taps, axis=2)  # [N, C_in, K, L_out]
         cols = cols.reshape(n, groups, c_per_group * k, l_out)

@@ -222,3 +222,20 @@ def test_work_on_a_permuted_product_moves_before_the_permute(rng: np.random.Gene
     np.testing.assert_array_equal(ReferenceProgram(moved)([a, w, b])[0], ReferenceProgram(graph)([a, w, b])[0])
     graph = nf.compile(not_a_product).trace(a, w, b)
     assert elementwise_before_views(graph) is graph
+
+
+def _front_end(x, w, b, w2):
+    """A basecaller's front end: a strided convolution to 64 channels (a row per position), swish, the
+    time-major permute a recurrent layer reads, and a projection of it."""
+    y = nf.silu(nf.nn.functional.conv1d(x, w, b, stride=3, padding=2))
+    return y.permute(2, 0, 1) @ w2
+
+
+def test_a_convolution_feeds_a_time_major_layer_without_a_pass_of_its_own(backend: str, rng: np.random.Generator):
+    """The convolution's rows are in time-major order (``nn.functional.conv1d``), its bias and swish its GEMM's
+    epilogue and the projection reads the result as it is: the im2col copy and two GEMMs (before: a kernel
+    writing the swish in time-major order between them), on every compiled backend; values against the
+    reference."""
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 16), (64, 3, 5), (64,), (64, 8))]
+    kernels = _kernels(_front_end, backend, args)
+    assert kernels is None or [k.split(" -> ")[0] for k in kernels][1:] == ["gemm+add+sigmoid+mul", "gemm"], kernels
