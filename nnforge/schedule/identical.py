@@ -25,7 +25,7 @@ import numpy as np
 from ..dtypes import DType
 from ..ir.dims import Dim, fold, free_symbols
 from ..ir.expr import Expr, const
-from ..ir.index import strided
+from ..ir.index import reshape_blocks, strided
 from ..ir.lengths import loop_length_symbols
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
@@ -114,6 +114,15 @@ def _buffers(block: Block) -> dict[int, Hashable]:
     return where
 
 
+def _blocks(n: Node) -> tuple | None:
+    """A reshape's blocks of axes (``index.reshape_blocks``), which its index code follows: they come from the
+    sizes' recipes, so two reshapes of equal sizes may index alike or not (a block split where the products are
+    equal symbolically, one flat division where only their values are)."""
+    if n.op != Op.RESHAPE:
+        return None
+    return tuple((tuple(o), tuple(i)) for o, i in reshape_blocks(n.shape, n.srcs[0].shape))
+
+
 class _Walk:
     """The key of one step: ``where`` says which nodes are buffers (read as such unless the step computes them);
     buffers are numbered in order of first use, computed nodes in order of evaluation."""
@@ -147,7 +156,7 @@ class _Walk:
             srcs = tuple(self.node(s) for s in n.srcs)
             attrs = tuple((k, self.sizes.value(v)) for k, v in sorted(n.attrs.items())
                           if k not in ("body", "primal"))
-            self.nodes.append((n.op.name, srcs, attrs, self.sizes.type(n)))
+            self.nodes.append((n.op.name, srcs, attrs, self.sizes.type(n), _blocks(n)))
             ref = ("node", len(self.nodes) - 1)
         self.refs[memo] = ref
         return ref
@@ -157,7 +166,8 @@ class _Walk:
         expressions where an axis has one element (a ``[1, 1]`` matrix and its transpose)."""
         chain = []
         while self.base(n) is None and n.op in STRIDED:
-            chain.append((n.op.name, tuple((k, self.sizes.value(v)) for k, v in sorted(n.attrs.items()))))
+            chain.append((n.op.name, tuple((k, self.sizes.value(v)) for k, v in sorted(n.attrs.items())),
+                          _blocks(n)))
             n = n.srcs[0]
         return tuple(chain)
 

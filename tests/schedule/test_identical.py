@@ -120,3 +120,21 @@ def test_a_one_element_matrix_and_its_transpose_are_keyed_apart(rng: np.random.G
     got = nf.compile(fn, backend="cpu")(b, c)
     np.testing.assert_array_equal(got[0], b * c)
     np.testing.assert_array_equal(got[1], b.T * c)
+
+
+def test_reshapes_of_equal_sizes_with_other_recipes_are_keyed_apart(rng: np.random.Generator) -> None:
+    """A transpose of a ``[2, 2, 5]`` x read as ``[4, 5]`` by literal sizes and by a product of x's own: equal sizes,
+    but only the second splits into the blocks ``(2, 2) -> 4`` and ``5 -> 5`` (its index code reads each axis),
+    where the first divides the flat offset. Keyed alike, the C backend raised finding their code different (the
+    fuzzer's time-major convolution hit it). A reshape's blocks are in its key."""
+    x = rng.standard_normal((2, 2, 5))
+
+    def fn(x):
+        t = x.permute(1, 0, 2)
+        return t.reshape(4, 5) * 2.0, t.reshape(x.shape[1] * x.shape[0], x.shape[2]) * 2.0
+
+    _, keys = _keys(fn, [x])
+    assert len(keys) == 2 and keys[0] != keys[1]
+    got = nf.compile(fn, backend="cpu")(x)
+    for g in got:
+        np.testing.assert_array_equal(g, x.transpose(1, 0, 2).reshape(4, 5) * 2.0)
