@@ -119,7 +119,7 @@ def _split_views(run: list[Member], rows: tuple[tuple, int], g: Grouping) -> tup
         if id(n) in seen or id(n) in earlier or g.is_stored(n):
             continue
         seen.add(id(n))
-        if n.op == Op.RESHAPE and tuple(n.shape) == full and _on_product(n.srcs[0], run, g, earlier):
+        if _splits_product_rows(n, full, run, g, earlier):
             found[id(n)] = n
         elif n.op in ELEMENTWISE or n.op in _VIEWS:
             stack.extend(n.srcs)
@@ -173,8 +173,8 @@ def _reads_rowwise(k: Member, run: list[Member], g: Grouping, rows: tuple[tuple,
             return ok(n.srcs[0])
         if n.op == Op.RESHAPE and _per_row(n, lead) and _per_row(n.srcs[0], lead) and id(n) not in g.alias:
             return ok(n.srcs[0])
-        if n.op == Op.RESHAPE and tuple(n.shape) == full and _on_product(n.srcs[0], run, g, earlier):
-            return True  # the product's rows (or elementwise work on them), their leading axis split: held there
+        if _splits_product_rows(n, full, run, g, earlier):
+            return True  # held there
         if n.op in ELEMENTWISE:
             return all(ok(s) for s in n.srcs)
         return not _reaches(n, earlier, g)  # another view, or a stored alias: only of what the group does not write
@@ -183,6 +183,12 @@ def _reads_rowwise(k: Member, run: list[Member], g: Grouping, rows: tuple[tuple,
     if isinstance(k, Reduce):
         return ok(k.node.srcs[0]) and (computed is None or ok(computed))
     return ok(computed)
+
+
+def _splits_product_rows(n: Node, full: tuple, run: list[Member], g: Grouping, earlier: dict[int, Member]) -> bool:
+    """Whether ``n`` reads the leading GEMM's rows (or elementwise work on them) with their leading axis split to
+    ``full``: the rows the program holds, at their own elements (``Rows.views``)."""
+    return n.op == Op.RESHAPE and tuple(n.shape) == full and _on_product(n.srcs[0], run, g, earlier)
 
 
 def _on_product(n: Node, run: list[Member], g: Grouping, earlier: dict[int, Member]) -> bool:
