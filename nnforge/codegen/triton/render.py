@@ -492,6 +492,14 @@ class Renderer:
         if not batch:
             self.hold(p, k.b_resident, block, ["rn"], self.sz(p.shape[-1]), ctx, spell)
 
+    def product_index(self, em: Emitter, ctx: Ctx, batch: Sequence) -> tuple[str, ...]:
+        """The index along ``batch`` of the product a program of a batched GEMM computes (its ``pid_b``, from the
+        prologue): scalar names, so that a load at it alone (one value per product) takes no block mask."""
+        if not batch:
+            return ()
+        em.scalars.add("pid_b")  # its indices, made from it alone, are scalars too (``Eval.tmp``)
+        return Eval(em, ctx, self.sz, None, 2, hoist=False).unflatten("pid_b", [self.sz(d) for d in batch])
+
     def gemm_kernel(self, k: Gemm, ctx: Ctx, outs: list[str], block: GemmBlock, consts: dict[str, int],
                     k_sum: KSum, takes: Sequence[str] = ()) -> None:
         """``gemm``'s kernel with its sum over K spelled by ``k_sum``."""
@@ -501,10 +509,7 @@ class Renderer:
         batch = p.shape[:-2]
         em = Emitter()
         prologue = [*self.tile_ids(M, N), f"acc = tl.zeros([BM, BN], {acc_dtype(p.dtype)})"]
-        bidx: tuple[str, ...] = ()
-        if batch:
-            bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch])
-            em.scalars |= {"pid_b", *bidx}  # the program's product: an epilogue load at it alone is scalar
+        bidx = self.product_index(em, ctx, batch)
         k_sum(em, ["acc"], bidx)
         em.line(tile_mask(M, N))
         self.gemm_epilogue(em, ctx, k, outs, bidx)

@@ -93,8 +93,7 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
 
     for m, bufs in zip(k.members, outs):
         if isinstance(m, Gemm):
-            bidx = Eval(em, ctx, sz, None, 2, hoist=False).unflatten("pid_b", [sz(d) for d in batch]) if batch else ()
-            em.scalars |= {"pid_b", *bidx} if batch else set()  # the program's product: a load at it alone is scalar
+            bidx = r.product_index(em, ctx, batch)
             at = (*bidx, "rm", "c") if batch else ("rows", "c")  # the product's own index of the program's rows
             value = _product_rows(r, m, ctx, em, bidx, at)
             for o in bufs:
