@@ -129,13 +129,32 @@ def _read_product(n: Node, seen_as: Callable[[Node, tuple], tuple | None]) -> tu
     return None
 
 
+def _flat(n: Node, srcs: list[Node | None]) -> Node | None:
+    """``n``'s op on ``srcs``, its operands as they were before the view (None where one cannot be)."""
+    if any(s is None for s in srcs):
+        return None
+    return make(n.op, tuple(srcs), n.attrs, loc=n.loc)  # type: ignore[arg-type]
+
+
+def _reshaped(flat: Node | None, n: Node) -> Node | None:
+    return None if flat is None else make(Op.RESHAPE, (flat,), {"shape": tuple(n.shape)}, loc=n.loc)
+
+
 def _before_unit_reshape(n: Node) -> Node | None:
     shape = tuple(n.shape)
     src = _read_product(n, _unit_source)
-    if src is None:
-        return None
-    flat = make(n.op, tuple(_on_unit_axes(s, src, shape) for s in n.srcs), n.attrs, loc=n.loc)
-    return make(Op.RESHAPE, (flat,), {"shape": shape}, loc=n.loc)
+    return None if src is None else _reshaped(_flat(n, [_on_unit_axes(s, src, shape) for s in n.srcs]), n)
+
+
+def _before_rows_reshape(n: Node) -> Node | None:
+    shape = tuple(n.shape)
+    rows = _read_product(n, _rows_of) if n.ndim >= 3 else None
+    return None if rows is None else _reshaped(_flat(n, [_on_rows(s, rows, shape) for s in n.srcs]), n)
+
+
+def _before_reshape(n: Node) -> Node | None:
+    """Elementwise ``n`` before a reshape of a product's work it reads, if it reads one."""
+    return _before_unit_reshape(n) or _before_rows_reshape(n)
 
 
 def _permuted_product(s: Node) -> tuple | None:
@@ -176,23 +195,6 @@ def _before_views(n: Node) -> Node | None:
     if n.op not in ELEMENTWISE or n.ndim == 0:
         return None
     return _before_reshape(n) or _before_permute(n)
-
-
-def _before_reshape(n: Node) -> Node | None:
-    if n.op not in ELEMENTWISE or n.ndim == 0:
-        return None
-    unit = _before_unit_reshape(n)
-    if unit is not None or n.ndim < 3:
-        return unit
-    shape = tuple(n.shape)
-    rows = _read_product(n, _rows_of)
-    if rows is None:
-        return None
-    srcs = [_on_rows(s, rows, shape) for s in n.srcs]
-    if any(s is None for s in srcs):
-        return None
-    flat = make(n.op, tuple(srcs), n.attrs, loc=n.loc)  # type: ignore[arg-type]
-    return make(Op.RESHAPE, (flat,), {"shape": shape}, loc=n.loc)
 
 
 def elementwise_before_views(graph: Graph) -> Graph:
