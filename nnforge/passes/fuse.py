@@ -112,7 +112,7 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
         elif n.op == Op.RESHAPE and id(n.srcs[0]) in g.stored:
             g.stored.add(id(n))  # a contiguous buffer seen with another shape: no copy
             g.alias.add(id(n))
-        elif n.op == Op.CONST or (n.op in MOVEMENT and all(id(s) in g.stored or id(s) in g.free for s in n.srcs)):
+        elif n.op == Op.CONST or (n.op in MOVEMENT and _over_buffers(n, g)):
             g.free.add(id(n))
 
     def kernel(u: Node) -> int:
@@ -140,7 +140,7 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
             g.free.add(id(n))
             continue
         needs_view = any(u.op == Op.MATMUL for u in readers)
-        if n.op in STRIDED and all(id(s) in g.stored or id(s) in g.free for s in n.srcs):
+        if n.op in STRIDED and _over_buffers(n, g):
             # its source was stored after the forward pass ran (a reshape a view of which a later GEMM reads, made
             # an alias of its source): it is a view of a buffer now, free as those the forward pass found
             g.free.add(id(n))
@@ -188,6 +188,11 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
     for r in g.refusals:
         log.debug("fusion refused: %s", r)
     return g
+
+
+def _over_buffers(n: Node, g: Grouping) -> bool:
+    """Whether every source of ``n`` is a buffer or free: a movement node over them only indexes them."""
+    return all(id(s) in g.stored or id(s) in g.free for s in n.srcs)
 
 
 def _window_reads(n: Node, readers: list[Node], g: Grouping,
