@@ -52,7 +52,8 @@ def _render(r: Renderer, k: Rows, ctx: Ctx, outs: list[list[str]]) -> None:
     consts = {"BR": block}
     if gemm is not None:  # a tile of whole rows of the product: tl.dot takes 16 rows and columns at least
         cols, block = max(cols, 16), max(block, 16)
-        consts = {"BR": block, "BK": r.tiles.gemm_k}
+        depth = r.static(gemm.node.srcs[0].shape[-1])
+        consts = {"BR": block, "BK": r.tiles.row_gemm_k(depth, gemm.node.dtype.is_half)}
     em = Emitter()
     prologue = ["pid = tl.program_id(0).to(tl.int64)"]
     if batch:  # a batch of products: each program's rows within one product (they share its B)

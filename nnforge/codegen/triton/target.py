@@ -203,6 +203,16 @@ class Tiles:
         ``gemm_m_f32``."""
         return self.gemm_m if half else self.gemm_m_f32
 
+    def row_gemm_k(self, depth: int | None, half: bool) -> int:
+        """The K step of a GEMM leading a whole-row kernel (``Rows``) over K = ``depth`` (None: known at run
+        time): ``gemm_k``, but 16 (the least ``tl.dot`` takes) where a product off the tensor cores (float32,
+        float64) would have K in one step. Built for sm_90, that one step of a ``[16, 512]`` float32 tile is
+        unrolled straight through and ptxas keeps 32 registers a thread and spills 5 KB; in steps of 16 it
+        keeps 96-106 and spills nothing (docs/benchmarks.md)."""
+        if half or depth is None or depth > self.gemm_k:
+            return self.gemm_k
+        return 16
+
     def gemm_block(self, rows: int | None, cols: int | None, depth: int | None, half: bool, sliced: bool = False,
                    copies: int | None = 1) -> GemmBlock:
         """The block of a GEMM program whose result is ``rows`` x ``cols`` (``cols``: a sliced GEMM's slice width)

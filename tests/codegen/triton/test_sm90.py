@@ -11,6 +11,7 @@ from lstm_cells import layer_norm_lstm
 from test_triton_render import lstm
 
 import nnforge as nf
+import nnforge.nn.functional as F
 from nnforge.codegen.triton import TritonBackend, interpreted
 from nnforge.codegen.triton.offline import MAX_SHARED, NoPtxas, compile_offline, held_forms, record_launches
 from nnforge.codegen.triton.target import Tiles
@@ -105,6 +106,25 @@ def test_a_transposed_scans_weights_reach_its_wgmma_from_shared_memory():
         pytest.skip("Triton's CUDA backend has no ptxas here")
     (loop,) = [k["loop"] for k in built.values()]
     assert loop["mma"] == 64 and loop["shared_loads"] <= 8, loop
+
+
+@pytest.mark.parametrize(("K", "N"), [(16, 96), (32, 96), (24, 384), (32, 512), (64, 384)])
+def test_a_float32_projection_leading_its_rows_builds_without_spilling(K: int, N: int):
+    """A float32 projection and the layer norm of its rows are one kernel whose product is on the FMA units.
+    With K in one step of ``Tiles.gemm_k`` (32), Triton unrolled it straight through and ptxas kept 32
+    registers a thread, spilling 5 KB every program; K now takes steps of 16 there (``Tiles.row_gemm_k``):
+    built for sm_90, every such kernel keeps its values in registers."""
+    rng = np.random.default_rng(K * 1000 + N)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((40, K), (K, N), (N,), (N,), (N,))]
+    f = nf.compile(lambda x, w, b0, g, b: F.layer_norm(x @ w + b0, (N,), g, b), backend="triton")
+    records = record_launches(lambda: f(*args))
+    assert [r["name"] for r in records] == ["k0_gemm_add_sum_div_sub_sqrt_recip_mul"]
+    try:
+        built = compile_offline(records, arch=90)["kernels"]
+    except NoPtxas:
+        pytest.skip("Triton's CUDA backend has no ptxas here")
+    (kernel,) = built.values()
+    assert kernel["spill_bytes"] == 0 and kernel["registers"] > 32, kernel
 
 
 KERNELS = '''
