@@ -222,3 +222,27 @@ def test_a_strided_slice_of_a_sum_to_one_value_and_its_gradient(backend: str, rn
     sum((a * torch.tensor(w)).sum() for a, w in zip([t, *want], weights)).backward()
     for g, w in zip(got, [t, *want, t.grad]):
         _same(g, w.detach().numpy(), rtol=1e-15)
+
+
+def test_the_min_of_a_product_of_one_element(backend: str, rng: np.random.Generator) -> None:
+    """``(-x @ w).min()`` of a [1, 1] x and a [1] w, every value of the way weighed into the loss: the reduction
+    reads its one element as a 0-d value and compares it with the block of running maxima (a min is the max of
+    the negation); on Triton a 0-d value's NaN test or-ed with that block failed under the interpreter. Found by
+    the fuzzer (``NNFORGE_FUZZ_SEED=505``)."""
+    x, w = rng.standard_normal((1, 1)), rng.standard_normal(1)
+    weights = [rng.standard_normal(s) for s in ((1, 1), (1, 1), (1,), (1,), ())]
+
+    def values(x, w):
+        n = -x
+        p = n @ w
+        return [x, n, w, p, p.min()]
+
+    def loss(x, w):
+        return sum((a * c).sum() for a, c in zip(values(x, w), weights))
+
+    got = nf.compile(lambda x, w: (*values(x, w), *nf.grad(loss, argnums=(0, 1))(x, w)), backend=backend)(x, w)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    want = values(tx, tw)
+    sum((a * torch.tensor(c)).sum() for a, c in zip(want, weights)).backward()
+    for g, v in zip(got, [*want, tx.grad, tw.grad]):
+        _same(g, v.detach().numpy(), rtol=1e-15)

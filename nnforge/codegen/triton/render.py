@@ -445,8 +445,9 @@ class Renderer:
         ev = Eval(em, ctx, sz, "mt", 2)
         if is_sum:
             em.line(f"acc = acc + {ev.masked(src, full)}.to({acc_t})")
-        else:
-            v = ev.val(src, full)
+        else:  # on the tile's shape: a 0-d value (one element read) compared with a block and or-ed with a 0-d
+            # NaN test fails under Triton's interpreter
+            v = ev.tmp(f"tl.broadcast_to({ev.val(src, full)}, {shape.replace('[', '(').replace(']', ')')})")
             nan = f" | ({v} != {v})" if p.dtype.is_float else ""
             em.line(f"acc = tl.where(mt & (({v} > acc){nan}), {v}, acc)")
         em.close()
