@@ -3,11 +3,13 @@
 A program is a list of steps over a growing pool of values. Each step picks an op from a small grammar (elementwise
 unary/binary with broadcasting and Python scalars, reductions, softmax family, matmul against a fresh weight,
 movement ops, slicing with any step, concat, pad, where, a scan over a value's leading axis, a Conv1d of a [N, C, L]
-value with a fresh weight) and operands of fitting shapes from the pool. ``run`` interprets the same program with
-either library, so the torch result is the same computation built independently. The loss is a random projection of
-every value in the pool, so every step's gradient is checked. The test runs on every backend (the ``backend``
-fixture): each example is also compiled for it, one C build per example on ``cpu`` (~0.7 s; the 60 examples add
-~40 s with ``-n 2``).
+value with a fresh weight, a layer norm over the last axis, a linear layer with its activation and maybe a layer
+norm, the last axis split into two heads moved before the axis ahead of it as attention does) and operands of
+fitting shapes from the pool, half the time the value just made (a chain, where kernels fuse). ``run`` interprets
+the same program with either library, so the torch result is the same computation built independently. The loss is
+a random projection of every value in the pool, so every step's gradient is checked. The test runs on every backend
+(the ``backend`` fixture): each example is also compiled for it, one C build per example on ``cpu`` (~0.7 s; the 60
+examples add ~40 s with ``-n 2``).
 
 ``make test`` runs a fixed set of examples. For more, ``NNFORGE_FUZZ_EXAMPLES=N`` runs N of that set (the first ones
 are make test's), and ``NNFORGE_FUZZ_SEED=S`` draws them from seed S instead: another seed, other programs. A failure
@@ -188,6 +190,20 @@ def run(program: list, lib: str, inputs: list, n_first: int) -> list:
         elif kind == "scan":
             _, template, x, c, w, reverse = step
             pool.extend(scan_step(lib, template, pool[x], pool[c], pool[w], reverse))
+        elif kind == "layer_norm":
+            _, i, w, b = step
+            a = pool[i]
+            weight, bias = (None if k is None else pool[k] for k in (w, b))
+            norm = F.layer_norm if lib == "torch" else NF.layer_norm
+            pool.append(norm(a, (a.shape[-1],), weight, bias, 1e-5))
+        elif kind == "linear":
+            _, i, w, b, act, norm = step
+            y = pool[i] @ pool[w] + pool[b]
+            y = y if act == "none" else unary(lib, act, y)
+            pool.append((F.layer_norm if lib == "torch" else NF.layer_norm)(y, (y.shape[-1],)) if norm else y)
+        elif kind == "heads":
+            a = pool[step[1]]
+            pool.append(a.reshape(*a.shape[:-1], 2, a.shape[-1] // 2).transpose(-2, -3))
         elif kind == "conv1d":
             _, i, w, b, stride, padding, dilation = step
             conv = F.conv1d if lib == "torch" else NF.conv1d
@@ -224,8 +240,9 @@ def programs(draw):
     for _ in range(draw(st.integers(3, 8))):
         kind = draw(st.sampled_from(["unary", "binary", "binary", "binary_scalar", "reduce", "softmax", "matmul",
                                      "reshape", "permute", "transpose", "expand", "index", "flip", "squeeze",
-                                     "concat", "stack", "pad", "where", "scan", "scan", "conv1d"]))
-        i = pick()
+                                     "concat", "stack", "pad", "where", "scan", "scan", "conv1d", "layer_norm",
+                                     "linear", "heads"]))
+        i = len(pool) - 1 if draw(st.booleans()) else pick()  # half the time a chain: where kernels fuse
         s = pool[i]
         if kind == "unary":
             program.append(("unary", draw(st.sampled_from(UNARY)), i))
@@ -332,6 +349,20 @@ def programs(draw):
             pads = tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in s)
             program.append(("pad", i, pads))
             pool.append(tuple(d + lo + hi for d, (lo, hi) in zip(s, pads)))
+        elif kind == "layer_norm" and s:  # a row kernel; after a matmul, one led by its GEMM
+            w = new_input((s[-1],)) if draw(st.booleans()) else None
+            b = new_input((s[-1],)) if draw(st.booleans()) else None
+            program.append(("layer_norm", i, w, b))
+            pool.append(s)
+        elif kind == "linear" and s:  # the bias and activation on the GEMM's accumulator
+            n = draw(st.integers(1, 4))
+            w, b = new_input((s[-1], n)), new_input((n,))
+            program.append(("linear", i, w, b, draw(st.sampled_from(["none", "relu", "tanh", "sigmoid"])),
+                            draw(st.booleans())))  # then a layer norm of its rows: one kernel led by the GEMM
+            pool.append((*s[:-1], n))
+        elif kind == "heads" and len(s) >= 2 and s[-1] % 2 == 0:  # work before the split moves onto a product
+            program.append(("heads", i))
+            pool.append((*s[:-2], 2, s[-2], s[-1] // 2))
         elif kind == "conv1d" and len(s) == 3:  # [N, C, L]: an im2col, a grouped or a channels-last product
             k, stride, dilation = draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
             span = dilation * (k - 1) + 1
