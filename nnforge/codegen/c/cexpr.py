@@ -291,7 +291,7 @@ def vector_lanes(vector_bytes: int) -> dict[DType, int]:
 _VECTOR = {Op.ADD: "({a} + {b})", Op.SUB: "({a} - {b})", Op.MUL: "({a} * {b})", Op.DIV: "({a} / {b})",
            Op.NEG: "(-{a})", Op.RECIP: "(1.0f / {a})", Op.SIGMOID: "nf_vsigmoidf({a})", Op.TANH: "nf_vtanhf({a})",
            Op.MAX: "nf_vmaxf({a}, {b})", Op.MIN: "nf_vminf({a}, {b})", Op.ABS: "nf_vabsf({a})",
-           Op.SQRT: "nf_vsqrtf({a})"}
+           Op.SQRT: "nf_vsqrtf({a})", Op.EXP: "nf_vexpf({a})"}
 
 
 VECTOR_OPS = frozenset(_VECTOR)
