@@ -62,8 +62,8 @@ class Elementwise(Kernel):
 class Reduce(Kernel):
     """A sum or max over ``node``'s axes, then ``epilogue`` (the elementwise root computed from each sum; None:
     the sums are stored). ``leading``: a float sum over the leading axes of a stored buffer, run with the outputs
-    innermost (unit-stride reads). ``lanes``: a float sum over the last axis reads that many columns at once
-    (vector partial sums; 1: one at a time)."""
+    innermost (unit-stride reads). ``lanes``: a float sum or max over the last axis reads that many columns at
+    once (vector partial sums or maxima; 1: one at a time)."""
 
     epilogue: Node | None = field(default=None, compare=False, repr=False)
     leading: bool = False

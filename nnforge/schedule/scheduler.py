@@ -175,12 +175,12 @@ class _Scheduler:
         return lanes if self._vectorizes(n, idx, n, g, lanes) else 1
 
     def sum_lanes(self, p: Node, g: Grouping) -> int:
-        """Columns a float sum over the last axis reads at once (vector partial sums): as for an elementwise
-        kernel, of the summed values along the reduced axis (1: the scalar loop)."""
+        """Columns a float sum or max over the last axis reads at once (vector partial sums or maxima): as for an
+        elementwise kernel, of the reduced values along the reduced axis (1: the scalar loop)."""
         src = p.srcs[0]
         lanes = dict(self.target.vector_lanes).get(p.dtype, 1)
-        if (p.op != Op.SUM or lanes == 1 or src.dtype != p.dtype or tuple(p.attrs["axes"]) != (src.ndim - 1,)
-                or not self._wide(src.shape[-1], lanes)):
+        if (p.op not in (Op.SUM, Op.REDUCE_MAX) or lanes == 1 or src.dtype != p.dtype
+                or tuple(p.attrs["axes"]) != (src.ndim - 1,) or not self._wide(src.shape[-1], lanes)):
             return 1
         idx = (*(var(f"i{k}") for k in range(src.ndim - 1)), var("lane"))
         return lanes if self._vectorizes(src, idx, None, g, lanes) else 1

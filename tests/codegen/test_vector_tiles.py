@@ -1,8 +1,8 @@
 """Fused GEMM tiles and elementwise kernels in vector form (``prelude.h``'s ``nf_v*`` helpers, a vector of float32
 columns at a time: 8 with AVX2's tiles, 16 with AVX-512's, both checked on every machine; which index expressions
 vectorize is ``test_index_expr``'s): the vector sigmoid/tanh/exp against float64 torch over the whole float range,
-the recurrent step computed from its register tiles (the gates never stored), and the scalar fallback for a tile
-body with no vector form."""
+the recurrent step computed from its register tiles (the gates never stored), the scalar fallback for a tile body
+with no vector form, and row maxima in vector form (NaN kept)."""
 
 from __future__ import annotations
 
@@ -163,3 +163,23 @@ def test_generated_names_never_collide() -> None:
         for b in made:
             assert a == b or not made[a] & made[b], (a, b, sorted(made[a] & made[b])[:3])
 
+
+@pytest.mark.parametrize("vectors", VECTORS)
+@pytest.mark.parametrize("width", [7, 16, 45, 500])
+def test_row_max_in_vector_form(rng: np.random.Generator, width: int, vectors: str) -> None:
+    """A float32 max over the last axis reads vectors of columns (four at a time, then one, then the scalar rest)
+    and keeps NaN as the scalar form does: rows with a NaN in the unrolled part, in the single vectors, in the
+    scalar rest, rows of -inf and of +inf, against numpy; and a softmax's row max and exponentials in vector form."""
+    cfg = VECTORS[vectors]
+    x = rng.standard_normal((12, width)).astype(np.float32)
+    for row, col in enumerate([0, width // 2, width - 1]):
+        x[row, col] = np.nan
+    x[3] = -np.inf
+    x[4, width // 3] = np.inf
+    src = _source(lambda a: (a.max(-1), nf.softmax(a, -1)), x, cfg=cfg)
+    lanes = cfg.vector_bytes // 4
+    assert ("nf_vmaxf(" in src and "nf_vexpf(" in src) == (width >= lanes)
+    got_max, got_soft = _cpu(cfg, lambda a: (a.max(-1), nf.softmax(a, -1)), x)
+    np.testing.assert_array_equal(got_max, x.max(-1))
+    want = torch.softmax(torch.from_numpy(x).double(), -1).numpy()
+    np.testing.assert_allclose(got_soft, want, rtol=2e-6, atol=1e-7)

@@ -683,14 +683,14 @@ class Lowering:
         acc = em.fresh("acc")
         em(f"{acc_t} {acc} = {init};")
         # the scalar loop below sums the columns the vector loops left, if any
-        start = self._vector_sum(p, ctx, full, acc, em, lanes) if lanes > 1 else None
+        start = self._vector_reduce(p, ctx, full, acc, em, lanes) if lanes > 1 else None
         sc = Scalar(self, ctx)  # the scalar form, also what the listing shows
         v = sc.val(src, full)
         if start is None or start < int(src.shape[-1]):
             for k, (r, a) in enumerate(zip(ridx, axes)):
                 last = k == len(axes) - 1
                 if last and p.op == Op.SUM and p.dtype.is_float:
-                    # vector lanes of partial sums where ``_vector_sum`` has no form (the order of a float sum
+                    # vector lanes of partial sums where ``_vector_reduce`` has no form (the order of a float sum
                     # is not fixed anyway; float32 sums in float64)
                     em(f"#pragma omp simd reduction(+:{acc})")
                 em(f"for (int64_t {r} = {(start or 0) if last else 0}; {r} < {sz(src.shape[a])}; {r}++)")
@@ -719,15 +719,17 @@ class Lowering:
                                   [p.op.name.lower(), *sc.fused, *ep.fused], [store], sc.loads + ep.loads,
                                   note=f"axes={tuple(axes)}"))
 
-    def _vector_sum(self, p: Node, ctx: GraphCtx, full: list[Expr], acc: str, em: Emitter, lanes: int) -> int:
-        """The vector loops of a float32 sum over the last axis: four independent vectors of ``lanes`` columns per
-        iteration, added pairwise and widened into two float64 accumulators, then one vector at a time.
+    def _vector_reduce(self, p: Node, ctx: GraphCtx, full: list[Expr], acc: str, em: Emitter, lanes: int) -> int:
+        """The vector loops of a float32 sum or max over the last axis: four independent vectors of ``lanes``
+        columns per iteration, a sum's added pairwise and widened into two float64 accumulators, a max's taken
+        pairwise into one vector (NaN kept, ``nf_vmaxf``), then one vector at a time.
 
-        Returns the first column left to the scalar loop. The schedule chose it (``Reduce.lanes``: the summed
+        Returns the first column left to the scalar loop. The schedule chose it (``Reduce.lanes``: the reduced
         values vectorize along the row); a body that cannot be spelled so is a bug of that choice.
         The scalar ``#pragma omp simd`` loop converts every element to double and chains its adds on one or two
         accumulators: latency-bound at 3 cycles per 8 elements; the three row sums of a layer norm were a
-        quarter of a layer-norm LSTM step's elementwise time."""
+        quarter of a layer-norm LSTM step's elementwise time. The scalar max (its NaN test keeps it scalar) was
+        the most expensive of a softmax's four kernels on rows of 500."""
         src = p.srcs[0]
         width = int(src.shape[-1])
         wide, narrow = width - width % (4 * lanes), width - width % lanes
@@ -740,22 +742,39 @@ class Lowering:
             single = Scalar(self, ctx, lanes=lanes, lane=r) if narrow > wide else None
             one = single.val(src, [*full[:-1], var(r)]) if single else ""
         except Unsupported as e:
-            raise NNForgeError(f"the schedule chose {lanes} lanes for the sum at {p.loc}, which has no vector "
-                               f"form: {e}") from e
-        lo, hi = em.fresh("lo"), em.fresh("hi")
+            raise NNForgeError(f"the schedule chose {lanes} lanes for the {p.op.name.lower()} at {p.loc}, which "
+                               f"has no vector form: {e}") from e
+        if p.op == Op.SUM:
+            lo, hi = em.fresh("lo"), em.fresh("hi")
+            init, total = f"nf_vf64 {lo} = {{0}}, {hi} = {{0}};", f"{acc} = nf_vhsum_f64({lo}, {hi});"
+
+            def step(v: str) -> str:
+                return f"nf_vacc_f64(&{lo}, &{hi}, {v});"
+
+            four = f"({parts[0]} + {parts[1]}) + ({parts[2]} + {parts[3]})" if parts else ""
+        else:
+            m, k = em.fresh("m"), em.fresh("k")
+            init = f"nf_vf32 {m} = nf_vbc_f32(-INFINITY);"
+            total = (f"for (int {k} = 0; {k} < {lanes}; {k}++) {acc} = ({m}[{k}] > {acc} || {m}[{k}] != {m}[{k}]) ? "
+                     f"{m}[{k}] : {acc};")
+
+            def step(v: str) -> str:
+                return f"{m} = nf_vmaxf({v}, {m});"
+
+            four = f"nf_vmaxf(nf_vmaxf({parts[0]}, {parts[1]}), nf_vmaxf({parts[2]}, {parts[3]}))" if parts else ""
         em.open("{")
         em.each(st for sc in (first, single) if sc for st in sc.pre)
-        em(f"nf_vf64 {lo} = {{0}}, {hi} = {{0}};")
+        em(init)
         if unrolled:
             with em.block(f"for (int64_t {r} = 0; {r} < {wide}; {r} += {4 * lanes}) {{"):
                 em.each(f"const int64_t {c} = {r} + {k * lanes};" for k, c in enumerate(cols) if k)
                 em.each(st for sc in unrolled for st in sc.stmts)
-                em(f"nf_vacc_f64(&{lo}, &{hi}, ({parts[0]} + {parts[1]}) + ({parts[2]} + {parts[3]}));")
+                em(step(four))
         if single:
             with em.block(f"for (int64_t {r} = {wide}; {r} < {narrow}; {r} += {lanes}) {{"):
                 em.each(single.stmts)
-                em(f"nf_vacc_f64(&{lo}, &{hi}, {one});")
-        em(f"{acc} = nf_vhsum_f64({lo}, {hi});")
+                em(step(one))
+        em(total)
         em.close()
         return narrow
 
