@@ -401,11 +401,13 @@ class Tensor:
 
     @composed("logsumexp")
     def logsumexp(self, axis: int | Sequence[int] | None = -1, keepdims: bool = False) -> Tensor:
-        """log(sum(exp(x))) computed as m + log(sum(exp(x - m))), m the max: no overflow."""
+        """log(sum(exp(x))) computed as m + log(sum(exp(x - m))), m the max: no overflow. m carries no gradient
+        (the result does not depend on it: the gradient is softmax(x) either way, without comparing every element
+        with m)."""
         if _empty(self, axis):  # an empty sum: log 0 = -inf, as torch
             m = full(self.sum(axis, keepdims=True).shape, 0.0, _as_float(self).dtype)
         else:
-            m = self.max(axis, keepdims=True)
+            m = self.max(axis, keepdims=True).detach()
             m = where(m.abs() == math.inf, 0.0, m)  # all -inf (or an inf) in a slice: give -inf/inf, not inf - inf
         out = (self - m).exp().sum(axis, keepdims=True).log() + m
         return out if keepdims else out.squeeze(_axes(axis, self.ndim, "logsumexp"))
@@ -414,7 +416,9 @@ class Tensor:
     def softmax(self, axis: int = -1) -> Tensor:
         if _empty(self, axis):  # no element to normalize: the (empty) result needs no maximum
             return _as_float(self)
-        e = (self - self.max(axis, keepdims=True)).exp()
+        # the max carries no gradient: the result does not depend on it, and through it a gradient would compare
+        # every element with its slice's max (a pass over an attention's scores) to route exactly 0
+        e = (self - self.max(axis, keepdims=True).detach()).exp()
         return e / e.sum(axis, keepdims=True)
 
     @composed("log_softmax")

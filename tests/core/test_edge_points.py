@@ -246,3 +246,24 @@ def test_the_min_of_a_product_of_one_element(backend: str, rng: np.random.Genera
     sum((a * torch.tensor(c)).sum() for a, c in zip(want, weights)).backward()
     for g, v in zip(got, [*want, tx.grad, tw.grad]):
         _same(g, v.detach().numpy(), rtol=1e-15)
+
+
+# ---- the max a softmax or log-sum-exp subtracts --------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["softmax", "logsumexp", "log_softmax"])
+def test_the_subtracted_max_carries_no_gradient(backend: str, op: str, rng: np.random.Generator) -> None:
+    """The result does not depend on the max subtracted for range, so its gradient goes around it: no element is
+    compared with its slice's max (through the max, an attention's softmax gradient took a pass over the scores
+    to route exactly 0). The gradient is torch's, ties of the max included."""
+    x = rng.standard_normal((3, 4, 9))
+    x[0, 1, 2] = x[0, 1, 5] = x[0, 1].max() + 1.0  # a tie for the max
+    w = rng.standard_normal((3, 4, 9) if op != "logsumexp" else (3, 4))
+
+    def loss(v):
+        return (getattr(v, op)(-1) * w).sum()
+
+    graph = nf.compile(nf.grad(loss)).trace(x)
+    assert not [n for n in graph.order if n.op.name == "EQ" and tuple(n.shape) == x.shape], op  # x == its max
+    t = torch.tensor(x, requires_grad=True)
+    (getattr(t, op)(-1) * torch.tensor(w)).sum().backward()
+    _same(nf.compile(nf.grad(loss), backend=backend)(x), t.grad.numpy(), rtol=1e-12, atol=1e-15)
