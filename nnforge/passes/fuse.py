@@ -183,11 +183,26 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
         if n.op in ELEMENTWISE and readers and id(n) not in outputs:
             g.refusals.append(f"{n.op.name.lower()} at {n.loc}: not fused into its readers: {why}")
     # free nodes that now read a stored non-buffer are still free (they only remap indices)
+    _views_of_later_buffers(g, order, us, outputs)
     _epilogues(g, order, us)
     g.sliced = sliced_groups(g)
     for r in g.refusals:
         log.debug("fusion refused: %s", r)
     return g
+
+
+def _views_of_later_buffers(g: Grouping, order: list[Node], us: dict[int, list[Node]], outputs: set[int]) -> None:
+    """Permutes, broadcasts and slices read only by matmuls that were stored (a copy) because their source was
+    decided after them, walking back from the outputs (an attention's probabilities, transposed for the
+    gradient of V, are stored for the forward's own product later in the walk): where the source is a buffer
+    after all, each is a view of it, free as those found early."""
+    for n in order:
+        readers = us.get(id(n), [])
+        if (n.op in STRIDED and n.op != Op.RESHAPE and id(n) in g.stored and id(n) not in g.alias
+                and id(n) not in outputs and readers and all(u.op == Op.MATMUL for u in readers)
+                and _over_buffers(n, g) and strided_base(n.srcs[0], g.stored, g.free)):
+            g.stored.discard(id(n))
+            g.free.add(id(n))
 
 
 def _over_buffers(n: Node, g: Grouping) -> bool:

@@ -1,6 +1,6 @@
 """Views a GEMM reads without a copy: a reshape of a computed product seen through two permutes, each read by a
 GEMM (an attention's query heads, read by the scores' product and, in training, by a gradient's), is one stored
-buffer the views index."""
+buffer the views index; so is elementwise work one GEMM reads as it is and another transposed."""
 
 from __future__ import annotations
 
@@ -35,3 +35,27 @@ def test_two_permuted_views_of_a_reshaped_product_are_read_in_place(backend: str
         text = nf.show(nf.compile(_heads_twice, backend=backend), *args, stage="scheduled")
     kernels = [line.strip().split(" -> ")[0] for line in text.splitlines()[1:] if " -> " in line]
     assert kernels == ["gemm+mul", "gemm", "gemm"], text
+
+
+def _probabilities_twice(x, v, g):
+    """Elementwise work read by one GEMM as it is and by another transposed (an attention's probabilities: by
+    ``p @ v``, and by the gradient of v, ``p.T @ g``)."""
+    p = (x * 0.5).exp()
+    return p @ v, p.transpose(-1, -2) @ g
+
+
+def test_a_transposed_view_of_work_stored_for_another_gemm_is_read_in_place(backend: str,
+                                                                            rng: np.random.Generator):
+    """Walking back from the results, the transposed view was decided before the work it reads was found to need
+    a buffer (for the other GEMM), and was copied; it is a view of that buffer now (an encoder layer's input
+    gradient: 51 -> 50 kernels on the CPU, 30 -> 29 on Triton)."""
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 5, 5), (2, 5, 3), (2, 5, 4))]
+    got = nf.compile(_probabilities_twice, backend=backend)(*args)
+    for g, w in zip(got, nf.compile(_probabilities_twice)(*args)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    if backend == "reference":
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        text = nf.show(nf.compile(_probabilities_twice, backend=backend), *args, stage="scheduled")
+    kernels = [line.strip().split(" -> ")[0] for line in text.splitlines()[1:] if " -> " in line]
+    assert kernels == ["mul+exp", "gemm", "gemm"], text
