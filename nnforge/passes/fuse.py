@@ -192,15 +192,19 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
 
 
 def _views_of_later_buffers(g: Grouping, order: list[Node], us: dict[int, list[Node]], outputs: set[int]) -> None:
-    """Permutes, broadcasts and slices read only by matmuls that were stored (a copy) because their source was
-    decided after them, walking back from the outputs (an attention's probabilities, transposed for the
-    gradient of V, are stored for the forward's own product later in the walk): where the source is a buffer
-    after all, each is a view of it, free as those found early."""
+    """Permutes, broadcasts and slices stored (a copy) because their source was decided after them, walking back
+    from the outputs: a layer norm's 1 / std broadcast along the row, read by the output's kernel and a
+    gradient's, was stored as a whole [T, N, d] array before the 1 / std itself was found to need a buffer; an
+    attention's probabilities transposed for the gradient of V were copied before the probabilities were stored
+    for the forward's own GEMM. Where the source is a buffer after all, each is a view of it that its readers
+    index, free as those found early (not a result, not read by a loop or an alias; a GEMM's operand through
+    strides)."""
     for n in order:
         readers = us.get(id(n), [])
         if (n.op in STRIDED and n.op != Op.RESHAPE and id(n) in g.stored and id(n) not in g.alias
-                and id(n) not in outputs and readers and all(u.op == Op.MATMUL for u in readers)
-                and _over_buffers(n, g) and strided_base(n.srcs[0], g.stored, g.free)):
+                and id(n) not in outputs and readers and _over_buffers(n, g)
+                and not any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) or id(u) in g.alias for u in readers)
+                and (not any(u.op == Op.MATMUL for u in readers) or strided_base(n.srcs[0], g.stored, g.free))):
             g.stored.discard(id(n))
             g.free.add(id(n))
 
