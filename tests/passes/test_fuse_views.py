@@ -16,6 +16,19 @@ import nnforge.nn.functional as F
 L, N, H, D = 5, 3, 2, 4
 
 
+def _kernels(fn, args: list, backend: str) -> tuple[list[str], str]:
+    """``fn`` on ``backend`` checked against the reference, and the kernels of its schedule (their kinds) with its
+    text; none on the reference backend."""
+    got = nf.compile(fn, backend=backend)(*args)
+    for g, w in zip(got, nf.compile(fn)(*args)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    if backend == "reference":
+        return [], ""
+    with contextlib.redirect_stdout(io.StringIO()):
+        text = nf.show(nf.compile(fn, backend=backend), *args, stage="scheduled")
+    return [line.strip().split(" -> ")[0] for line in text.splitlines()[1:] if " -> " in line], text
+
+
 def _heads_twice(a, w, b, c):
     """``(a @ w) * 0.5`` split into heads, read by one batch of GEMMs as ``[N, H, L, D]`` (an attention's scores)
     and by another as ``[N, H, D, L]`` (the keys' gradient)."""
@@ -28,15 +41,8 @@ def test_two_permuted_views_of_a_reshaped_product_are_read_in_place(backend: str
     of the product and was copied for its GEMM; it is a view of that buffer. Values against the reference on every
     backend; on the compiled ones the product, its epilogue and the two GEMMs are the only kernels."""
     args = [rng.standard_normal(s).astype(np.float32) for s in ((L * N, 6), (6, H * D), (N, H, D, 3), (N, H, L, 2))]
-    got = nf.compile(_heads_twice, backend=backend)(*args)
-    for g, w in zip(got, nf.compile(_heads_twice)(*args)):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-    if backend == "reference":
-        return
-    with contextlib.redirect_stdout(io.StringIO()):
-        text = nf.show(nf.compile(_heads_twice, backend=backend), *args, stage="scheduled")
-    kernels = [line.strip().split(" -> ")[0] for line in text.splitlines()[1:] if " -> " in line]
-    assert kernels == ["gemm+mul", "gemm", "gemm"], text
+    kernels, text = _kernels(_heads_twice, args, backend)
+    assert backend == "reference" or kernels == ["gemm+mul", "gemm", "gemm"], text
 
 
 def _probabilities_twice(x, v, g):
@@ -52,15 +58,8 @@ def test_a_transposed_view_of_work_stored_for_another_gemm_is_read_in_place(back
     a buffer (for the other GEMM), and was copied; it is a view of that buffer now (an encoder layer's input
     gradient: 51 -> 50 kernels on the CPU, 30 -> 29 on Triton)."""
     args = [rng.standard_normal(s).astype(np.float32) for s in ((2, 5, 5), (2, 5, 3), (2, 5, 4))]
-    got = nf.compile(_probabilities_twice, backend=backend)(*args)
-    for g, w in zip(got, nf.compile(_probabilities_twice)(*args)):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-    if backend == "reference":
-        return
-    with contextlib.redirect_stdout(io.StringIO()):
-        text = nf.show(nf.compile(_probabilities_twice, backend=backend), *args, stage="scheduled")
-    kernels = [line.strip().split(" -> ")[0] for line in text.splitlines()[1:] if " -> " in line]
-    assert kernels == ["mul+exp", "gemm", "gemm"], text
+    kernels, text = _kernels(_probabilities_twice, args, backend)
+    assert backend == "reference" or kernels == ["mul+exp", "gemm", "gemm"], text
 
 
 def _norm_and_gradient(x, g, b):
@@ -78,11 +77,5 @@ def test_a_broadcast_of_a_row_statistic_stored_later_is_not_stored_whole(backend
     it is a view of the [rows, 1] buffer now, indexed by both kernels (an encoder layer's input gradient:
     50 -> 48 kernels on the CPU, 29 -> 28 on Triton)."""
     args = [rng.standard_normal(s).astype(np.float32) for s in ((6, 16), (16,), (16,))]
-    got = nf.compile(_norm_and_gradient, backend=backend)(*args)
-    for g, w in zip(got, nf.compile(_norm_and_gradient)(*args)):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-    if backend == "reference":
-        return
-    with contextlib.redirect_stdout(io.StringIO()):
-        text = nf.show(nf.compile(_norm_and_gradient, backend=backend), *args, stage="scheduled")
-    assert not [line for line in text.splitlines() if line.strip().startswith("copy ->")], text
+    kernels, text = _kernels(_norm_and_gradient, args, backend)
+    assert "copy" not in kernels, text
