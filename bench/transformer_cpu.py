@@ -21,7 +21,7 @@ import sys
 
 import torch
 from lstm_gpu import Clock, first_calls, interleaved  # this folder, on sys.path as a script
-from transformer_gpu import calls, error
+from transformer_gpu import calls, error, report
 
 import nnforge.nn as nn
 from nnforge.torch import TorchModule
@@ -53,12 +53,7 @@ def bench(T: int, N: int, d: int, heads: int, ff: int, training: bool, rounds: i
     mode = "training step (forward, backward to the input and weights)" if training else "inference"
     print(f"transformer encoder layer d={d} heads={heads} ff={ff} T={T} N={N} float32 {mode}, "
           f"{torch.get_num_threads()} torch threads:")
-    for who, t in med.items():
-        ratio = "" if who == "nnforge.cpu" else f"  {who} / nnforge = {t / med['nnforge.cpu']:.2f}"
-        what = "input gradient" if training else "output"
-        print(f"  {who:14s} {t * 1e3:9.2f} ms  {what} error vs float64 {errors[who]:.1e}{ratio}")
-    for who, why in failed.items():
-        print(f"  {who:14s} failed: {why}")
+    report(med, errors, failed, "nnforge.cpu", training)
 
 
 def main() -> None:

@@ -73,6 +73,18 @@ def error(got: object, ref: torch.Tensor) -> float:
     return float(((got.double() - ref).abs().max() / ref.abs().max()).item())  # type: ignore[attr-defined]
 
 
+def report(med: dict[str, float], errors: dict[str, float], failed: dict[str, str], base: str,
+           training: bool) -> None:
+    """Each candidate's median time, its ratio to nnforge's (``base``) and its error against float64; then the
+    candidates that failed, with their reasons."""
+    for who, t in med.items():
+        ratio = "" if who == base else f"  {who} / nnforge = {t / med[base]:.2f}"
+        what = "input gradient" if training else "output"
+        print(f"  {who:16s} {t * 1e3:9.3f} ms  {what} error vs float64 {errors[who]:.1e}{ratio}")
+    for who, why in failed.items():
+        print(f"  {who:16s} failed: {why}")
+
+
 def bench(T: int, N: int, d: int, heads: int, ff: int, dtype: torch.dtype, device: str, training: bool,
           rounds: int, clock: Clock, profile: bool) -> None:
     mods = layers(d, heads, ff, dtype, device)
@@ -90,12 +102,7 @@ def bench(T: int, N: int, d: int, heads: int, ff: int, dtype: torch.dtype, devic
     mode = "training step (forward, backward to the input and weights)" if training else "inference"
     print(f"transformer encoder layer d={d} heads={heads} ff={ff} T={T} N={N} "
           f"{str(dtype).removeprefix('torch.')} {mode}:")
-    for who, t in med.items():
-        ratio = "" if who == "nnforge.triton" else f"  {who} / nnforge = {t / med['nnforge.triton']:.2f}"
-        what = "input gradient" if training else "output"
-        print(f"  {who:16s} {t * 1e3:9.3f} ms  {what} error vs float64 {errors[who]:.1e}{ratio}")
-    for who, why in failed.items():
-        print(f"  {who:16s} failed: {why}")
+    report(med, errors, failed, "nnforge.triton", training)
     if profile:
         kernel_profile(fns["nnforge.triton"], device)
 
