@@ -148,12 +148,12 @@ class _Scheduler:
         if n.op == Op.MATMUL:
             return self.gemm(n, out, ("gemm",), also, None, _resident(n, g, resident), g, top)
         if n.op in REDUCE:
-            return Reduce(n, out, (_name(n),), (), None, _leading_sum(n, g), self.sum_lanes(n, g))
+            return Reduce(n, out, (_name(n),), (), None, _leading_sum(n, g), self.reduce_lanes(n, g))
         if id(n) in g.prologue:
             p = next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
             if p.op == Op.MATMUL:
                 return self.gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident), g, top)
-            return Reduce(p, out, _fuses(g, n, p), (), n, False, self.sum_lanes(p, g))
+            return Reduce(p, out, _fuses(g, n, p), (), n, False, self.reduce_lanes(p, g))
         if n.op == Op.RAND and self.target.random:
             return Random(n, out, ("rand",), (), next(self.draws), n.attrs["dist"])
         if n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
@@ -174,7 +174,7 @@ class _Scheduler:
         idx = (*(var(f"i{k}") for k in range(n.ndim - 1)), var("lane"))
         return lanes if self._vectorizes(n, idx, n, g, lanes) else 1
 
-    def sum_lanes(self, p: Node, g: Grouping) -> int:
+    def reduce_lanes(self, p: Node, g: Grouping) -> int:
         """Columns a float sum or max over the last axis reads at once (vector partial sums or maxima): as for an
         elementwise kernel, of the reduced values along the reduced axis (1: the scalar loop)."""
         src = p.srcs[0]
