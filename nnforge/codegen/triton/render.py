@@ -430,7 +430,8 @@ class Renderer:
         lead = k.leading
         o2, r2 = ("offs[None, :]", "rr[:, None]") if lead else ("offs[:, None]", "rr[None, :]")
         axis = 0 if lead else 1
-        shape = "[BR, BO]" if lead else "[BO, BR]"
+        dims = "BR, BO" if lead else "BO, BR"
+        shape = f"[{dims}]"
         prologue = ["pid = tl.program_id(0).to(tl.int64)", "offs = pid * BO + tl.arange(0, BO)",
                     f"mo = offs < {n_out}", f"acc = tl.full({shape}, {init}, {acc_t})"]
         ev0 = Eval(em, ctx, sz, None, 2, hoist=False)
@@ -445,9 +446,10 @@ class Renderer:
         ev = Eval(em, ctx, sz, "mt", 2)
         if is_sum:
             em.line(f"acc = acc + {ev.masked(src, full)}.to({acc_t})")
-        else:  # on the tile's shape: a 0-d value (one element read) compared with a block and or-ed with a 0-d
-            # NaN test fails under Triton's interpreter
-            v = ev.tmp(f"tl.broadcast_to({ev.val(src, full)}, {shape.replace('[', '(').replace(']', ')')})")
+        else:
+            # on the tile's shape: a 0-d value (one element read) compared with the block of maxima and or-ed with
+            # its 0-d NaN test fails under Triton's interpreter
+            v = ev.tmp(f"tl.broadcast_to({ev.val(src, full)}, ({dims}))")
             nan = f" | ({v} != {v})" if p.dtype.is_float else ""
             em.line(f"acc = tl.where(mt & (({v} > acc){nan}), {v}, acc)")
         em.close()
