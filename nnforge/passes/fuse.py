@@ -140,10 +140,6 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
             g.free.add(id(n))
             continue
         needs_view = any(u.op == Op.MATMUL for u in readers)
-        if n.op in STRIDED and _over_buffers(n, g):
-            # its source was stored after the forward pass ran (a reshape a view of which a later GEMM reads, made
-            # an alias of its source): it is a view of a buffer now, free as those the forward pass found
-            g.free.add(id(n))
         if id(n) in g.free:
             if id(n) in outputs or any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) or id(u) in g.alias
                                        for u in readers) or (
@@ -196,9 +192,10 @@ def _views_of_later_buffers(g: Grouping, order: list[Node], us: dict[int, list[N
     from the outputs: a layer norm's 1 / std broadcast along the row, read by the output's kernel and a
     gradient's, was stored as a whole [T, N, d] array before the 1 / std itself was found to need a buffer; an
     attention's probabilities transposed for the gradient of V were copied before the probabilities were stored
-    for the forward's own GEMM. Where the source is a buffer after all, each is a view of it that its readers
-    index, free as those found early (not a result, not read by a loop or an alias; a GEMM's operand through
-    strides)."""
+    for the forward's own GEMM; a head split's permute read by a GEMM was copied though a later GEMM had made its
+    reshape an alias of the projection. Where the source is a buffer after all, each is a view of it that its
+    readers index, free as those found early (not a result, not read by a loop or an alias; a GEMM's operand
+    through strides)."""
     for n in order:
         readers = us.get(id(n), [])
         if (n.op in STRIDED and n.op != Op.RESHAPE and id(n) in g.stored and id(n) not in g.alias
