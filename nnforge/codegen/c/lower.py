@@ -744,24 +744,16 @@ class Lowering:
         except Unsupported as e:
             raise NNForgeError(f"the schedule chose {lanes} lanes for the {p.op.name.lower()} at {p.loc}, which "
                                f"has no vector form: {e}") from e
-        if p.op == Op.SUM:
+        if p.op == Op.SUM:  # templates: the accumulators, one step's update, four vectors combined, the total
             lo, hi = em.fresh("lo"), em.fresh("hi")
-            init, total = f"nf_vf64 {lo} = {{0}}, {hi} = {{0}};", f"{acc} = nf_vhsum_f64({lo}, {hi});"
-
-            def step(v: str) -> str:
-                return f"nf_vacc_f64(&{lo}, &{hi}, {v});"
-
-            four = f"({parts[0]} + {parts[1]}) + ({parts[2]} + {parts[3]})" if parts else ""
+            init, step = f"nf_vf64 {lo} = {{0}}, {hi} = {{0}};", f"nf_vacc_f64(&{lo}, &{hi}, {{}});"
+            four, total = "({} + {}) + ({} + {})", f"{acc} = nf_vhsum_f64({lo}, {hi});"
         else:
             m, k = em.fresh("m"), em.fresh("k")
-            init = f"nf_vf32 {m} = nf_vbc_f32(-INFINITY);"
+            init, step = f"nf_vf32 {m} = nf_vbc_f32(-INFINITY);", f"{m} = nf_vmaxf({{}}, {m});"
+            four = "nf_vmaxf(nf_vmaxf({}, {}), nf_vmaxf({}, {}))"
             total = (f"for (int {k} = 0; {k} < {lanes}; {k}++) {acc} = ({m}[{k}] > {acc} || {m}[{k}] != {m}[{k}]) ? "
                      f"{m}[{k}] : {acc};")
-
-            def step(v: str) -> str:
-                return f"{m} = nf_vmaxf({v}, {m});"
-
-            four = f"nf_vmaxf(nf_vmaxf({parts[0]}, {parts[1]}), nf_vmaxf({parts[2]}, {parts[3]}))" if parts else ""
         em.open("{")
         em.each(st for sc in (first, single) if sc for st in sc.pre)
         em(init)
@@ -769,11 +761,11 @@ class Lowering:
             with em.block(f"for (int64_t {r} = 0; {r} < {wide}; {r} += {4 * lanes}) {{"):
                 em.each(f"const int64_t {c} = {r} + {k * lanes};" for k, c in enumerate(cols) if k)
                 em.each(st for sc in unrolled for st in sc.stmts)
-                em(step(four))
+                em(step.format(four.format(*parts)))
         if single:
             with em.block(f"for (int64_t {r} = {wide}; {r} < {narrow}; {r} += {lanes}) {{"):
                 em.each(single.stmts)
-                em(step(one))
+                em(step.format(one))
         em(total)
         em.close()
         return narrow
