@@ -27,7 +27,7 @@ from .codegen import build_program
 from .control import _is_leaf
 from .dtypes import DType, as_dtype, from_numpy
 from .errors import NNForgeError, TraceError, at
-from .interop.autograd import call_with_autograd, needs_autograd, vjp_function
+from .interop.autograd import call_with_autograd, joint_function, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import baked_symbols, sym
 from .ir.lengths import loop_length_groups
@@ -64,6 +64,7 @@ class _Entry:
     grad_reads: list[weakref.ref] = field(default_factory=list)  # tensors whose .grad is read (after ``implicit``)
     presence: tuple[tuple[weakref.ref, bool], ...] = ()  # whether each .grad the trace depends on was set
     ties: tuple[frozenset, ...] = ()  # generic axes that must stay one size (the sequences one scan walks)
+    split: Any = None  # a joint forward/backward graph cut in two for torch autograd (``interop.autograd``)
 
     def grads_as_traced(self) -> bool:
         """Whether every ``.grad`` whose presence the trace depends on (gradients accumulate onto it) is set or
@@ -146,21 +147,7 @@ class CompiledFunction:
         if "torch" in sys.modules and needs_autograd(given):
             return call_with_autograd(self, args, kwargs)
         leaves, arrays, shapes, entry = self._lookup(args, kwargs)
-        program = self._program(entry, shapes)
-        implicit = []
-        for ref in entry.implicit:
-            t = ref()
-            if t is None:
-                raise NNForgeError("a tensor captured by the compiled function no longer exists")
-            implicit.append(t.numpy())
-        for ref in entry.grad_reads:  # set: grads_as_traced() chose this entry
-            implicit.append(ref().grad.numpy())
-        tensors = _on_device(program, leaves, arrays)
-        if tensors is not None:  # torch tensors where the program runs: passed and returned without host copies
-            outs = program.call_tensors(tensors + implicit)
-        else:
-            host = [to_numpy(v) if _on_gpu(v) else a for v, a in zip(leaves, arrays) if a is not None]
-            outs = program(host + implicit)
+        outs = run_program(self._program(entry, shapes), leaves, arrays, implicit_arrays(entry))
         for ref, i in entry.state:
             t = ref()
             if t is not None:
@@ -179,6 +166,16 @@ class CompiledFunction:
         if key not in self._vjps:
             fn = vjp_function(self._body, treedef, n_leaves, diff)
             fn.__qualname__ = f"{_name(self.fn)}.vjp"
+            self._vjps[key] = CompiledFunction(fn, self.backend, self.options)
+        return self._vjps[key]
+
+    def joint_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
+        """The function and its pullback traced as one (``interop.autograd``): torch autograd runs it in two
+        halves, the forward saving what the backward reads, one per argument structure."""
+        key = ("joint", treedef, n_leaves, diff)
+        if key not in self._vjps:
+            fn = joint_function(self._body, treedef, n_leaves, diff)
+            fn.__qualname__ = f"{_name(self.fn)}.joint"
             self._vjps[key] = CompiledFunction(fn, self.backend, self.options)
         return self._vjps[key]
 
@@ -374,6 +371,29 @@ def _stand_in(t: Any) -> np.ndarray:
 
 def _on_gpu(v: Any) -> bool:
     return is_torch(v) and v.device.type != "cpu"
+
+
+def implicit_arrays(entry: _Entry) -> list:
+    """The values an entry's program reads after the call's arguments: captured tensors, then ``.grad`` values."""
+    out = []
+    for ref in entry.implicit:
+        t = ref()
+        if t is None:
+            raise NNForgeError("a tensor captured by the compiled function no longer exists")
+        out.append(t.numpy())
+    for ref in entry.grad_reads:  # set: grads_as_traced() chose this entry
+        out.append(ref().grad.numpy())
+    return out
+
+
+def run_program(program: Any, leaves: list, arrays: list, extra: list) -> list:
+    """``program`` on a call's arrays (``_split``) followed by ``extra`` inputs: torch tensors where the program
+    runs are passed and returned without host copies; anything else goes through numpy."""
+    tensors = _on_device(program, leaves, arrays)
+    if tensors is not None:
+        return program.call_tensors(tensors + extra)
+    host = [to_numpy(v) if _on_gpu(v) else a for v, a in zip(leaves, arrays) if a is not None]
+    return program(host + extra)
 
 
 def _on_device(program: Any, leaves: list, arrays: list) -> list | None:

@@ -1,13 +1,19 @@
 """Compiled functions inside torch autograd.
 
 A compiled function called with torch tensors that require grad returns tensors with a ``grad_fn``: a
-``torch.autograd.Function`` whose forward runs the compiled program and whose backward runs the compiled VJP of
-the same function (traced and built once per signature, like the forward), so ``loss.backward()`` in a torch
-training loop reaches the inputs through an nnforge-compiled layer.
+``torch.autograd.Function``, so ``loss.backward()`` in a torch training loop reaches the inputs through an
+nnforge-compiled layer. The function and its pullback are traced as one graph and cut where the cotangents enter
+(``autodiff.partition``): the forward half runs when the layer is called and returns, besides the outputs, the
+values the backward half reads (a scan's stacked carries and gate pre-activations); the backward half runs in
+``loss.backward()`` from them, without running the forward again. Both halves are built once per signature,
+like the forward. A function with side effects or in-place updates, and a program loaded from a file saved
+without its halves, run their pullback whole instead (it recomputes the forward).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +22,9 @@ import numpy as np
 from ..pytree import flatten, unflatten
 
 if TYPE_CHECKING:
-    from ..compile import CompiledFunction
+    from ..compile import CompiledFunction, _Entry
+
+log = logging.getLogger("nnforge.compile")
 
 
 def needs_autograd(leaves: Sequence[Any]) -> bool:
@@ -26,28 +34,122 @@ def needs_autograd(leaves: Sequence[Any]) -> bool:
     return torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in leaves)
 
 
-def vjp_function(fn: Callable, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> Callable:
-    """``g(*leaves, *cotangents) -> grads of leaves[diff]``: the pullback of ``fn`` as a function of plain arrays,
-    for ``nf.compile``."""
+def _pullback(fn: Callable, treedef: Any, base: list, diff: tuple[int, ...]) -> tuple[list, Callable]:
+    """Every result of ``fn`` on the leaves ``base`` and the pullback of its floating-point ones with respect to
+    ``base[diff]`` (integer results carry no gradient)."""
     from ..compile import _is_leaf
     from ..differentiate import vjp
     from ..tensor import as_tensor
 
+    results: list = []
+
+    def outputs(*primals: Any) -> list:
+        vals = list(base)
+        for i, p in zip(diff, primals):
+            vals[i] = p
+        args, kwargs = unflatten(treedef, vals)
+        results.extend(as_tensor(o) for o in flatten(fn(*args, **kwargs), _is_leaf)[0])
+        return [o for o in results if o.dtype.is_float]
+
+    _, back = vjp(outputs, *[base[i] for i in diff])
+    return results, back
+
+
+def vjp_function(fn: Callable, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> Callable:
+    """``g(*leaves, *cotangents) -> grads of leaves[diff]``: the pullback of ``fn`` as a function of plain arrays,
+    for ``nf.compile`` (run whole: it recomputes the forward)."""
+
     def pullback(*flat: Any) -> tuple:
-        base, cts = list(flat[:n_leaves]), list(flat[n_leaves:])
-
-        def outputs(*primals: Any) -> list:
-            vals = list(base)
-            for i, p in zip(diff, primals):
-                vals[i] = p
-            args, kwargs = unflatten(treedef, vals)
-            outs = [as_tensor(o) for o in flatten(fn(*args, **kwargs), _is_leaf)[0]]
-            return [o for o in outs if o.dtype.is_float]  # integer results carry no gradient
-
-        _, back = vjp(outputs, *[base[i] for i in diff])
-        return tuple(back(cts))
+        _, back = _pullback(fn, treedef, list(flat[:n_leaves]), diff)
+        return tuple(back(list(flat[n_leaves:])))
 
     return pullback
+
+
+def joint_function(fn: Callable, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> Callable:
+    """``g(*leaves, *cotangents) -> (*results, *grads of leaves[diff])``: ``fn`` and its pullback as one function
+    of plain arrays, for ``nf.compile``; its graph is run in two halves (``autodiff.partition``)."""
+
+    def joint(*flat: Any) -> tuple:
+        results, back = _pullback(fn, treedef, list(flat[:n_leaves]), diff)
+        return (*results, *back(list(flat[n_leaves:])))
+
+    return joint
+
+
+def _halves(joint: CompiledFunction, entry: _Entry, shapes: tuple) -> tuple[Any, Any]:
+    """The forward and backward programs of a joint entry at these argument shapes, built on first use (stored in
+    the entry's programs, so ``save`` keeps them; a program that reads its sizes at run time serves every size)."""
+    from ..codegen import build_program
+    from ..passes.specialize import specialize
+
+    key = tuple(shapes[i][ax] for i, ax in sorted(entry.generic))
+    fk, bk = ("forward", *key), ("backward", *key)
+    if fk not in entry.programs:
+        old = {k[0]: p for k, p in entry.programs.items()}
+        if old and all(getattr(p, "sizes_at_runtime", False) for p in old.values()):
+            entry.programs[fk], entry.programs[bk] = old["forward"], old["backward"]
+        else:
+            start = time.perf_counter()
+            env = {f"a{i}.{ax}": shapes[i][ax] for i, ax in entry.generic}
+            for k, g in ((fk, entry.split.forward), (bk, entry.split.backward)):
+                entry.programs[k] = build_program(joint.backend, specialize(g, env) if env else g, joint._builder)
+            log.info("%s: %s forward and backward programs built in %.3f s (%d values saved for the backward)",
+                     joint.__qualname__, joint.backend, time.perf_counter() - start, len(entry.split.saved_at))
+    return entry.programs[fk], entry.programs[bk]
+
+
+def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple[int, ...]
+                 ) -> tuple[list, Any, Callable[[list], list]] | None:
+    """Run the forward half of ``cf`` on the call's leaves: its results, their structure and the backward half
+    (cotangents of the floating-point results -> gradients of ``detached[diff]``), which holds the saved values.
+    None where the pullback must run whole (see the module docstring)."""
+    from ..autodiff.partition import split_at_cotangents
+    from ..compile import implicit_arrays, run_program
+    from ..interop.convert import is_torch, to_numpy, to_torch
+    from ..ir.dims import substitute
+    from ..tensor import adopt
+
+    n = len(detached)
+    if cf.loaded_from is not None and ("joint", treedef, n, diff) not in cf._vjps:
+        return None
+    a, k = unflatten(treedef, detached)
+    _, _, shapes, plain = cf._lookup(a, k)  # the results' shapes and dtypes: the cotangents'
+    env = {f"a{i}.{ax}": s for i, sh in enumerate(shapes) for ax, s in enumerate(sh)}
+    results = plain.graph.outputs[:plain.n_out]
+    cts = [_stand_in(tuple(int(d) for d in substitute(o.shape, env)), o.dtype.np) for o in results if o.dtype.is_float]
+    joint = cf.joint_program(treedef, n, diff)
+    leaves, arrays, jshapes, entry = joint._lookup((*detached, *cts), {})
+    if entry.split is None:
+        entry.split = False
+        if not (entry.grads or entry.grad_reads or entry.graph.effects):
+            first = sum(x is not None for x in arrays[:n])
+            primal = [*range(len(results)), *(i for _, i in entry.state)]  # results, then values written back
+            try:
+                entry.split = split_at_cotangents(entry.graph, range(first, first + len(cts)), primal)
+            except ValueError as e:
+                log.info("%s: runs its pullback whole: %s", joint.__qualname__, e)
+    if entry.split is False:
+        return None
+    fwd, bwd = _halves(joint, entry, jshapes)
+    implicit = implicit_arrays(entry)
+    outs = run_program(fwd, leaves[:n], arrays[:n], implicit)
+    for k, (ref, _) in enumerate(entry.state):  # in-place updates of captured tensors, once a call
+        if (t := ref()) is not None:
+            t._rebind(adopt(to_numpy(outs[len(results) + k]), cf._loc))
+    saved = [outs[k] for k in entry.split.saved_at]
+
+    def backward(cotangents: list) -> list:
+        leaves_b, _, arrays_b, _ = joint._split((*detached, *cotangents), {})
+        grads = run_program(bwd, leaves_b, arrays_b, implicit + list(saved))
+        return [g if is_torch(g) else to_torch(g) for g in grads]
+
+    return [o if is_torch(o) else to_torch(o) for o in outs[:len(results)]], plain.out_def, backward
+
+
+def _stand_in(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array of this shape and dtype without memory of its own: a cotangent, for tracing."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape), writeable=False)
 
 
 def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
@@ -61,24 +163,31 @@ def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
                  if isinstance(v, torch.Tensor) and v.requires_grad and v.is_floating_point())
     detached = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
     out_def: list = []
-    if cf.loaded_from is not None:  # a loaded program without its gradient program says so now, not in backward
-        cf.vjp_program(treedef, len(detached), diff)
+    if cf.loaded_from is not None and ("joint", treedef, len(detached), diff) not in cf._vjps:
+        cf.vjp_program(treedef, len(detached), diff)  # a loaded program without its gradient says so now
 
     class NnforgeCompiled(torch.autograd.Function):  # grad_fn prints as NnforgeCompiledBackward
         @staticmethod
         def forward(ctx, *diff_tensors):  # the tensors torch tracks; their values come from ``detached``
-            a, k = unflatten(treedef, detached)
-            out_leaves, od = flatten(cf(*a, **k), _is_leaf)
+            halves = forward_half(cf, treedef, detached, diff)
+            if halves is None:
+                a, k = unflatten(treedef, detached)
+                out_leaves, od = flatten(cf(*a, **k), _is_leaf)
+                outs = [o if isinstance(o, torch.Tensor) else torch.as_tensor(np.asarray(o)) for o in out_leaves]
+                ctx.backward_half = None
+            else:
+                outs, od, ctx.backward_half = halves
             out_def.append(od)
-            outs = [o if isinstance(o, torch.Tensor) else torch.as_tensor(np.asarray(o)) for o in out_leaves]
             ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
-            ctx.shapes = [(o.shape, o.dtype) for o in outs]
+            ctx.shapes = [(o.shape, o.dtype, o.device) for o in outs]
             return tuple(outs)
 
         @staticmethod
         def backward(ctx, *grads):
-            cts = [torch.zeros(s, dtype=d) if g is None else g.detach().contiguous()
-                   for g, (s, d) in zip(grads, ctx.shapes) if d.is_floating_point]
+            cts = [torch.zeros(s, dtype=d, device=dev) if g is None else g.detach().contiguous()
+                   for g, (s, d, dev) in zip(grads, ctx.shapes) if d.is_floating_point]
+            if ctx.backward_half is not None:
+                return tuple(ctx.backward_half(cts))
             program = cf.vjp_program(treedef, len(detached), diff)
             return tuple(program(*detached, *cts))
 

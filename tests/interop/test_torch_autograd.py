@@ -12,6 +12,7 @@ import torch
 import nnforge as nf
 import nnforge.nn as nn
 from nnforge.errors import NNForgeError
+from nnforge.ir.ops import Op
 from nnforge.torch import TorchModule
 
 
@@ -102,3 +103,83 @@ def test_a_twin_that_does_not_fit_is_refused() -> None:
         TorchModule(nn.LSTM(4, 8), torch.nn.LSTM(4, 6))
     with pytest.raises(NNForgeError, match="no parameter 'weight_ih_l0'"):
         TorchModule(nn.LSTM(4, 8), torch.nn.Linear(4, 8))
+
+
+def _split(f: nf.CompiledFunction):
+    """The joint graph's cut (``autodiff.partition``) torch autograd ran ``f`` with."""
+    (joint,) = f._vjps.values()
+    (entry,) = joint._entries
+    return entry.split
+
+
+def _reads(graph, names: set[str]) -> set[int]:
+    """ids of the nodes of ``graph`` computed from its inputs named ``names``."""
+    out = {id(n) for n in graph.inputs if n.attrs["name"] in names}
+    for n in graph.order:
+        if any(id(s) in out for s in n.srcs):
+            out.add(id(n))
+    return out
+
+
+def test_the_backward_runs_from_saved_values_without_the_forward_again(backend: str, rng: np.random.Generator) -> None:
+    f = nf.compile(_lstm, backend=backend)
+    x, h0, c0 = (torch.tensor(rng.standard_normal(s), requires_grad=True) for s in ((5, 3, 4), (3, 6), (3, 6)))
+    w_ih, w_hh, b = (torch.tensor(rng.standard_normal(s) * 0.3, requires_grad=True) for s in ((24, 4), (24, 6), (24,)))
+    ys, (h, c) = f(x, h0, c0, w_ih, w_hh, b)
+    (ys.square().sum() + h.sum() - c.sum()).backward()
+    split = _split(f)
+    scans = [n for n in split.forward.order if n.op == Op.SCAN]
+    assert len(scans) == 1
+    assert len(scans[0].types) == 3 + 3  # ys, h, c; the stacked h and c each step starts from, the gates
+    ct = _reads(split.backward, {"arg6", "arg7", "arg8"})  # the cotangents of ys, h and c
+    again = [n for n in split.backward.order if n.op in (Op.SCAN, Op.MATMUL) and id(n) not in ct]
+    assert not again, f"the backward half recomputes {again}"
+
+
+def test_views_and_cheap_element_wise_values_are_not_saved(backend: str, rng: np.random.Generator) -> None:
+    def attention(x, wq, wk, scale):
+        p = ((x @ wq) @ (x @ wk).T / 2.0).softmax(-1)
+        y = p @ x
+        return (y - y.mean(-1, keepdims=True)) * scale
+
+    f = nf.compile(attention, backend=backend)
+    args = [torch.tensor(rng.standard_normal(s), requires_grad=True) for s in ((7, 4), (4, 4), (4, 4), (4,))]
+    cot = torch.tensor(rng.standard_normal((7, 4)))
+    f(*args).backward(cot)
+    ours = [a.grad for a in args]
+    theirs = torch.autograd.grad(attention(*args), args, cot)  # the same code on torch tensors
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    split = _split(f)
+    saved = [split.forward.outputs[k] for k in split.saved_at]
+    assert not [n for n in saved if n.op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE)], saved
+    assert len([n for n in saved if tuple(map(int, n.shape)) == (7, 7)]) == 1, saved  # exp(s - max), not p too
+
+
+def test_the_backward_reads_the_random_numbers_the_forward_drew(backend: str, rng: np.random.Generator) -> None:
+    nf.manual_seed(int(rng.integers(1 << 31)))
+    f = nf.compile(lambda x, w: nn.functional.dropout(x, 0.5) * w, backend=backend)
+    x = torch.tensor(rng.uniform(1, 2, (64,)), requires_grad=True)
+    w = torch.tensor(rng.uniform(1, 2, (64,)), requires_grad=True)
+    y = f(x, w)
+    y.sum().backward()
+    kept = y != 0
+    assert 0 < int(kept.sum()) < 64
+    torch.testing.assert_close(x.grad, kept * 2.0 * w.detach(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(w.grad, kept * 2.0 * x.detach(), rtol=1e-12, atol=0)
+
+
+def test_buffers_a_module_updates_in_place_are_updated_once_a_call(backend: str, rng: np.random.Generator) -> None:
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    twin = torch.nn.BatchNorm1d(3, dtype=torch.float64)
+    ours = TorchModule(nn.BatchNorm1d(3).to(nf.float64), twin=twin, backend=backend)
+    theirs = copy.deepcopy(twin)
+    for _ in range(2):
+        x = torch.tensor(rng.standard_normal((5, 3)), requires_grad=True)
+        ours(x).pow(3).sum().backward()
+        got, x.grad = x.grad, None
+        theirs(x).pow(3).sum().backward()
+        torch.testing.assert_close(got, x.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.from_numpy(ours.module.running_mean.numpy()), theirs.running_mean)
+    torch.testing.assert_close(torch.from_numpy(ours.module.running_var.numpy()), theirs.running_var)
+    assert int(ours.module.num_batches_tracked.numpy()) == 2
