@@ -4,7 +4,9 @@
 ``--basecaller`` also the inference of ``bench/basecaller_cpu.py``'s encoder at full length and its training step
 (forward, CTC, backward, Adam; N = 16, 2,500 samples); with ``--transformer`` also a transformer encoder layer
 (d = 256, 4 heads, feed-forward 1024, eval mode) on a [T, 16, 256] sequence (T = 5000 / ``--t-div``), its
-inference and the gradient of a loss on its output with respect to its input.
+inference and the gradient of a loss on its output with respect to its input; with ``--torch`` also training steps
+through torch autograd (the LSTM, layer-norm LSTM and GRU cells at the first shape, and the transformer layer with
+``--transformer``, each compiled function called with torch tensors that require grad, then ``backward``).
 
 Each revision is checked out in a git worktree and served by a worker process of its own that imports nnforge from
 there (its own empty shared-object cache). Every round times each cell once in each worker, the order A, B / B, A
@@ -13,7 +15,7 @@ of its calls). Printed per cell: the median ratio over rounds and the middle hal
 trace + passes + schedule + C generation, and the C compiler's run, both revisions in fresh caches.
 
     .venv/bin/python bench/revisions_cpu.py REV_A REV_B [--rounds 7] [--calls 5] [--t-div 10] [--only TEXT]
-        [--basecaller] [--transformer]
+        [--basecaller] [--transformer] [--torch]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ except ImportError:  # revisions before the scheduler named the pass pipeline ``
 T_DIV = int(sys.argv[1])
 BASECALLER = sys.argv[2] == "1"
 TRANSFORMER = sys.argv[3] == "1"
+TORCH = sys.argv[4] == "1"
 rng = np.random.default_rng(0)
 
 def a(*s):
@@ -52,6 +55,13 @@ def training(fn, argnums):
     def loss(*x):
         return (fn(*x)[0] ** 2).sum()
     return nf.grad(loss, argnums=argnums)
+
+def through_torch(fn, argnums):  # a training step of the compiled fn inside torch autograd
+    import torch
+    def step(*arrays):
+        ts = [torch.from_numpy(x).requires_grad_(i in argnums) for i, x in enumerate(arrays)]
+        (fn(*ts)[0] ** 2).sum().backward()
+    return step
 
 cells = {}
 for k, (T, N, I, H) in enumerate(SHAPES):
@@ -66,6 +76,11 @@ for k, (T, N, I, H) in enumerate(SHAPES):
         ga = [a(T, N, I), a(N, H), a(3 * H, I), a(2 * H, H), a(H, H), a(3 * H)]
         cells[f"gru {shape} inference"] = (nf.compile(nf_gru_cho, backend="cpu"), ga)
         cells[f"gru {shape} training"] = (nf.compile(training(nf_gru_cho, (2, 3, 4, 5)), backend="cpu"), ga)
+        if TORCH:
+            for name, f, fa, argnums in (("lstm", lstm, la, (0, 3, 4, 5)),
+                                         ("ln-lstm", nf_ln_lstm, la, (0, 3, 4, 5)),
+                                         ("gru", nf_gru_cho, ga, (0, 2, 3, 4, 5))):
+                cells[f"{name} {shape} torch autograd"] = (through_torch(nf.compile(f, backend="cpu"), argnums), fa)
 
 if BASECALLER:  # the Bonito-fast-like encoder of bench/basecaller_cpu.py, a full chunk: T = 2,000 LSTM steps
     from basecaller_cpu import Encoder
@@ -89,6 +104,9 @@ if TRANSFORMER:
     cells["transformer layer d=256 inference"] = (nf.compile(lambda x: layer(x), backend="cpu"), tx)
     cells["transformer layer d=256 input gradient"] = (
         nf.compile(nf.grad(lambda x: (layer(x) ** 2).sum()), backend="cpu"), tx)
+    if TORCH:
+        cells["transformer layer d=256 torch autograd"] = (
+            through_torch(nf.compile(lambda x: (layer(x),), backend="cpu"), (0,)), tx)
 
 def stack_compile():
     T, N, H, L = 2000, 8, 64, 5
@@ -135,9 +153,11 @@ def worktree(repo: Path, rev: str, where: Path) -> Path:
     return path
 
 
-def start(path: Path, t_div: int, cache: Path, basecaller: bool, transformer: bool) -> tuple[subprocess.Popen, dict]:
+def start(path: Path, t_div: int, cache: Path, basecaller: bool, transformer: bool, torch: bool
+          ) -> tuple[subprocess.Popen, dict]:
     env = {**os.environ, "PYTHONPATH": str(path), "NNFORGE_CACHE_DIR": str(cache)}
-    p = subprocess.Popen([sys.executable, "-c", WORKER, str(t_div), str(int(basecaller)), str(int(transformer))],
+    p = subprocess.Popen([sys.executable, "-c", WORKER, str(t_div), str(int(basecaller)), str(int(transformer)),
+                          str(int(torch))],
                          cwd=path, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     head = json.loads(p.stdout.readline())
     return p, head
@@ -156,6 +176,8 @@ def main() -> None:
                          "and its training step")
     ap.add_argument("--transformer", action="store_true", help="also a transformer encoder layer's inference and "
                     "input gradient")
+    ap.add_argument("--torch", action="store_true", help="also training steps through torch autograd: the compiled "
+                    "cells (and the transformer layer) called with torch tensors that require grad, then backward")
     args = ap.parse_args()
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,7 +186,7 @@ def main() -> None:
         try:
             workers, heads = [], []
             for k, path in enumerate(paths):  # one after the other: each compiles alone
-                w, head = start(path, args.t_div, tmp_path / f"cache{k}", args.basecaller, args.transformer)
+                w, head = start(path, args.t_div, tmp_path / f"cache{k}", args.basecaller, args.transformer, args.torch)
                 assert w.stdout.readline().strip() == "ready"
                 workers.append(w)
                 heads.append(head)

@@ -183,3 +183,24 @@ def test_buffers_a_module_updates_in_place_are_updated_once_a_call(backend: str,
     torch.testing.assert_close(torch.from_numpy(ours.module.running_mean.numpy()), theirs.running_mean)
     torch.testing.assert_close(torch.from_numpy(ours.module.running_var.numpy()), theirs.running_var)
     assert int(ours.module.num_batches_tracked.numpy()) == 2
+
+
+def test_two_calls_before_one_backward_keep_their_own_saved_values(backend: str, rng: np.random.Generator) -> None:
+    f = nf.compile(_lstm, backend=backend)
+    w = [torch.tensor(rng.standard_normal(s) * 0.3, requires_grad=True) for s in ((24, 4), (24, 6), (24,))]
+    h0, c0 = (torch.tensor(rng.standard_normal((3, 6))) for _ in range(2))
+    xs = [torch.tensor(rng.standard_normal((5, 3, 4))) for _ in range(2)]
+    first, _ = f(xs[0], h0, c0, *w)
+    second, _ = f(xs[1], h0, c0, *w)  # the program's outputs and saved values of the first call are still held
+    (first.square().sum() + second.sum()).backward()
+    ours = [t.grad for t in w]
+    ref = torch.nn.LSTM(4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        ref.weight_ih_l0.copy_(w[0])
+        ref.weight_hh_l0.copy_(w[1])
+        ref.bias_ih_l0.copy_(w[2])
+        ref.bias_hh_l0.zero_()
+    ys = [ref(x, (h0[None], c0[None]))[0] for x in xs]
+    (ys[0].square().sum() + ys[1].sum()).backward()
+    for a, b in zip(ours, (ref.weight_ih_l0.grad, ref.weight_hh_l0.grad, ref.bias_ih_l0.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
