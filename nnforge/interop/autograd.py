@@ -155,6 +155,7 @@ def _stand_in(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
     """``cf(*args, **kwargs)`` recorded by torch autograd (see the module docstring)."""
     import torch
+    from torch.autograd.function import once_differentiable
 
     from ..compile import _is_leaf, _is_static
 
@@ -183,6 +184,7 @@ def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
             return tuple(outs)
 
         @staticmethod
+        @once_differentiable  # its gradients are results of a program: differentiating them again raises
         def backward(ctx, *grads):
             cts = [torch.zeros(s, dtype=d, device=dev) if g is None else g.detach().contiguous()
                    for g, (s, d, dev) in zip(grads, ctx.shapes) if d.is_floating_point]

@@ -204,3 +204,13 @@ def test_two_calls_before_one_backward_keep_their_own_saved_values(backend: str,
     (ys[0].square().sum() + ys[1].sum()).backward()
     for a, b in zip(ours, (ref.weight_ih_l0.grad, ref.weight_hh_l0.grad, ref.bias_ih_l0.grad)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_differentiating_the_gradient_again_raises(backend: str) -> None:
+    f = nf.compile(lambda x: x * x, backend=backend)
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    cot = torch.tensor([3.0, -1.0], requires_grad=True)
+    (g,) = torch.autograd.grad(f(x), x, cot, create_graph=True)  # a gradient depending on a cotangent
+    torch.testing.assert_close(g, torch.tensor([6.0, -4.0]))
+    with pytest.raises(RuntimeError, match="once_differentiable"):  # not a silently constant second derivative
+        (g * x).sum().backward()
