@@ -94,3 +94,60 @@ def _shared_matrix(r: Node, loc: str) -> Node | None:
         return None
     w = make(Op.RESHAPE, (e.srcs[0],), {"shape": tuple(e.shape[-2:])}, loc=loc)
     return make(Op.PERMUTE, (w,), {"perm": (1, 0)}, loc=loc) if swapped else w
+
+
+def transposed_products(graph: Graph) -> Graph:
+    """Compute a matrix product that is read only with its last two axes swapped as the swapped product:
+    ``(A @ C)ᵀ`` becomes ``Cᵀ @ Aᵀ``, and the transpose of a sum of products the sum of theirs; top-level nodes
+    only.
+
+    Why: a weight's gradient comes out of autodiff as the transpose of a product, ``(xᵀ @ g)ᵀ`` for ``x @ Wᵀ``, on
+    its way to the ``[out, in]`` parameter, its optimizer state and ``.grad``. Stored as the product and read
+    transposed, every element-wise reader (Adam's moments, the update) ran in the product's layout and was copied
+    into the parameter's, one kernel and one pass over the weight each. ``gᵀ @ x`` stores the gradient in the
+    layout its readers want, and the transposes of its operands are views a GEMM reads through strides. Exact
+    up to the order a GEMM sums in, so it runs with the compiled-code passes only."""
+    us = users(graph.order)
+    outputs = {id(o) for o in graph.outputs}
+
+    def single(n: Node) -> bool:
+        return len(us.get(id(n), [])) == 1 and id(n) not in outputs
+
+    def swappable(n: Node) -> bool:
+        """Whether ``n`` (read once) is a product, or a sum of such, through reshapes that end where they
+        started (autodiff's ``[1, k, m]`` and back; carries_read_from_outputs' sum of two), each read once."""
+        p = n
+        while p.op == Op.RESHAPE and single(p):
+            p = p.srcs[0]
+        if not single(p) or tuple(map(int, p.shape)) != tuple(map(int, n.shape)):
+            return False
+        return p.op == Op.MATMUL or (p.op == Op.ADD and all(swappable(s) for s in p.srcs))
+
+    def swap(n: Node, loc: str) -> Node:
+        """The transpose of ``n`` (which ``swappable`` accepted, rebuilt on rewritten sources) as products."""
+        while n.op == Op.RESHAPE:
+            n = n.srcs[0]
+        if n.op == Op.ADD:
+            return make(Op.ADD, tuple(swap(s, loc) for s in n.srcs), loc=n.loc)
+        a, c = n.srcs
+        return make(Op.MATMUL, (_swapped(c, loc), _swapped(a, loc)), loc=n.loc)
+
+    def rule(n: Node, original: Node) -> Node | None:
+        if not _swaps_last_axes(original) or not swappable(original.srcs[0]):
+            return None
+        if all(_swaps_last_axes(u) for u in us.get(id(original), [])) and id(original) not in outputs:
+            return None  # transposed back: ``simplify`` reads the product as it is
+        return swap(n.srcs[0], n.loc)
+
+    return rewrite_top(graph, rule)
+
+
+def _swaps_last_axes(n: Node) -> bool:
+    return n.op == Op.PERMUTE and tuple(n.attrs["perm"]) == (*range(n.ndim - 2), n.ndim - 1, n.ndim - 2)
+
+
+def _swapped(x: Node, loc: str) -> Node:
+    """``x`` with its last two axes swapped (a transpose's source, where ``x`` is one)."""
+    if _swaps_last_axes(x):
+        return x.srcs[0]
+    return make(Op.PERMUTE, (x,), {"perm": (*range(x.ndim - 2), x.ndim - 1, x.ndim - 2)}, loc=loc)
