@@ -6,7 +6,8 @@ nnforge-compiled layer. The function and its pullback are traced as one graph an
 (``autodiff.partition``): the forward half runs when the layer is called and returns, besides the outputs, the
 values the backward half reads (a scan's stacked carries and gate pre-activations); the backward half runs in
 ``loss.backward()`` from them, without running the forward again. Both halves are built once per signature,
-like the forward. A function with side effects or in-place updates, and a program loaded from a file saved
+like the forward; tensors the function updates in place are written back once, after the forward half. A function
+with side effects (Feeders, Receivers) or that sets ``.grad`` itself, and a program loaded from a file saved
 without its halves, run their pullback whole instead (it recomputes the forward).
 """
 
@@ -113,8 +114,8 @@ def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple
     n = len(detached)
     if cf.loaded_from is not None and ("joint", treedef, n, diff) not in cf._vjps:
         return None
-    a, k = unflatten(treedef, detached)
-    _, _, shapes, plain = cf._lookup(a, k)  # the results' shapes and dtypes: the cotangents'
+    args, kwargs = unflatten(treedef, detached)
+    _, _, shapes, plain = cf._lookup(args, kwargs)  # the results' shapes and dtypes: the cotangents'
     env = {f"a{i}.{ax}": s for i, sh in enumerate(shapes) for ax, s in enumerate(sh)}
     results = plain.graph.outputs[:plain.n_out]
     cts = [_stand_in(tuple(int(d) for d in substitute(o.shape, env)), o.dtype.np) for o in results if o.dtype.is_float]
