@@ -31,7 +31,8 @@ SMALL = 8  # a value at most 1/SMALL of the size of the one recomputed from it i
 @dataclass(frozen=True)
 class Partition:
     """``forward``: the joint graph's inputs but the cotangents -> its primal outputs, then the saved values that
-    are not among them; ``saved_at[k]`` is the position of the k-th saved value among ``forward``'s outputs.
+    are not among them, with the graph's side effects (a Receiver's callback runs once a call, with the forward);
+    ``saved_at[k]`` is the position of the k-th saved value among ``forward``'s outputs.
     ``backward``: the joint graph's inputs, then one input per saved value -> the gradients."""
 
     forward: Graph
@@ -43,8 +44,6 @@ def split_at_cotangents(graph: Graph, cotangents: Collection[int], primal: Seque
     """Cut ``graph`` into the halves described in ``Partition``: ``cotangents`` are the positions of the cotangents
     among its inputs, ``primal`` those of its outputs the forward half returns (results, values written back);
     the others are the gradients."""
-    if graph.effects:
-        raise ValueError("split_at_cotangents: a graph with side effects runs as one program")
     cts = {id(graph.inputs[i]) for i in cotangents}
     inputs = {id(n) for n in graph.inputs}
     reads_ct: set[int] = set(cts)
@@ -56,8 +55,8 @@ def split_at_cotangents(graph: Graph, cotangents: Collection[int], primal: Seque
             varies.add(id(n))
     grads = [o for i, o in enumerate(graph.outputs) if i not in primal]
     results = [graph.outputs[i] for i in primal]
-    if any(id(o) in reads_ct for o in results):
-        raise ValueError("split_at_cotangents: a primal output reads a cotangent")
+    if any(id(o) in reads_ct for o in (*results, *graph.effects)):
+        raise ValueError("split_at_cotangents: a primal output or a side effect reads a cotangent")
     read_back: dict[int, Node] = {}  # forward values the backward half reads
     for n in graph.order:
         if id(n) in reads_ct:
@@ -78,7 +77,7 @@ def split_at_cotangents(graph: Graph, cotangents: Collection[int], primal: Seque
     at = {id(o): k for k, o in reversed(list(enumerate(results)))}
     extra = [n for n in saved if id(n) not in at]
     at |= {id(n): len(results) + k for k, n in enumerate(extra)}
-    forward = Graph([n for n in graph.inputs if id(n) not in cts], (*results, *extra))
+    forward = Graph([n for n in graph.inputs if id(n) not in cts], (*results, *extra), graph.effects)
     return Partition(forward, backward, tuple(at[id(n)] for n in saved))
 
 

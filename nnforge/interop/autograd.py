@@ -6,9 +6,9 @@ nnforge-compiled layer. The function and its pullback are traced as one graph an
 (``autodiff.partition``): the forward half runs when the layer is called and returns, besides the outputs, the
 values the backward half reads (a scan's stacked carries and gate pre-activations); the backward half runs in
 ``loss.backward()`` from them, without running the forward again. Both halves are built once per signature,
-like the forward; tensors the function updates in place are written back once, after the forward half. A function
-with side effects (Feeders, Receivers) or that sets ``.grad`` itself, and a program loaded from a file saved
-without its halves, run their pullback whole instead (it recomputes the forward).
+like the forward; tensors the function updates in place are written back once, and its Receivers called once, by
+the forward half. A function that sets ``.grad`` itself, and a program loaded from a file saved without its halves,
+run their pullback whole instead (it recomputes the forward).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple
     leaves, arrays, jshapes, entry = joint._lookup((*detached, *cts), {})
     if entry.split is None:
         entry.split = False
-        if not (entry.grads or entry.grad_reads or entry.graph.effects):
+        if not (entry.grads or entry.grad_reads):
             first = sum(x is not None for x in arrays[:n])
             primal = [*range(len(results)), *(i for _, i in entry.state)]  # results, then values written back
             try:

@@ -214,3 +214,19 @@ def test_differentiating_the_gradient_again_raises(backend: str) -> None:
     torch.testing.assert_close(g, torch.tensor([6.0, -4.0]))
     with pytest.raises(RuntimeError, match="once_differentiable"):  # not a silently constant second derivative
         (g * x).sum().backward()
+
+
+def test_a_receiver_is_called_once_a_call_by_the_forward(backend: str, rng: np.random.Generator) -> None:
+    seen: list[float] = []
+
+    def f(x):
+        y = x * x
+        nf.Receiver(lambda v: seen.append(float(v)), [y.sum()])
+        return y
+
+    x = torch.tensor(rng.standard_normal(5), requires_grad=True)
+    y = nf.compile(f, backend=backend)(x)
+    assert seen == [pytest.approx(float((x * x).sum()))]
+    y.sum().backward()
+    assert len(seen) == 1  # the backward calls no Python
+    torch.testing.assert_close(x.grad, 2 * x.detach(), rtol=1e-12, atol=1e-12)
