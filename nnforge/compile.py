@@ -64,7 +64,7 @@ class _Entry:
     grad_reads: list[weakref.ref] = field(default_factory=list)  # tensors whose .grad is read (after ``implicit``)
     presence: tuple[tuple[weakref.ref, bool], ...] = ()  # whether each .grad the trace depends on was set
     ties: tuple[frozenset, ...] = ()  # generic axes that must stay one size (the sequences one scan walks)
-    split: Any = None  # a joint forward/backward graph cut in two for torch autograd (``interop.autograd``)
+    split: Any = None  # a joint graph's Partition for torch autograd (``interop.autograd``); False: run it whole
 
     def grads_as_traced(self) -> bool:
         """Whether every ``.grad`` whose presence the trace depends on (gradients accumulate onto it) is set or

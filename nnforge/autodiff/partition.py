@@ -16,7 +16,7 @@ Random draws are saved, never drawn again.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from ..ir.loops import placeholder
@@ -81,7 +81,8 @@ def split_at_cotangents(graph: Graph, cotangents: Collection[int], primal: Seque
     return Partition(forward, backward, tuple(at[id(n)] for n in saved))
 
 
-def _fewer_saved(saved: list[Node], position: dict[int, int], outputs: set[int], needs_saving) -> list[Node]:
+def _fewer_saved(saved: list[Node], position: dict[int, int], outputs: set[int],
+                 needs_saving: Callable[[Node], bool]) -> list[Node]:
     """``saved`` with views replaced by their sources and element-wise values recomputed from what they read
     where that is saved anyway, an output, or small (see the module docstring); latest values first, so that a
     chain of element-wise values folds back to its start, until nothing changes."""
