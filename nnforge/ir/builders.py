@@ -127,6 +127,11 @@ def transpose(x: Node) -> Node:
     return permute(x, perm)
 
 
+def is_transpose(n: Node) -> bool:
+    """Whether ``n`` is what ``transpose`` makes: a permute swapping the last two axes, the others in place."""
+    return n.op == Op.PERMUTE and tuple(n.attrs["perm"]) == (*range(n.ndim - 2), n.ndim - 1, n.ndim - 2)
+
+
 def reshape(x: Node, shape: Sequence[int]) -> Node:
     shape = tuple(shape)
     if tuple(map(int, shape)) == tuple(map(int, x.shape)):

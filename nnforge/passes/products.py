@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from ..ir.build import make
+from ..ir.builders import is_transpose, transpose
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from .rewrite import rewrite_top
@@ -52,7 +53,7 @@ def sums_of_products(graph: Graph) -> Graph:
 def _folded(a: Node, c: Node, b: int, loc: str) -> Node:
     batch = math.prod(a.shape[:b])  # symbolic sizes multiply symbolically
     m, k, n = a.shape[b], a.shape[b + 1], c.shape[b + 1]
-    if a.op == Op.PERMUTE and tuple(a.attrs["perm"]) == (*range(b), b + 1, b):
+    if is_transpose(a):
         # A is Xᵀ per step (the usual case: x_tᵀ @ g_t): A' = (X reshaped [B * k, m])ᵀ, a view the GEMM reads
         # down its columns, instead of a transposing copy
         x = make(Op.RESHAPE, (a.srcs[0],), {"shape": (batch * k, m)}, loc=loc)
@@ -87,8 +88,7 @@ def shared_weight_products(graph: Graph) -> Graph:
 def _shared_matrix(r: Node, loc: str) -> Node | None:
     """The [k, m] matrix a right operand ``r`` [*B, k, m] repeats over its batch axes (an expand of one, or the
     last two axes of such an expand swapped), or None."""
-    b = r.ndim - 2
-    swapped = r.op == Op.PERMUTE and tuple(r.attrs["perm"]) == (*range(b), b + 1, b)
+    swapped = is_transpose(r)
     e = r.srcs[0] if swapped else r
     if e.op != Op.EXPAND or any(int(d) != 1 for d in e.srcs[0].shape[:-2]):
         return None
@@ -123,31 +123,25 @@ def transposed_products(graph: Graph) -> Graph:
             return False
         return p.op == Op.MATMUL or (p.op == Op.ADD and all(swappable(s) for s in p.srcs))
 
-    def swap(n: Node, loc: str) -> Node:
+    def swap(n: Node) -> Node:
         """The transpose of ``n`` (which ``swappable`` accepted, rebuilt on rewritten sources) as products."""
         while n.op == Op.RESHAPE:
             n = n.srcs[0]
         if n.op == Op.ADD:
-            return make(Op.ADD, tuple(swap(s, loc) for s in n.srcs), loc=n.loc)
+            return make(Op.ADD, tuple(swap(s) for s in n.srcs), loc=n.loc)
         a, c = n.srcs
-        return make(Op.MATMUL, (_swapped(c, loc), _swapped(a, loc)), loc=n.loc)
+        return make(Op.MATMUL, (_swapped(c), _swapped(a)), loc=n.loc)
 
     def rule(n: Node, original: Node) -> Node | None:
-        if not _swaps_last_axes(original) or not swappable(original.srcs[0]):
+        if not is_transpose(original) or not swappable(original.srcs[0]):
             return None
-        if all(_swaps_last_axes(u) for u in us.get(id(original), [])) and id(original) not in outputs:
+        if all(is_transpose(u) for u in us.get(id(original), [])) and id(original) not in outputs:
             return None  # transposed back: ``simplify`` reads the product as it is
-        return swap(n.srcs[0], n.loc)
+        return swap(n.srcs[0])
 
     return rewrite_top(graph, rule)
 
 
-def _swaps_last_axes(n: Node) -> bool:
-    return n.op == Op.PERMUTE and tuple(n.attrs["perm"]) == (*range(n.ndim - 2), n.ndim - 1, n.ndim - 2)
-
-
-def _swapped(x: Node, loc: str) -> Node:
+def _swapped(x: Node) -> Node:
     """``x`` with its last two axes swapped (a transpose's source, where ``x`` is one)."""
-    if _swaps_last_axes(x):
-        return x.srcs[0]
-    return make(Op.PERMUTE, (x,), {"perm": (*range(x.ndim - 2), x.ndim - 1, x.ndim - 2)}, loc=loc)
+    return x.srcs[0] if is_transpose(x) else transpose(x)
