@@ -27,7 +27,7 @@ from .codegen import build_program
 from .control import _is_leaf
 from .dtypes import DType, as_dtype, from_numpy
 from .errors import NNForgeError, TraceError, at
-from .interop.autograd import call_with_autograd, joint_function, needs_autograd, vjp_function
+from .interop.autograd import call_with_autograd, joint_function, joint_key, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import baked_symbols, sym
 from .ir.lengths import loop_length_groups
@@ -148,10 +148,7 @@ class CompiledFunction:
             return call_with_autograd(self, args, kwargs)
         leaves, arrays, shapes, entry = self._lookup(args, kwargs)
         outs = run_program(self._program(entry, shapes), leaves, arrays, implicit_arrays(entry))
-        for ref, i in entry.state:
-            t = ref()
-            if t is not None:
-                t._rebind(adopt(to_numpy(outs[i]), self._loc))
+        self._write_back((ref, outs[i]) for ref, i in entry.state)
         for ref, i in entry.grads:
             t = ref()
             if t is not None:
@@ -172,25 +169,35 @@ class CompiledFunction:
     def joint_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
         """The function and its pullback traced as one (``interop.autograd``): torch autograd runs it in two
         halves, the forward saving what the backward reads, one per argument structure."""
-        key = ("joint", treedef, n_leaves, diff)
+        key = joint_key(treedef, n_leaves, diff)
         if key not in self._vjps:
             fn = joint_function(self._body, treedef, n_leaves, diff)
             fn.__qualname__ = f"{_name(self.fn)}.joint"
             self._vjps[key] = CompiledFunction(fn, self.backend, self.options)
         return self._vjps[key]
 
-    def _program(self, entry: _Entry, shapes: tuple) -> Callable:
-        key = tuple(shapes[i][ax] for i, ax in sorted(entry.generic))
-        generic = next(iter(entry.programs.values()), None)
+    def _program(self, entry: _Entry, shapes: tuple, half: str | None = None) -> Callable:
+        """The entry's program at these argument shapes, built on first use; ``half``: "forward" or "backward",
+        that half of a joint entry's ``split`` (``interop.autograd``), its keys tagged with it."""
+        tag = () if half is None else (half,)
+        key = (*tag, *(shapes[i][ax] for i, ax in sorted(entry.generic)))
+        generic = next((p for k, p in entry.programs.items() if k[:len(tag)] == tag), None)
         if key not in entry.programs and getattr(generic, "sizes_at_runtime", False):
             entry.programs[key] = generic  # the program reads trip counts from its inputs: no rebuild
         if key not in entry.programs:
             start = time.perf_counter()
             env = {f"a{i}.{ax}": shapes[i][ax] for i, ax in entry.generic}
-            graph = specialize(entry.graph, env) if env else entry.graph
-            entry.programs[key] = build_program(self.backend, graph, self._builder)
-            log.info("%s: %s program built in %.3f s", _name(self.fn), self.backend, time.perf_counter() - start)
+            graph = entry.graph if half is None else getattr(entry.split, half)
+            entry.programs[key] = build_program(self.backend, specialize(graph, env) if env else graph, self._builder)
+            log.info("%s: %s %sprogram built in %.3f s", _name(self.fn), self.backend, f"{half} " if half else "",
+                     time.perf_counter() - start)
         return entry.programs[key]
+
+    def _write_back(self, pairs: Any) -> None:
+        """Rebind each still living tensor of ``(weakref, array)`` pairs to its new value (in-place updates)."""
+        for ref, value in pairs:
+            if (t := ref()) is not None:
+                t._rebind(adopt(to_numpy(value), self._loc))
 
     def trace(self, *args: Any, **kwargs: Any) -> Graph:
         """The optimized graph for these arguments (traced if not cached)."""
@@ -363,10 +370,14 @@ class Traced(NamedTuple):
 
 
 def _stand_in(t: Any) -> np.ndarray:
-    """An array with a device tensor's shape and dtype and no memory of its own (every stride 0): what tracing
-    and the signature cache read, without copying the tensor to the host."""
-    dt = to_numpy(t.new_empty((0,))).dtype
-    return np.lib.stride_tricks.as_strided(np.empty(1, dt), tuple(t.shape), (0,) * t.dim(), writeable=False)
+    """A device tensor's ``stand_in``: what tracing and the signature cache read, without copying the tensor to
+    the host."""
+    return stand_in(tuple(t.shape), to_numpy(t.new_empty((0,))).dtype)
+
+
+def stand_in(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array of this shape and dtype with no memory of its own (every stride 0), for tracing."""
+    return np.lib.stride_tricks.as_strided(np.empty(1, dtype), shape, (0,) * len(shape), writeable=False)
 
 
 def _on_gpu(v: Any) -> bool:

@@ -14,7 +14,6 @@ run their pullback whole instead (it recomputes the forward).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ import numpy as np
 from ..pytree import flatten, unflatten
 
 if TYPE_CHECKING:
-    from ..compile import CompiledFunction, _Entry
+    from ..compile import CompiledFunction
 
 log = logging.getLogger("nnforge.compile")
 
@@ -78,26 +77,9 @@ def joint_function(fn: Callable, treedef: Any, n_leaves: int, diff: tuple[int, .
     return joint
 
 
-def _halves(joint: CompiledFunction, entry: _Entry, shapes: tuple) -> tuple[Any, Any]:
-    """The forward and backward programs of a joint entry at these argument shapes, built on first use (stored in
-    the entry's programs, so ``save`` keeps them; a program that reads its sizes at run time serves every size)."""
-    from ..codegen import build_program
-    from ..passes.specialize import specialize
-
-    key = tuple(shapes[i][ax] for i, ax in sorted(entry.generic))
-    fk, bk = ("forward", *key), ("backward", *key)
-    if fk not in entry.programs:
-        old = {k[0]: p for k, p in entry.programs.items()}
-        if old and all(getattr(p, "sizes_at_runtime", False) for p in old.values()):
-            entry.programs[fk], entry.programs[bk] = old["forward"], old["backward"]
-        else:
-            start = time.perf_counter()
-            env = {f"a{i}.{ax}": shapes[i][ax] for i, ax in entry.generic}
-            for k, g in ((fk, entry.split.forward), (bk, entry.split.backward)):
-                entry.programs[k] = build_program(joint.backend, specialize(g, env) if env else g, joint._builder)
-            log.info("%s: %s forward and backward programs built in %.3f s (%d values saved for the backward)",
-                     joint.__qualname__, joint.backend, time.perf_counter() - start, len(entry.split.saved_at))
-    return entry.programs[fk], entry.programs[bk]
+def joint_key(treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> tuple:
+    """Where a compiled function keeps its joint program for an argument structure (``CompiledFunction._vjps``)."""
+    return ("joint", treedef, n_leaves, diff)
 
 
 def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple[int, ...]
@@ -106,19 +88,18 @@ def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple
     (cotangents of the floating-point results -> gradients of ``detached[diff]``), which holds the saved values.
     None where the pullback must run whole (see the module docstring)."""
     from ..autodiff.partition import split_at_cotangents
-    from ..compile import implicit_arrays, run_program
-    from ..interop.convert import is_torch, to_numpy, to_torch
+    from ..compile import implicit_arrays, run_program, stand_in
+    from ..interop.convert import is_torch, to_torch
     from ..ir.dims import substitute
-    from ..tensor import adopt
 
     n = len(detached)
-    if cf.loaded_from is not None and ("joint", treedef, n, diff) not in cf._vjps:
+    if cf.loaded_from is not None and joint_key(treedef, n, diff) not in cf._vjps:
         return None
     args, kwargs = unflatten(treedef, detached)
     _, _, shapes, plain = cf._lookup(args, kwargs)  # the results' shapes and dtypes: the cotangents'
     env = {f"a{i}.{ax}": s for i, sh in enumerate(shapes) for ax, s in enumerate(sh)}
     results = plain.graph.outputs[:plain.n_out]
-    cts = [_stand_in(tuple(int(d) for d in substitute(o.shape, env)), o.dtype.np) for o in results if o.dtype.is_float]
+    cts = [stand_in(tuple(int(d) for d in substitute(o.shape, env)), o.dtype.np) for o in results if o.dtype.is_float]
     joint = cf.joint_program(treedef, n, diff)
     leaves, arrays, jshapes, entry = joint._lookup((*detached, *cts), {})
     if entry.split is None:
@@ -132,12 +113,11 @@ def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple
                 log.info("%s: runs its pullback whole: %s", joint.__qualname__, e)
     if entry.split is False:
         return None
-    fwd, bwd = _halves(joint, entry, jshapes)
+    fwd, bwd = (joint._program(entry, jshapes, half) for half in ("forward", "backward"))
     implicit = implicit_arrays(entry)
     outs = run_program(fwd, leaves[:n], arrays[:n], implicit)
-    for k, (ref, _) in enumerate(entry.state):  # in-place updates of captured tensors, once a call
-        if (t := ref()) is not None:
-            t._rebind(adopt(to_numpy(outs[len(results) + k]), cf._loc))
+    # in-place updates of captured tensors, once a call (the forward's outputs after the results)
+    cf._write_back((ref, outs[len(results) + k]) for k, (ref, _) in enumerate(entry.state))
     saved = [outs[k] for k in entry.split.saved_at]
 
     def backward(cotangents: list) -> list:
@@ -146,11 +126,6 @@ def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple
         return [g if is_torch(g) else to_torch(g) for g in grads]
 
     return [o if is_torch(o) else to_torch(o) for o in outs[:len(results)]], plain.out_def, backward
-
-
-def _stand_in(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An array of this shape and dtype without memory of its own: a cotangent, for tracing."""
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape), writeable=False)
 
 
 def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
@@ -165,7 +140,7 @@ def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
                  if isinstance(v, torch.Tensor) and v.requires_grad and v.is_floating_point())
     detached = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
     out_def: list = []
-    if cf.loaded_from is not None and ("joint", treedef, len(detached), diff) not in cf._vjps:
+    if cf.loaded_from is not None and joint_key(treedef, len(detached), diff) not in cf._vjps:
         cf.vjp_program(treedef, len(detached), diff)  # a loaded program without its gradient says so now
 
     class NnforgeCompiled(torch.autograd.Function):  # grad_fn prints as NnforgeCompiledBackward
