@@ -13,7 +13,7 @@ from .biases import biases_into_scans
 from .cse import cse
 from .dce import dce, pure_loops
 from .hoist import hoist
-from .products import shared_weight_products, sums_of_products, transposed_products
+from .products import products_of_stacked_rows, shared_weight_products, sums_of_products, transposed_products
 from .reductions import hoist_reductions
 from .reshapes import elementwise_before_views
 from .scans import carries_read_from_outputs, merge_augmented_scans, stacked_parts_read_as_views
@@ -51,6 +51,9 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         ("biases_into_scans", functools.partial(biases_into_scans, target=target)),  # after hoist, likewise
         ("sums_of_products", sums_of_products),  # after hoist, which lifts a step's weight-gradient product out
         ("carries_read_from_outputs", carries_read_from_outputs),  # on the weight-gradient GEMMs folded by now
+        # on the stacks of carries that pass and a torch autograd call's backward half (autodiff.partition) read
+        # from a scan's stacked outputs
+        ("products_of_stacked_rows", products_of_stacked_rows),
         ("stacked_parts_read_as_views", stacked_parts_read_as_views),  # before simplify, which folds the reshapes
         # after the weight-gradient products are formed and split, and on them simplified (an accumulator's zero
         # start gone, a transpose of a transpose folded); before elementwise_before_views, which would move the

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ..ir.build import make
-from ..ir.builders import is_transpose, transpose
+from ..ir.builders import is_transpose, slice_axis, transpose
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
 from .rewrite import rewrite_top
@@ -145,3 +145,79 @@ def transposed_products(graph: Graph) -> Graph:
 def _swapped(x: Node) -> Node:
     """``x`` with its last two axes swapped (a transpose's source, where ``x`` is one)."""
     return x.srcs[0] if is_transpose(x) else transpose(x)
+
+
+def products_of_stacked_rows(graph: Graph) -> Graph:
+    """A product whose right operand is the rows of a concatenation along its first axis becomes the sum of the
+    products of each part with the matching columns of the left operand: ``L @ [P; Q]`` is ``L[:, :p] @ P +
+    L[:, p:] @ Q``; where the concatenation is read by nothing but such products (``read_as_product_rows``);
+    top-level nodes only.
+
+    Why: the carries a scan stacked for a weight gradient's product are its stacked output shifted by a step
+    (``scans.carries_read_from_outputs``, and the backward half of a torch autograd call, ``autodiff.partition``):
+    written as a concatenation of views of stored arrays they would be copied into one array only for a GEMM to
+    read it once. Each part's product reads its views through strides. The longest part's product comes first:
+    its GEMM adds the others' results in its epilogue, so in half precision the long sum is rounded once, not
+    stored rounded and added again. Exact up to the order a GEMM sums in."""
+    us = users(graph.order)
+    results = {id(o) for o in graph.outputs}
+    cats = {id(n) for n in graph.order
+            if n.op == Op.CONCAT and n.attrs["axis"] == 0 and read_as_product_rows(n, us, results)}
+    if not cats:
+        return graph
+
+    def rule(n: Node, original: Node) -> Node | None:
+        if n.op != Op.MATMUL or n.ndim != 2:
+            return None
+        view = original.srcs[1]
+        if id(view) not in cats and not (view.op == Op.RESHAPE and id(view.srcs[0]) in cats):
+            return None
+        left, right = n.srcs
+        parts = (right if right.op == Op.CONCAT else right.srcs[0]).srcs
+        terms, lo = [], 0
+        for part in parts:
+            rows = _rows(part)
+            hi = lo + rows.shape[0]
+            terms.append(make(Op.MATMUL, (slice_axis(left, 1, lo, hi), rows), loc=n.loc))
+            lo = hi
+        terms.sort(key=lambda t: -int(t.srcs[1].shape[0]))  # the traced sizes: the longest part first
+        out = terms[0]
+        for t in terms[1:]:
+            out = make(Op.ADD, (out, t), loc=n.loc)
+        return out
+
+    return rewrite_top(graph, rule)
+
+
+def read_as_product_rows(n: Node, us: dict[int, list[Node]], results: set[int]) -> bool:
+    """Whether every reader of ``n`` (no result) multiplies its rows as a matrix product's right operand: a 2-D
+    ``n`` itself, or a ``[rows, last axis]`` view of it that nothing else reads."""
+    def right_operand(v: Node) -> bool:
+        readers = us.get(id(v), [])
+        return bool(readers) and id(v) not in results and all(
+            m.op == Op.MATMUL and m.ndim == 2 and m.srcs[1] is v and m.srcs[0] is not v for m in readers)
+
+    if n.ndim == 2:
+        return right_operand(n)
+    rows = tuple(map(int, (math.prod(n.shape[:-1]), n.shape[-1])))
+    views = us.get(id(n), [])
+    return bool(views) and id(n) not in results and all(
+        v.op == Op.RESHAPE and tuple(map(int, v.shape)) == rows and right_operand(v) for v in views)
+
+
+def _rows(part: Node) -> Node:
+    """``part`` ``[t, *mid, c]`` as the matrix of its ``t * prod(mid)`` rows, through the views it was made of
+    where it is rows of an array: a slice along the first axis is a slice of the rows, an added leading axis
+    is dropped again."""
+    if part.ndim == 2:
+        return part
+    src = part.srcs[0] if part.op in (Op.SLICE, Op.RESHAPE) else None
+    if part.op == Op.SLICE and src.ndim == part.ndim and all(
+            int(a) == 0 and int(z) == int(d) and s == 1 for a, z, s, d in zip(
+                part.attrs["starts"][1:], part.attrs["stops"][1:], part.attrs["steps"][1:], src.shape[1:])) \
+            and part.attrs["steps"][0] == 1:
+        per = math.prod(src.shape[1:-1])
+        return slice_axis(_rows(src), 0, part.attrs["starts"][0] * per, part.attrs["stops"][0] * per)
+    if part.op == Op.RESHAPE and tuple(part.shape) == (1, *src.shape) and src.ndim == 2:
+        return src
+    return make(Op.RESHAPE, (part,), {"shape": (math.prod(part.shape[:-1]), part.shape[-1])}, loc=part.loc)

@@ -8,6 +8,7 @@ from ..ir import builders as b
 from ..ir.build import make
 from ..ir.node import Graph, Node, users
 from ..ir.ops import Op
+from .products import read_as_product_rows
 from .rewrite import redirect_results, rewrite_top, step_rows, substitute
 
 
@@ -53,61 +54,46 @@ def _same_loop(scan: Node, aug: Node) -> bool:
 
 
 def carries_read_from_outputs(graph: Graph) -> Graph:
-    """A weight gradient's product with the carries a scan stacked reads them from the scan's stacked output of
-    the same carry, one step shifted, and the initial carry for the first step.
+    """The carries a scan stacked for a weight gradient's product are read from the scan's stacked output of the
+    same carry, one step shifted, and the initial carry for the first step (``carries_from_outputs``).
 
     Autodiff's augmented forward stacks the carry each step starts from (``grad.scan_vjp``); for an LSTM's h that
     is ``[h0, ys[0], ..., ys[T-2]]``, the stacked output again, stored a second time at every step, though what
     reads it is only the product for ``dW_hh`` after the loops (``hoist_reductions``: ``Dᵀ @ H`` over all
-    ``T * N`` rows). That product is split by rows instead: ``D[first step]ᵀ @ h0 + D[other steps]ᵀ @ ys[T-1
-    steps]`` (a reverse scan's first step is its last), both operands views of stored arrays, and ``dce`` drops
-    the stack. Sizes stay symbolic: ``first_steps`` is ``min(T, 1)``, so a scan of no steps multiplies nothing.
-    Applies where every reader of the stack is such a product (a ``[T * N, H]`` view as a matmul's right
-    operand); anything else still reads the stack."""
+    ``T * N`` rows). The stack becomes a concatenation of views of stored arrays, which
+    ``products.products_of_stacked_rows`` splits into one product per part, and ``dce`` drops the stack. Applies
+    where every reader of the stack is such a product (``read_as_product_rows``); anything else still reads it."""
     us = users(graph.order)
     results = {id(o) for o in graph.outputs}
-    split: dict[int, tuple[int, int]] = {}  # a product's id -> (carry, stacked output of it)
-    for n in graph.order:
-        found = _stacked_carry(n)
-        if found is None or id(n) in results:
-            continue
-        T, N, H = n.shape
-        views = us.get(id(n), [])
-        ids = {id(v) for v in views}
-        products = [m for v in views for m in us.get(id(v), [])]
-        if views and all(v.op == Op.RESHAPE and tuple(map(int, v.shape)) == (int(T) * int(N), int(H))
-                         and us.get(id(v)) and id(v) not in results for v in views) and all(
-                m.op == Op.MATMUL and m.ndim == 2 and id(m.srcs[1]) in ids and id(m.srcs[0]) not in ids
-                for m in products):
-            split.update({id(m): found for m in products})
-    if not split:
+    stacks = {id(n): found for n in graph.order
+              if (found := stacked_carry(n)) is not None and read_as_product_rows(n, us, results)}
+    if not stacks:
         return graph
 
     def rule(node: Node, original: Node) -> Node | None:
-        if id(original) not in split:
-            return None
-        k, j = split[id(original)]
-        left, view = node.srcs
-        scan = view.srcs[0].srcs[0]
-        T, N, _ = view.srcs[0].shape
-        ys = step_rows(b.proj(scan, j), original.loc)
-        first = first_steps(T) * N  # rows of the step that starts from the initial carry
-        rest = T * N - first
-        if scan.attrs["reverse"]:
-            from_init, from_ys, ys_rows = (rest, T * N), (0, rest), (first, T * N)
-        else:
-            from_init, from_ys, ys_rows = (0, first), (first, T * N), (0, rest)
-        init = b.slice_axis(scan.srcs[k], 0, 0, first)
-        head = make(Op.MATMUL, (b.slice_axis(left, 1, *from_init), init), loc=original.loc)
-        tail = make(Op.MATMUL, (b.slice_axis(left, 1, *from_ys), b.slice_axis(ys, 0, *ys_rows)), loc=original.loc)
-        # the long product first: its GEMM adds the short one's result in its epilogue, so in half precision the
-        # sum over T - 1 steps is rounded once, not stored rounded and added again
-        return make(Op.ADD, (tail, head), loc=original.loc)
+        return carries_from_outputs(node.srcs[0], *stacks[id(original)], original.loc) if id(original) in stacks \
+            else None
 
     return rewrite_top(graph, rule)
 
 
-def _stacked_carry(n: Node) -> tuple[int, int] | None:
+def carries_from_outputs(scan: Node, k: int, j: int, loc: object) -> Node:
+    """The ``[T, N, H]`` stack of the values carry ``k`` of ``scan`` has when each step starts, as a concatenation
+    of its initial value and the scan's stacked output ``j`` of the carry's new values, one step shifted (a
+    reverse scan's first step is its last). Sizes stay symbolic: the initial value fills ``first_steps(T)`` steps
+    (``min(T, 1)``), so a scan of no steps stacks nothing."""
+    ys = b.proj(scan, j)
+    T = ys.shape[0]
+    first = first_steps(T)
+    init = b.slice_axis(b.unsqueeze(scan.srcs[k], 0), 0, 0, first)
+    if scan.attrs["reverse"]:
+        parts = (b.slice_axis(ys, 0, first, T), init)
+    else:
+        parts = (init, b.slice_axis(ys, 0, 0, T - first))
+    return make(Op.CONCAT, parts, {"axis": 0}, loc=loc)
+
+
+def stacked_carry(n: Node) -> tuple[int, int] | None:
     """For a ``[T, N, H]`` result of a top-level scan that stacks a carry's value at the start of each step:
     (the carry, a stacked output of that carry's new value); else None."""
     if n.op != Op.PROJ or n.srcs[0].op != Op.SCAN or n.ndim != 3:

@@ -1,6 +1,7 @@
 """``sums_of_products``: a sum over the batch axes of a batched product is one GEMM with the batch folded into the
 contraction — the weight gradient of a projection shared by every step, and the general form.
-``transposed_products``: a product read only transposed is computed transposed."""
+``transposed_products``: a product read only transposed is computed transposed.
+``products_of_stacked_rows``: a product with a concatenation of rows is a sum of products with its parts."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from nnforge.codegen.c.target import cpu_target
 from nnforge.codegen.reference import ReferenceProgram
 from nnforge.ir.ops import Op
 from nnforge.passes import pipeline, run_pipeline
-from nnforge.passes.products import sums_of_products
+from nnforge.passes.products import products_of_stacked_rows, sums_of_products
 
 
 def _batched_sums(g) -> list:
@@ -157,3 +158,40 @@ def test_compiled_adam_steps_match_the_reference_interpreter(backend: str, rng: 
     for a, b in zip(lin.parameters(), ref_lin.parameters()):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _stacked_rows(left, a, b, c):
+    """``left`` times the rows of ``a``, ``b`` (one step of them, a row added in front) and ``c`` stacked."""
+    return left @ nf.concat([a, b[None], c[1:]], axis=0).reshape(-1, a.shape[-1])
+
+
+def test_a_product_with_stacked_rows_is_a_sum_of_products_with_the_parts(rng: np.random.Generator) -> None:
+    """Three parts, each read through views (``b`` without its added axis, ``c`` from its second step): no
+    concatenation is left, each product reads its part's rows and the matching columns of ``left``, the longest
+    part's product first; the values are numpy's."""
+    left, a, b, c = (rng.standard_normal(s) for s in ((4, 24), (2, 3, 5), (3, 5), (6, 3, 5)))
+    graph = nf.compile(_stacked_rows).trace(left, a, b, c)
+    after = products_of_stacked_rows(graph)
+    assert [n for n in graph.order if n.op == Op.CONCAT] and not [n for n in after.order if n.op == Op.CONCAT]
+    products = [n for n in after.order if n.op == Op.MATMUL]
+    assert sorted(tuple(map(int, p.srcs[1].shape)) for p in products) == [(3, 5), (6, 5), (15, 5)]
+    (last,) = [n for n in after.order if n.op == Op.ADD and n is after.outputs[0]]
+    assert int(last.srcs[0].srcs[0].srcs[1].shape[0]) == 15  # ((c's + a's) + b's)
+    want = left @ np.concatenate([a, b[None], c[1:]]).reshape(-1, 5)
+    np.testing.assert_allclose(ReferenceProgram(after)([left, a, b, c])[0], want, rtol=1e-12, atol=1e-12)
+
+
+def test_stacked_rows_read_otherwise_stay(rng: np.random.Generator) -> None:
+    """A concatenation also returned, or multiplied as a left operand, is stored anyway: left alone."""
+    left, a, b, c = (rng.standard_normal(s) for s in ((4, 24), (2, 3, 5), (3, 5), (6, 3, 5)))
+
+    def returned(left, a, b, c):
+        return _stacked_rows(left, a, b, c), nf.concat([a, b[None], c[1:]], axis=0)
+
+    def as_left_operand(left, a, b, c):
+        rows = nf.concat([a, b[None], c[1:]], axis=0).reshape(-1, 5)
+        return left @ rows, rows.T @ left.T
+
+    for f in (returned, as_left_operand):
+        graph = nf.compile(f).trace(left, a, b, c)
+        assert products_of_stacked_rows(graph) is graph, f.__name__
