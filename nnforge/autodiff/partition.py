@@ -9,9 +9,12 @@ graph's inputs again (they are passed for free), the cotangents and the saved va
 
 What is saved is chosen as AOTAutograd's partitioner does in spirit, by rules rather than a min-cut: a value
 computed from no input (a constant, zeros) is rebuilt, a view is taken again of its saved source, and an
-element-wise value is recomputed where everything it reads is saved anyway or small (a softmax's probabilities
-from its saved exponentials and their row sums; a layer norm's centred input from the input and the mean).
-Random draws are saved, never drawn again.
+element-wise value (or a concatenation) is recomputed where everything it reads is saved anyway or small (a
+softmax's probabilities from its saved exponentials and their row sums; a layer norm's centred input from the input
+and the mean). Random draws are saved, never drawn again. A scan's stack of the carries its steps start from, read
+by the backward only for a weight gradient's product (an LSTM's ``h`` for ``dW_hh``), is not saved: it is the
+scan's stacked output one step shifted (``passes.scans.carries_from_outputs``), whose product the backward half's
+passes split by rows (``passes.products.products_of_stacked_rows``).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from ..ir.loops import placeholder
-from ..ir.node import Graph, Node
+from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, Op
+from ..passes.cse import cse
 from ..passes.rewrite import substitute
+from ..passes.scans import carries_from_outputs, stacked_carry
 
 VIEWS = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE})  # movement that never copies
+RECOMPUTED = ELEMENTWISE | {Op.CONCAT}  # one pass over what they read: recomputed where that is saved anyway
 SMALL = 8  # a value at most 1/SMALL of the size of the one recomputed from it is saved instead of it
 
 
@@ -44,13 +50,12 @@ def split_at_cotangents(graph: Graph, cotangents: Collection[int], primal: Seque
     """Cut ``graph`` into the halves described in ``Partition``: ``cotangents`` are the positions of the cotangents
     among its inputs, ``primal`` those of its outputs the forward half returns (results, values written back);
     the others are the gradients."""
+    graph = _carries_from_outputs(graph, _reading(graph, [graph.inputs[i] for i in cotangents]))
     cts = {id(graph.inputs[i]) for i in cotangents}
     inputs = {id(n) for n in graph.inputs}
-    reads_ct: set[int] = set(cts)
+    reads_ct = _reading(graph, [graph.inputs[i] for i in cotangents])
     varies: set[int] = set(inputs)  # computed from an input or a random draw: not rebuilt from nothing
     for n in graph.order:
-        if any(id(s) in reads_ct for s in n.srcs):
-            reads_ct.add(id(n))
         if n.op in (Op.RAND, Op.FEEDER) or any(id(s) in varies for s in n.srcs):
             varies.add(id(n))
     grads = [o for i, o in enumerate(graph.outputs) if i not in primal]
@@ -95,8 +100,9 @@ def _fewer_saved(saved: list[Node], position: dict[int, int], outputs: set[int],
                 continue  # stored by the forward anyway
             if n.op in VIEWS:
                 reads = [n.srcs[0]]
-            elif n.op in ELEMENTWISE and all(id(s) in kept or id(s) in outputs or not needs_saving(s)
-                                             or _base(s).numel * SMALL <= n.numel for s in n.srcs):
+            elif n.op in RECOMPUTED and all(id(_base(s)) in kept or id(_base(s)) in outputs
+                                            or not needs_saving(_base(s)) or _base(s).numel * SMALL <= n.numel
+                                            for s in n.srcs):
                 reads = list(n.srcs)
             else:
                 continue
@@ -107,6 +113,49 @@ def _fewer_saved(saved: list[Node], position: dict[int, int], outputs: set[int],
                     kept.setdefault(id(s), s)
             changed = True
     return sorted(kept.values(), key=lambda m: position[id(m)])
+
+
+def _reading(graph: Graph, sources: Sequence[Node]) -> set[int]:
+    """ids of ``sources`` and of the nodes of ``graph`` computed from them."""
+    out = {id(n) for n in sources}
+    for n in graph.order:
+        if any(id(s) in out for s in n.srcs):
+            out.add(id(n))
+    return out
+
+
+def _carries_from_outputs(graph: Graph, reads_ct: set[int]) -> Graph:
+    """``graph`` with each stack of a scan's incoming carries that only backward scans read, each for nothing but
+    a matrix product, rebuilt from the scan's stacked output of the carry (see the module docstring)."""
+    us = users(graph.order)
+    results = {id(o) for o in graph.outputs}
+    mapping = {}
+    for n in graph.order:
+        found = stacked_carry(n)
+        readers = us.get(id(n), [])
+        if found is not None and id(n) not in results and readers and all(
+                id(u) in reads_ct and _multiplied_each_step(u, n) for u in readers):
+            mapping[id(n)] = carries_from_outputs(n.srcs[0], *found, n.loc)
+    return cse(substitute(graph, mapping)) if mapping else graph  # one node for the output and what reads it
+
+
+def _multiplied_each_step(scan: Node, xs: Node) -> bool:
+    """Whether ``scan`` reads ``xs`` only as a sequence, each step's slice only as a matrix product's operand
+    (through transposes)."""
+    if scan.op != Op.SCAN:
+        return False
+    body: Graph = scan.attrs["body"]
+    us = users(body.order)
+    lo, hi = scan.attrs["n_carry"], scan.attrs["n_carry"] + scan.attrs["n_xs"]
+    at = [i for i, s in enumerate(scan.srcs) if s is xs]
+
+    def in_products(v: Node) -> bool:
+        readers = us.get(id(v), [])
+        return bool(readers) and all(u.op == Op.MATMUL or (u.op == Op.PERMUTE and in_products(u)) for u in readers)
+
+    outputs = {id(o) for o in body.outputs}
+    return bool(at) and all(lo <= i < hi and id(body.inputs[i]) not in outputs and in_products(body.inputs[i])
+                            for i in at)
 
 
 def _base(n: Node) -> Node:

@@ -130,10 +130,59 @@ def test_the_backward_runs_from_saved_values_without_the_forward_again(backend: 
     split = _split(f)
     scans = [n for n in split.forward.order if n.op == Op.SCAN]
     assert len(scans) == 1
-    assert len(scans[0].types) == 3 + 3  # ys, h, c; the stacked h and c each step starts from, the gates
+    assert len(scans[0].types) == 3 + 3  # ys, h, c; the stacked h (unread) and c each step starts from, the gates
     ct = _reads(split.backward, {"arg6", "arg7", "arg8"})  # the cotangents of ys, h and c
     again = [n for n in split.backward.order if n.op in (Op.SCAN, Op.MATMUL) and id(n) not in ct]
     assert not again, f"the backward half recomputes {again}"
+
+
+def _torch_cell_loop(x, h0, c0, w_ih, w_hh, b, reverse):
+    h, c, ys = h0, c0, [None] * x.shape[0]
+    for t in reversed(range(x.shape[0])) if reverse else range(x.shape[0]):
+        i, f, g, o = (x[t] @ w_ih.T + h @ w_hh.T + b).chunk(4, dim=-1)
+        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        h = o.sigmoid() * c.tanh()
+        ys[t] = h
+    return (torch.stack(ys) if ys else x.new_zeros((0, *h0.shape))), (h, c)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_an_lstm_saves_no_second_stack_of_h(backend: str, rng: np.random.Generator, reverse: bool) -> None:
+    """The stack of the ``h`` each step starts from, which the backward reads only for ``dW_hh``'s product, is
+    the output ``ys`` one step shifted: not saved (the stack of ``c`` and the gate sums are). Gradients against a
+    torch loop of the same cell, both directions, at T = 5, 1 and 0 (the initial ``h`` fills ``min(T, 1)``
+    steps)."""
+    def lstm(x, h0, c0, w_ih, w_hh, b):
+        def step(carry, x_t):
+            h, c = carry
+            i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
+            c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
+            h = nf.sigmoid(o) * nf.tanh(c)
+            return (h, c), h
+
+        (h, c), ys = nf.scan(step, (h0, c0), x, reverse=reverse)
+        return ys, (h, c)
+
+    f = nf.compile(lstm, backend=backend)
+    w = [torch.tensor(rng.standard_normal(s) * 0.3, requires_grad=True) for s in ((24, 4), (24, 6), (24,))]
+    for T in (5, 1, 0):
+        x, h0, c0 = (torch.tensor(rng.standard_normal(s), requires_grad=True) for s in ((T, 3, 4), (3, 6), (3, 6)))
+        leaves = (x, h0, c0, *w)
+        ys, (h, c) = f(*leaves)
+        (ys.square().sum() + h.sum() - c.sum()).backward()
+        ours = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+        ys, (h, c) = _torch_cell_loop(*leaves, reverse)
+        (ys.square().sum() + h.sum() - c.sum()).backward()
+        for i, (a, t) in enumerate(zip(ours, leaves)):
+            want = torch.zeros_like(t) if t.grad is None else t.grad  # no steps: nothing reads the weights
+            torch.testing.assert_close(a, want, rtol=1e-12, atol=1e-12, msg=f"T={T}, leaf {i}")
+            t.grad = None
+    split = _split(f)  # one trace (at T = 5) for every length
+    assert split.saved_at[0] == 0  # ys, a result, is read back
+    extra = [split.forward.outputs[k] for k in split.saved_at if k >= 3]
+    assert [tuple(map(int, n.shape)) for n in extra] == [(5, 3, 6), (5, 3, 24)], extra  # c's stack, the gates
 
 
 def test_views_and_cheap_element_wise_values_are_not_saved(backend: str, rng: np.random.Generator) -> None:
