@@ -83,10 +83,11 @@ def joint_key(treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> tuple:
 
 
 def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple[int, ...]
-                 ) -> tuple[list, Any, Callable[[list], list]] | None:
-    """Run the forward half of ``cf`` on the call's leaves: its results, their structure and the backward half
-    (cotangents of the floating-point results -> gradients of ``detached[diff]``), which holds the saved values.
-    None where the pullback must run whole (see the module docstring)."""
+                 ) -> tuple[list, Any, Callable[[list], list], list[int]] | None:
+    """Run the forward half of ``cf`` on the call's leaves: its results, their structure, the backward half
+    (cotangents of the floating-point results -> gradients of ``detached[diff]``), which holds the saved values,
+    and the positions of the results among them (the backward reads their memory: changed in place, they would
+    change the gradients). None where the pullback must run whole (see the module docstring)."""
     from ..autodiff.partition import split_at_cotangents
     from ..compile import implicit_arrays, run_program, stand_in
     from ..interop.convert import is_torch, to_torch
@@ -125,7 +126,8 @@ def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple
         grads = run_program(bwd, leaves_b, arrays_b, implicit + list(saved))
         return [g if is_torch(g) else to_torch(g) for g in grads]
 
-    return [o if is_torch(o) else to_torch(o) for o in outs[:len(results)]], plain.out_def, backward
+    read_back = sorted({k for k in entry.split.saved_at if k < len(results)})
+    return [o if is_torch(o) else to_torch(o) for o in outs[:len(results)]], plain.out_def, backward, read_back
 
 
 def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
@@ -153,7 +155,8 @@ def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
                 outs = [o if isinstance(o, torch.Tensor) else torch.as_tensor(np.asarray(o)) for o in out_leaves]
                 ctx.backward_half = None
             else:
-                outs, od, ctx.backward_half = halves
+                outs, od, ctx.backward_half, read_back = halves
+                ctx.save_for_backward(*[outs[i] for i in read_back])  # torch's check of in-place changes
             out_def.append(od)
             ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
             ctx.shapes = [(o.shape, o.dtype, o.device) for o in outs]
@@ -165,6 +168,7 @@ def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
             cts = [torch.zeros(s, dtype=d, device=dev) if g is None else g.detach().contiguous()
                    for g, (s, d, dev) in zip(grads, ctx.shapes) if d.is_floating_point]
             if ctx.backward_half is not None:
+                _ = ctx.saved_tensors  # raises where a result the backward reads was changed in place since
                 return tuple(ctx.backward_half(cts))
             program = cf.vjp_program(treedef, len(detached), diff)
             return tuple(program(*detached, *cts))

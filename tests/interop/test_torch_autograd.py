@@ -185,6 +185,18 @@ def test_an_lstm_saves_no_second_stack_of_h(backend: str, rng: np.random.Generat
     assert [tuple(map(int, n.shape)) for n in extra] == [(5, 3, 6), (5, 3, 24)], extra  # c's stack, the gates
 
 
+def test_a_saved_result_changed_in_place_is_refused(backend: str, rng: np.random.Generator) -> None:
+    """``ys`` is both a result and what the backward reads: changed in place before ``backward()``, torch's
+    version counter refuses the backward (as for its own saved tensors) rather than giving wrong gradients."""
+    f = nf.compile(_lstm, backend=backend)
+    x, h0, c0 = (torch.tensor(rng.standard_normal(s)) for s in ((5, 3, 4), (3, 6), (3, 6)))
+    w = [torch.tensor(rng.standard_normal(s) * 0.3, requires_grad=True) for s in ((24, 4), (24, 6), (24,))]
+    ys, _ = f(x, h0, c0, *w)
+    ys.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        ys.square().sum().backward()
+
+
 def test_views_and_cheap_element_wise_values_are_not_saved(backend: str, rng: np.random.Generator) -> None:
     def attention(x, wq, wk, scale):
         p = ((x @ wq) @ (x @ wk).T / 2.0).softmax(-1)
