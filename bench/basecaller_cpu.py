@@ -10,7 +10,9 @@ carry the same weights (the torch twin is loaded from the nnforge module's state
   torch eager and vs ONNX Runtime (the torch twin exported with ``torch.onnx``; intra-op spinning disabled, so
   its idle threads cannot slow the candidate that runs after it);
 * a training step (forward, CTC loss, backward, Adam) at ``--train-samples`` samples (2,500: T = 500): nnforge
-  vs torch eager, their losses compared before and after one update (which checks the gradients).
+  vs torch eager, their losses compared before and after one update (which checks the gradients); and the torch
+  model with its five LSTM layers one nnforge program (``nnforge.torch.TorchModule``) in torch's own training loop
+  (torch's convolutions, CTC loss and Adam; the LSTMs' backward from what their forward saved), vs torch eager.
 
 Each round runs every candidate for one untimed call and ``--calls`` timed calls, in turn.
 Usage: ``python bench/basecaller_cpu.py [--rounds 5] [--calls 2] [--width 96] [--batches 16 64]``.
@@ -19,6 +21,7 @@ Usage: ``python bench/basecaller_cpu.py [--rounds 5] [--calls 2] [--width 96] [-
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import tempfile
@@ -32,6 +35,7 @@ import nnforge as nf
 import nnforge.nn as nn
 from nnforge.demo import compiled_step
 from nnforge.nn import optim
+from nnforge.torch import TorchModule
 
 LAYERS = 5
 
@@ -67,6 +71,28 @@ class TorchEncoder(torch.nn.Module):
         for k, rnn in enumerate(self.rnns):
             x = rnn(x.flip(0))[0].flip(0) if k % 2 == 0 else rnn(x)[0]
         return self.head(x).log_softmax(-1)
+
+
+class HybridEncoder(torch.nn.Module):
+    """The torch model with its LSTM layers one nnforge program: ``model.rnn`` behind ``TorchModule``, trained
+    through the parameters of a ``torch.nn.LSTM`` of as many layers that only holds them (its own forward, one
+    direction, is never run)."""
+
+    def __init__(self, model: Encoder, twin: TorchEncoder):
+        super().__init__()
+        self.convs, self.head = copy.deepcopy(twin.convs), copy.deepcopy(twin.head)
+        width = twin.head.in_features
+        holder = torch.nn.LSTM(width, width, num_layers=LAYERS)
+        with torch.no_grad():
+            for k, rnn in enumerate(twin.rnns):
+                for name, value in rnn.named_parameters():
+                    getattr(holder, name.replace("_l0", f"_l{k}")).copy_(value)
+        self.rnn = TorchModule(model.rnn, holder, backend="cpu")
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = torch.nn.functional.silu(conv(x))
+        return self.head(self.rnn(x.permute(2, 0, 1))[0]).log_softmax(-1)
 
 
 def twin_of(model: Encoder, width: int) -> TorchEncoder:
@@ -148,25 +174,38 @@ def training(width: int, batch: int, samples: int, rounds: int, calls: int, rng:
     tg, il, tl = rng.integers(1, 5, (batch, S)), np.full(batch, samples // 5), np.full(batch, S)
 
     step = compiled_step(model, opt, "cpu")
+    hybrid = HybridEncoder(model, twin)  # before any update: the same weights as the other two
+    hopt = torch.optim.Adam(hybrid.parameters(), lr=1e-4)
 
     targs = [torch.from_numpy(a) for a in (x, tg, il, tl)]
 
-    def torch_step():
-        topt.zero_grad()
-        loss = torch.nn.functional.ctc_loss(twin(targs[0]), *targs[1:])
-        loss.backward()
-        topt.step()
-        return loss
+    def torch_step(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.ctc_loss(module(targs[0]), *targs[1:])
+            loss.backward()
+            optimizer.step()
+            return loss
 
+        return run
+
+    eager, mixed = torch_step(twin, topt), torch_step(hybrid, hopt)
     start = time.perf_counter()
     first = float(step(x, tg, il, tl))
     compile_s = time.perf_counter() - start
-    print(f"  first losses: nnforge {first:.5f}, torch {float(torch_step()):.5f}; after one update (the "
-          f"gradients' check): nnforge {float(step(x, tg, il, tl)):.5f}, torch {float(torch_step()):.5f}; "
-          f"nnforge compile + first call {compile_s:.1f} s")
-    med = interleaved({"nnforge": lambda: step(x, tg, il, tl), "torch eager": torch_step}, rounds, calls)
+    start = time.perf_counter()
+    first_mixed = mixed().item()
+    mixed_s = time.perf_counter() - start
+    print(f"  first losses: nnforge {first:.5f}, torch {eager().item():.5f}, torch with nnforge LSTMs "
+          f"{first_mixed:.5f}; after one update (the gradients' check): nnforge {float(step(x, tg, il, tl)):.5f}, "
+          f"torch {eager().item():.5f}, torch with nnforge LSTMs {mixed().item():.5f}; nnforge compile + first "
+          f"call {compile_s:.1f} s, torch with nnforge LSTMs {mixed_s:.1f} s")
+    med = interleaved({"nnforge": lambda: step(x, tg, il, tl), "torch eager": eager, "mixed": mixed},
+                      rounds, calls)
     print(f"  training step F={width} N={batch} samples={samples}: nnforge {med['nnforge'] * 1e3:.0f} ms, "
-          f"torch eager {med['torch eager'] * 1e3:.0f} ms ({med['torch eager'] / med['nnforge']:.2f}x, goal >= 1.5)")
+          f"torch eager {med['torch eager'] * 1e3:.0f} ms ({med['torch eager'] / med['nnforge']:.2f}x, goal >= 1.5); "
+          f"torch's loop with nnforge LSTMs {med['mixed'] * 1e3:.0f} ms ({med['torch eager'] / med['mixed']:.2f}x "
+          "torch eager)")
 
 
 def main() -> None:
