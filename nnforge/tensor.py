@@ -199,6 +199,14 @@ class Tensor:
     def item(self) -> Scalar:
         return self.numpy().item()
 
+    def __reduce__(self) -> tuple:
+        """Pickled and deep-copied as its value (a pending expression is computed first), so a module copies with
+        ``copy.deepcopy`` and pickles: the copy is a tensor of the same class over its own copy of the value, with
+        the same ``requires_grad``, name and ``.grad`` (as torch copies a parameter). The IR node is not copied: a
+        graph holds every expression that reads it."""
+        grad = None if self._grad is None else self._grad.numpy()
+        return _restored, (type(self), self.numpy(), self.dtype, self._requires_grad, self.name, grad)
+
     def tolist(self) -> Any:
         return self.numpy().tolist()
 
@@ -565,6 +573,16 @@ class Tensor:
 
 
 # ---- construction ---------------------------------------------------------------------------------------------
+
+def _restored(cls: type[Tensor], value: np.ndarray, dtype: DType, requires_grad: bool, name: str,
+              grad: np.ndarray | None) -> Tensor:
+    """The tensor ``Tensor.__reduce__`` describes (a subclass's own ``__init__`` is not called: its arguments
+    differ, the state does not)."""
+    t = cls.__new__(cls)
+    Tensor.__init__(t, value, dtype=dtype, requires_grad=requires_grad, name=name)
+    t._grad = None if grad is None else Tensor(grad)
+    return t
+
 
 def _data_node(data: Any, dtype: Any) -> Node:
     from .interop.convert import is_torch, to_numpy
@@ -956,7 +974,7 @@ def _fn(method: str):
         x = _operand(x, method.strip("_"))
         return getattr(x, method)(*args, **kwargs)
 
-    f.__name__ = method
+    f.__name__ = f.__qualname__ = method  # pickled by reference: a module holding ``nf.relu`` pickles
     f.__doc__ = f"Functional form of ``Tensor.{method}``."
     return f
 

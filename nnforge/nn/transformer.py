@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShapeError
-from ..tensor import Tensor, as_tensor, full, gelu, where
+from ..tensor import Tensor, as_tensor, full, gelu, relu, where
 from . import functional as F
 from . import init
 from .activation import Dropout
@@ -102,7 +102,7 @@ def _activation(activation: str | Callable[[Tensor], Tensor]) -> Callable[[Tenso
     if callable(activation):
         return activation
     if activation == "relu":
-        return lambda x: x.relu()
+        return relu  # a module-level function: a layer holding it pickles
     if activation == "gelu":
         return gelu
     raise ValueError(f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}")

@@ -1,6 +1,9 @@
-"""Module mechanics: registration, torch-identical state_dict keys, loading, error messages, modes."""
+"""Module mechanics: registration, torch-identical state_dict keys, loading, error messages, modes, copies."""
 
 from __future__ import annotations
+
+import copy
+import pickle
 
 import numpy as np
 import pytest
@@ -144,3 +147,57 @@ def test_to_double_and_requires_grad() -> None:
 def test_repr() -> None:
     text = repr(nn.Sequential(nn.Linear(2, 3), nn.ReLU()))
     assert "(0): Linear(in_features=2, out_features=3, bias=True)" in text and "(1): ReLU()" in text
+
+
+INPUTS = {"linear": (5, 3), "conv": (2, 2, 7), "lstm": (4, 2, 3), "gru": (4, 2, 3), "lstmcell": (2, 3),
+          "grucell": (2, 3), "layernorm": (3, 4), "batchnorm": (3, 4, 5), "embedding": None, "transformer": (5, 2, 8),
+          "sequential": (2, 1, 8)}  # what each of TWINS reads
+
+
+@pytest.mark.parametrize("case", TWINS, ids=[t[1] for t in TWINS])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_module_copies_with_its_values_and_gradients(case, how: str, rng: np.random.Generator) -> None:
+    """``copy.deepcopy`` and pickle give a module of its own parameters (same class, values, ``requires_grad``,
+    ``.grad``; a frozen one stays frozen) and buffers, which compute what the original does and change alone."""
+    make, name = case
+    module = make(nn)
+    names = [n for n, _ in module.named_parameters()]
+    for p in module.parameters():
+        p.assign(rng.standard_normal(tuple(map(int, p.shape))).astype(np.float32))
+        p.grad = nf.tensor(rng.standard_normal(tuple(map(int, p.shape))).astype(np.float32))
+    frozen = dict(module.named_parameters())[names[-1]]
+    frozen.requires_grad = False
+    module.eval()
+    twin = copy.deepcopy(module) if how == "deepcopy" else pickle.loads(pickle.dumps(module))
+    assert type(twin) is type(module) and not twin.training
+    ours, theirs = dict(module.named_parameters()), dict(twin.named_parameters())
+    assert list(theirs) == names
+    for n in names:
+        a, b = ours[n], theirs[n]
+        assert type(b) is type(a) and b is not a and b.requires_grad == a.requires_grad and b.dtype == a.dtype
+        np.testing.assert_array_equal(b.numpy(), a.numpy())
+        np.testing.assert_array_equal(b.grad.numpy(), a.grad.numpy())
+    for (n, a), (m, b) in zip(module.state_dict().items(), twin.state_dict().items()):
+        assert n == m
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    shape = INPUTS[name]
+    x = nf.tensor(rng.integers(0, 5, (2, 3)) if shape is None else rng.standard_normal(shape).astype(np.float32))
+    for got, want in zip(_leaves(twin(x)), _leaves(module(x))):
+        np.testing.assert_array_equal(got, want)
+    before = ours[names[0]].numpy().copy()
+    theirs[names[0]].assign(theirs[names[0]] + 1.0)
+    np.testing.assert_array_equal(ours[names[0]].numpy(), before)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_tied_parameters_stay_tied_in_a_copy(how: str) -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    model[1].weight = model[0].weight
+    twin = copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert twin[1].weight is twin[0].weight and twin[0].weight is not model[0].weight
+
+
+def _leaves(out) -> list[np.ndarray]:
+    if isinstance(out, (tuple, list)):
+        return [a for o in out for a in _leaves(o)]
+    return [np.asarray(out)]
