@@ -43,12 +43,22 @@ class TorchModule(torch.nn.Module):
                     raise NNForgeError(f"TorchModule: parameter {name!r} is {list(theirs[name].shape)} in the twin "
                                        f"and {list(map(int, p.shape))} in the nnforge module")
             self.twin = twin
-            self._params = lambda: [theirs[n] for n in self._names]
         else:
             self.params = torch.nn.ParameterList(
                 [torch.nn.Parameter(torch.from_numpy(p.numpy().copy())) for _, p in module.named_parameters()])
-            self._params = lambda: list(self.params)
+        self._backend = backend
         self._compiled = nf_compile(self._run, backend=backend)
+
+    def __getstate__(self) -> dict:
+        """Copied (``copy.deepcopy``) and pickled without the compiled program, which holds machine code: the copy
+        compiles its own at its first call, for its own parameters."""
+        state = self.__dict__.copy()
+        del state["_compiled"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._compiled = nf_compile(self._run, backend=self._backend)
 
     @property
     def module(self) -> Module:
@@ -65,6 +75,13 @@ class TorchModule(torch.nn.Module):
         finally:
             for p, node in zip(own, before):
                 p._rebind(node)
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        """The torch parameters the module is called with, in the nnforge module's order."""
+        if "twin" in self._modules:
+            theirs = dict(self.twin.named_parameters())
+            return [theirs[n] for n in self._names]
+        return list(self.params)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled(self._params(), *args, **kwargs)

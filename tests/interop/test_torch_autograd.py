@@ -4,6 +4,7 @@ VJP built once per signature, and an nnforge module trained by a torch loop step
 from __future__ import annotations
 
 import copy
+import io
 
 import numpy as np
 import pytest
@@ -91,6 +92,50 @@ def test_a_torch_training_loop_with_a_compiled_nnforge_layer_matches_the_torch_l
         assert losses[0] == pytest.approx(losses[1], rel=tol)
         for a, b in zip(ours.parameters(), theirs.parameters()):
             torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("with_twin", [True, False])
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_a_model_with_a_compiled_layer_copies_and_trains_on_its_own(
+        backend: str, rng: np.random.Generator, with_twin: bool, how: str) -> None:
+    """``copy.deepcopy`` (an EMA or best-so-far copy) and ``torch.save`` of a whole model give a model whose
+    compiled layer reads its own parameters: the same outputs and gradients as the original, and an optimizer
+    step on the copy leaves the original as it was."""
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    twin = torch.nn.LSTM(4, 6, num_layers=2, dtype=torch.float64) if with_twin else None
+    layer = TorchModule(nn.LSTM(4, 6, num_layers=2).to(nf.float64), twin, backend=backend)
+    model = torch.nn.Sequential(layer, _First(), torch.nn.Linear(6, 2, dtype=torch.float64))
+    x = torch.randn(5, 3, 4, dtype=torch.float64)
+    model(x).square().sum().backward()  # compiled and run before the copy
+    if how == "deepcopy":
+        other = copy.deepcopy(model)
+    else:
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        other = torch.load(buf, weights_only=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    for m in (model, other):
+        m.zero_grad()
+        m(x).square().sum().backward()
+    for a, b in zip(model.parameters(), other.parameters()):
+        assert a is not b
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-12, atol=1e-12)
+    torch.optim.SGD(other.parameters(), lr=0.1).step()
+    for a, b, was in zip(model.parameters(), other.parameters(), before):
+        torch.testing.assert_close(a, was, rtol=0, atol=0)
+        assert not torch.equal(b, was)
+    torch.testing.assert_close(other(x), other[2](_torch_stack(other[0], x)), rtol=1e-12, atol=1e-12)
+
+
+def _torch_stack(layer: TorchModule, x: torch.Tensor) -> torch.Tensor:
+    """What ``layer`` (an nnforge LSTM of two layers) computes, by a torch LSTM of its current parameters."""
+    ref = torch.nn.LSTM(4, 6, num_layers=2, dtype=torch.float64)
+    with torch.no_grad():
+        for (_, p), q in zip(ref.named_parameters(), layer._params()):
+            p.copy_(q)
+    return ref(x)[0]
 
 
 class _First(torch.nn.Module):
