@@ -5,16 +5,20 @@ is created eagerly as tensors at construction and updated with ``assign``. That 
 inside ``nf.loop`` the buffers become loop state next to the parameters, and a compiled training step reads them
 at call time and writes them back afterwards. Hyper-parameters are plain Python numbers read at trace time, so
 changing ``lr`` affects eager steps at once but a compiled step only after it is traced again.
+
+``state_dict()`` / ``load_state_dict()`` use torch.optim's layout and state names, so a checkpoint resumes in
+either library.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes
+from ..interop.convert import to_numpy
 from ..tensor import Tensor, maximum, where
 
 
@@ -45,6 +49,86 @@ class Optimizer:
 
     def _init_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
         return {}
+
+    def _params(self) -> list[Tensor]:
+        """Every parameter, group after group: the order of the state dict's indices."""
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """State by position, not by ``id``: a copy's (``copy.deepcopy``, pickle) parameters are other objects."""
+        return {**self.__dict__, "state": [self.state[id(p)] for p in self._params()]}
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        states = d.pop("state")
+        self.__dict__.update(d)
+        self.state = {id(p): s for p, s in zip(self._params(), states)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch.optim's layout: ``state`` maps each parameter's index (group after group) to its state as numpy
+        copies under torch's names; ``param_groups`` holds each group's options, its ``params`` as indices."""
+        groups, first = [], 0
+        for group in self.param_groups:
+            n = len(group["params"])
+            options = {k: v for k, v in group.items() if k != "params"}
+            groups.append({**options, "params": list(range(first, first + n))})
+            first += n
+        state = {i: {k: t.numpy().copy() for k, t in self.state[id(p)].items()} for i, p in enumerate(self._params())}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load ``state_dict()``'s layout, from nnforge or from torch.optim (torch tensors or numpy arrays; a torch
+        state's float ``step`` becomes a count): group options (keys this optimizer does not have are ignored,
+        as torch's ``foreach`` or ``fused``) and each parameter's state, cast to its tensors' dtypes. A parameter
+        without saved state starts afresh, as in torch. Every group size, name and shape is checked before
+        anything is written, so a failed load leaves the optimizer untouched."""
+        name = f"{type(self).__name__}.load_state_dict"
+        saved_groups = list(state_dict["param_groups"])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"{name}: the state dict has {len(saved_groups)} parameter groups, the optimizer "
+                             f"{len(self.param_groups)}")
+        saved_state = state_dict["state"]
+        options: list[dict[str, Any]] = []
+        values: list[tuple[Tensor, np.ndarray]] = []
+        problems: list[str] = []
+        for k, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"{name}: parameter group {k} has {len(saved['params'])} parameters in the state "
+                                 f"dict, {len(group['params'])} in the optimizer")
+            options.append({o: tuple(v) if isinstance(v, list) else v for o, v in saved.items()
+                            if o in group and o != "params"})
+            for index, p in zip(saved["params"], group["params"]):
+                own = self.state[id(p)]
+                fresh = self._init_state(p, {**group, **options[-1]})
+                if set(fresh) != set(own):
+                    changed = {o: v for o, v in options[-1].items() if group[o] != v}
+                    problems.append(f"parameter group {k}'s options in the state dict ({changed}) keep the state "
+                                    f"{sorted(fresh)}, the optimizer was built to keep {sorted(own)}: build it "
+                                    "with those options")
+                    continue
+                entry = {o: v for o, v in self._loaded(dict(saved_state.get(index, {})), set(own)).items()
+                         if v is not None}
+                unknown = sorted(set(entry) - set(own))
+                if unknown:
+                    problems.append(f"parameter {index} has state {unknown} this optimizer does not keep (its "
+                                    f"state: {sorted(own) or 'none'})")
+                for o, t in own.items():
+                    a = to_numpy(entry[o]) if o in entry else fresh[o].numpy()
+                    if tuple(np.shape(a)) != tuple(map(int, t.shape)):
+                        problems.append(f"size mismatch for parameter {index}'s {o!r}: the state dict has shape "
+                                        f"{list(np.shape(a))}, the optimizer expects {list(map(int, t.shape))}")
+                        continue
+                    values.append((t, np.asarray(a).astype(t.dtype.np)))
+        if problems:
+            raise KeyError(f"{name}: " + "; ".join(problems))
+        for group, opts in zip(self.param_groups, options):
+            group.update(opts)
+        for t, a in values:
+            t._rebind(Tensor(a).node)  # re-bind, not assign: loading is not a traced in-place update
+
+    def _loaded(self, entry: dict[str, Any], keeps: set[str]) -> dict[str, Any]:
+        """A parameter's saved state as this optimizer keeps it (``keeps``: its names; torch's forms of it:
+        ``SGD`` below)."""
+        return entry
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradients so the next ``backward`` starts from zero."""
@@ -92,6 +176,13 @@ class SGD(Optimizer):
         if group["dampening"]:  # torch's first step copies the gradient undamped: we need to know which step
             state["step"] = _counter()
         return state
+
+    def _loaded(self, entry: dict[str, Any], keeps: set[str]) -> dict[str, Any]:
+        """torch's SGD keeps no step count (kept here with dampening): its momentum buffer exists once a step
+        was taken (None before)."""
+        if "step" in keeps and "step" not in entry:
+            entry["step"] = np.array(int(entry.get("momentum_buffer") is not None), np.int64)
+        return entry
 
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[str, Any]) -> None:
         g = -grad if group["maximize"] else grad

@@ -1,6 +1,9 @@
-"""Optimizers against torch.optim, and training steps run eagerly, compiled (nf.compile) and as an nf.loop."""
+"""Optimizers against torch.optim, their checkpoints (state dicts, copies), and training steps run eagerly, compiled
+(nf.compile) and as an nf.loop."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -76,6 +79,126 @@ def test_optimizer_argument_errors() -> None:
         optim.Adam([m.weight, m.weight])
     with pytest.raises(ValueError, match="Nesterov"):
         optim.SGD(m.parameters(), lr=0.1, nesterov=True)
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------------------
+
+def _steps(model, opt, rng: np.random.Generator, n: int, torch_side: bool) -> None:
+    for _ in range(n):
+        x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+        opt.zero_grad()
+        if torch_side:
+            torch.nn.functional.mse_loss(model(torch.tensor(x)), torch.tensor(y)).backward()
+        else:
+            F.mse_loss(model(nf.tensor(x)), y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("name,kw", OPTIMIZERS, ids=[f"{n}{k}" for n, k in OPTIMIZERS])
+def test_a_torch_checkpoint_resumes_in_nnforge_and_back(name: str, kw: dict) -> None:
+    """A torch model and optimizer trained three steps; their state dicts loaded into fresh nnforge ones (float64);
+    three more steps each on the same batches: the same parameters (float64 rounding only). Then the nnforge
+    optimizer's state dict loads into a fresh torch one, and two more steps each agree again."""
+    rng = np.random.default_rng(53)
+    t_model = _mlp(torch.nn).double()
+    t_opt = getattr(torch.optim, name)(t_model.parameters(), **kw)
+    _steps(t_model, t_opt, rng, 3, torch_side=True)
+    n_model = _mlp(nn).to(nf.float64)
+    n_model.load_state_dict(t_model.state_dict())
+    n_opt = getattr(optim, name)(n_model.parameters(), **{**kw, "lr": 123.0})  # the checkpoint's lr wins
+    n_opt.load_state_dict(t_opt.state_dict())
+    assert n_opt.param_groups[0]["lr"] == kw["lr"]
+    for torch_side, (model, opt) in ((True, (t_model, t_opt)), (False, (n_model, n_opt))):
+        _steps(model, opt, np.random.default_rng(54), 3, torch_side)
+    for k, v in t_model.state_dict().items():
+        np.testing.assert_allclose(n_model.state_dict()[k], v.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
+    t_back = getattr(torch.optim, name)(t_model.parameters(), **kw)
+    t_back.load_state_dict({"state": {i: {k: torch.from_numpy(np.asarray(v, dtype=np.float64 if k == "step" and
+                                                                         name != "SGD" else None))
+                                          for k, v in st.items() if not (name == "SGD" and k == "step")}
+                                      for i, st in n_opt.state_dict()["state"].items()},
+                            "param_groups": n_opt.state_dict()["param_groups"]})
+    for torch_side, (model, opt) in ((True, (t_model, t_back)), (False, (n_model, n_opt))):
+        _steps(model, opt, np.random.default_rng(55), 2, torch_side)
+    for k, v in t_model.state_dict().items():
+        np.testing.assert_allclose(n_model.state_dict()[k], v.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
+
+
+def test_a_checkpoint_resumes_a_compiled_training_step() -> None:
+    """Five compiled steps, or two, a checkpoint (model and optimizer state dicts) loaded into a fresh model and
+    optimizer, and three compiled steps there: the same parameters and optimizer state."""
+    x, tg, il, tl = _batch(56)
+    model_a, opt_a, step_a = _setup(2)
+    step_a = nf.compile(step_a)
+    for _ in range(5):
+        step_a(x, tg, il, tl)
+    model_b, opt_b, step_b = _setup(2)
+    step_b = nf.compile(step_b)
+    for _ in range(2):
+        step_b(x, tg, il, tl)
+    model_c, opt_c, step_c = _setup(3)  # other initial weights: all of it comes from the checkpoint
+    step_c = nf.compile(step_c)
+    step_c(x, tg, il, tl)  # compiled before the load: it reads the loaded state at call time
+    model_c.load_state_dict(model_b.state_dict())
+    opt_c.load_state_dict(opt_b.state_dict())
+    for _ in range(3):
+        step_c(x, tg, il, tl)
+    for k, v in model_a.state_dict().items():
+        np.testing.assert_allclose(model_c.state_dict()[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+    theirs = opt_c.state_dict()["state"]
+    for i, a in opt_a.state_dict()["state"].items():
+        for k in a:
+            np.testing.assert_allclose(theirs[i][k], a[k], rtol=1e-5, atol=1e-6, err_msg=f"{i} {k}")
+
+
+def test_a_bad_checkpoint_is_refused_before_anything_is_written() -> None:
+    model = _mlp(nn)
+    opt = optim.Adam(model.parameters(), lr=0.1)
+    good = opt.state_dict()
+    before = opt.state_dict()
+    two_groups = {**good, "param_groups": good["param_groups"] * 2}
+    with pytest.raises(ValueError, match="2 parameter groups, the optimizer 1"):
+        opt.load_state_dict(two_groups)
+    short = {**good, "param_groups": [{**good["param_groups"][0], "params": [0, 1]}]}
+    with pytest.raises(ValueError, match="group 0 has 2 parameters in the state dict, 4 in the optimizer"):
+        opt.load_state_dict(short)
+    bad = copy.deepcopy(good)
+    bad["state"][0]["exp_avg"] = np.ones((3, 3), np.float32)
+    bad["state"][1]["exp_avg_sq"] = np.ones((8,), np.float32) * 7
+    bad["state"][3]["momentum_buffer"] = np.ones((2,), np.float32)
+    bad["param_groups"][0]["lr"] = 5.0
+    with pytest.raises(KeyError, match=r"parameter 0's 'exp_avg': the state dict has shape \[3, 3\], the optimizer "
+                                       r"expects \[8, 4\].*parameter 3 has state \['momentum_buffer'\]"):
+        opt.load_state_dict(bad)
+    after = opt.state_dict()
+    assert opt.param_groups[0]["lr"] == 0.1
+    for i in before["state"]:
+        for k in before["state"][i]:
+            np.testing.assert_array_equal(after["state"][i][k], before["state"][i][k])
+    amsgrad = {**good, "param_groups": [{**good["param_groups"][0], "amsgrad": True}]}
+    with pytest.raises(KeyError, match=r"options in the state dict \(\{'amsgrad': True\}\) keep the state"):
+        opt.load_state_dict(amsgrad)
+
+
+def test_a_model_and_its_optimizer_copy_together() -> None:
+    """``copy.deepcopy((model, opt))``: the copied optimizer steps the copied model's parameters from its own
+    copy of the state; the originals stay as they were."""
+    rng = np.random.default_rng(57)
+    model = _mlp(nn)
+    opt = optim.Adam(model.parameters(), lr=0.05)
+    _steps(model, opt, rng, 2, torch_side=False)
+    before = (model.state_dict(), opt.state_dict())
+    model2, opt2 = copy.deepcopy((model, opt))
+    assert opt2.param_groups[0]["params"][0] is model2[0].weight
+    _steps(model2, opt2, np.random.default_rng(58), 2, torch_side=False)
+    for k, v in before[0].items():
+        np.testing.assert_array_equal(model.state_dict()[k], v)
+    assert all(int(st["step"]) == 2 for st in opt.state_dict()["state"].values())
+    assert all(int(st["step"]) == 4 for st in opt2.state_dict()["state"].values())
+    reference = copy.deepcopy((model, opt))  # the same two steps from the original: equal to the copy's
+    _steps(*reference, np.random.default_rng(58), 2, torch_side=False)
+    for k, v in reference[0].state_dict().items():
+        np.testing.assert_array_equal(model2.state_dict()[k], v)
 
 
 # ---- training steps: eager, compiled, looped ------------------------------------------------------------------
