@@ -4,7 +4,7 @@ State dicts use torch's key names, so ``model.load_state_dict(torch_model.state_
 layers are ``nf.scan``s, so a compiled model keeps its time loop as a loop.
 """
 
-from . import functional, init, optim
+from . import functional, init, optim, utils
 from .activation import GELU, Dropout, ReLU, Sigmoid, SiLU, Swish, Tanh
 from .checkpoint import rename_prefixes, stack_rnn_layers
 from .conv import Conv1d
@@ -48,4 +48,5 @@ __all__ = [
     "optim",
     "rename_prefixes",
     "stack_rnn_layers",
+    "utils",
 ]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from nn_testutil import randn
 import nnforge as nf
 import nnforge.nn as nn
 import nnforge.nn.functional as F
+from nnforge.errors import TraceError
 from nnforge.nn import optim
 
 # Several optimizer steps compound float32 rounding differences (and Adam divides by sqrt of small moments), so
@@ -199,6 +201,96 @@ def test_a_model_and_its_optimizer_copy_together() -> None:
     _steps(*reference, np.random.default_rng(58), 2, torch_side=False)
     for k, v in reference[0].state_dict().items():
         np.testing.assert_array_equal(model2.state_dict()[k], v)
+
+
+# ---- gradient clipping -----------------------------------------------------------------------------------------
+
+def _twins_with_grads(rng: np.random.Generator):
+    """A float64 MLP in torch and nnforge with the same weights and gradients (the last bias without one)."""
+    t_model, n_model = _mlp(torch.nn).double(), _mlp(nn).to(nf.float64)
+    n_model.load_state_dict(t_model.state_dict())
+    x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+    torch.nn.functional.mse_loss(t_model(torch.tensor(x)), torch.tensor(y)).backward()
+    F.mse_loss(n_model(nf.tensor(x)), y).backward()
+    t_model[2].bias.grad = None
+    n_model[2].bias.grad = None
+    return t_model, n_model
+
+
+@pytest.mark.parametrize("max_norm,norm_type", [(0.05, 2.0), (100.0, 2.0), (0.05, math.inf), (0.05, 1.0),
+                                                (0.05, 3.0)])
+def test_clip_grad_norm_matches_torch(rng: np.random.Generator, max_norm: float, norm_type: float) -> None:
+    """The norm returned and the clipped gradients are torch's (clipping, or not where the norm is below
+    ``max_norm``); a parameter without a gradient is skipped."""
+    t_model, n_model = _twins_with_grads(rng)
+    want = torch.nn.utils.clip_grad_norm_(t_model.parameters(), max_norm, norm_type)
+    got = nn.utils.clip_grad_norm_(n_model.parameters(), max_norm, norm_type)
+    np.testing.assert_allclose(got.item(), want.item(), rtol=1e-12)
+    for (name, t), n in zip(t_model.named_parameters(), n_model.parameters()):
+        if t.grad is None:
+            assert n.grad is None, name
+        else:
+            np.testing.assert_allclose(n.grad.numpy(), t.grad.numpy(), rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+def test_clip_grad_value_matches_torch(rng: np.random.Generator) -> None:
+    t_model, n_model = _twins_with_grads(rng)
+    torch.nn.utils.clip_grad_value_(t_model.parameters(), 0.02)
+    nn.utils.clip_grad_value_(n_model.parameters(), 0.02)
+    clipped = 0
+    for t, n in zip(t_model.parameters(), n_model.parameters()):
+        if t.grad is not None:
+            np.testing.assert_allclose(n.grad.numpy(), t.grad.numpy(), rtol=1e-12, atol=1e-15)
+            clipped += int((t.grad.abs() == 0.02).sum())
+    assert clipped  # some were clipped
+
+
+def test_a_compiled_step_that_clips_matches_torch(backend: str, rng: np.random.Generator) -> None:
+    """backward, clip_grad_norm_, Adam in one compiled step, three steps: the norms and parameters of torch's
+    eager loop (float64)."""
+    t_model = _mlp(torch.nn).double()
+    n_model = _mlp(nn).to(nf.float64)
+    n_model.load_state_dict(t_model.state_dict())
+    t_opt = torch.optim.Adam(t_model.parameters(), lr=0.05)
+    n_opt = optim.Adam(n_model.parameters(), lr=0.05)
+
+    @nf.compile(backend=backend)
+    def step(x, y):
+        n_opt.zero_grad()
+        F.mse_loss(n_model(x), y).backward()
+        norm = nn.utils.clip_grad_norm_(n_model.parameters(), 0.5)
+        n_opt.step()
+        return norm
+
+    for _ in range(3):
+        x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+        t_opt.zero_grad()
+        torch.nn.functional.mse_loss(t_model(torch.tensor(x)), torch.tensor(y)).backward()
+        want = torch.nn.utils.clip_grad_norm_(t_model.parameters(), 0.5)
+        t_opt.step()
+        np.testing.assert_allclose(float(step(x, y)), want.item(), rtol=1e-10)
+    assert want.item() > 0.5  # it clipped
+    for k, v in t_model.state_dict().items():
+        np.testing.assert_allclose(n_model.state_dict()[k], v.numpy(), rtol=1e-10, atol=1e-12, err_msg=k)
+
+
+def test_clipping_errors_and_no_gradients() -> None:
+    model = _mlp(nn)
+    assert nn.utils.clip_grad_norm_(model.parameters(), 1.0).item() == 0.0  # no gradients yet
+    model[0].weight.grad = nf.full((8, 4), math.inf)
+    with pytest.raises(RuntimeError, match=r"total norm of order 2\.0 of the gradients is inf"):
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+    with pytest.raises(ValueError, match="norm_type must be positive"):
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0, norm_type=0)
+
+    @nf.compile
+    def step(x):
+        model.zero_grad()
+        model(x).sum().backward()
+        return nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+
+    with pytest.raises(TraceError, match="error_if_nonfinite needs the norm's value"):
+        step(np.ones((2, 4), np.float32))
 
 
 # ---- training steps: eager, compiled, looped ------------------------------------------------------------------
