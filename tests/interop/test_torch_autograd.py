@@ -138,6 +138,29 @@ def _torch_stack(layer: TorchModule, x: torch.Tensor) -> torch.Tensor:
     return ref(x)[0]
 
 
+def test_torch_compile_runs_compiled_functions_between_its_graphs(backend: str, rng: np.random.Generator) -> None:
+    """A model under ``torch.compile`` (dynamo, which traces Python) that calls a compiled function directly and
+    holds a ``TorchModule``: dynamo does not trace into them (ctypes and numpy code) but calls them between the
+    graphs it compiles; outputs and gradients are the eager model's."""
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    f = nf.compile(lambda x, w: (x @ w).tanh(), backend=backend)
+    rnn = TorchModule(nn.LSTM(3, 5).to(nf.float64), torch.nn.LSTM(3, 5, dtype=torch.float64), backend=backend)
+    lin = torch.nn.Linear(4, 3, dtype=torch.float64)
+    w = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+
+    def model(x):
+        return rnn(f(lin(x), w))[0].square().sum()
+
+    x = torch.randn(6, 2, 4, dtype=torch.float64)
+    leaves = [w, *lin.parameters(), *rnn.parameters()]
+    want = torch.autograd.grad(model(x), leaves)
+    compiled = torch.compile(model, backend="eager")  # dynamo's tracing is what is tested: no code generation
+    got = torch.autograd.grad(compiled(x), leaves)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 class _First(torch.nn.Module):
     def forward(self, out):
         return out[0]
