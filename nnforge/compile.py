@@ -112,6 +112,18 @@ class CompiledFunction:
         self._loc = f"{getattr(fn, '__qualname__', 'function')} (compiled)"  # where written-back state comes from
         functools.update_wrapper(self, fn)
 
+    def __reduce__(self) -> tuple | str:
+        """Copied (``copy.deepcopy``) and pickled (to another process: multiprocessing, Ray) as the function and
+        its options, not its programs, which hold machine code: the copy traces and compiles its own at its first
+        call (``save`` and ``nf.load`` carry built programs instead). A module-level ``@nf.compile`` function is
+        pickled by its name, as functions are."""
+        owner: Any = sys.modules.get(self.__module__)
+        for part in self.__qualname__.split("."):
+            owner = getattr(owner, part, None)
+        if owner is self:
+            return self.__qualname__
+        return CompiledFunction, (self.fn, self.backend, self.options, self.dtype)
+
     def save(self, path: str | os.PathLike) -> None:
         """Write the traced signatures and built programs to ``path``; ``nf.load(path)`` runs them in another
         process without tracing, optimizing or compiling (see ``nnforge.saving``)."""

@@ -411,6 +411,10 @@ class LoadedFunction(CompiledFunction):
         super().__init__(untraceable, backend, dtype=dtype)
         self._entries, self._vjps, self.captured, self.loaded_from = entries, vjps, captured, path
 
+    def __reduce__(self) -> tuple:
+        raise TypeError(f"{self.__qualname__} was loaded from {self.loaded_from}: it has no Python function to "
+                        "compile again elsewhere; pass the file's path and nf.load it there")
+
     def _drop_stale_entries(self) -> None:
         pass  # the captured tensors are the program's own: freezing the caller's tensors changes nothing here
 

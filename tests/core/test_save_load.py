@@ -4,9 +4,11 @@ rebuild, never a crash or a wrong answer."""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -117,6 +119,36 @@ def test_a_loaded_program_takes_new_sequence_lengths_and_shows_its_ir(backend: s
             np.testing.assert_array_equal(a, b)
     assert g.trace_count == 0 and g.loaded_from == str(tmp_path / "rnn.nfp")
     assert "scan" in repr(g.trace(*_rnn_args(rng, 7)))
+
+
+@nf.compile(backend="cpu")
+def _decorated(x):
+    return x * 3.0 + 1.0
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_compiled_function_copies_as_its_function_and_options(backend: str, rng: np.random.Generator,
+                                                                 tmp_path: Path, how: str) -> None:
+    """Pickled (to another process) or deep-copied, a compiled function is its function, backend and options
+    again, without the programs (machine code): the copy traces and builds its own and computes the same. A
+    module-level ``@nf.compile`` function is pickled by name. A loaded program, which has no function to
+    compile again, says so."""
+    def again(obj):
+        return pickle.loads(pickle.dumps(obj)) if how == "pickle" else copy.deepcopy(obj)
+
+    f = nf.compile(_rnn, backend=backend, dtype=nf.float64)
+    args = _rnn_args(rng, 5)
+    want = f(*args)
+    g = again(f)
+    assert g is not f and g.backend == backend and g.dtype == f.dtype and g.trace_count == 0
+    for a, b in zip(g(*args), want):
+        np.testing.assert_array_equal(a, b)
+    assert g.trace_count == 1 and f.trace_count == 1
+    if how == "pickle":
+        assert pickle.loads(pickle.dumps(_decorated)) is _decorated
+    f.save(tmp_path / "rnn.nfp")
+    with pytest.raises(TypeError, match=r"loaded from .*rnn\.nfp: it has no Python function .* nf\.load it there"):
+        again(nf.load(tmp_path / "rnn.nfp"))
 
 
 def test_a_signature_it_was_not_saved_with_is_refused_naming_the_saved_ones(rng: np.random.Generator,
