@@ -161,6 +161,31 @@ def test_torch_compile_runs_compiled_functions_between_its_graphs(backend: str, 
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_the_torch_models_mode_reaches_the_nnforge_module(backend: str, rng: np.random.Generator) -> None:
+    """``model.eval()`` / ``model.train()`` of the torch model reach a TorchModule's nnforge module: in eval its
+    dropout is off (the output is the linear layer's, call after call), in train it drops; each mode is traced
+    once, and switching back reuses its program."""
+    nf.manual_seed(int(rng.integers(1 << 31)))
+    layer = TorchModule(nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.5)).to(nf.float64), backend=backend)
+    model = torch.nn.Sequential(layer)
+    x = torch.tensor(rng.standard_normal((5, 4)))
+    w, b = layer._params()
+    model.eval()
+    assert not layer.module.training
+    plain = (x @ w.T + b).detach()
+    for _ in range(2):
+        torch.testing.assert_close(model(x).detach(), plain, rtol=1e-12, atol=1e-12)
+    model.train()
+    assert layer.module.training
+    dropped = model(x).detach()
+    assert (dropped == 0).any() and not torch.equal(dropped, model(x).detach())
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], 2 * plain[kept], rtol=1e-12, atol=1e-12)  # scaled by 1 / (1 - p)
+    model.eval()
+    torch.testing.assert_close(model(x).detach(), plain, rtol=1e-12, atol=1e-12)
+    assert {mode: f.trace_count for mode, f in layer._compiled.items()} == {False: 1, True: 1}
+
+
 class _First(torch.nn.Module):
     def forward(self, out):
         return out[0]
