@@ -154,11 +154,9 @@ class CompiledFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if "torch" in sys.modules and sys.modules["torch"].compiler.is_compiling():
-            # torch.compile traces its caller: the call runs as it is, between the graphs it compiles around it
-            return sys.modules["torch"].compiler.disable(self._call)(*args, **kwargs)
-        return self._call(*args, **kwargs)
-
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
+            # torch.compile traces its caller: the call runs as it is (where is_compiling() is False), between
+            # the graphs it compiles around it
+            return sys.modules["torch"].compiler.disable(self.__call__)(*args, **kwargs)
         given = flatten((args, kwargs), _is_leaf)[0]
         if session().tracing or _differentiated(given):
             return self._body(*args, **kwargs)  # inside another trace, or under a gradient: inline
