@@ -102,6 +102,7 @@ def test_a_torch_checkpoint_resumes_in_nnforge_and_back(name: str, kw: dict) -> 
     three more steps each on the same batches: the same parameters (float64 rounding only). Then the nnforge
     optimizer's state dict loads into a fresh torch one, and two more steps each agree again."""
     rng = np.random.default_rng(53)
+    torch.manual_seed(53)
     t_model = _mlp(torch.nn).double()
     t_opt = getattr(torch.optim, name)(t_model.parameters(), **kw)
     _steps(t_model, t_opt, rng, 3, torch_side=True)
@@ -207,6 +208,7 @@ def test_a_model_and_its_optimizer_copy_together() -> None:
 
 def _twins_with_grads(rng: np.random.Generator):
     """A float64 MLP in torch and nnforge with the same weights and gradients (the last bias without one)."""
+    torch.manual_seed(int(rng.integers(1 << 31)))
     t_model, n_model = _mlp(torch.nn).double(), _mlp(nn).to(nf.float64)
     n_model.load_state_dict(t_model.state_dict())
     x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
@@ -248,6 +250,7 @@ def test_clip_grad_value_matches_torch(rng: np.random.Generator) -> None:
 def test_a_compiled_step_that_clips_matches_torch(backend: str, rng: np.random.Generator) -> None:
     """backward, clip_grad_norm_, Adam in one compiled step, three steps: the norms and parameters of torch's
     eager loop (float64)."""
+    torch.manual_seed(int(rng.integers(1 << 31)))
     t_model = _mlp(torch.nn).double()
     n_model = _mlp(nn).to(nf.float64)
     n_model.load_state_dict(t_model.state_dict())
@@ -258,18 +261,20 @@ def test_a_compiled_step_that_clips_matches_torch(backend: str, rng: np.random.G
     def step(x, y):
         n_opt.zero_grad()
         F.mse_loss(n_model(x), y).backward()
-        norm = nn.utils.clip_grad_norm_(n_model.parameters(), 0.5)
+        norm = nn.utils.clip_grad_norm_(n_model.parameters(), 0.1)
         n_opt.step()
         return norm
 
+    norms = []
     for _ in range(3):
         x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
         t_opt.zero_grad()
         torch.nn.functional.mse_loss(t_model(torch.tensor(x)), torch.tensor(y)).backward()
-        want = torch.nn.utils.clip_grad_norm_(t_model.parameters(), 0.5)
+        want = torch.nn.utils.clip_grad_norm_(t_model.parameters(), 0.1)
         t_opt.step()
         np.testing.assert_allclose(float(step(x, y)), want.item(), rtol=1e-10)
-    assert want.item() > 0.5  # it clipped
+        norms.append(want.item())
+    assert max(norms) > 0.1  # it clipped
     for k, v in t_model.state_dict().items():
         np.testing.assert_allclose(n_model.state_dict()[k], v.numpy(), rtol=1e-10, atol=1e-12, err_msg=k)
 
