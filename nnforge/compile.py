@@ -63,6 +63,8 @@ class _Entry:
     grads: list[tuple[weakref.ref, int | None]] = field(default_factory=list)  # .grad written back (None: cleared)
     grad_reads: list[weakref.ref] = field(default_factory=list)  # tensors whose .grad is read (after ``implicit``)
     presence: tuple[tuple[weakref.ref, bool], ...] = ()  # whether each .grad the trace depends on was set
+    modes: tuple[tuple[weakref.ref, bool], ...] = ()  # each module the trace called, and whether it was training
+    baked_values: tuple[tuple[weakref.ref, Node], ...] = ()  # module tensors baked in, and the value each held
     ties: tuple[frozenset, ...] = ()  # generic axes that must stay one size (the sequences one scan walks)
     split: Any = None  # a joint graph's Partition for torch autograd (``interop.autograd``); False: run it whole
 
@@ -70,6 +72,17 @@ class _Entry:
         """Whether every ``.grad`` whose presence the trace depends on (gradients accumulate onto it) is set or
         unset now as it was then: if not, the call needs a trace of its own."""
         return all((t := r()) is None or (t._grad is not None) == had for r, had in self.presence)
+
+    def modes_as_traced(self) -> bool:
+        """Whether every module the trace called is in the mode (``train()`` / ``eval()``) it was then: the mode
+        decides what a module computes (dropout, batch statistics), so another mode needs a trace of its own."""
+        return all((m := r()) is None or m.training == was for r, was in self.modes)
+
+    def values_as_traced(self) -> bool:
+        """Whether every tensor of a called module that the trace baked in (a frozen parameter, a batch norm's
+        running statistics read in eval mode) still holds the value it held then: loaded or trained since, the
+        trace would compute with the old one."""
+        return all((t := r()) is None or t.node is node for r, node in self.baked_values)
 
     def matches(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> bool:
         if treedef != self.treedef or dts != self.dtypes or statics != self.statics:
@@ -225,8 +238,8 @@ class CompiledFunction:
         dts = tuple(None if a is None else a.dtype.str for a in arrays)
         shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
         self._drop_stale_entries()
-        entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics) and e.grads_as_traced()),
-                     None)
+        entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics) and e.grads_as_traced()
+                      and e.modes_as_traced()), None)
         if entry is None:
             entry = self._on_miss(leaves, treedef, arrays, dts, shapes, statics)
             self._entries.append(entry)
@@ -234,9 +247,14 @@ class CompiledFunction:
 
     def _drop_stale_entries(self) -> None:
         """A tensor frozen or unfrozen since a trace changes what is read at call time and what is baked in, and
-        whether its gradient is taken: those traces are dropped."""
+        whether its gradient is taken; a module tensor the trace baked in may hold another value since: those
+        traces are dropped."""
         epoch = session().grad_epoch
-        self._entries = [e for e in self._entries if e.epoch == epoch]
+        kept = [e for e in self._entries if e.epoch == epoch]
+        if not all(e.values_as_traced() for e in kept):
+            log.info("%s: a trace dropped: a module tensor it baked in (a frozen parameter, running statistics read "
+                     "in eval mode) holds another value since", _name(self.fn))
+        self._entries = [e for e in kept if e.values_as_traced()]
 
     def _on_miss(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         """No cached signature matches: trace (saying why when only sizes differ from an earlier trace)."""
@@ -252,9 +270,10 @@ class CompiledFunction:
         if not same:
             return
         prev = same[-1]
-        if shapes == prev.shapes:  # only grads_as_traced() differs
-            log.info("%s: traced again (trace %d): a .grad its gradients accumulate onto was set or cleared since",
-                     _name(self.fn), self.trace_count + 1)
+        if shapes == prev.shapes:  # only grads_as_traced() or modes_as_traced() differs
+            why = ("a .grad its gradients accumulate onto was set or cleared since" if prev.modes_as_traced() else
+                   "a module it calls was switched between train() and eval() since (each mode keeps its trace)")
+            log.info("%s: traced again (trace %d): %s", _name(self.fn), self.trace_count + 1, why)
             return
         changed = [f"arg{i}.shape[{ax}] {b} -> {a}" for i, (new, old) in enumerate(zip(shapes, prev.shapes))
                    for ax, (a, b) in enumerate(zip(new, old)) if a != b and len(new) == len(old)]
@@ -277,7 +296,8 @@ class CompiledFunction:
                  len(t.graph.order), time.perf_counter() - traced)
         graph, generic, ties = _generic_axes(graph, shapes, t.baked)
         return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out,
-                      grads=t.grads, grad_reads=t.grad_reads, presence=t.presence, ties=ties)
+                      grads=t.grads, grad_reads=t.grad_reads, presence=t.presence, modes=t.modes,
+                      baked_values=t.baked_values, ties=ties)
 
 
 def _compute_dtype(dtype: Any) -> DType | None:
@@ -383,6 +403,8 @@ class Traced(NamedTuple):
     grads: list[tuple[weakref.ref, int | None]]  # .grad written back from output index (None: set to None)
     grad_reads: list[weakref.ref]            # tensors whose .grad is read at call time (after ``implicit``)
     presence: tuple[tuple[weakref.ref, bool], ...]  # whether each .grad the trace depends on was set
+    modes: tuple[tuple[weakref.ref, bool], ...]  # each module the trace called, and whether it was training
+    baked_values: tuple[tuple[weakref.ref, Node], ...]  # module tensors baked in, and the value each held
 
 
 def _stand_in(t: Any) -> np.ndarray:
@@ -494,8 +516,12 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Tr
     state_refs = [(weakref.ref(t), len(outs) + i) for i, (t, _) in enumerate(state)]
     slot = itertools.count(len(outs) + len(state))  # the outputs of ``left``, in order
     grad_refs = [(weakref.ref(t), next(slot) if isinstance(g, Tensor) else None) for t, _, g, _ in grads]
+    live = {id(t) for _, t in captured}
+    modules = [m for r, _ in sc.modes.values() if (m := r()) is not None]
+    baked_values = {id(t): (weakref.ref(t), t.node) for m in modules for t in (*m.parameters(), *m.buffers())
+                    if id(t) not in live and id(t.node) in used}
     return Traced(graph, out_def, implicit, state_refs, len(outs), baked, grad_refs,
-                  [weakref.ref(t) for _, t in reads], presence)
+                  [weakref.ref(t) for _, t in reads], presence, tuple(sc.modes.values()), tuple(baked_values.values()))
 
 
 def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:

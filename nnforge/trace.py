@@ -34,6 +34,7 @@ class Scope:
     assigned: dict[int, tuple[Tensor, Node]] = field(default_factory=dict)  # id(tensor) -> (tensor, node before)
     grads_set: dict[int, tuple[Tensor, object]] = field(default_factory=dict)  # id(tensor) -> (tensor, grad before)
     grads_cleared: set[int] = field(default_factory=set)  # ids of tensors whose first .grad write here was None
+    modes: dict[int, tuple[weakref.ref, bool]] = field(default_factory=dict)  # id(module) -> (module, training)
 
 
 @dataclass(eq=False)

@@ -11,6 +11,7 @@ it as state.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -21,6 +22,7 @@ from .. import dtypes
 from ..dtypes import as_dtype
 from ..interop.convert import to_numpy
 from ..tensor import Tensor
+from ..trace import session
 
 
 class Parameter(Tensor):
@@ -244,6 +246,9 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        traced = next((sc for sc in reversed(session().scopes) if sc.kind == "function"), None)
+        if traced is not None:  # a compiled function's trace depends on this module's mode
+            traced.modes.setdefault(id(self), (weakref.ref(self), self.training))
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:

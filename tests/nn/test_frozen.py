@@ -131,3 +131,19 @@ def test_optimizers_accept_and_skip_frozen_parameters(backend, rng, name):
     for pname, tp in t_model.named_parameters():
         np.testing.assert_allclose(dict(n_model.named_parameters())[pname].numpy(), tp.detach().numpy(),
                                    rtol=RTOL, atol=ATOL, err_msg=pname)
+
+
+def test_new_values_loaded_into_a_frozen_parameter_reach_a_compiled_function(backend, rng):
+    """A frozen parameter is baked into a trace; loading a checkpoint into it afterwards makes the compiled
+    function trace again and compute with the loaded values, not the ones it baked in."""
+    model = _mlp(nn)
+    model[0].weight.requires_grad = False
+    f = nf.compile(lambda x: model(x), backend=backend)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    f(x)
+    sd = {k: v + rng.standard_normal(v.shape).astype(np.float32) for k, v in model.state_dict().items()}
+    model.load_state_dict(sd)
+    np.testing.assert_allclose(np.asarray(f(x)), model(nf.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert f.trace_count == 2
+    f(x)
+    assert f.trace_count == 2

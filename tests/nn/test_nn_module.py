@@ -130,6 +130,37 @@ def test_train_eval_zero_grad_and_backward_fills_grads() -> None:
     assert all(p.grad is None for p in net.parameters())
 
 
+def test_a_compiled_function_follows_the_mode_of_the_modules_it_calls(backend: str, rng: np.random.Generator,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Switched with ``eval()`` / ``train()`` between calls, a model's dropout and batch norm compute what the mode
+    says in a compiled function as eagerly: each mode keeps its trace, but an eval trace, which bakes the running
+    statistics in, is traced again once training calls have moved them."""
+    nf.manual_seed(int(rng.integers(1 << 31)))
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Dropout(0.5))
+    f = nf.compile(lambda x: model(x), backend=backend)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    dropped = np.asarray(f(x))
+    assert (dropped == 0).any()
+    model.eval()
+    with caplog.at_level("INFO", logger="nnforge.compile"):
+        evaluated = np.asarray(f(x))
+    assert "switched between train() and eval()" in caplog.text
+    np.testing.assert_allclose(evaluated, model(nf.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)  # running statistics
+    assert not (evaluated == 0).any()
+    assert f.trace_count == 2
+    model.train()
+    assert (np.asarray(f(x)) == 0).any()
+    assert f.trace_count == 2  # the training trace again: it reads the running statistics at call time
+    model.eval()
+    with caplog.at_level("INFO", logger="nnforge.compile"):
+        again = np.asarray(f(x))
+    assert "a module tensor it baked in" in caplog.text and f.trace_count == 3
+    np.testing.assert_allclose(again, model(nf.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(again, evaluated)  # the statistics moved
+    np.testing.assert_array_equal(np.asarray(f(x)), again)
+    assert f.trace_count == 3
+
+
 def test_to_double_and_requires_grad() -> None:
     m = nn.GRU(2, 3).double()
     assert all(p.dtype == nf.float64 for p in m.parameters())
