@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from .compile import CompiledFunction
 from .compile import compile as nf_compile
 from .errors import NNForgeError
 from .nn.module import Module
@@ -48,20 +47,26 @@ class TorchModule(torch.nn.Module):
             self.params = torch.nn.ParameterList(
                 [torch.nn.Parameter(torch.from_numpy(p.numpy().copy())) for _, p in module.named_parameters()])
         self._backend = backend
-        self._compiled: dict[bool, CompiledFunction] = {}  # per mode: a trace fixes train() / eval()
+        self._compiled = nf_compile(self._run, backend=backend)
         super().train(module.training)
 
     def train(self, mode: bool = True) -> TorchModule:
         """torch's mode switch (``model.eval()`` reaches it), passed on to the nnforge module: its dropout and
-        batch norm follow the torch model's mode. Each mode has a compiled program of its own."""
+        batch norm follow the torch model's mode (the compiled function keeps a trace per mode)."""
         super().train(mode)
         self.module.train(mode)
         return self
 
     def __getstate__(self) -> dict:
-        """Copied (``copy.deepcopy``) and pickled without the compiled programs, which hold machine code: the copy
+        """Copied (``copy.deepcopy``) and pickled without the compiled program, which holds machine code: the copy
         compiles its own at its first call, for its own parameters."""
-        return {**self.__dict__, "_compiled": {}}
+        state = self.__dict__.copy()
+        del state["_compiled"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._compiled = nf_compile(self._run, backend=self._backend)
 
     @property
     def module(self) -> Module:
@@ -87,7 +92,4 @@ class TorchModule(torch.nn.Module):
         return list(self.params)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        mode = self.module.training
-        if mode not in self._compiled:
-            self._compiled[mode] = nf_compile(self._run, backend=self._backend)
-        return self._compiled[mode](self._params(), *args, **kwargs)
+        return self._compiled(self._params(), *args, **kwargs)

@@ -183,7 +183,7 @@ def test_the_torch_models_mode_reaches_the_nnforge_module(backend: str, rng: np.
     torch.testing.assert_close(dropped[kept], 2 * plain[kept], rtol=1e-12, atol=1e-12)  # scaled by 1 / (1 - p)
     model.eval()
     torch.testing.assert_close(model(x).detach(), plain, rtol=1e-12, atol=1e-12)
-    assert {mode: f.trace_count for mode, f in layer._compiled.items()} == {False: 1, True: 1}
+    assert layer._compiled.trace_count == 2  # one trace per mode
 
 
 class _First(torch.nn.Module):
