@@ -10,6 +10,7 @@ from .errors import DTypeError, NNForgeError, ShapeError, TraceError
 from .indexing import gather, index_select, scatter_add, take_along_axis
 from .saving import LoadError, load
 from .tensor import (
+    HostValue,
     Tensor,
     abs,
     arange,

@@ -534,7 +534,8 @@ def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:
 
 
 def _captured(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node, Tensor]]:
-    """Values read at call time: the tensors updated in place, then live parameters (tensors requiring grad).
+    """Values read at call time: the tensors updated in place, then live parameters (tensors requiring grad) and
+    ``HostValue`` numbers.
 
     Any node kind counts, not only DATA: after an eager optimizer step a parameter holds an expression node, and
     baking that in would freeze the parameter at its trace-time value.
@@ -545,7 +546,7 @@ def _captured(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node
     for n in graph.order:  # captured values inside bodies are consts of their loop node: top-level too
         if n.op == Op.INPUT or id(n) in seen:
             continue
-        ref = s.grad_leaves.get(id(n))
+        ref = s.grad_leaves.get(id(n)) or s.host_values.get(id(n))
         t = ref() if ref is not None else None
         if t is not None and t.node is n:
             out.append((n, t))

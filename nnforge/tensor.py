@@ -572,6 +572,40 @@ class Tensor:
         return Tensor(make(Op.PAD, (self.node,), {"pads": pads, "value": value}))
 
 
+class HostValue(Tensor):
+    """A 0-d tensor whose value is a Python number that may change between calls (an optimizer's learning rate,
+    which schedulers set): a compiled function that reads it reads ``get()`` at each call, as it reads a
+    parameter, instead of baking the number in when traced. ``refresh()`` before it enters a trace makes the
+    trace see the current number (an eager ``nf.loop`` body bakes that one)."""
+
+    __slots__ = ("_get",)
+
+    def __init__(self, get: Any, dtype: Any = dtypes.float64):
+        super().__init__(np.asarray(get(), as_dtype(dtype).np))
+        object.__setattr__(self, "_get", get)
+        session().host_values[id(self._node)] = weakref.ref(self)
+
+    def refresh(self) -> HostValue:
+        """Hold the number ``get()`` returns now, where it changed (a trace reading the tensor twice sees one
+        node); returns the tensor."""
+        now = self.numpy()
+        if self._node.op != Op.DATA or not np.array_equal(self._node.attrs["array"], now):
+            self._rebind(_data_node(now, None))
+        return self
+
+    def _rebind(self, node: Node) -> None:
+        s = session()
+        s.host_values.pop(id(self._node), None)
+        super()._rebind(node)
+        s.host_values[id(node)] = weakref.ref(self)
+
+    def numpy(self) -> np.ndarray:
+        return np.asarray(self._get(), self.dtype.np)
+
+    def __reduce__(self) -> tuple:
+        raise TypeError("a HostValue reads a Python number through a function: make a new one where it is used")
+
+
 # ---- construction ---------------------------------------------------------------------------------------------
 
 def _restored(cls: type[Tensor], value: np.ndarray, dtype: DType, requires_grad: bool, name: str,

@@ -426,3 +426,16 @@ def test_a_compiled_function_under_an_eager_gradient_is_differentiated(backend: 
     plain = cf(nf.tensor(w), nf.tensor(xs))
     assert isinstance(plain, np.ndarray) and cf.trace_count == 1
     assert_close(plain, _scanned(nf.tensor(w), nf.tensor(xs)).numpy(), "float32")
+
+
+def test_a_host_value_is_read_at_each_call(backend: str, rng: np.random.Generator) -> None:
+    """``nf.HostValue(get)``: a Python number a compiled function reads at each call instead of baking it in."""
+    box = [0.5]
+    scale = nf.HostValue(lambda: box[0], nf.float32)
+    f = nf.compile(lambda x: x * scale, backend=backend)
+    x = rng.standard_normal(4).astype(np.float32)
+    for value in (0.5, 2.0, -3.0):
+        box[0] = value
+        np.testing.assert_allclose(np.asarray(f(x)), x * np.float32(value), rtol=1e-6)
+    assert f.trace_count == 1
+    np.testing.assert_array_equal(scale.numpy(), np.float32(-3.0))
