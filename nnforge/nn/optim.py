@@ -3,8 +3,9 @@
 Everything an optimizer carries between steps (momentum buffers, moment estimates, per-parameter step counters)
 is created eagerly as tensors at construction and updated with ``assign``. That makes ``step()`` traceable:
 inside ``nf.loop`` the buffers become loop state next to the parameters, and a compiled training step reads them
-at call time and writes them back afterwards. Hyper-parameters are plain Python numbers read at trace time, so
-changing ``lr`` affects eager steps at once but a compiled step only after it is traced again.
+at call time and writes them back afterwards. Hyper-parameters are plain Python numbers; a traced step reads each
+group's ``lr`` through a ``HostValue``, so a compiled step reads the number at every call (a schedule changes it
+between steps without tracing again), and bakes the others in.
 
 ``state_dict()`` / ``load_state_dict()`` use torch.optim's layout and state names, so a checkpoint resumes in
 either library.
@@ -19,7 +20,8 @@ import numpy as np
 
 from .. import dtypes
 from ..interop.convert import to_numpy
-from ..tensor import Tensor, maximum, where
+from ..tensor import HostValue, Tensor, maximum, where
+from ..trace import session
 
 
 class Optimizer:
@@ -55,8 +57,10 @@ class Optimizer:
         return [p for group in self.param_groups for p in group["params"]]
 
     def __getstate__(self) -> dict[str, Any]:
-        """State by position, not by ``id``: a copy's (``copy.deepcopy``, pickle) parameters are other objects."""
-        return {**self.__dict__, "state": [self.state[id(p)] for p in self._params()]}
+        """State by position, not by ``id``: a copy's (``copy.deepcopy``, pickle) parameters are other objects.
+        The learning rates' ``HostValue``s read this optimizer's groups: the copy makes its own."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_host_lr"}
+        return {**state, "state": [self.state[id(p)] for p in self._params()]}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         states = d.pop("state")
@@ -139,10 +143,22 @@ class Optimizer:
     def step(self) -> None:
         """Update every parameter that has a gradient, in place. As in torch, a frozen parameter (one that does
         not require grad) is accepted and simply skipped: ``backward`` gives it no gradient."""
-        for group in self.param_groups:
+        traced = session().tracing
+        for k, group in enumerate(self.param_groups):
             for p in group["params"]:
                 if p.grad is not None:
-                    self._update(p, p.grad, self.state[id(p)], group)
+                    lr = group["lr"]
+                    if traced and not isinstance(lr, Tensor):
+                        lr = self._traced_lr(k, p.dtype)
+                    self._update(p, p.grad, self.state[id(p)], {**group, "lr": lr})
+
+    def _traced_lr(self, k: int, dtype: dtypes.DType) -> HostValue:
+        """Group ``k``'s learning rate in ``dtype`` as a trace reads it: a number a compiled step reads at each
+        call (rounded to ``dtype`` as a Python number in the update would be)."""
+        host = self.__dict__.setdefault("_host_lr", {})
+        if (k, dtype) not in host:
+            host[k, dtype] = HostValue(lambda group=self.param_groups[k]: group["lr"], dtype)
+        return host[k, dtype].refresh()
 
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[str, Any]) -> None:
         raise NotImplementedError

@@ -204,6 +204,37 @@ def test_a_model_and_its_optimizer_copy_together() -> None:
         np.testing.assert_array_equal(model2.state_dict()[k], v)
 
 
+def test_a_compiled_step_reads_the_learning_rate_at_each_call(backend: str, rng: np.random.Generator) -> None:
+    """A schedule sets ``lr`` between compiled steps (per group, two groups): each call uses the number set, as
+    the eager steps do, and the step is traced once."""
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    twins = []
+    for _ in range(2):
+        model = _mlp(nn).to(nf.float64)
+        opt = optim.Adam([{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.3}], lr=0.1)
+        twins.append((model, opt))
+    twins[1][0].load_state_dict(twins[0][0].state_dict())
+
+    def step_of(model, opt):
+        def step(x, y):
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+        return step
+
+    compiled = nf.compile(step_of(*twins[0]), backend=backend)
+    eager = step_of(*twins[1])
+    for k in range(4):
+        x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+        for _, opt in twins:
+            opt.param_groups[0]["lr"], opt.param_groups[1]["lr"] = 0.1 / (k + 1), 0.3 * 0.5 ** k
+        compiled(x, y)
+        eager(nf.tensor(x), y)
+    assert compiled.trace_count == 1
+    for k, v in twins[1][0].state_dict().items():
+        np.testing.assert_allclose(twins[0][0].state_dict()[k], v, rtol=1e-12, atol=1e-12, err_msg=k)
+
+
 # ---- gradient clipping -----------------------------------------------------------------------------------------
 
 def _twins_with_grads(rng: np.random.Generator):
