@@ -8,7 +8,7 @@ group's ``lr`` through a ``HostValue``, so a compiled step reads the number at e
 between steps without tracing again), and bakes the others in.
 
 ``state_dict()`` / ``load_state_dict()`` use torch.optim's layout and state names, so a checkpoint resumes in
-either library.
+either library. Learning-rate schedules: ``lr_scheduler``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..interop.convert import to_numpy
-from ..tensor import HostValue, Tensor, maximum, where
-from ..trace import session
+from ... import dtypes
+from ...interop.convert import to_numpy
+from ...tensor import HostValue, Tensor, maximum, where
+from ...trace import session
 
 
 class Optimizer:
@@ -267,3 +267,6 @@ class AdamW(Adam):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, maximize: bool = False):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize)
+
+
+from . import lr_scheduler  # noqa: E402  (after Optimizer, which it reads)
