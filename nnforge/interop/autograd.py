@@ -8,7 +8,8 @@ values the backward half reads (a scan's stacked carries and gate pre-activation
 ``loss.backward()`` from them, without running the forward again. Both halves are built once per signature,
 like the forward; tensors the function updates in place are written back once, and its Receivers called once, by
 the forward half. A function that sets ``.grad`` itself, and a program loaded from a file saved without its halves,
-run their pullback whole instead (it recomputes the forward).
+run their pullback whole instead: it recomputes the forward (its random draws and Receiver calls again), but
+writes back neither the in-place updates nor the ``.grad`` the forward's call wrote.
 """
 
 from __future__ import annotations
@@ -130,6 +131,19 @@ def forward_half(cf: CompiledFunction, treedef: Any, detached: list, diff: tuple
     return [o if is_torch(o) else to_torch(o) for o in outs[:len(results)]], plain.out_def, backward, read_back
 
 
+def _whole_pullback(program: CompiledFunction, leaves: list) -> list:
+    """The gradients ``program`` (``vjp_function``'s, which runs the function again) computes from ``leaves``,
+    without its effects on Python state: the forward's call already wrote back the tensors the function updates
+    in place and the ``.grad`` it sets, which a second write would apply twice (an optimizer step taken again,
+    gradients accumulated twice)."""
+    from ..compile import implicit_arrays, run_program
+    from ..interop.convert import is_torch, to_torch
+
+    leaves, arrays, shapes, entry = program._lookup(tuple(leaves), {})
+    outs = run_program(program._program(entry, shapes), leaves, arrays, implicit_arrays(entry))
+    return [g if is_torch(g) else to_torch(g) for g in outs[:entry.n_out]]
+
+
 def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
     """``cf(*args, **kwargs)`` recorded by torch autograd (see the module docstring)."""
     import torch
@@ -170,8 +184,7 @@ def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
             if ctx.backward_half is not None:
                 _ = ctx.saved_tensors  # raises where a result the backward reads was changed in place since
                 return tuple(ctx.backward_half(cts))
-            program = cf.vjp_program(treedef, len(detached), diff)
-            return tuple(program(*detached, *cts))
+            return tuple(_whole_pullback(cf.vjp_program(treedef, len(detached), diff), [*detached, *cts]))
 
     outs = NnforgeCompiled.apply(*[leaves[i] for i in diff])
     return unflatten(out_def[0], list(outs))

@@ -339,6 +339,30 @@ def test_buffers_a_module_updates_in_place_are_updated_once_a_call(backend: str,
     assert int(ours.module.num_batches_tracked.numpy()) == 2
 
 
+def test_a_function_that_sets_grad_runs_its_pullback_whole_without_writing_twice(
+        backend: str, rng: np.random.Generator) -> None:
+    """A compiled function that takes a gradient itself (``.grad`` of a captured parameter) and counts its calls
+    in place runs its pullback whole in ``backward()``: the input's gradient is right, and the count and the
+    ``.grad`` are what the one call left, not updated a second time."""
+    w = nf.tensor(rng.standard_normal(3), requires_grad=True)
+    count = nf.tensor(np.zeros((), np.int64))
+
+    def f(x):
+        w.grad = None
+        loss = ((x * w) ** 2).sum()
+        loss.backward()
+        count.assign(count + 1)
+        return loss * 1.0
+
+    g = nf.compile(f, backend=backend)
+    x = torch.tensor(rng.standard_normal(3), requires_grad=True)
+    g(x).backward()
+    w_np = w.numpy()
+    torch.testing.assert_close(x.grad, torch.from_numpy(2 * x.detach().numpy() * w_np ** 2), rtol=1e-12, atol=1e-12)
+    assert int(count.numpy()) == 1
+    np.testing.assert_allclose(w.grad.numpy(), 2 * x.detach().numpy() ** 2 * w_np, rtol=1e-12)
+
+
 def test_two_calls_before_one_backward_keep_their_own_saved_values(backend: str, rng: np.random.Generator) -> None:
     f = nf.compile(_lstm, backend=backend)
     w = [torch.tensor(rng.standard_normal(s) * 0.3, requires_grad=True) for s in ((24, 4), (24, 6), (24,))]
