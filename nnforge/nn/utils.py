@@ -32,11 +32,12 @@ def _norm(g: Tensor, norm_type: float) -> Tensor:
 
 
 def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False) -> Tensor:
+                    error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
     """Scale the gradients of ``parameters`` so that their joint ``norm_type``-norm (the norm of the per-tensor
     norms) is at most ``max_norm``, by ``min(1, max_norm / (norm + 1e-6))`` as torch does; returns that norm
     before clipping. Parameters without a gradient are skipped. ``error_if_nonfinite`` raises on a NaN or
-    infinite norm, which needs its value: eagerly only (a compiled step cannot stop on a value)."""
+    infinite norm, which needs its value: eagerly only (a compiled step cannot stop on a value). ``foreach``
+    (torch's choice of kernels) is accepted and has no effect: the clipping is part of the step's program."""
     norm_type = float(norm_type)
     if not norm_type > 0:
         raise ValueError(f"clip_grad_norm_: norm_type must be positive (or inf), got {norm_type}")
@@ -58,7 +59,7 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     return total
 
 
-def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float) -> None:
-    """Clamp every gradient element of ``parameters`` to ``[-clip_value, clip_value]``."""
+def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float, foreach: bool | None = None) -> None:
+    """Clamp every gradient element of ``parameters`` to ``[-clip_value, clip_value]`` (``foreach``: as above)."""
     for p in _with_grads(parameters):
         p.grad = p.grad.clamp(-float(clip_value), float(clip_value))

@@ -55,6 +55,29 @@ def test_the_rates_are_torchs(name: str) -> None:
         n_sched.step()
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(mode="max", threshold_mode="abs", threshold=0.05, patience=2,
+                                          cooldown=2, factor=0.5, min_lr=[0.01, 0.02]),
+                                 dict(patience=1, factor=0.3, min_lr=0.004, eps=1e-3)])
+def test_reduce_on_plateau_is_torchs(kw: dict, rng: np.random.Generator) -> None:
+    """The rates ``ReduceLROnPlateau`` sets from 40 metrics that improve, stall and wander are torch's."""
+    t_model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    n_model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    t_opt = torch.optim.SGD(_groups(t_model), lr=0.1)
+    n_opt = nn.optim.SGD(_groups(n_model), lr=0.1)
+    t_sched = torch.optim.lr_scheduler.ReduceLROnPlateau(t_opt, **kw)
+    n_sched = ours.ReduceLROnPlateau(n_opt, **kw)
+    metrics = np.concatenate([np.linspace(1.0, 0.5, 8), np.full(10, 0.5), 0.5 + 0.02 * rng.standard_normal(22)])
+    lrs = set()
+    for m in metrics:
+        t_sched.step(float(m))
+        n_sched.step(nf.tensor(m))
+        assert [g["lr"] for g in n_opt.param_groups] == pytest.approx([g["lr"] for g in t_opt.param_groups],
+                                                                      rel=1e-12)
+        assert n_sched.get_last_lr() == pytest.approx(t_sched.get_last_lr(), rel=1e-12)
+        lrs.add(n_opt.param_groups[0]["lr"])
+    assert len(lrs) > 1  # it cut
+
+
 def test_a_schedule_resumes_from_its_state_dict() -> None:
     model = nn.Sequential(nn.Linear(2, 2))
     opt = nn.optim.SGD(model.parameters(), lr=0.1)

@@ -154,3 +154,63 @@ class SequentialLR(LRScheduler):
         i = bisect.bisect_right(self.milestones, epoch)
         start = self.milestones[i - 1] if i else 0
         return self.schedulers[i].lr_at(k, base, epoch - start)
+
+
+class ReduceLROnPlateau:
+    """Cut every group's rate by ``factor`` (down to ``min_lr``) once the metric given to ``step(metric)`` has not
+    improved for more than ``patience`` steps, then wait ``cooldown`` steps; torch's rules of improvement
+    (``mode`` "min" or "max", ``threshold`` relative or absolute) and of ``eps`` (smaller cuts are skipped)."""
+
+    def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
+                 min_lr: float | Sequence[float] = 0.0, eps: float = 1e-8):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"ReduceLROnPlateau: expected an nnforge optimizer, got {type(optimizer).__name__}")
+        if factor >= 1.0 or mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"ReduceLROnPlateau: needs factor < 1, mode 'min' or 'max' and threshold_mode 'rel' or "
+                             f"'abs', got {factor}, {mode!r}, {threshold_mode!r}")
+        n = len(optimizer.param_groups)
+        self.min_lrs = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr] * n
+        if len(self.min_lrs) != n:
+            raise ValueError(f"ReduceLROnPlateau: {len(self.min_lrs)} min_lr values for {n} parameter groups")
+        self.optimizer = optimizer
+        self.mode, self.factor, self.patience, self.cooldown, self.eps = mode, factor, patience, cooldown, eps
+        self.threshold, self.threshold_mode = threshold, threshold_mode
+        self.best = math.inf if mode == "min" else -math.inf
+        self.num_bad_epochs = self.cooldown_counter = self.last_epoch = 0
+        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+    def _is_better(self, value: float) -> bool:
+        if self.mode == "min":
+            bar = self.best * (1 - self.threshold) if self.threshold_mode == "rel" else self.best - self.threshold
+            return value < bar
+        bar = self.best * (1 + self.threshold) if self.threshold_mode == "rel" else self.best + self.threshold
+        return value > bar
+
+    def step(self, metric: Any) -> None:
+        """One epoch's (or evaluation's) ``metric``: a number or a 0-d tensor."""
+        value = float(metric.item() if hasattr(metric, "item") else metric)
+        self.last_epoch += 1
+        if self._is_better(value):
+            self.best, self.num_bad_epochs = value, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            for group, floor in zip(self.optimizer.param_groups, self.min_lrs):
+                new = max(group["lr"] * self.factor, floor)
+                if group["lr"] - new > self.eps:
+                    group["lr"] = new
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        return list(self._last_lr)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.__dict__.update(state_dict)
