@@ -82,15 +82,30 @@ def strided_base(n: Node, stored: set[int], free: set[int]) -> bool:
     """True when ``n`` is a stored buffer or a chain of permute/expand/slice/reshape over one (a GEMM operand
     read through strides, without a copy). Reshapes must only add or drop size-1 axes."""
     while id(n) not in stored:
-        if n.op not in STRIDED:
+        if not _strided_step(n):
             return False
-        if n.op == Op.RESHAPE:
-            a = [int(d) for d in n.shape if int(d) != 1]
-            b = [int(d) for d in n.srcs[0].shape if int(d) != 1]
-            if a != b:
-                return False
         n = n.srcs[0]
     return True
+
+
+def _strided_step(n: Node) -> bool:
+    """Whether ``n`` indexes its source through strides: a permute, broadcast or slice, or a reshape that only
+    adds or drops size-1 axes."""
+    if n.op not in STRIDED:
+        return False
+    if n.op == Op.RESHAPE:
+        return [int(d) for d in n.shape if int(d) != 1] == [int(d) for d in n.srcs[0].shape if int(d) != 1]
+    return True
+
+
+def _view_needs_buffer(n: Node, readers: list[Node], g: Grouping, outputs: set[int]) -> bool:
+    """Whether a view (a movement node its readers could index) must be stored all the same: it is a result of
+    the graph, a loop or a reshape alias reads it as a buffer, or a GEMM reads it and it is no strided view of a
+    buffer. One rule for the views found free walking back from the outputs and for those ``group`` stored
+    before their source was decided (``_views_of_later_buffers``)."""
+    return (id(n) in outputs or any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) or id(u) in g.alias for u in readers)
+            or (any(u.op == Op.MATMUL for u in readers)
+                and not (_strided_step(n) and strided_base(n.srcs[0], g.stored, g.free))))
 
 
 def _view_of_reshape(n: Node, readers: list[Node], g: Grouping, outputs: set[int]) -> bool:
@@ -141,9 +156,7 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
             continue
         needs_view = any(u.op == Op.MATMUL for u in readers)
         if id(n) in g.free:
-            if id(n) in outputs or any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) or id(u) in g.alias
-                                       for u in readers) or (
-                    needs_view and not strided_base(n, g.stored, g.free)):
+            if _view_needs_buffer(n, readers, g, outputs):
                 g.free.discard(id(n))
                 g.stored.add(id(n))
             continue
@@ -198,10 +211,8 @@ def _views_of_later_buffers(g: Grouping, order: list[Node], us: dict[int, list[N
     through strides)."""
     for n in order:
         readers = us.get(id(n), [])
-        if (n.op in STRIDED and n.op != Op.RESHAPE and id(n) in g.stored and id(n) not in g.alias
-                and id(n) not in outputs and readers and _over_buffers(n, g)
-                and not any(u.op in (Op.SCAN, Op.LOOP, Op.RECEIVER) or id(u) in g.alias for u in readers)
-                and (not any(u.op == Op.MATMUL for u in readers) or strided_base(n.srcs[0], g.stored, g.free))):
+        if (n.op in STRIDED and n.op != Op.RESHAPE and id(n) in g.stored and id(n) not in g.alias and readers
+                and _over_buffers(n, g) and not _view_needs_buffer(n, readers, g, outputs)):
             g.stored.discard(id(n))
             g.free.add(id(n))
 
