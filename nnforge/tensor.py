@@ -186,6 +186,24 @@ class Tensor:
             raise TraceError(at("the truth value of a traced tensor is unknown at trace time; use nf.where"))
         return bool(self.numpy())
 
+    def _one_number(self, what: str) -> Scalar:
+        """The value of a one-element tensor, for ``float()``, ``int()`` and format specs (a loss to log)."""
+        if session().tracing:
+            raise TraceError(at(f"{what} of a traced tensor is unknown at trace time: return the tensor and convert "
+                                "the compiled function's result"))
+        if self.numel() != 1:
+            raise TypeError(f"{what} needs a tensor of one element, got shape {list(map(int, self.shape))}")
+        return self.numpy().item()
+
+    def __float__(self) -> float:
+        return float(self._one_number("float()"))
+
+    def __int__(self) -> int:
+        return int(self._one_number("int()"))
+
+    def __format__(self, spec: str) -> str:
+        return format(self._one_number(f"format spec {spec!r}"), spec) if spec else str(self)
+
     def __hash__(self) -> int:
         return id(self)
 

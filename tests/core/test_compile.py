@@ -439,3 +439,16 @@ def test_a_host_value_is_read_at_each_call(backend: str, rng: np.random.Generato
         np.testing.assert_allclose(np.asarray(f(x)), x * np.float32(value), rtol=1e-6)
     assert f.trace_count == 1
     np.testing.assert_array_equal(scale.numpy(), np.float32(-3.0))
+
+
+def test_one_number_tensors_convert_and_format_eagerly(rng: np.random.Generator) -> None:
+    """``float()``, ``int()`` and format specs of a one-element tensor (a loss to log) give its value; a longer
+    tensor, or a traced one, says why not."""
+    value = rng.standard_normal()
+    t = nf.tensor(np.float64(value))
+    assert float(t) == value and f"{t:.3f}" == f"{value:.3f}" and int(nf.tensor(np.int64(7))) == 7
+    assert f"{t}" == str(t)
+    with pytest.raises(TypeError, match=r"float\(\) needs a tensor of one element, got shape \[3\]"):
+        float(nf.tensor(np.ones(3)))
+    with pytest.raises(nf.TraceError, match=r"int\(\) of a traced tensor is unknown at trace time"):
+        nf.compile(lambda x: int(x))(np.ones(()))
