@@ -4,6 +4,7 @@ VJP built once per signature, and an nnforge module trained by a torch loop step
 from __future__ import annotations
 
 import copy
+import functools
 import io
 
 import numpy as np
@@ -17,7 +18,7 @@ from nnforge.ir.ops import Op
 from nnforge.torch import TorchModule
 
 
-def _lstm(x, h0, c0, w_ih, w_hh, b):
+def _lstm(x, h0, c0, w_ih, w_hh, b, reverse=False):
     def step(carry, x_t):
         h, c = carry
         i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
@@ -25,7 +26,7 @@ def _lstm(x, h0, c0, w_ih, w_hh, b):
         h = nf.sigmoid(o) * nf.tanh(c)
         return (h, c), h
 
-    (h, c), ys = nf.scan(step, (h0, c0), x)
+    (h, c), ys = nf.scan(step, (h0, c0), x, reverse=reverse)
     return ys, (h, c)
 
 
@@ -245,18 +246,7 @@ def test_an_lstm_saves_no_second_stack_of_h(backend: str, rng: np.random.Generat
     the output ``ys`` one step shifted: not saved (the stack of ``c`` and the gate sums are). Gradients against a
     torch loop of the same cell, both directions, at T = 5, 1 and 0 (the initial ``h`` fills ``min(T, 1)``
     steps)."""
-    def lstm(x, h0, c0, w_ih, w_hh, b):
-        def step(carry, x_t):
-            h, c = carry
-            i, f, g, o = (x_t @ w_ih.T + h @ w_hh.T + b).chunk(4, axis=-1)
-            c = nf.sigmoid(f) * c + nf.sigmoid(i) * nf.tanh(g)
-            h = nf.sigmoid(o) * nf.tanh(c)
-            return (h, c), h
-
-        (h, c), ys = nf.scan(step, (h0, c0), x, reverse=reverse)
-        return ys, (h, c)
-
-    f = nf.compile(lstm, backend=backend)
+    f = nf.compile(functools.partial(_lstm, reverse=reverse), backend=backend)
     w = [torch.tensor(rng.standard_normal(s) * 0.3, requires_grad=True) for s in ((24, 4), (24, 6), (24,))]
     for T in (5, 1, 0):
         x, h0, c0 = (torch.tensor(rng.standard_normal(s), requires_grad=True) for s in ((T, 3, 4), (3, 6), (3, 6)))

@@ -63,3 +63,13 @@ def compare_with_torch(nf_mod: nf.nn.Module, t_mod: torch.nn.Module, inputs: Seq
 
 def randn(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def mse_step(model: nf.nn.Module, opt: Any) -> Callable[[Any, Any], None]:
+    """A training step of ``model`` on a mean squared error, ``opt`` stepping it: to compile, or run eagerly."""
+    def step(x: Any, y: Any) -> None:
+        opt.zero_grad()
+        nf.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    return step

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from nn_testutil import mse_step
 
 import nnforge as nf
 import nnforge.nn as nn
-import nnforge.nn.functional as F
 from nnforge.nn.optim import lr_scheduler as ours
 
 
@@ -104,15 +104,8 @@ def test_a_compiled_step_follows_a_schedule_without_tracing_again(backend: str, 
         runs.append((model, opt, ours.LambdaLR(opt, _warmup_cosine)))
     runs[1][0].load_state_dict(runs[0][0].state_dict())
 
-    def step_of(model, opt):
-        def step(x, y):
-            opt.zero_grad()
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-        return step
-
-    compiled = nf.compile(step_of(*runs[0][:2]), backend=backend)
-    eager = step_of(*runs[1][:2])
+    compiled = nf.compile(mse_step(*runs[0][:2]), backend=backend)
+    eager = mse_step(*runs[1][:2])
     for _ in range(8):
         x, y = rng.standard_normal((6, 3)), rng.standard_normal((6, 1))
         compiled(x, y)

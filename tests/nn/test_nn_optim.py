@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from nn_testutil import randn
+from nn_testutil import mse_step, randn
 
 import nnforge as nf
 import nnforge.nn as nn
@@ -222,15 +222,8 @@ def test_a_compiled_step_reads_the_learning_rate_at_each_call(backend: str, rng:
         twins.append((model, opt))
     twins[1][0].load_state_dict(twins[0][0].state_dict())
 
-    def step_of(model, opt):
-        def step(x, y):
-            opt.zero_grad()
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-        return step
-
-    compiled = nf.compile(step_of(*twins[0]), backend=backend)
-    eager = step_of(*twins[1])
+    compiled = nf.compile(mse_step(*twins[0]), backend=backend)
+    eager = mse_step(*twins[1])
     for k in range(4):
         x, y = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
         for _, opt in twins:
