@@ -251,9 +251,12 @@ class CompiledFunction:
         traces are dropped."""
         epoch = session().grad_epoch
         kept = [e for e in self._entries if e.epoch == epoch]
-        if not all(e.values_as_traced() for e in kept):
-            log.info("%s: a trace dropped: a module tensor it baked in (a frozen parameter, running statistics read "
-                     "in eval mode) holds another value since", _name(self.fn))
+        for t in {id(t): t for e in kept for r, node in e.baked_values if (t := r()) is not None
+                  and t.node is not node}.values():
+            log.info("%s: a trace dropped: %s, a module tensor it baked in (a frozen parameter, running statistics "
+                     "read in eval mode), holds another value since; read at each call from now on", _name(self.fn),
+                     t.name or f"a {t.dtype.short}{list(map(int, t.shape))} tensor")
+            t._read_live()  # changed once, it may change again: the next trace reads it rather than bakes it
         self._entries = [e for e in kept if e.values_as_traced()]
 
     def _on_miss(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
@@ -535,7 +538,7 @@ def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:
 
 def _captured(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node, Tensor]]:
     """Values read at call time: the tensors updated in place, then live parameters (tensors requiring grad) and
-    ``HostValue`` numbers.
+    the session's other live tensors (``HostValue`` numbers, module tensors that changed after a trace baked them).
 
     Any node kind counts, not only DATA: after an eager optimizer step a parameter holds an expression node, and
     baking that in would freeze the parameter at its trace-time value.
@@ -546,7 +549,7 @@ def _captured(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node
     for n in graph.order:  # captured values inside bodies are consts of their loop node: top-level too
         if n.op == Op.INPUT or id(n) in seen:
             continue
-        ref = s.grad_leaves.get(id(n)) or s.host_values.get(id(n))
+        ref = s.grad_leaves.get(id(n)) or s.live.get(id(n))
         t = ref() if ref is not None else None
         if t is not None and t.node is n:
             out.append((n, t))

@@ -69,7 +69,7 @@ def composed(name: str):
 class Tensor:
     """A lazy n-dimensional array: a handle on an IR node."""
 
-    __slots__ = ("__weakref__", "_grad", "_node", "_requires_grad", "name")
+    __slots__ = ("__weakref__", "_grad", "_live", "_node", "_requires_grad", "name")
     __array_priority__ = 1000  # numpy defers to our reflected operators
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False, name: str = ""):
@@ -80,6 +80,7 @@ class Tensor:
         self._grad = None
         self.name = name
         self._requires_grad = False
+        self._live = False
         if requires_grad:
             self._set_requires_grad(True)
 
@@ -121,7 +122,17 @@ class Tensor:
         if self.requires_grad:
             s.grad_leaves.pop(id(self._node), None)
             s.grad_leaves[id(node)] = weakref.ref(self)
+        if self._live:
+            s.live.pop(id(self._node), None)
+            s.live[id(node)] = weakref.ref(self)
         object.__setattr__(self, "_node", node)
+
+    def _read_live(self) -> None:
+        """From now on, compiled functions traced again read this tensor at call time rather than baking it in
+        (``HostValue``s; a module tensor that changed after a trace baked it in)."""
+        if not self._live:
+            self._live = True
+            session().live[id(self._node)] = weakref.ref(self)
 
     def assign(self, value: Tensor | np.ndarray | Scalar) -> Tensor:
         """In-place update: this tensor now holds ``value`` (same shape and dtype). Inside nf.loop it is loop state."""
@@ -601,7 +612,7 @@ class HostValue(Tensor):
     def __init__(self, get: Any, dtype: Any = dtypes.float64):
         super().__init__(np.asarray(get(), as_dtype(dtype).np))
         object.__setattr__(self, "_get", get)
-        session().host_values[id(self._node)] = weakref.ref(self)
+        self._read_live()
 
     def refresh(self) -> HostValue:
         """Hold the number ``get()`` returns now, where it changed (a trace reading the tensor twice sees one
@@ -610,12 +621,6 @@ class HostValue(Tensor):
         if self._node.op != Op.DATA or not np.array_equal(self._node.attrs["array"], now):
             self._rebind(_data_node(now, None))
         return self
-
-    def _rebind(self, node: Node) -> None:
-        s = session()
-        s.host_values.pop(id(self._node), None)
-        super()._rebind(node)
-        s.host_values[id(node)] = weakref.ref(self)
 
     def numpy(self) -> np.ndarray:
         return np.asarray(self._get(), self.dtype.np)

@@ -43,7 +43,9 @@ class Session:
 
     memo: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     grad_leaves: dict[int, weakref.ref] = field(default_factory=dict)   # id(node) -> tensor requiring grad
-    host_values: dict[int, weakref.ref] = field(default_factory=dict)  # id(node) -> HostValue, read at call time
+    # id(node) -> a tensor compiled functions read at call time though it requires no grad: a HostValue, or a
+    # module tensor that changed after a trace had baked it in
+    live: dict[int, weakref.ref] = field(default_factory=dict)
     grad_epoch: int = 0  # bumped whenever a tensor's requires_grad flips: compiled functions then trace again
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     scopes: list[Scope] = field(default_factory=lambda: [Scope("top")])

@@ -134,7 +134,8 @@ def test_a_compiled_function_follows_the_mode_of_the_modules_it_calls(backend: s
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     """Switched with ``eval()`` / ``train()`` between calls, a model's dropout and batch norm compute what the mode
     says in a compiled function as eagerly: each mode keeps its trace, but an eval trace, which bakes the running
-    statistics in, is traced again once training calls have moved them."""
+    statistics in, is traced again once training calls have moved them, and from then on reads them at each
+    call (no third eval trace after more training)."""
     nf.manual_seed(int(rng.integers(1 << 31)))
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Dropout(0.5))
     f = nf.compile(lambda x: model(x), backend=backend)
@@ -158,6 +159,11 @@ def test_a_compiled_function_follows_the_mode_of_the_modules_it_calls(backend: s
     np.testing.assert_allclose(again, model(nf.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
     assert not np.allclose(again, evaluated)  # the statistics moved
     np.testing.assert_array_equal(np.asarray(f(x)), again)
+    assert f.trace_count == 3
+    model.train()  # more training: the statistics move again, and the eval trace now reads them at each call
+    f(x)
+    model.eval()
+    np.testing.assert_allclose(np.asarray(f(x)), model(nf.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
     assert f.trace_count == 3
 
 
