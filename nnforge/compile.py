@@ -175,16 +175,23 @@ class CompiledFunction:
             return self._body(*args, **kwargs)  # inside another trace, or under a gradient: inline
         if "torch" in sys.modules and needs_autograd(given):
             return call_with_autograd(self, args, kwargs)
-        leaves, arrays, shapes, entry = self._lookup(args, kwargs)
-        outs = run_program(self._program(entry, shapes), leaves, arrays, implicit_arrays(entry))
-        self._write_back((ref, outs[i]) for ref, i in entry.state)
-        for ref, i in entry.grads:
-            t = ref()
-            if t is not None:
-                t._grad = None if i is None else Tensor(adopt(to_numpy(outs[i]), self._loc))
-        outs = outs[:entry.n_out]
+        leaves, entry, outs = self._run(args, kwargs)
         as_torch = any(is_torch(v) for v in leaves)
         return unflatten(entry.out_def, [o if is_torch(o) else to_torch(o) if as_torch else o for o in outs])
+
+    def _run(self, args: tuple, kwargs: dict, write_back: bool = True) -> tuple[list, _Entry, list]:
+        """Run the program for these arguments: the call's leaves, the entry and the results the caller sees.
+        ``write_back``: rebind the tensors the function updates in place and the ``.grad`` it sets (False where a
+        call already did: ``interop.autograd``'s whole pullback)."""
+        leaves, arrays, shapes, entry = self._lookup(args, kwargs)
+        outs = run_program(self._program(entry, shapes), leaves, arrays, implicit_arrays(entry))
+        if write_back:
+            self._write_back((ref, outs[i]) for ref, i in entry.state)
+            for ref, i in entry.grads:
+                t = ref()
+                if t is not None:
+                    t._grad = None if i is None else Tensor(adopt(to_numpy(outs[i]), self._loc))
+        return leaves, entry, outs[:entry.n_out]
 
     def vjp_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
         """The compiled pullback used by torch autograd (``interop.autograd``), one per argument structure."""
@@ -287,7 +294,7 @@ class CompiledFunction:
         log.info(msg)
         if not self._warned_retrace:
             self._warned_retrace = True
-            warnings.warn(msg, stacklevel=5)  # the caller of __call__ / trace, through _lookup and _on_miss
+            warnings.warn(msg, stacklevel=_user_stacklevel())
 
     def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         self.trace_count += 1
@@ -301,6 +308,16 @@ class CompiledFunction:
         return _Entry(treedef, dts, shapes, generic, statics, graph, t.out_def, t.implicit, t.state, t.n_out,
                       grads=t.grads, grad_reads=t.grad_reads, presence=t.presence, modes=t.modes,
                       baked_values=t.baked_values, ties=ties)
+
+
+def _user_stacklevel() -> int:
+    """The ``warnings.warn`` stack level of the first caller outside nnforge (the user's call of a compiled
+    function or of its ``trace``), however many of nnforge's frames lie between."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _compute_dtype(dtype: Any) -> DType | None:

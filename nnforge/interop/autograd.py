@@ -136,12 +136,9 @@ def _whole_pullback(program: CompiledFunction, leaves: list) -> list:
     without its effects on Python state: the forward's call already wrote back the tensors the function updates
     in place and the ``.grad`` it sets, which a second write would apply twice (an optimizer step taken again,
     gradients accumulated twice)."""
-    from ..compile import implicit_arrays, run_program
     from ..interop.convert import is_torch, to_torch
 
-    leaves, arrays, shapes, entry = program._lookup(tuple(leaves), {})
-    outs = run_program(program._program(entry, shapes), leaves, arrays, implicit_arrays(entry))
-    return [g if is_torch(g) else to_torch(g) for g in outs[:entry.n_out]]
+    return [g if is_torch(g) else to_torch(g) for g in program._run(tuple(leaves), {}, write_back=False)[2]]
 
 
 def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
