@@ -22,9 +22,7 @@ class LRScheduler:
     its first step at once, so the groups hold the epoch-0 rates."""
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1):
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"{type(self).__name__}: expected an nnforge optimizer, got {type(optimizer).__name__}")
-        self.optimizer = optimizer
+        self.optimizer = _nnforge_optimizer(self, optimizer)
         for k, group in enumerate(optimizer.param_groups):
             if last_epoch == -1:
                 group.setdefault("initial_lr", group["lr"])
@@ -46,7 +44,7 @@ class LRScheduler:
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def get_last_lr(self) -> list[float]:
-        """The rates the last ``step()`` set."""
+        """The rates the groups hold after the last ``step()``."""
         return list(self._last_lr)
 
     def state_dict(self) -> dict[str, Any]:
@@ -156,16 +154,22 @@ class SequentialLR(LRScheduler):
         return self.schedulers[i].lr_at(k, base, epoch - start)
 
 
-class ReduceLROnPlateau:
+def _nnforge_optimizer(scheduler: object, optimizer: Any) -> Optimizer:
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"{type(scheduler).__name__}: expected an nnforge optimizer, got {type(optimizer).__name__}")
+    return optimizer
+
+
+class ReduceLROnPlateau(LRScheduler):
     """Cut every group's rate by ``factor`` (down to ``min_lr``) once the metric given to ``step(metric)`` has not
     improved for more than ``patience`` steps, then wait ``cooldown`` steps; torch's rules of improvement
-    (``mode`` "min" or "max", ``threshold`` relative or absolute) and of ``eps`` (smaller cuts are skipped)."""
+    (``mode`` "min" or "max", ``threshold`` relative or absolute) and of ``eps`` (smaller cuts are skipped). Not
+    a closed form of the step count: it keeps its own state, and ``step`` takes the metric."""
 
     def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
                  threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
                  min_lr: float | Sequence[float] = 0.0, eps: float = 1e-8):
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"ReduceLROnPlateau: expected an nnforge optimizer, got {type(optimizer).__name__}")
+        self.optimizer = _nnforge_optimizer(self, optimizer)
         if factor >= 1.0 or mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
             raise ValueError(f"ReduceLROnPlateau: needs factor < 1, mode 'min' or 'max' and threshold_mode 'rel' or "
                              f"'abs', got {factor}, {mode!r}, {threshold_mode!r}")
@@ -173,7 +177,6 @@ class ReduceLROnPlateau:
         self.min_lrs = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr] * n
         if len(self.min_lrs) != n:
             raise ValueError(f"ReduceLROnPlateau: {len(self.min_lrs)} min_lr values for {n} parameter groups")
-        self.optimizer = optimizer
         self.mode, self.factor, self.patience, self.cooldown, self.eps = mode, factor, patience, cooldown, eps
         self.threshold, self.threshold_mode = threshold, threshold_mode
         self.best = math.inf if mode == "min" else -math.inf
@@ -187,7 +190,7 @@ class ReduceLROnPlateau:
         bar = self.best * (1 + self.threshold) if self.threshold_mode == "rel" else self.best + self.threshold
         return value > bar
 
-    def step(self, metric: Any) -> None:
+    def step(self, metric: Any) -> None:  # type: ignore[override]
         """One epoch's (or evaluation's) ``metric``: a number or a 0-d tensor."""
         value = float(metric.item() if hasattr(metric, "item") else metric)
         self.last_epoch += 1
@@ -205,12 +208,3 @@ class ReduceLROnPlateau:
                     group["lr"] = new
             self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
-
-    def get_last_lr(self) -> list[float]:
-        return list(self._last_lr)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.__dict__.update(state_dict)
