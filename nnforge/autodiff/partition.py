@@ -50,10 +50,13 @@ def split_at_cotangents(graph: Graph, cotangents: Collection[int], primal: Seque
     """Cut ``graph`` into the halves described in ``Partition``: ``cotangents`` are the positions of the cotangents
     among its inputs, ``primal`` those of its outputs the forward half returns (results, values written back);
     the others are the gradients."""
-    graph = _carries_from_outputs(graph, _reading(graph, [graph.inputs[i] for i in cotangents]))
+    reads_ct = _reading(graph, [graph.inputs[i] for i in cotangents])
+    rebuilt = _carries_from_outputs(graph, reads_ct)
+    if rebuilt is not graph:
+        graph = rebuilt
+        reads_ct = _reading(graph, [graph.inputs[i] for i in cotangents])
     cts = {id(graph.inputs[i]) for i in cotangents}
     inputs = {id(n) for n in graph.inputs}
-    reads_ct = _reading(graph, [graph.inputs[i] for i in cotangents])
     varies: set[int] = set(inputs)  # computed from an input or a random draw: not rebuilt from nothing
     for n in graph.order:
         if n.op in (Op.RAND, Op.FEEDER) or any(id(s) in varies for s in n.srcs):
