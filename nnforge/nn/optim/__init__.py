@@ -36,6 +36,7 @@ class Optimizer:
             groups = [{"params": groups}]
         self.param_groups: list[dict[str, Any]] = []
         self.state: dict[int, dict[str, Tensor]] = {}
+        self._host_lr: dict[tuple[int, dtypes.DType], HostValue] = {}  # (group, dtype) -> lr as traces read it
         seen: set[int] = set()
         for g in groups:
             group = {**self.defaults, **g, "params": list(g["params"])}
@@ -65,6 +66,7 @@ class Optimizer:
     def __setstate__(self, d: dict[str, Any]) -> None:
         states = d.pop("state")
         self.__dict__.update(d)
+        self._host_lr = {}
         self.state = {id(p): s for p, s in zip(self._params(), states)}
 
     def state_dict(self) -> dict[str, Any]:
@@ -155,10 +157,9 @@ class Optimizer:
     def _traced_lr(self, k: int, dtype: dtypes.DType) -> HostValue:
         """Group ``k``'s learning rate in ``dtype`` as a trace reads it: a number a compiled step reads at each
         call (rounded to ``dtype`` as a Python number in the update would be)."""
-        host = self.__dict__.setdefault("_host_lr", {})
-        if (k, dtype) not in host:
-            host[k, dtype] = HostValue(lambda group=self.param_groups[k]: group["lr"], dtype)
-        return host[k, dtype].refresh()
+        if (k, dtype) not in self._host_lr:
+            self._host_lr[k, dtype] = HostValue(lambda group=self.param_groups[k]: group["lr"], dtype)
+        return self._host_lr[k, dtype].refresh()
 
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[str, Any]) -> None:
         raise NotImplementedError
