@@ -363,6 +363,17 @@ class Tensor:
     def erf(self):
         return erf(self)
 
+    def log1p(self):
+        """log(1 + x), exact where x is small (``log(1 + x)`` would round ``1 + x`` first)."""
+        return _unary(Op.LOG1P, self)
+
+    def expm1(self):
+        """exp(x) - 1, exact where x is small."""
+        return _unary(Op.EXPM1, self)
+
+    def square(self):
+        return self * self
+
     @composed("relu")
     def relu(self):
         return where(self <= 0, 0, self)  # NaN stays NaN, as torch
@@ -416,6 +427,18 @@ class Tensor:
     @composed("min")
     def min(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         return -_reduce(Op.REDUCE_MAX, -self, axis, keepdims, "min")
+
+    @composed("argmax")
+    def argmax(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        """The index of the largest value along ``axis`` (of the flattened tensor when None), int64, as torch: the
+        first of equal maxima, and NaN counts as the largest (the first NaN's index). No gradient."""
+        return _arg_extreme(self, axis, keepdims, largest=True)
+
+    @composed("argmin")
+    def argmin(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        """The index of the smallest value along ``axis``, int64: the first of equal minima; NaN counts as the
+        smallest, as torch."""
+        return _arg_extreme(self, axis, keepdims, largest=False)
 
     @composed("mean")
     def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
@@ -861,6 +884,31 @@ def _reduce(op: Op, x: Tensor, axis: Any, keepdims: bool, name: str) -> Tensor:
     return Tensor(make(op, (x.node,), {"axes": axes, "keepdims": bool(keepdims)}))
 
 
+def _arg_extreme(x: Tensor, axis: int | None, keepdims: bool, largest: bool) -> Tensor:
+    """argmax / argmin from a reduction and a comparison: the smallest index where the value equals the extreme
+    (or is NaN, which torch ranks beyond every number), so ties give the first."""
+    name = "argmax" if largest else "argmin"
+    if x.dtype == dtypes.bool_:
+        raise DTypeError(at(f"{name}: not defined for bool (torch neither): cast to an integer type first"))
+    if axis is None:
+        if keepdims:
+            out = _arg_extreme(x.reshape(-1), 0, False, largest)
+            return out.reshape(*([1] * x.ndim))
+        return _arg_extreme(x.reshape(-1), 0, False, largest)
+    a = _axis(axis, builtins.max(x.ndim, 1), name)
+    if x.ndim == 0:
+        return full((), 0, dtypes.int64)
+    n = int(x.shape[a])
+    if n == 0:
+        raise ShapeError(at(f"{name}: reduction over an empty axis {a} of {fmt_shape(x.shape)}"))
+    extreme = x.max(a, keepdims=True) if largest else x.min(a, keepdims=True)
+    hit = x == extreme
+    if x.dtype.is_float:
+        hit = hit | (x != x)
+    index = arange(n, dtype=dtypes.int64).reshape(*[n if k == a else 1 for k in range(x.ndim)])
+    return where(hit, index, n).min(a, keepdims)
+
+
 def _slice_axis(x: Tensor, axis: int, lo: int, hi: int) -> Tensor:
     starts = [0] * x.ndim
     stops = list(x.shape)
@@ -1045,6 +1093,8 @@ logsumexp, reshape, permute, transpose, expand = (_fn("logsumexp"), _fn("reshape
 squeeze, unsqueeze, flip, chunk, split, pad = (_fn("squeeze"), _fn("unsqueeze"), _fn("flip"), _fn("chunk"),
                                                _fn("split"), _fn("pad"))
 sum, mean, var, std = _fn("sum"), _fn("mean"), _fn("var"), _fn("std")
+log1p, expm1, square, argmax, argmin = (_fn("log1p"), _fn("expm1"), _fn("square"), _fn("argmax"),
+                                        _fn("argmin"))
 neg = _fn("__neg__")
 
 

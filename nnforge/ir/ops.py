@@ -30,6 +30,8 @@ class Op(enum.Enum):
     TANH = enum.auto()
     SIGMOID = enum.auto()
     ERF = enum.auto()
+    LOG1P = enum.auto()     # log(1 + x), exact near 0 (a softplus's or log-sigmoid's tail)
+    EXPM1 = enum.auto()     # exp(x) - 1, exact near 0 (an ELU's negative side)
     ABS = enum.auto()
     SIGN = enum.auto()
     ADD = enum.auto()
@@ -68,8 +70,9 @@ class Op(enum.Enum):
 
 
 UNARY = frozenset({Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID, Op.ERF,
-                   Op.ABS, Op.SIGN})
-FLOAT_ONLY = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID, Op.ERF})
+                   Op.LOG1P, Op.EXPM1, Op.ABS, Op.SIGN})
+FLOAT_ONLY = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH, Op.SIGMOID, Op.ERF, Op.LOG1P,
+                        Op.EXPM1})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN})
 COMPARE = frozenset({Op.LT, Op.LE, Op.EQ, Op.NE})
 ELEMENTWISE = UNARY | BINARY | COMPARE | {Op.WHERE, Op.CAST}

@@ -65,7 +65,7 @@ def unary(lib: str, op: str, a):
     if op == "exp_tanh":
         return a.tanh().exp()
     if op == "log1p_sq":
-        return (a * a + 1).log()
+        return (a * a).log1p()
     if op == "sqrt1p_sq":
         return (1 + a * a).sqrt()
     if op == "abs":

@@ -43,7 +43,7 @@ def _cases(rng: np.random.Generator) -> list[Node]:
     x, y = _data(rng, (2, 3)), _data(rng, (2, 3))
     idx = make(Op.DATA, (), {"array": rng.integers(0, 3, (2, 3))})
     unary = [make(op, (x,)) for op in (Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.SIN, Op.COS, Op.TANH,
-                                       Op.SIGMOID, Op.ERF, Op.ABS, Op.SIGN)]
+                                       Op.SIGMOID, Op.ERF, Op.LOG1P, Op.EXPM1, Op.ABS, Op.SIGN)]
     binary = [make(op, (x, y)) for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN)]
     return [
         *unary, *binary,

@@ -147,6 +147,13 @@ CASES: list[OpCase] = [
     same("exp_method", lambda a: a.exp().sin().sqrt(), R(3, 4, domain="unit")),
     pair("silu", nf.silu, F.silu, X34),
     pair("gelu_tanh", lambda a: nf.gelu(a, approximate="tanh"), lambda a: F.gelu(a, approximate="tanh"), X34),
+    pair("log1p", nf.log1p, torch.log1p, R(3, 4, domain="unit")),
+    pair("log1p_method", lambda a: a.log1p(), lambda a: a.log1p(), R(3, 4, domain="positive")),
+    pair("log1p_below_minus_one", nf.log1p, torch.log1p, X34, grad=False, fd=False),  # NaN there
+    pair("expm1", nf.expm1, torch.expm1, X34),
+    pair("expm1_overflow", lambda a: a.expm1(), lambda a: a.expm1(), R(3, 4, domain="large"), grad=False, fd=False),
+    pair("square", nf.square, torch.square, X34),
+    pair("square_int", lambda a: a.square(), lambda a: a.square(), X34, dtypes=INTS, grad=False, fd=False),
     pair("abs_int", nf.abs, torch.abs, X34, dtypes=INTS, grad=False, fd=False),
     pair("sign_int", nf.sign, torch.sign, X34, dtypes=INTS, grad=False, fd=False),
     pair("exp_int", nf.exp, torch.exp, X34, dtypes=INTS, grad=False, fd=False),
@@ -192,6 +199,17 @@ CASES: list[OpCase] = [
     pair("min_tuple_keep", lambda a: nf.min(a, (0, 1), keepdims=True), lambda a: a.amin((0, 1), keepdim=True), X234),
     pair("max_int", lambda a: a.max(0), lambda a: a.amax(0), X234, dtypes=INTS, grad=False, fd=False),
     pair("min_int", lambda a: a.min(0), lambda a: a.amin(0), X234, dtypes=INTS, grad=False, fd=False),
+    # argmax / argmin: int64 indices, the first of ties, NaN ranked beyond every number (the edge mode); the
+    # methods take the same positional arguments in nnforge and torch
+    *[same(f"{f}{k}", operator.methodcaller(f, *args), inp, dtypes=dts, grad=False, fd=False)
+      for f in ("argmax", "argmin")
+      for k, args, inp, dts in [("", (), X234, FLOATS), ("_axis", (1,), X234, FLOATS),
+                                ("_all_keep", (None, True), X234, FLOATS),
+                                ("_ties", (0,), R(5, 3, domain="smallint"), FLOATS),
+                                ("_int", (-1,), R(3, 5, domain="smallint"), INTS)]],
+    pair("argmax_fn_keep", lambda a: nf.argmax(a, -1, keepdims=True), lambda a: torch.argmax(a, -1, keepdim=True),
+         X234, grad=False, fd=False),
+    pair("argmin_fn", lambda a: nf.argmin(a, 0), lambda a: torch.argmin(a, 0), X234, grad=False, fd=False),
     pair("var_all", lambda a: a.var(), lambda a: a.var(), X234),
     pair("var_axis", lambda a: a.var(1), lambda a: a.var(1), X234),
     pair("var_tuple_keep", lambda a: a.var((0, 2), keepdims=True), lambda a: a.var((0, 2), keepdim=True), X234),
@@ -624,3 +642,23 @@ def test_logsumexp_with_infinite_slices_matches_torch(dtype):
     g = nf.grad(lambda x: (x.logsumexp(-1) * ct).sum())(a)
     np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-5, equal_nan=True)
     assert np.isfinite(g[[1, 3]]).all()
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_log1p_expm1_exact_near_zero(backend, dtype):
+    """log1p and expm1 keep their relative precision where x is tiny (``log(1 + x)`` and ``exp(x) - 1`` lose all
+    of it below eps: the table's absolute tolerance could not tell), and give torch's specials: -inf at -1, NaN
+    below it, -1 far below 0, inf past overflow."""
+    rng = np.random.default_rng(seed_of("log1p_expm1", backend, dtype))
+    tiny = np.concatenate([np.geomspace(1e-30, 1e-2, 29), -np.geomspace(1e-30, 1e-2, 29)]) * rng.uniform(1, 2, 58)
+    special = [0.0, -0.0, -1.0, -2.5, np.inf, -np.inf, np.nan, -800.0, 800.0, 0.5]
+    x = np.concatenate([tiny, special]).astype(np_dtype(dtype))
+    f = lambda a: (nf.log1p(a), nf.expm1(a))  # noqa: E731
+    out = f(nf.tensor(x)) if backend == "reference" else nf.compile(f, backend=backend)(x)
+    for got, ref in zip(out, (torch.log1p(to_torch(x)), torch.expm1(to_torch(x)))):
+        got, ref = np.asarray(got.numpy() if isinstance(got, nf.Tensor) else got), ref.numpy()
+        assert np.array_equal(np.isnan(got), np.isnan(ref)), (x, got, ref)
+        finite = np.isfinite(ref)
+        assert np.array_equal(got[~finite & ~np.isnan(ref)], ref[~finite & ~np.isnan(ref)])
+        ulps = 4 * np.finfo(np_dtype(dtype)).eps  # a few ulps, relative, at every magnitude
+        np.testing.assert_allclose(got[finite], ref[finite], rtol=ulps, atol=0)

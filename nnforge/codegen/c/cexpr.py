@@ -227,7 +227,7 @@ def literal(value: object, dt: DType) -> str:
 
 
 _MATH = {Op.EXP: "exp", Op.LOG: "log", Op.SQRT: "sqrt", Op.SIN: "sin", Op.COS: "cos", Op.TANH: "nf_tanh",
-         Op.ERF: "erf"}
+         Op.ERF: "erf", Op.LOG1P: "log1p", Op.EXPM1: "expm1"}
 _INLINE_F32 = {Op.EXP: "nf_expf"}
 """float32 forms written in the prelude rather than libm's (inline: no call, no out-of-range path per element)."""
 

@@ -98,6 +98,35 @@ def nf_sigmoid(x):
 
 
 @triton.jit
+def nf_log1p(x):
+    """log(1 + x) without the cancellation of 1 + x: on a GPU libdevice's; interpreted, Kahan's form
+    log(u) * x / (u - 1) of u = 1 + x, exact to a few ulps (the rounding of u cancels in the quotient)."""
+    if NF_INTERPRETED:
+        u = 1.0 + x
+        inside = (u > 0.0) & (u != 1.0) & (u != float("inf"))  # false at NaN
+        s = tl.where(inside, u, 2.0)  # where the quotient is not taken
+        r = tl.where(u == 1.0, x, tl.log(s) * (x / (s - 1.0)))
+        outside = tl.where(u == float("inf"), u, tl.where(u == 0.0, float("-inf"), float("nan")))
+        return tl.where(inside | (u == 1.0), r, outside)
+    else:
+        return tl.extra.cuda.libdevice.log1p(x)
+
+
+@triton.jit
+def nf_expm1(x):
+    """exp(x) - 1 without cancellation near 0: on a GPU libdevice's; interpreted, Kahan's form
+    (u - 1) * x / log(u) of u = exp(x), where u's rounding cancels."""
+    if NF_INTERPRETED:
+        u = tl.exp(x)
+        s = tl.where((u == 1.0) | (u == 0.0) | (u == float("inf")), 2.0, u)  # where the quotient is not taken
+        r = (s - 1.0) * (x / tl.log(s))
+        r = tl.where(u == 1.0, x, r)
+        return tl.where((u == 0.0) | (u == float("inf")), u - 1.0, r)
+    else:
+        return tl.extra.cuda.libdevice.expm1(x)
+
+
+@triton.jit
 def nf_max(x, AXIS: tl.constexpr):
     """The maximum of float ``x`` along ``AXIS``, NaN where any value is (as numpy, torch and the reference):
     compiled for a GPU, ``tl.max`` takes the larger of a number and NaN to be the number."""
@@ -323,7 +352,7 @@ def flat(idx: Sequence[str], shape: Sequence[str]) -> str:
 
 _UNARY = {Op.EXP: "tl.exp({a})", Op.LOG: "tl.log({a})", Op.SQRT: "tl.sqrt({a})", Op.SIN: "tl.sin({a})",
           Op.COS: "tl.cos({a})", Op.ERF: "tl.erf({a})", Op.TANH: "nf_tanh({a})", Op.SIGMOID: "nf_sigmoid({a})",
-          Op.NEG: "(-{a})", Op.RECIP: "(1.0 / {a})"}
+          Op.LOG1P: "nf_log1p({a})", Op.EXPM1: "nf_expm1({a})", Op.NEG: "(-{a})", Op.RECIP: "(1.0 / {a})"}
 _COMPARE = {Op.LT: "<", Op.LE: "<=", Op.EQ: "==", Op.NE: "!="}
 
 

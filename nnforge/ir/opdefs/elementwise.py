@@ -158,6 +158,8 @@ define(Op.TANH, _unary, _np(np.tanh), lambda n, g: (b.mul(g, b.sub(1, b.mul(n, n
 define(Op.SIGMOID, _unary, _np(_sigmoid), lambda n, g: (b.mul(b.mul(g, n), b.sub(1, n)),))
 define(Op.ERF, _unary, _np(_erf),
        lambda n, g: (b.mul(b.mul(g, _TWO_OVER_SQRT_PI), b.exp(b.mul(b.neg(n.srcs[0]), n.srcs[0]))),))
+define(Op.LOG1P, _unary, _np(np.log1p), lambda n, g: (b.div(g, b.add(n.srcs[0], 1)),))
+define(Op.EXPM1, _unary, _np(np.expm1), lambda n, g: (b.mul(g, b.add(n, 1)),))
 define(Op.ABS, _unary, _np(np.abs), lambda n, g: (b.mul(g, b.sign(n.srcs[0])),))
 define(Op.SIGN, _unary, _np(_sign), lambda n, g: (None,))
 
