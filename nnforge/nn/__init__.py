@@ -5,20 +5,45 @@ layers are ``nf.scan``s, so a compiled model keeps its time loop as a loop.
 """
 
 from . import functional, init, optim, utils
-from .activation import GELU, Dropout, ReLU, Sigmoid, SiLU, Swish, Tanh
+from .activation import (
+    CELU,
+    ELU,
+    GELU,
+    GLU,
+    SELU,
+    Dropout,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
+    LeakyReLU,
+    LogSigmoid,
+    Mish,
+    ReLU,
+    ReLU6,
+    Sigmoid,
+    SiLU,
+    Softplus,
+    Softsign,
+    Swish,
+    Tanh,
+)
 from .checkpoint import rename_prefixes, stack_rnn_layers
 from .conv import Conv1d
 from .linear import Embedding, Identity, Linear
 from .loss import CrossEntropyLoss, CTCLoss, MSELoss, NLLLoss
 from .module import Module, ModuleList, Parameter, Sequential
-from .norm import BatchNorm1d, LayerNorm
+from .norm import BatchNorm1d, LayerNorm, RMSNorm
 from .rnn import GRU, LSTM, GRUCell, LSTMCell
 from .transformer import MultiheadAttention, TransformerEncoderLayer
 
 __all__ = [
+    "CELU",
+    "ELU",
     "GELU",
+    "GLU",
     "GRU",
     "LSTM",
+    "SELU",
     "BatchNorm1d",
     "CTCLoss",
     "Conv1d",
@@ -26,20 +51,30 @@ __all__ = [
     "Dropout",
     "Embedding",
     "GRUCell",
+    "Hardsigmoid",
+    "Hardswish",
+    "Hardtanh",
     "Identity",
     "LSTMCell",
     "LayerNorm",
+    "LeakyReLU",
     "Linear",
+    "LogSigmoid",
     "MSELoss",
+    "Mish",
     "Module",
     "ModuleList",
     "MultiheadAttention",
     "NLLLoss",
     "Parameter",
+    "RMSNorm",
     "ReLU",
+    "ReLU6",
     "Sequential",
     "SiLU",
     "Sigmoid",
+    "Softplus",
+    "Softsign",
     "Swish",
     "Tanh",
     "TransformerEncoderLayer",

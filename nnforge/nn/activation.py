@@ -45,6 +45,117 @@ class GELU(Module):
         return gelu(x, approximate=self.approximate)
 
 
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}"
+
+
+class ELU(Module):
+    def __init__(self, alpha: float = 1.0):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.elu(x, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+
+class CELU(ELU):
+    def __init__(self, alpha: float = 1.0):
+        if alpha == 0:
+            raise ValueError("CELU: alpha must not be 0")
+        super().__init__(alpha)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.celu(x, self.alpha)
+
+
+class SELU(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.selu(x)
+
+
+class Softplus(Module):
+    """``log(1 + exp(beta * x)) / beta``, linear where ``beta * x`` passes ``threshold``."""
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0):
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.softplus(x, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class LogSigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.logsigmoid(x)
+
+
+class Hardtanh(Module):
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0):
+        super().__init__()
+        if min_val > max_val:
+            raise ValueError(f"Hardtanh: min_val {min_val} is above max_val {max_val}")
+        self.min_val, self.max_val = min_val, max_val
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.hardtanh(x, self.min_val, self.max_val)
+
+    def extra_repr(self) -> str:
+        return f"min_val={self.min_val}, max_val={self.max_val}"
+
+
+class ReLU6(Hardtanh):
+    def __init__(self):
+        super().__init__(0.0, 6.0)
+
+
+class Hardsigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.hardsigmoid(x)
+
+
+class Hardswish(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.hardswish(x)
+
+
+class Softsign(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.softsign(x)
+
+
+class Mish(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.mish(x)
+
+
+class GLU(Module):
+    """The gated linear unit over ``dim``: first half times the sigmoid of the second."""
+
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.glu(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
 class Dropout(Module):
     """Zeroes elements with probability ``p`` in training mode (fresh mask per call); identity in eval mode."""
 

@@ -11,18 +11,21 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
+
 from .. import dtypes
 from ..errors import ShapeError
 from ..indexing import index_select
-from ..tensor import Tensor, arange, as_tensor, gelu, relu, sigmoid, silu, stack, tanh, where
+from ..tensor import Tensor, arange, as_tensor, clamp, gelu, minimum, relu, sigmoid, silu, stack, tanh, where
 from ..tensor import rand as _rand
 from .crf import crf_logz, crf_predecessors, crf_viterbi, ctc_crf_loss
 from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
 
 __all__ = [
-    "conv1d", "crf_logz", "crf_predecessors", "crf_viterbi", "cross_entropy", "ctc_crf_loss", "ctc_loss",
-    "dropout", "embedding", "gelu", "layer_norm", "linear", "mse_loss",
-    "nll_loss", "one_hot", "relu", "sigmoid", "silu", "swish", "tanh",
+    "celu", "conv1d", "crf_logz", "crf_predecessors", "crf_viterbi", "cross_entropy", "ctc_crf_loss", "ctc_loss",
+    "dropout", "elu", "embedding", "gelu", "glu", "hardsigmoid", "hardswish", "hardtanh", "layer_norm",
+    "leaky_relu", "linear", "logsigmoid", "mish", "mse_loss", "nll_loss", "one_hot", "relu", "relu6", "rms_norm",
+    "selu", "sigmoid", "silu", "softplus", "softsign", "swish", "tanh",
 ]
 
 swish = silu
@@ -83,6 +86,106 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None
     if bias is not None:
         y = y + bias
     return y
+
+
+def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` axes, as torch: ``eps``
+    defaults to the machine epsilon of ``x``'s dtype, and half precision is computed in float32 (its squares
+    would overflow past 256) and rounded once."""
+    shape = tuple(int(d) for d in normalized_shape)
+    if tuple(int(d) for d in x.shape[x.ndim - len(shape):]) != shape:
+        raise ShapeError(f"rms_norm: input {list(map(int, x.shape))} does not end with {list(shape)}")
+    if weight is not None and tuple(int(d) for d in weight.shape) != shape:
+        raise ShapeError(f"rms_norm: weight {list(map(int, weight.shape))} is not the normalized shape "
+                         f"{list(shape)}")
+    eps = float(ml_dtypes.finfo(x.dtype.np).eps) if eps is None else eps
+    xf = x.cast(x.dtype.accumulator)
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    y = xf * ((xf * xf).mean(axes, keepdims=True) + eps).rsqrt()
+    if weight is not None:
+        y = y * weight.cast(xf.dtype)
+    return y.cast(x.dtype)
+
+
+# ---- activations: torch's formulas, NaN where torch gives NaN, torch's gradient at every kink -------------------
+# A branch that ``where`` does not take still gets a zero cotangent, and 0 * inf is NaN: a branch that overflows
+# where it is not taken (exp of a large input) reads a safe stand-in there instead.
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    return where(x > 0, x, x * negative_slope)
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """x above 0, ``alpha * (exp(x) - 1)`` at and below it."""
+    return where(x > 0, x, alpha * where(x > 0, 0.0, x).expm1())
+
+
+def selu(x: Tensor) -> Tensor:
+    """``scale * elu(x, alpha)`` with the self-normalizing constants."""
+    alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+    return where(x > 0, scale * x, (scale * alpha) * where(x > 0, 0.0, x).expm1())
+
+
+def celu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """x above 0, ``alpha * (exp(x / alpha) - 1)`` at and below it."""
+    if alpha == 0:
+        raise ValueError("celu: alpha must not be 0")
+    return where(x > 0, x, alpha * (where(x > 0, 0.0, x) * (1.0 / alpha)).expm1())
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """``log(1 + exp(beta * x)) / beta``, and x itself where ``beta * x`` passes ``threshold`` (as torch)."""
+    bx = x * beta
+    linear = bx > threshold
+    return where(linear, x, where(linear, 0.0, bx).exp().log1p() * (1.0 / beta))
+
+
+def logsigmoid(x: Tensor) -> Tensor:
+    """``log(sigmoid(x))`` as ``min(x, 0) - log(1 + exp(-|x|))``: no overflow on either side."""
+    return minimum(x, 0.0) - (-x.abs()).exp().log1p()
+
+
+def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """x clipped to [min_val, max_val]; unlike ``clamp``, no gradient at the bounds themselves (torch's)."""
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val {min_val} is above max_val {max_val}")
+    return where(x <= min_val, min_val, where(x >= max_val, max_val, x))
+
+
+def relu6(x: Tensor) -> Tensor:
+    return hardtanh(x, 0.0, 6.0)
+
+
+def hardsigmoid(x: Tensor) -> Tensor:
+    """``(x + 3) / 6`` clipped to [0, 1]."""
+    return where(x <= -3, 0.0, where(x >= 3, 1.0, (x + 3) / 6))
+
+
+def hardswish(x: Tensor) -> Tensor:
+    """``x * clip(x + 3, 0, 6) / 6``, with torch's gradient (the clip passes it on its closed interval)."""
+    return x * clamp(x + 3, 0.0, 6.0) / 6
+
+
+def softsign(x: Tensor) -> Tensor:
+    return x / (1 + x.abs())
+
+
+def mish(x: Tensor) -> Tensor:
+    """``x * tanh(softplus(x))``."""
+    return x * softplus(x).tanh()
+
+
+def glu(x: Tensor, dim: int = -1) -> Tensor:
+    """The gated linear unit: the first half of ``dim`` times the sigmoid of the second."""
+    axis = dim + x.ndim if dim < 0 else dim
+    if not 0 <= axis < x.ndim:
+        raise ShapeError(f"glu: dim {dim} is out of range for an input of {x.ndim} dimensions")
+    if int(x.shape[axis]) % 2:
+        raise ShapeError(f"glu: dimension {dim} of input {list(map(int, x.shape))} must have an even size to be "
+                         f"halved")
+    a, b = x.chunk(2, axis)
+    return a * b.sigmoid()
 
 
 def _conv_padding(padding: int | str, kernel: int, dilation: int, stride: int) -> tuple[int, int]:

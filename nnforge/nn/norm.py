@@ -1,4 +1,4 @@
-"""LayerNorm and BatchNorm1d.
+"""LayerNorm, RMSNorm and BatchNorm1d.
 
 BatchNorm's running statistics are buffers updated with ``assign`` in training mode, so inside ``nf.loop`` or a
 compiled training step they are carried state like the parameters, not values frozen at trace time.
@@ -30,6 +30,24 @@ class LayerNorm(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalization over the trailing ``normalized_shape`` axes (no mean subtracted, no bias),
+    with a per-element weight; ``eps=None`` is the machine epsilon of the input's dtype, as torch.nn.RMSNorm."""
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None,
+                 elementwise_affine: bool = True):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape, self.eps, self.elementwise_affine = shape, eps, elementwise_affine
+        self.register_parameter("weight", Parameter(init.ones(shape)) if elementwise_affine else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

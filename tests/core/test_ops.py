@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from conftest import BACKENDS  # tests/conftest.py: the backends of the ``backend`` fixture
 
 import nnforge as nf
+import nnforge.nn.functional as NF
 
 from .compiled import Fallback, Groups, Member, skip_where_unrunnable
 from .utils import (
@@ -154,6 +155,36 @@ CASES: list[OpCase] = [
     pair("expm1_overflow", lambda a: a.expm1(), lambda a: a.expm1(), R(3, 4, domain="large"), grad=False, fd=False),
     pair("square", nf.square, torch.square, X34),
     pair("square_int", lambda a: a.square(), lambda a: a.square(), X34, dtypes=INTS, grad=False, fd=False),
+    # activations of nnforge.nn.functional; a "_large" row checks that the branch a ``where`` does not take
+    # (an exp of 1e4) leaves no NaN in the gradient
+    pair("softplus", NF.softplus, F.softplus, X34),
+    pair("softplus_beta", lambda a: NF.softplus(a, beta=2.0, threshold=1.5),
+         lambda a: F.softplus(a, beta=2.0, threshold=1.5), X34),
+    pair("softplus_large", NF.softplus, F.softplus, R(3, 4, domain="large"), fd=False),
+    pair("logsigmoid", NF.logsigmoid, F.logsigmoid, X34),
+    pair("logsigmoid_large", NF.logsigmoid, F.logsigmoid, R(3, 4, domain="large"), fd=False),
+    pair("leaky_relu", lambda a: NF.leaky_relu(a, 0.2), lambda a: F.leaky_relu(a, 0.2), R(3, 4, domain="away0")),
+    pair("elu", lambda a: NF.elu(a, 0.7), lambda a: F.elu(a, 0.7), R(3, 4, domain="away0")),
+    pair("elu_large", NF.elu, F.elu, R(3, 4, domain="large"), fd=False),
+    pair("selu", NF.selu, F.selu, R(3, 4, domain="away0")),
+    pair("celu", lambda a: NF.celu(a, 0.5), lambda a: F.celu(a, 0.5), R(3, 4, domain="away0")),
+    pair("hardtanh", lambda a: NF.hardtanh(a, -0.5, 0.8), lambda a: F.hardtanh(a, -0.5, 0.8), X34),
+    pair("relu6", lambda a: NF.relu6(a * 4), lambda a: F.relu6(a * 4), R(3, 4, domain="away0")),
+    # torch's own float64 hardsigmoid gradient multiplies by a float32 1/6 (3e-8 off): its formula, written out
+    pair("hardsigmoid", lambda a: NF.hardsigmoid(a * 3),
+         lambda a: torch.where(a * 3 <= -3, 0.0, torch.where(a * 3 >= 3, 1.0, (a * 3 + 3) / 6)), X34),
+    pair("hardsigmoid_torch", NF.hardsigmoid, F.hardsigmoid, X34, grad=False, fd=False),
+    pair("hardswish", lambda a: NF.hardswish(a * 3), lambda a: F.hardswish(a * 3), X34),
+    pair("softsign", NF.softsign, F.softsign, X34),
+    pair("mish", NF.mish, F.mish, X34),
+    # forward only: its gradient at 1e4 is x * (1 - tanh^2), where a float32 tanh that saturates one ulp below 1
+    # (Triton's, clamped at 9) leaves 1e-3; the overflow guard it relies on is softplus_large's
+    pair("mish_large", NF.mish, F.mish, R(3, 4, domain="large"), grad=False, fd=False),
+    pair("glu", NF.glu, F.glu, R(3, 4)),
+    pair("glu_dim0", lambda a: NF.glu(a, 0), lambda a: F.glu(a, 0), R(4, 3)),
+    pair("rms_norm", lambda a, w: NF.rms_norm(a, (4,), w), lambda a, w: F.rms_norm(a, (4,), w), X234, R(4)),
+    pair("rms_norm_two_axes", lambda a: NF.rms_norm(a, (3, 4), eps=1e-3), lambda a: F.rms_norm(a, (3, 4), eps=1e-3),
+         X234),
     pair("abs_int", nf.abs, torch.abs, X34, dtypes=INTS, grad=False, fd=False),
     pair("sign_int", nf.sign, torch.sign, X34, dtypes=INTS, grad=False, fd=False),
     pair("exp_int", nf.exp, torch.exp, X34, dtypes=INTS, grad=False, fd=False),

@@ -106,12 +106,39 @@ def test_embedding_padding_idx_gets_no_gradient() -> None:
     compare_with_torch(n_mod, t_mod, [idx])
 
 
-@pytest.mark.parametrize("name,kw", [("ReLU", {}), ("Tanh", {}), ("Sigmoid", {}), ("SiLU", {}),
-                                     ("GELU", {}), ("GELU", {"approximate": "tanh"})])
+@pytest.mark.parametrize("name,kw", [
+    ("ReLU", {}), ("Tanh", {}), ("Sigmoid", {}), ("SiLU", {}), ("GELU", {}), ("GELU", {"approximate": "tanh"}),
+    ("LeakyReLU", {"negative_slope": 0.1}), ("ELU", {"alpha": 0.5}), ("CELU", {"alpha": 2.0}), ("SELU", {}),
+    ("Softplus", {"beta": 2.0, "threshold": 3.0}), ("LogSigmoid", {}), ("Hardtanh", {"min_val": -2.0, "max_val": 1.5}),
+    ("ReLU6", {}), ("Hardsigmoid", {}), ("Hardswish", {}), ("Softsign", {}), ("Mish", {}), ("GLU", {"dim": 1}),
+])
 def test_activations(name: str, kw: dict) -> None:
     rng = np.random.default_rng(18)
-    compare_with_torch(getattr(nn, name)(**kw), getattr(torch.nn, name)(**kw), [randn(rng, 3, 7, scale=3.0)])
+    compare_with_torch(getattr(nn, name)(**kw), getattr(torch.nn, name)(**kw), [randn(rng, 3, 8, scale=3.0)])
     assert nn.Swish is nn.SiLU
+
+
+def test_activation_reprs_and_errors() -> None:
+    assert repr(nn.Softplus(beta=2.0)) == "Softplus(beta=2.0, threshold=20.0)"
+    assert repr(nn.ReLU6()) == "ReLU6(min_val=0.0, max_val=6.0)"
+    with pytest.raises(ValueError, match="min_val 2 is above max_val 1"):
+        nn.Hardtanh(2, 1)
+    with pytest.raises(nf.ShapeError, match=r"glu: dimension -1 of input \[2, 3\] must have an even size"):
+        nn.GLU()(nf.ones(2, 3))
+
+
+@pytest.mark.parametrize("shape,eps", [((6,), None), ((3, 6), 1e-3)])
+def test_rms_norm(shape: tuple, eps: float | None) -> None:
+    rng = np.random.default_rng(19)
+    t_mod = torch.nn.RMSNorm(shape, eps=eps)
+    with torch.no_grad():
+        t_mod.weight.copy_(torch.tensor(randn(rng, *shape)))
+    n_mod = nn.RMSNorm(shape, eps=eps)
+    compare_with_torch(n_mod, t_mod, [randn(rng, 2, 3, 6, scale=3.0)])
+    assert list(n_mod.state_dict()) == ["weight"]
+    assert not list(nn.RMSNorm(shape, elementwise_affine=False).parameters())
+    with pytest.raises(nf.ShapeError, match=r"rms_norm: input \[2, 5\] does not end with \[6\]"):
+        nn.RMSNorm(6)(nf.ones(2, 5))
 
 
 def test_sequential_matches_torch() -> None:
