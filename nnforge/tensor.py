@@ -623,6 +623,40 @@ class Tensor:
             return self
         return Tensor(make(Op.PAD, (self.node,), {"pads": pads, "value": value}))
 
+    # ---- masks ------------------------------------------------------------------------------------------------
+    @composed("masked_fill")
+    def masked_fill(self, mask: Any, value: Any) -> Tensor:
+        """``value`` where the bool ``mask`` (broadcast to this shape) is True, as torch: the result keeps this
+        tensor's dtype and shape."""
+        mask = _operand(mask, "masked_fill")
+        if mask.dtype != dtypes.bool_:
+            raise DTypeError(at(f"masked_fill: the mask must be bool, got {mask.dtype}"))
+        if isinstance(value, Tensor) and value.ndim:
+            raise ShapeError(at(f"masked_fill: the value must be a number or a 0-d tensor, got "
+                                f"{fmt_shape(value.shape)}"))
+        if tuple(map(int, broadcast_shapes(self.shape, mask.shape, op="masked_fill"))) != tuple(map(int, self.shape)):
+            raise ShapeError(at(f"masked_fill: a mask of {fmt_shape(mask.shape)} does not broadcast to the tensor's "
+                                f"{fmt_shape(self.shape)}"))
+        return where(mask, value, self).cast(self.dtype)
+
+    @composed("tril")
+    def tril(self, diagonal: int = 0) -> Tensor:
+        """The lower triangle of the last two axes (column - row <= ``diagonal``), zeros above."""
+        return _triangle(self, lambda offset: offset <= diagonal, "tril")
+
+    @composed("triu")
+    def triu(self, diagonal: int = 0) -> Tensor:
+        """The upper triangle of the last two axes (column - row >= ``diagonal``), zeros below."""
+        return _triangle(self, lambda offset: offset >= diagonal, "triu")
+
+
+def _triangle(x: Tensor, keep: Any, name: str) -> Tensor:
+    if x.ndim < 2:
+        raise ShapeError(at(f"{name}: needs at least 2 dimensions, got {fmt_shape(x.shape)}"))
+    rows, cols = x.shape[-2], x.shape[-1]
+    offset = arange(cols).reshape(1, cols) - arange(rows).reshape(rows, 1)
+    return where(keep(offset), x, 0).cast(x.dtype)
+
 
 class HostValue(Tensor):
     """A 0-d tensor whose value is a Python number that may change between calls (an optimizer's learning rate,
@@ -1095,6 +1129,7 @@ squeeze, unsqueeze, flip, chunk, split, pad = (_fn("squeeze"), _fn("unsqueeze"),
 sum, mean, var, std = _fn("sum"), _fn("mean"), _fn("var"), _fn("std")
 log1p, expm1, square, argmax, argmin = (_fn("log1p"), _fn("expm1"), _fn("square"), _fn("argmax"),
                                         _fn("argmin"))
+masked_fill, tril, triu = _fn("masked_fill"), _fn("tril"), _fn("triu")
 neg = _fn("__neg__")
 
 

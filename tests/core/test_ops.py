@@ -302,6 +302,17 @@ CASES: list[OpCase] = [
           ((slice(4, 1, -1), None, slice(None, None, 3)), (5, 7)), ((Ellipsis, slice(None, None, -3)), (2, 7)),
           ((0, 1, 2), (2, 3, 4)), (slice(10, None), (5, 4)), (slice(-100, 100), (5, 4)),
       ])],
+    # masks
+    pair("masked_fill", lambda a, m: a.masked_fill(m, -2.5), lambda a, m: a.masked_fill(m, -2.5), X34,
+         R(4, dtype="bool")),
+    pair("masked_fill_tensor", lambda a, m, v: nf.masked_fill(a, m, v), lambda a, m, v: torch.masked_fill(a, m, v),
+         X234, R(3, 1, dtype="bool"), R()),
+    pair("masked_fill_int", lambda a, m: a.masked_fill(m, 7), lambda a, m: a.masked_fill(m, 7), X34,
+         R(3, 4, dtype="bool"), dtypes=(*INTS, "bool"), grad=False, fd=False),
+    same("tril", lambda a: a.tril(), X234),
+    pair("tril_below", lambda a: nf.tril(a, -1), lambda a: torch.tril(a, -1), R(4, 3)),
+    same("triu_above", lambda a: a.triu(2), R(3, 5)),
+    same("triu_int", lambda a: a.triu(), R(3, 4), dtypes=ALL_DTYPES, grad=False, fd=False),
     # joining and splitting
     pair("concat", lambda a, b: nf.concat([a, b], 0), lambda a, b: torch.cat([a, b], 0), R(2, 3), R(4, 3)),
     pair("concat_neg_axis", lambda a, b, c: nf.cat([a, b, c], -1), lambda a, b, c: torch.cat([a, b, c], -1),
@@ -693,3 +704,15 @@ def test_log1p_expm1_exact_near_zero(backend, dtype):
         assert np.array_equal(got[~finite & ~np.isnan(ref)], ref[~finite & ~np.isnan(ref)])
         ulps = 4 * np.finfo(np_dtype(dtype)).eps  # a few ulps, relative, at every magnitude
         np.testing.assert_allclose(got[finite], ref[finite], rtol=ulps, atol=0)
+
+
+def test_masked_fill_errors():
+    x = nf.tensor(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(nf.DTypeError, match=r"masked_fill: the mask must be bool, got nf\.int64"):
+        x.masked_fill(np.ones((2, 3), np.int64), 0.0)
+    with pytest.raises(nf.ShapeError, match=r"a mask of \[4, 2, 3\] does not broadcast to the tensor's \[2, 3\]"):
+        x.masked_fill(np.ones((4, 2, 3), bool), 0.0)
+    with pytest.raises(nf.ShapeError, match=r"the value must be a number or a 0-d tensor, got \[3\]"):
+        x.masked_fill(np.ones((2, 3), bool), nf.tensor(np.ones(3)))
+    with pytest.raises(nf.ShapeError, match=r"tril: needs at least 2 dimensions, got \[3\]"):
+        nf.tril(np.ones(3))
