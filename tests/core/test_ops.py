@@ -313,6 +313,16 @@ CASES: list[OpCase] = [
     pair("tril_below", lambda a: nf.tril(a, -1), lambda a: torch.tril(a, -1), R(4, 3)),
     same("triu_above", lambda a: a.triu(2), R(3, 5)),
     same("triu_int", lambda a: a.triu(), R(3, 4), dtypes=ALL_DTYPES, grad=False, fd=False),
+    # einsum: one batched matmul per pair of operands, sums, diagonals, broadcasting
+    *[pair(f"einsum_{k}", (lambda e: lambda *a: nf.einsum(e, *a))(eq), (lambda e: lambda *a: torch.einsum(e, *a))(eq),
+           *ins)
+      for k, (eq, ins) in enumerate([
+          ("ij,jk->ik", (R(3, 4), R(4, 5))), ("bhqd,bhkd->bhqk", (R(2, 2, 3, 4), R(2, 2, 5, 4))),
+          ("...ij,...jk->...ik", (R(2, 1, 3, 4), R(5, 4, 2))), ("ij->ji", (R(3, 4),)), ("bij->", (X234,)),
+          ("i,j", (R(3), R(4))), ("ii->i", (R(3, 3),)), ("ij,jk,kl->il", (R(2, 3), R(3, 4), R(4, 2))),
+          ("bn,anm,bm->ba", (R(2, 3), R(4, 3, 5), R(2, 5))), ("ij,jk->ik", (R(3, 1), R(4, 5))),
+          ("bij,bj->bi", (X234, R(2, 4))),
+      ])],
     # joining and splitting
     pair("concat", lambda a, b: nf.concat([a, b], 0), lambda a, b: torch.cat([a, b], 0), R(2, 3), R(4, 3)),
     pair("concat_neg_axis", lambda a, b, c: nf.cat([a, b, c], -1), lambda a, b, c: torch.cat([a, b, c], -1),
@@ -704,6 +714,22 @@ def test_log1p_expm1_exact_near_zero(backend, dtype):
         assert np.array_equal(got[~finite & ~np.isnan(ref)], ref[~finite & ~np.isnan(ref)])
         ulps = 4 * np.finfo(np_dtype(dtype)).eps  # a few ulps, relative, at every magnitude
         np.testing.assert_allclose(got[finite], ref[finite], rtol=ulps, atol=0)
+
+
+@pytest.mark.parametrize(("equation", "shapes", "message"), [
+    ("ij,jk->ik", [(3, 4), (5, 2)], r"einsum: subscript 'j' of 'ij,jk->ik' is 4 in an earlier operand and 5 in "
+                                    r"operand 1 \(operands \[3, 4\], \[5, 2\]\)"),
+    ("ij,jk->ik", [(3, 4)], r"names 2 operand\(s\), 1 were given"),
+    ("ijk->i", [(3, 4)], r"operand 0 has 2 dimension\(s\), the term 'ijk' of 'ijk->i' names 3"),
+    ("ij->jj", [(3, 4)], "names a subscript twice"),
+    ("ij->z", [(3, 4)], "output subscript 'z' of 'ij->z' is not in any operand"),
+    ("i1,j->i", [(3, 4), (2,)], "character '1'"),
+    ("ii->i", [(3, 4)], "subscript 'i' repeats in operand 0's term of 'ii->i' over axes of sizes 3 and 4"),
+])
+def test_einsum_errors_name_the_equation(equation, shapes, message):
+    rng = np.random.default_rng(seed_of("einsum_errors", equation))
+    with pytest.raises(nf.ShapeError, match=message):
+        nf.einsum(equation, *[rng.standard_normal(s) for s in shapes])
 
 
 def test_masked_fill_errors():
