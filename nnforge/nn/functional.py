@@ -16,7 +16,7 @@ import ml_dtypes
 from .. import dtypes
 from ..errors import ShapeError
 from ..indexing import index_select
-from ..tensor import Tensor, arange, as_tensor, clamp, gelu, minimum, relu, sigmoid, silu, stack, tanh, where
+from ..tensor import Tensor, arange, as_tensor, clamp, concat, gelu, minimum, relu, sigmoid, silu, stack, tanh, where
 from ..tensor import rand as _rand
 from .crf import crf_logz, crf_predecessors, crf_viterbi, ctc_crf_loss
 from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
@@ -24,7 +24,8 @@ from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
 __all__ = [
     "celu", "conv1d", "crf_logz", "crf_predecessors", "crf_viterbi", "cross_entropy", "ctc_crf_loss", "ctc_loss",
     "dropout", "elu", "embedding", "gelu", "glu", "hardsigmoid", "hardswish", "hardtanh", "layer_norm",
-    "leaky_relu", "linear", "logsigmoid", "mish", "mse_loss", "nll_loss", "one_hot", "relu", "relu6", "rms_norm",
+    "leaky_relu", "linear", "logsigmoid", "mish", "mse_loss", "nll_loss", "one_hot", "pad", "relu", "relu6",
+    "rms_norm",
     "selu", "sigmoid", "silu", "softplus", "softsign", "swish", "tanh",
 ]
 
@@ -186,6 +187,65 @@ def glu(x: Tensor, dim: int = -1) -> Tensor:
                          f"halved")
     a, b = x.chunk(2, axis)
     return a * b.sigmoid()
+
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """torch.nn.functional.pad: ``pad`` holds (before, after) sizes from the last dimension backwards, as torch
+    (``Tensor.pad`` takes numpy's order instead). ``constant`` fills with ``value`` (0 by default) and crops where
+    a size is negative; ``reflect`` mirrors without repeating the edge, ``replicate`` repeats it, ``circular``
+    wraps around. Every mode is slices, flips and a concatenation, so its gradient is their transpose."""
+    x = as_tensor(x)
+    sizes = [int(p) for p in pad]
+    if mode not in _PAD_MODES:
+        raise ValueError(f"pad: mode must be one of {', '.join(_PAD_MODES)}, got {mode!r}")
+    if mode != "constant" and value is not None:
+        raise ValueError(f"pad: mode {mode!r} takes no value (only 'constant' fills)")
+    if len(sizes) % 2:
+        raise ValueError(f"pad: needs (before, after) pairs, last dimension first; got {len(sizes)} sizes")
+    if len(sizes) // 2 > x.ndim:
+        raise ShapeError(f"pad: {len(sizes)} sizes pad {len(sizes) // 2} dimensions, the input "
+                         f"{list(map(int, x.shape))} has {x.ndim}")
+    for i in range(len(sizes) // 2):
+        axis = x.ndim - 1 - i
+        x = _pad_axis(x, axis, sizes[2 * i], sizes[2 * i + 1], mode, 0.0 if value is None else value)
+    return x
+
+
+def _pad_axis(x: Tensor, axis: int, lo: int, hi: int, mode: str, value: float) -> Tensor:
+    n = int(x.shape[axis])
+
+    def part(start: int, stop: int, step: int = 1) -> Tensor:
+        return x[(slice(None),) * axis + (slice(start, stop, step),)]
+
+    if mode == "constant":
+        if n + min(lo, 0) + min(hi, 0) < 0:
+            raise ShapeError(f"pad: cropping {-min(lo, 0)} and {-min(hi, 0)} from dimension {axis} of size {n} "
+                             f"leaves less than nothing")
+        x = part(-min(lo, 0), n + min(hi, 0)) if min(lo, hi) < 0 else x
+        pairs = [(max(lo, 0), max(hi, 0)) if k == axis else (0, 0) for k in range(x.ndim)]
+        return x.pad(pairs, value)
+    if lo < 0 or hi < 0:
+        raise ValueError(f"pad: mode {mode!r} takes no negative sizes, got ({lo}, {hi}) for dimension {axis}")
+    if not lo and not hi:
+        return x
+    if n == 0:
+        raise ShapeError(f"pad: {mode} padding of an empty dimension ({axis}) has nothing to repeat")
+    if (mode == "reflect" and max(lo, hi) >= n) or (mode == "circular" and max(lo, hi) > n):
+        rule = "smaller than" if mode == "reflect" else "at most"
+        raise ShapeError(f"pad: {mode} padding of ({lo}, {hi}) on dimension {axis} of size {n}: each side must be "
+                         f"{rule} the size")
+    if mode == "reflect":  # x[lo], ..., x[1] before; x[n-2], ..., x[n-1-hi] after
+        before, after = part(lo, 0, -1), part(n - 2, n - 2 - hi if n - 2 - hi >= 0 else None, -1)
+    elif mode == "replicate":
+        reps = lambda k, at: part(at, at + 1).expand(  # noqa: E731
+            *[k if a == axis else d for a, d in enumerate(x.shape)])
+        before, after = reps(lo, 0), reps(hi, n - 1)
+    else:
+        before, after = part(n - lo, n), part(0, hi)
+    return concat([p for p, k in ((before, lo), (x, n), (after, hi)) if k], axis)
 
 
 def _conv_padding(padding: int | str, kernel: int, dilation: int, stride: int) -> tuple[int, int]:

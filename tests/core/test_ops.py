@@ -337,6 +337,17 @@ CASES: list[OpCase] = [
     pair("pad", lambda a: a.pad(((1, 2), (0, 3))), lambda a: F.pad(a, (0, 3, 1, 2)), R(3, 4)),
     pair("pad_value", lambda a: nf.pad(a, ((0, 0), (2, 1), (1, 0)), value=1.5),
          lambda a: F.pad(a, (1, 0, 2, 1, 0, 0), value=1.5), X234),
+    # torch's F.pad: sizes from the last dimension backwards, negative ones crop; mirrored, repeated, wrapped edges
+    pair("F_pad", lambda a: NF.pad(a, (1, 2, 0, 1), value=0.5), lambda a: F.pad(a, (1, 2, 0, 1), value=0.5), X234),
+    pair("F_pad_crop", lambda a: NF.pad(a, (-1, 2, 1, -2)), lambda a: F.pad(a, (-1, 2, 1, -2)), X234),
+    pair("F_pad_reflect", lambda a: NF.pad(a, (2, 4), mode="reflect"), lambda a: F.pad(a, (2, 4), mode="reflect"),
+         R(2, 3, 5)),
+    pair("F_pad_reflect_2d", lambda a: NF.pad(a, (1, 2, 2, 0), mode="reflect"),
+         lambda a: F.pad(a, (1, 2, 2, 0), mode="reflect"), R(2, 3, 5)),
+    pair("F_pad_replicate", lambda a: NF.pad(a, (3, 1), mode="replicate"),
+         lambda a: F.pad(a, (3, 1), mode="replicate"), X234),
+    pair("F_pad_circular", lambda a: NF.pad(a, (1, 1, 2, 3), mode="circular"),
+         lambda a: F.pad(a, (1, 1, 2, 3), mode="circular"), R(2, 3, 5)),
     # casts
     *[cast_case(f"cast_to_{d}", d, FLOATS) for d in ALL_DTYPES],
     *[cast_case(f"cast_int_to_{d}", d, (*INTS, "bool")) for d in ALL_DTYPES],

@@ -9,6 +9,7 @@ from nn_testutil import ATOL, RTOL, compare_with_torch, randn
 
 import nnforge as nf
 import nnforge.nn as nn
+import nnforge.nn.functional as F
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -211,3 +212,20 @@ def test_multihead_attention_weights() -> None:
     for avg in (True, False):
         compare_with_torch(n_mod, t_mod, [q, k, k], call=lambda m, q, k, v, avg=avg: m(q, k, v,
                                                                                        average_attn_weights=avg))
+
+
+def test_functional_pad_errors() -> None:
+    x = nf.ones(2, 3)
+    with pytest.raises(ValueError, match="pad: needs \\(before, after\\) pairs, last dimension first; got 3 sizes"):
+        F.pad(x, (1, 2, 3))
+    with pytest.raises(nf.ShapeError, match=r"pad: 6 sizes pad 3 dimensions, the input \[2, 3\] has 2"):
+        F.pad(x, (1, 1, 1, 1, 1, 1))
+    with pytest.raises(nf.ShapeError, match="reflect padding of \\(3, 0\\) on dimension 1 of size 3: each side must "
+                                            "be smaller than the size"):
+        F.pad(x, (3, 0), mode="reflect")
+    with pytest.raises(ValueError, match="mode 'circular' takes no value"):
+        F.pad(x, (1, 0), mode="circular", value=1.0)
+    with pytest.raises(ValueError, match="mode must be one of constant, reflect, replicate, circular"):
+        F.pad(x, (1, 0), mode="edge")
+    with pytest.raises(nf.ShapeError, match="cropping 2 and 2 from dimension 1 of size 3"):
+        F.pad(x, (-2, -2))
