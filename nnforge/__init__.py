@@ -24,6 +24,8 @@ from .tensor import (
     clamp,
     concat,
     cos,
+    cumprod,
+    cumsum,
     erf,
     exp,
     expand,

@@ -440,6 +440,18 @@ class Tensor:
         smallest, as torch."""
         return _arg_extreme(self, axis, keepdims, largest=False)
 
+    @composed("cumsum")
+    def cumsum(self, axis: int) -> Tensor:
+        """Running sums along ``axis``, as torch (integers and bools sum in int64): one ``nf.scan`` over that axis,
+        so its length may change without a new trace and its gradient is the reversed running sum."""
+        return _running(self, axis, "cumsum")
+
+    @composed("cumprod")
+    def cumprod(self, axis: int) -> Tensor:
+        """Running products along ``axis`` (one ``nf.scan``); the gradient needs no division, so zeros are
+        fine."""
+        return _running(self, axis, "cumprod")
+
     @composed("mean")
     def mean(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         x = _as_float(self)
@@ -918,6 +930,22 @@ def _reduce(op: Op, x: Tensor, axis: Any, keepdims: bool, name: str) -> Tensor:
     return Tensor(make(op, (x.node,), {"axes": axes, "keepdims": bool(keepdims)}))
 
 
+def _running(x: Tensor, axis: int, name: str) -> Tensor:
+    from .control import scan  # the frontend's loop construct, built on Tensor
+
+    a = _axis(axis, builtins.max(x.ndim, 1), name)
+    if x.dtype in (dtypes.bool_, dtypes.int32):
+        x = x.cast(dtypes.int64)
+    if x.ndim == 0 or int(x.shape[a]) == 0:
+        return x
+    xt = x.permute(a, *[k for k in range(x.ndim) if k != a]) if a else x
+    acc = x.dtype.accumulator  # half precision runs in float32, rounded once per output (torch's)
+    op = (lambda c, v: c + v.cast(acc)) if name == "cumsum" else (lambda c, v: c * v.cast(acc))
+    init = full(xt.shape[1:], 0 if name == "cumsum" else 1, acc)
+    _, ys = scan(lambda c, v: (op(c, v), op(c, v).cast(x.dtype)), init, xt)
+    return ys.permute(*range(1, a + 1), 0, *range(a + 1, x.ndim)) if a else ys
+
+
 def _arg_extreme(x: Tensor, axis: int | None, keepdims: bool, largest: bool) -> Tensor:
     """argmax / argmin from a reduction and a comparison: the smallest index where the value equals the extreme
     (or is NaN, which torch ranks beyond every number), so ties give the first."""
@@ -1130,6 +1158,7 @@ sum, mean, var, std = _fn("sum"), _fn("mean"), _fn("var"), _fn("std")
 log1p, expm1, square, argmax, argmin = (_fn("log1p"), _fn("expm1"), _fn("square"), _fn("argmax"),
                                         _fn("argmin"))
 masked_fill, tril, triu = _fn("masked_fill"), _fn("tril"), _fn("triu")
+cumsum, cumprod = _fn("cumsum"), _fn("cumprod")
 neg = _fn("__neg__")
 
 

@@ -241,6 +241,13 @@ CASES: list[OpCase] = [
     pair("argmax_fn_keep", lambda a: nf.argmax(a, -1, keepdims=True), lambda a: torch.argmax(a, -1, keepdim=True),
          X234, grad=False, fd=False),
     pair("argmin_fn", lambda a: nf.argmin(a, 0), lambda a: torch.argmin(a, 0), X234, grad=False, fd=False),
+    # running sums and products: one scan along the axis
+    same("cumsum", lambda a: a.cumsum(0), X234),
+    same("cumsum_last", lambda a: a.cumsum(-1), X234),
+    pair("cumsum_fn_mid", lambda a: nf.cumsum(a, 1), lambda a: torch.cumsum(a, 1), X234),
+    same("cumsum_int", lambda a: a.cumsum(1), X234, dtypes=(*INTS, "bool"), grad=False, fd=False),
+    same("cumprod", lambda a: a.cumprod(-1), R(3, 5)),
+    same("cumprod_zeros", lambda a: a.cumprod(0), R(4, 3, domain="smallint"), fd=False),
     pair("var_all", lambda a: a.var(), lambda a: a.var(), X234),
     pair("var_axis", lambda a: a.var(1), lambda a: a.var(1), X234),
     pair("var_tuple_keep", lambda a: a.var((0, 2), keepdims=True), lambda a: a.var((0, 2), keepdim=True), X234),
