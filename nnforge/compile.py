@@ -64,7 +64,7 @@ class _Entry:
     grad_reads: list[weakref.ref] = field(default_factory=list)  # tensors whose .grad is read (after ``implicit``)
     presence: tuple[tuple[weakref.ref, bool], ...] = ()  # whether each .grad the trace depends on was set
     modes: tuple[tuple[weakref.ref, bool], ...] = ()  # each module the trace called, and whether it was training
-    baked_values: tuple[tuple[weakref.ref, Node], ...] = ()  # module tensors baked in, and the value each held
+    baked_values: tuple[tuple[weakref.ref, Node], ...] = ()  # tensors baked in, and the value each held
     ties: tuple[frozenset, ...] = ()  # generic axes that must stay one size (the sequences one scan walks)
     split: Any = None  # a joint graph's Partition for torch autograd (``interop.autograd``); False: run it whole
 
@@ -79,9 +79,9 @@ class _Entry:
         return all((m := r()) is None or m.training == was for r, was in self.modes)
 
     def values_as_traced(self) -> bool:
-        """Whether every tensor of a called module that the trace baked in (a frozen parameter, a batch norm's
-        running statistics read in eval mode) still holds the value it held then: loaded or trained since, the
-        trace would compute with the old one."""
+        """Whether every tensor the trace baked in (a called module's frozen parameter or a batch norm's running
+        statistics read in eval mode, a tensor the function captured) still holds the value it held then: loaded,
+        trained or assigned since, the trace would compute with the old one."""
         return all((t := r()) is None or t.node is node for r, node in self.baked_values)
 
     def matches(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> bool:
@@ -254,14 +254,15 @@ class CompiledFunction:
 
     def _drop_stale_entries(self) -> None:
         """A tensor frozen or unfrozen since a trace changes what is read at call time and what is baked in, and
-        whether its gradient is taken; a module tensor the trace baked in may hold another value since: those
+        whether its gradient is taken; a tensor the trace baked in may hold another value since: those
         traces are dropped."""
         epoch = session().grad_epoch
         kept = [e for e in self._entries if e.epoch == epoch]
         for t in {id(t): t for e in kept for r, node in e.baked_values if (t := r()) is not None
                   and t.node is not node}.values():
-            log.info("%s: a trace dropped: %s, a module tensor it baked in (a frozen parameter, running statistics "
-                     "read in eval mode), holds another value since; read at each call from now on", _name(self.fn),
+            log.info("%s: a trace dropped: %s, a tensor it baked in (a frozen parameter, running statistics read "
+                     "in eval mode, a tensor it captured), holds another value since; read at each call from now on",
+                     _name(self.fn),
                      t.name or f"a {t.dtype.short}{list(map(int, t.shape))} tensor")
             t._read_live()  # changed once, it may change again: the next trace reads it rather than bakes it
         self._entries = [e for e in kept if e.values_as_traced()]
@@ -424,7 +425,7 @@ class Traced(NamedTuple):
     grad_reads: list[weakref.ref]            # tensors whose .grad is read at call time (after ``implicit``)
     presence: tuple[tuple[weakref.ref, bool], ...]  # whether each .grad the trace depends on was set
     modes: tuple[tuple[weakref.ref, bool], ...]  # each module the trace called, and whether it was training
-    baked_values: tuple[tuple[weakref.ref, Node], ...]  # module tensors baked in, and the value each held
+    baked_values: tuple[tuple[weakref.ref, Node], ...]  # tensors baked in, and the value each held
 
 
 def _stand_in(t: Any) -> np.ndarray:
@@ -537,11 +538,13 @@ def trace_function(fn: Callable, treedef: Any, leaves: list, arrays: list) -> Tr
     slot = itertools.count(len(outs) + len(state))  # the outputs of ``left``, in order
     grad_refs = [(weakref.ref(t), next(slot) if isinstance(g, Tensor) else None) for t, _, g, _ in grads]
     live = {id(t) for _, t in captured}
-    modules = [m for r, _ in sc.modes.values() if (m := r()) is not None]
-    baked_values = {id(t): (weakref.ref(t), t.node) for m in modules for t in (*m.parameters(), *m.buffers())
-                    if id(t) not in live and id(t.node) in used}
+    # tensors baked in as constants (a module's frozen parameter or running statistics, a global mask): the value
+    # each held, to trace again once one holds another
+    read = [t for r in sc.read.values() if (t := r()) is not None]
+    baked_values = [(weakref.ref(t), t.node) for t in read
+                    if id(t) not in live and id(t.node) in used and id(t.node) not in inside]
     return Traced(graph, out_def, implicit, state_refs, len(outs), baked, grad_refs,
-                  [weakref.ref(t) for _, t in reads], presence, tuple(sc.modes.values()), tuple(baked_values.values()))
+                  [weakref.ref(t) for _, t in reads], presence, tuple(sc.modes.values()), tuple(baked_values))
 
 
 def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:
@@ -555,7 +558,7 @@ def _dependents(roots: list[Node], placeholders: list[Node]) -> set[int]:
 
 def _captured(graph: Graph, state: list[tuple[Tensor, Node]]) -> list[tuple[Node, Tensor]]:
     """Values read at call time: the tensors updated in place, then live parameters (tensors requiring grad) and
-    the session's other live tensors (``HostValue`` numbers, module tensors that changed after a trace baked them).
+    the session's other live tensors (``HostValue`` numbers, tensors that changed after a trace baked them).
 
     Any node kind counts, not only DATA: after an eager optimizer step a parameter holds an expression node, and
     baking that in would freeze the parameter at its trace-time value.

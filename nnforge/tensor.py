@@ -114,6 +114,9 @@ class Tensor:
     # ---- the handle ------------------------------------------------------------------------------------------
     @property
     def node(self) -> Node:
+        s = session()
+        if len(s.scopes) > 1:  # tracing: the compiled function must know which tensors it read (``_note_read``)
+            _note_read(self, s)
         return self._node
 
     def _rebind(self, node: Node) -> None:
@@ -129,7 +132,7 @@ class Tensor:
 
     def _read_live(self) -> None:
         """From now on, compiled functions traced again read this tensor at call time rather than baking it in
-        (``HostValue``s; a module tensor that changed after a trace baked it in)."""
+        (``HostValue``s; a tensor that changed after a trace baked it in)."""
         if not self._live:
             self._live = True
             session().live[id(self._node)] = weakref.ref(self)
@@ -928,6 +931,17 @@ def _reduce(op: Op, x: Tensor, axis: Any, keepdims: bool, name: str) -> Tensor:
         if op == Op.REDUCE_MAX and int(x.shape[a]) == 0:
             raise ShapeError(at(f"{name}: reduction over an empty axis {a} of {fmt_shape(x.shape)}"))
     return Tensor(make(op, (x.node,), {"axes": axes, "keepdims": bool(keepdims)}))
+
+
+def _note_read(t: Tensor, s: Any) -> None:
+    """Record ``t`` with the innermost compiled function being traced: a tensor it reads but does not take as an
+    argument (a global mask, a table) is baked into its program, which must be traced again once ``t`` holds
+    another value (``compile._Entry.values_as_traced``)."""
+    for sc in reversed(s.scopes):
+        if sc.kind == "function":
+            if id(t) not in sc.read:
+                sc.read[id(t)] = weakref.ref(t)
+            return
 
 
 def _running(x: Tensor, axis: int, name: str) -> Tensor:

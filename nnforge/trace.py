@@ -35,6 +35,7 @@ class Scope:
     grads_set: dict[int, tuple[Tensor, object]] = field(default_factory=dict)  # id(tensor) -> (tensor, grad before)
     grads_cleared: set[int] = field(default_factory=set)  # ids of tensors whose first .grad write here was None
     modes: dict[int, tuple[weakref.ref, bool]] = field(default_factory=dict)  # id(module) -> (module, training)
+    read: dict[int, weakref.ref] = field(default_factory=dict)  # id(tensor) -> each tensor the trace read
 
 
 @dataclass(eq=False)
@@ -44,7 +45,7 @@ class Session:
     memo: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
     grad_leaves: dict[int, weakref.ref] = field(default_factory=dict)   # id(node) -> tensor requiring grad
     # id(node) -> a tensor compiled functions read at call time though it requires no grad: a HostValue, or a
-    # module tensor that changed after a trace had baked it in
+    # tensor that changed after a trace had baked it in (a module's, or one a function captured)
     live: dict[int, weakref.ref] = field(default_factory=dict)
     grad_epoch: int = 0  # bumped whenever a tensor's requires_grad flips: compiled functions then trace again
     rng: np.random.Generator = field(default_factory=np.random.default_rng)

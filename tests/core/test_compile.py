@@ -170,6 +170,31 @@ def test_captured_parameter_is_read_at_call_time():
     assert f.trace_count == 1
 
 
+def test_captured_constant_assigned_later_is_not_stale(backend):
+    """A tensor the function reads without taking it as an argument or a gradient (a global mask, a lookup table,
+    read inside a scan body too) is baked into the program; once it holds another value the trace is dropped,
+    and the next one reads it at every call: assigned again, no third trace."""
+    rng = np.random.default_rng(seed_of("captured_constant", backend))
+    mask = nf.tensor(rng.standard_normal(3))
+    table = nf.tensor(rng.standard_normal(3))
+
+    def f(xs):
+        _, ys = nf.scan(lambda c, x: (c, x * table), xs[0], xs)
+        return ys * mask
+
+    g = nf.compile(f, backend=backend)
+    xs = rng.standard_normal((4, 3))
+    for _ in range(2):
+        np.testing.assert_allclose(g(xs), xs * table.numpy() * mask.numpy(), rtol=1e-12)
+    assert g.trace_count == 1
+    for k in range(3):
+        mask.assign(rng.standard_normal(3))
+        if k == 1:
+            table.assign(rng.standard_normal(3))
+        np.testing.assert_allclose(g(xs), xs * table.numpy() * mask.numpy(), rtol=1e-12)
+    assert g.trace_count == 3  # once for the mask, once for the table; read at call time after that
+
+
 def test_compiled_matches_eager():
     args = rnn_inputs(7, np.float64)
     ys_c, h_c = nf.compile(rnn)(*args)
