@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 from ..ir.dims import fixed
 from ..ir.node import Graph, Node
@@ -105,16 +106,19 @@ def row_segments(body: Graph, n_carry: int = 0) -> Segments:
     """The segments of ``body`` (see ``Segments``; its first ``n_carry`` inputs and outputs are the carries): one
     decision read by the scheduler's refusal and the renderer."""
     ranges: dict[int, set[tuple[int, int]]] = {}
+    cut_at: list[tuple[int, int, int]] = []  # (source width, offset, width) of each column slice
     for m in body.order:
         r = _column_range(m)
         if r is not None and (w := row_width(m.srcs[0])) is not None:
             ranges.setdefault(w, set()).add(r)
+            cut_at.append((w, *r))
     widths = {}
     for w, rs in ranges.items():
         cuts = sorted(rs)
         ends = [0] + [a + b for a, b in cuts]
         if len(cuts) > 1 and [a for a, _ in cuts] == ends[:-1] and ends[-1] == w:
             widths[w] = tuple(cuts)
+    widths = _refined(widths, cut_at)
     slices = {id(m) for m in body.order if _column_range(m) is not None and row_width(m.srcs[0]) in widths}
     nodes: set[int] = set()
     carries = list(zip(body.inputs[:n_carry], body.outputs[:n_carry]))
@@ -138,6 +142,25 @@ def row_segments(body: Graph, n_carry: int = 0) -> Segments:
                 nodes |= {id(x), id(nxt)}
         if len(nodes) == before:
             return Segments(widths, frozenset(nodes), frozenset(slices))
+
+
+def _refined(widths: dict[int, tuple[tuple[int, int], ...]], cut_at: list[tuple[int, int, int]]
+             ) -> dict[int, tuple[tuple[int, int], ...]]:
+    """The ranges of each segmented width, cut wherever a slice between two segmented widths needs them: a GRU
+    reads ``rz = sigmoid(gx[:, :2H] + gh[:, :2H])`` by its ranges (r, z), so the gate row ``gh`` it slices (cut
+    at 2H for ``n``) must be cut at H as well, and a slice's own ranges at every cut of its source inside it."""
+    bounds = {w: {0, w, *(a for a, _ in cuts)} for w, cuts in widths.items()}
+    changed = True
+    while changed:
+        changed = False
+        for src, off, w in cut_at:
+            if src in bounds and w in bounds:
+                into_src = {off + b for b in bounds[w]} - bounds[src]
+                into_slice = {b - off for b in bounds[src] if off < b < off + w} - bounds[w]
+                bounds[src] |= into_src
+                bounds[w] |= into_slice
+                changed = changed or bool(into_src or into_slice)
+    return {w: tuple((lo, hi - lo) for lo, hi in pairwise(sorted(b))) for w, b in bounds.items()}
 
 
 def _same_columns(s: Node, m: Node) -> bool:
