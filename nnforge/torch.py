@@ -1,8 +1,10 @@
-"""An ``nnforge.nn`` module as a ``torch.nn.Module``: compiled by nnforge, trained by torch.
+"""nnforge and torch models, both ways.
 
-``TorchModule(module, twin=torch_module)`` runs ``module``'s forward as one compiled program whose weights are
-the torch twin's parameters (passed in as inputs, so torch autograd reaches them through the compiled VJP); a
-custom recurrent cell written with nnforge then drops into a torch model, optimizer and training loop.
+``TorchModule(module, twin=torch_module)`` runs an ``nnforge.nn`` module's forward as one compiled program whose
+weights are the torch twin's parameters (passed in as inputs, so torch autograd reaches them through the compiled
+VJP); a custom recurrent cell written with nnforge then drops into a torch model, optimizer and training loop.
+``from_torch(torch_module)`` goes the other way: the torch model's forward, captured by torch.fx, as an
+``nnforge.nn`` module (``interop/fx.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import torch
 
 from .compile import compile as nf_compile
 from .errors import NNForgeError
+from .interop.fx import from_torch
 from .nn.module import Module
+
+__all__ = ["TorchModule", "from_torch"]
 
 
 class TorchModule(torch.nn.Module):

@@ -1,0 +1,275 @@
+"""``nnforge.torch.from_torch``: torch models captured by torch.fx and run as nnforge modules, against torch."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import nnforge as nf
+import nnforge.nn as nn
+from nnforge.errors import NNForgeError
+from nnforge.torch import TorchModule, from_torch
+
+
+class _Conv(torch.nn.Module):  # Bonito's Convolution: a conv, then swish
+    def __init__(self, c_in: int, c_out: int, k: int, stride: int):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(c_in, c_out, k, stride=stride, padding=k // 2)
+
+    def forward(self, x):
+        return TF.silu(self.conv(x))
+
+
+class _RNN(torch.nn.Module):  # Bonito's RNNWrapper: a reversed layer flips time around its LSTM
+    def __init__(self, n: int, reverse: bool):
+        super().__init__()
+        self.rnn, self.reverse = torch.nn.LSTM(n, n), reverse
+
+    def forward(self, x):
+        if self.reverse:
+            x = x.flip(0)
+        y, _ = self.rnn(x)
+        return y.flip(0) if self.reverse else y
+
+
+class _Head(torch.nn.Module):  # Bonito's LinearCRFEncoder: tanh scores, scaled, a blank score padded in front
+    def __init__(self, n: int):
+        super().__init__()
+        self.linear, self.scale = torch.nn.Linear(n, 20), 5.0
+
+    def forward(self, x):
+        scores = torch.tanh(self.linear(x)) * self.scale
+        t, n, c = scores.shape
+        return TF.pad(scores.view(t, n, c // 4, 4), (1, 0, 0, 0, 0, 0, 0, 0), value=2.0).view(t, n, -1)
+
+
+class Basecaller(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Sequential(_Conv(1, 4, 5, 1), _Conv(4, 16, 9, 3))
+        self.rnns = torch.nn.Sequential(*[_RNN(16, r) for r in (True, False, True)])
+        self.head = _Head(16)
+
+    def forward(self, x):
+        return self.head(self.rnns(self.encoder(x).permute(2, 0, 1)))
+
+
+class Block(torch.nn.Module):
+    """A transformer block in the idioms of hand-written ones: einsum scores, a causal mask by triu and
+    masked_fill, torch's fused attention, SwiGLU, RMSNorm, a parameter and a buffer read directly."""
+
+    def __init__(self, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.norm, self.heads = torch.nn.RMSNorm(d), heads
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d, bias=False), torch.nn.Linear(d, d)
+        self.up, self.down = torch.nn.Linear(d, 4 * d), torch.nn.Linear(2 * d, d)
+        self.gain = torch.nn.Parameter(torch.full((d,), 0.5))
+        self.register_buffer("pos", torch.linspace(0, 1, d))
+
+    def forward(self, x):  # [N, T, d]
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.norm(x) + self.pos).chunk(3, dim=-1)
+        q = q.view(n, t, self.heads, d // self.heads).transpose(1, 2)
+        k = k.view(n, t, self.heads, d // self.heads).transpose(1, 2)
+        v = v.reshape(n, t, self.heads, -1).permute(0, 2, 1, 3)
+        scores = torch.einsum("nhqd,nhkd->nhqk", q, k) / (d // self.heads) ** 0.5
+        probs = scores.masked_fill(torch.ones_like(scores).triu(1).bool(), float("-inf")).softmax(dim=-1)
+        o = (probs @ v).transpose(1, 2).contiguous().view(n, t, d)
+        fused = TF.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(n, t, d)
+        x = x + self.out(o) + 0.1 * fused
+        a, b = self.up(x).chunk(2, -1)
+        x = x + self.down(TF.silu(a) * b) * self.gain
+        values, index = x.max(dim=-1)
+        return torch.cat([x, values.unsqueeze(-1), index.unsqueeze(-1).float()], dim=-1), x.sum(dim=1, keepdim=True)
+
+
+def _signal(rng: np.random.Generator, n: int = 3, samples: int = 45) -> np.ndarray:
+    return rng.standard_normal((n, 1, samples))
+
+
+def test_a_basecaller_converts_and_computes_what_torch_does(backend: str, rng: np.random.Generator) -> None:
+    model = Basecaller().double()
+    ours = from_torch(model)
+    assert sorted(ours.state_dict()) == sorted(model.state_dict())
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(ours.state_dict()[key], value.numpy())
+    x = _signal(rng)
+    expected = model(torch.tensor(x)).detach().numpy()
+    got = nf.compile(lambda s: ours(s), backend=backend)(x)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_a_transformer_block_converts(backend: str, rng: np.random.Generator) -> None:
+    model = Block().double()
+    ours = from_torch(model)
+    assert sorted(ours.state_dict()) == sorted(model.state_dict())
+    x = rng.standard_normal((2, 5, 16))
+    expected = [t.detach().numpy() for t in model(torch.tensor(x))]
+    got = nf.compile(lambda v: ours(v), backend=backend)(x)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.whole_model
+def test_a_converted_model_trains_like_torch(backend: str, rng: np.random.Generator) -> None:
+    """Two Adam steps of a whole compiled nnforge step against torch's loop: the same losses and weights."""
+    model = Basecaller().double()
+    ours = from_torch(model)
+    opt = nn.optim.Adam(ours.parameters(), lr=1e-2)
+    torch_opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    @nf.compile(backend=backend)
+    def step(x, y):
+        opt.zero_grad()
+        loss = ((ours(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(2):
+        x, y = _signal(rng), rng.standard_normal((15, 3, 25))
+        torch_opt.zero_grad()
+        loss = ((model(torch.tensor(x)) - torch.tensor(y)) ** 2).mean()
+        loss.backward()
+        torch_opt.step()
+        np.testing.assert_allclose(float(step(x, y)), loss.item(), rtol=1e-10)
+    for key, value in model.state_dict().items():
+        np.testing.assert_allclose(ours.state_dict()[key], value.numpy(), rtol=1e-8, atol=1e-10, err_msg=key)
+
+
+def test_a_converted_model_runs_compiled_in_torchs_own_training_loop(rng: np.random.Generator) -> None:
+    """``TorchModule(from_torch(m), twin=m)``: torch's parameters, optimizer and backward; one compiled program."""
+    model = Basecaller().double()
+    twin = Basecaller().double()
+    twin.load_state_dict(model.state_dict())
+    compiled = TorchModule(from_torch(twin), twin=twin)
+    x = torch.tensor(_signal(rng))
+    weights = torch.tensor(rng.standard_normal((15, 3, 25)))
+    (model(x) * weights).sum().backward()
+    (compiled(x) * weights).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_modes_and_frozen_parameters_carry_over() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2))
+    model[2].bias.requires_grad_(False)
+    ours = from_torch(model.eval())
+    assert not ours.training and not dict(ours.named_parameters())["2.bias"].requires_grad
+    x = np.ones((3, 4), np.float32)
+    np.testing.assert_allclose(ours(nf.tensor(x)).numpy(), model(torch.tensor(x)).detach().numpy(), rtol=1e-6)
+    ours.train()
+    assert (ours(nf.tensor(np.ones((64, 4), np.float32))).numpy() != model(torch.ones(64, 4)).detach().numpy()).any()
+
+
+class _Conv2d(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.image = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3))
+
+    def forward(self, x):
+        return self.image(x)
+
+
+class _Spectrum(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x).abs()
+
+
+class _Repeat(torch.nn.Module):
+    def forward(self, x):
+        return x.repeat(2, 1)
+
+
+class _PythonLoop(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.LSTMCell(3, 3)
+
+    def forward(self, x):
+        h = c = torch.zeros_like(x[0])
+        for t in range(x.shape[0]):
+            h, c = self.cell(x[t], (h, c))
+        return h
+
+
+def _line(pattern: str) -> int:
+    """The line of this file holding ``pattern`` (what an error must point at)."""
+    with open(__file__) as f:
+        return next(k for k, line in enumerate(f, 1) if pattern in line)
+
+
+@pytest.mark.parametrize(("model", "message", "source"), [
+    (_Conv2d(), r"torch.nn.modules.conv.Conv2d at 'image.0' has no nnforge counterpart", "return self.image(x)"),
+    (_Spectrum(), r"torch.fft.rfft has no nnforge counterpart", "torch.fft.rfft(x)"),
+    (_Repeat(), r"the tensor method .repeat\(\) has no nnforge counterpart", "x.repeat(2, 1)"),
+    (_PythonLoop(), r"torch.fx could not capture _PythonLoop.forward: .*\(a loop over time steps\)", None),
+    (torch.nn.Sequential(torch.nn.LSTM(3, 4, proj_size=2)), r"LSTM at '0': proj_size is not supported", None),
+])
+def test_what_cannot_be_converted_is_named_with_the_users_line(model: torch.nn.Module, message: str,
+                                                               source: str | None) -> None:
+    with pytest.raises(NNForgeError, match=message) as e:
+        from_torch(model)
+    if source is not None:  # the line of forward that made the call
+        line = re.search(r"test_from_torch.py:(\d+)\]", str(e.value))
+        assert line and int(line[1]) == _line(source), str(e.value)
+
+
+class _Layers(torch.nn.Module):
+    """One of most layers with an nnforge twin, each converted with its settings."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 8, padding_idx=0)
+        self.norm = torch.nn.LayerNorm(8, eps=1e-3)
+        self.encoder = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation="gelu", batch_first=True,
+                                                        norm_first=True)
+        self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+        self.gru = torch.nn.GRU(8, 6, num_layers=2, batch_first=True, bidirectional=True)
+        self.bn = torch.nn.BatchNorm1d(12)
+        self.act = torch.nn.Sequential(torch.nn.Softplus(beta=2.0), torch.nn.LeakyReLU(0.1), torch.nn.Hardtanh(-2, 2))
+        self.out = torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(12 * 5, 3), torch.nn.LogSoftmax(-1))
+
+    def forward(self, tokens):  # [N, 5] integer tokens
+        x = self.encoder(self.norm(self.embed(tokens)))
+        a, _ = self.attn(x, x, x, need_weights=False)
+        y, _ = self.gru(a + x)
+        y = self.bn(y.transpose(1, 2)).transpose(1, 2)
+        return self.out(self.act(y))
+
+
+def test_layers_convert_with_their_settings(backend: str, rng: np.random.Generator) -> None:
+    model = _Layers().double().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    ours = from_torch(model)
+    assert sorted(ours.state_dict()) == sorted(model.state_dict())
+    tokens = rng.integers(0, 10, (4, 5))
+    expected = model(torch.tensor(tokens)).detach().numpy()
+    np.testing.assert_allclose(np.asarray(nf.compile(lambda t: ours(t), backend=backend)(tokens)), expected,
+                               rtol=1e-10, atol=1e-12)
+
+
+class _Idioms(torch.nn.Module):
+    """torch's spellings: functions with dim / keepdim / start_dim keywords, methods torch has and nnforge names
+    otherwise, dtype conversions, shapes read from the tensor."""
+
+    def forward(self, x):
+        n = x.size(0)
+        y = torch.flatten(x, start_dim=1).sum(dim=-1, keepdim=True) + torch.mean(x, dim=(1, 2)).unsqueeze(1)
+        y = y + torch.cat([x, x], dim=1).amax(dim=(1, 2)).unsqueeze(-1)
+        y = y + torch.split(x, 2, dim=1)[0].sum((1, 2))[:, None]
+        first = x.unbind(dim=1)[0]
+        z = first.type_as(x).to(torch.float64).clip(-1, 1).cumsum(dim=-1).argmax(dim=-1).float().view(n, 1)
+        return y * x.shape[2] + z + x.min(dim=2).values.sum(dim=1, keepdim=True)
+
+
+def test_torch_idioms_convert(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((2, 3, 4))
+    np.testing.assert_allclose(from_torch(_Idioms())(nf.tensor(x)).numpy(), _Idioms()(torch.tensor(x)).numpy(),
+                               rtol=1e-12, atol=1e-12)
