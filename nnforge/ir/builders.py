@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..dtypes import DType
 from .build import make
-from .dims import Dim
+from .dims import Dim, same_size
 from .node import Node
 from .ops import Op
 
@@ -180,6 +180,21 @@ def flip(x: Node, axis: int) -> Node:
     d = x.shape[axis]
     starts[axis], stops[axis], steps[axis] = d - 1 if int(d) > 0 else 0, -1, -1
     return slice_(x, starts, stops, steps)
+
+
+def flipped_axes(n: Node) -> frozenset[int] | None:
+    """The axes ``n`` reverses whole, if ``n`` is a flip (``flip`` of one or more axes: every other axis kept
+    whole), else None. Sizes are compared in their normal form, so a flip of a traced length ``T`` is told from a
+    slice that happened to cover it when traced."""
+    if n.op != Op.SLICE:
+        return None
+    out = set()
+    for k, (a, b, s, d) in enumerate(zip(n.attrs["starts"], n.attrs["stops"], n.attrs["steps"], n.srcs[0].shape)):
+        if s == -1 and int(b) == -1 and (same_size(a, d - 1) or int(d) == 0):
+            out.add(k)
+        elif s != 1 or int(a) != 0 or not same_size(b, d):
+            return None
+    return frozenset(out) if out else None
 
 
 def pad(x: Node, pads: Sequence[tuple[int, int]], value: Scalar = 0) -> Node:

@@ -263,6 +263,12 @@ def _factors(e: tuple) -> tuple[int, list[tuple]]:
     return 1, [e]
 
 
+def same_size(a: int, b: int) -> bool:
+    """Whether sizes ``a`` and ``b`` are equal whatever the run-time sizes: their normal forms agree (``T - 1``
+    built two ways), not only their values at trace time."""
+    return int(a) == int(b) and normal(_expr(a)) == normal(_expr(b))
+
+
 def same_product(a: int, b: int) -> bool:
     """Whether sizes ``a`` and ``b`` are equal whatever the run-time sizes: products of the same factors (``5 * L``
     and ``L * 5``). False may mean unknown (sums are compared as they were built)."""

@@ -16,7 +16,12 @@ from .hoist import hoist
 from .products import products_of_stacked_rows, shared_weight_products, sums_of_products, transposed_products
 from .reductions import hoist_reductions
 from .reshapes import elementwise_before_views
-from .scans import carries_read_from_outputs, merge_augmented_scans, stacked_parts_read_as_views
+from .scans import (
+    carries_read_from_outputs,
+    merge_augmented_scans,
+    scans_of_flipped_sequences,
+    stacked_parts_read_as_views,
+)
 from .simplify import sigmoid_forms, simplify
 from .sinks import sink_output_products
 from .sums import nested_half_sums, split_long_sums
@@ -39,6 +44,8 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
     thresholds: a backend runs these after ``PIPELINE``."""
     return (
         ("pure_loops", pure_loops),  # an nf.loop that calls no Python is compiled, not a side effect
+        # before hoist, whose input projections then read the sequence itself, not a reversed copy
+        ("scans_of_flipped_sequences", scans_of_flipped_sequences),
         ("sigmoid_forms", sigmoid_forms),
         # first: a scan rid of its weight-gradient sums may split by rows, which decides how much of the carry-free
         # work hoist lifts out

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..ir import builders as b
-from ..ir.build import make
+from ..ir.build import make, rebuild
+from ..ir.builders import flipped_axes
 from ..ir.node import Graph, Node, users
-from ..ir.ops import Op
+from ..ir.ops import ELEMENTWISE, Op
 from .products import read_as_product_rows
 from .rewrite import redirect_results, rewrite_top, step_rows, substitute
 
@@ -51,6 +52,55 @@ def _same_loop(scan: Node, aug: Node) -> bool:
     skip = ("body", "primal")
     return {k: v for k, v in scan.attrs.items() if k not in skip} == {
         k: v for k, v in aug.attrs.items() if k not in skip}
+
+
+def scans_of_flipped_sequences(graph: Graph) -> Graph:
+    """A scan whose every sequence is flipped in time runs the other way over the sequences themselves; its
+    stacked outputs are flipped in their place, a view that cancels against the flip that usually follows.
+
+    A recurrent layer written to run backwards by flipping (Bonito's RNN wrapper: ``lstm(x.flip(0)).flip(0)``,
+    as ``from_torch`` captures it) then reads its input and writes its output where they are, as ``reverse=True``
+    does, instead of copying the sequence reversed before and after. One walk in topological order: flips move
+    after the per-step ops between them and the scan (its input projection), flips of flips cancel, and each scan
+    is turned on sources already rewritten, so a stack of layers alternating direction turns layer by layer.
+    Exact: each step computes what it did."""
+    turned: set[int] = set()
+
+    def rule(node: Node, original: Node) -> Node | None:
+        if node.op == Op.SLICE and (axes := flipped_axes(node)) is not None and flipped_axes(node.srcs[0]) == axes:
+            return node.srcs[0].srcs[0]
+        if node.op == Op.PROJ and id(original.srcs[0]) in turned:
+            return b.flip(node, 0) if node.attrs["index"] >= node.srcs[0].attrs["n_carry"] else None
+        if node.op == Op.SCAN:
+            nc, nx = node.attrs["n_carry"], node.attrs["n_xs"]
+            xs = node.srcs[nc:nc + nx]
+            if not xs or any(flipped_axes(x) != frozenset({0}) for x in xs):
+                return None
+            turned.add(id(original))
+            srcs = (*node.srcs[:nc], *(x.srcs[0] for x in xs), *node.srcs[nc + nx:])
+            return rebuild(node, srcs, {**node.attrs, "reverse": not node.attrs["reverse"]})
+        return _flip_after(node)
+
+    return rewrite_top(graph, rule)
+
+
+def _flip_after(n: Node) -> Node | None:
+    """``op(flip(x), ...)`` as ``flip(op(x, ...))`` along the time axis, for an op that computes each time step
+    on its own: element-wise, or a product batched over time (the input projection of a layer that flips its
+    sequence). Every other operand must be flipped too, or the same at every step (broadcast along time)."""
+    if not (n.op in ELEMENTWISE or (n.op == Op.MATMUL and n.ndim > 2)) or not n.ndim:
+        return None
+    flipped = [flipped_axes(s) == frozenset({0}) for s in n.srcs]
+    if not any(flipped) or not all(f or _same_along_time(s) for f, s in zip(flipped, n.srcs)):
+        return None
+    inner = rebuild(n, tuple(s.srcs[0] if f else s for f, s in zip(flipped, n.srcs)))
+    return b.flip(inner, 0)
+
+
+def _same_along_time(n: Node) -> bool:
+    """Whether every step along axis 0 of ``n`` holds the same values (a constant, a broadcast along time)."""
+    return n.op == Op.CONST or int(n.shape[0]) == 1 or (
+        n.op == Op.EXPAND and n.srcs[0].ndim == n.ndim and int(n.srcs[0].shape[0]) == 1)
 
 
 def carries_read_from_outputs(graph: Graph) -> Graph:
