@@ -12,7 +12,10 @@ carry the same weights (the torch twin is loaded from the nnforge module's state
 * a training step (forward, CTC loss, backward, Adam) at ``--train-samples`` samples (2,500: T = 500): nnforge
   vs torch eager, their losses compared before and after one update (which checks the gradients); and the torch
   model with its five LSTM layers one nnforge program (``nnforge.torch.TorchModule``) in torch's own training loop
-  (torch's convolutions, CTC loss and Adam; the LSTMs' backward from what their forward saved), vs torch eager.
+  (torch's convolutions, CTC loss and Adam; the LSTMs' backward from what their forward saved), vs torch eager;
+* in both, the torch model captured by ``nnforge.torch.from_torch`` (its reversed layers flip time around a forward
+  LSTM, which the compiler turns into reversed scans) and compiled whole, vs torch eager and vs the hand-written
+  nnforge model.
 
 Each round runs every candidate for one untimed call and ``--calls`` timed calls, in turn.
 Usage: ``python bench/basecaller_cpu.py [--rounds 5] [--calls 2] [--width 96] [--batches 16 64]``.
@@ -35,7 +38,7 @@ import nnforge as nf
 import nnforge.nn as nn
 from nnforge.demo import compiled_step
 from nnforge.nn import optim
-from nnforge.torch import TorchModule
+from nnforge.torch import TorchModule, from_torch
 
 LAYERS = 5
 
@@ -145,23 +148,28 @@ def inference(width: int, batch: int, samples: int, rounds: int, calls: int, rng
     start = time.perf_counter()
     y = ours(x)
     compile_s = time.perf_counter() - start
+    converted = from_torch(twin)
+    from_twin = nf.compile(lambda x: converted(x), backend="cpu")
     tx = torch.from_numpy(x)
     with torch.no_grad():
         want = twin(tx).numpy()
     sess = onnx_session(twin, (tx,), ["x"], ["y"], {"x": {0: "n", 2: "t"}, "y": {0: "t", 1: "n"}})
     got_ort = sess.run(None, {"x": x})[0]
-    print(f"  agreement: nnforge vs torch max |diff| {np.abs(y - want).max():.1e}, ONNX Runtime vs torch "
-          f"{np.abs(got_ort - want).max():.1e}; nnforge compile + first call {compile_s:.1f} s")
+    print(f"  agreement: nnforge vs torch max |diff| {np.abs(y - want).max():.1e}, from_torch(torch model) "
+          f"{np.abs(from_twin(x) - want).max():.1e}, ONNX Runtime vs torch {np.abs(got_ort - want).max():.1e}; "
+          f"nnforge compile + first call {compile_s:.1f} s")
 
     def eager():
         with torch.no_grad():
             twin(tx)
 
-    med = interleaved({"nnforge": lambda: ours(x), "torch eager": eager,
+    med = interleaved({"nnforge": lambda: ours(x), "from_torch": lambda: from_twin(x), "torch eager": eager,
                        "onnxruntime": lambda: sess.run(None, {"x": x})}, rounds, calls)
     print(f"  inference F={width} N={batch} samples={samples}: nnforge {med['nnforge'] * 1e3:.0f} ms, torch eager "
           f"{med['torch eager'] * 1e3:.0f} ms ({med['torch eager'] / med['nnforge']:.2f}x, goal >= 2), ONNX Runtime "
-          f"{med['onnxruntime'] * 1e3:.0f} ms ({med['onnxruntime'] / med['nnforge']:.2f}x, goal >= 1.3)")
+          f"{med['onnxruntime'] * 1e3:.0f} ms ({med['onnxruntime'] / med['nnforge']:.2f}x, goal >= 1.3); "
+          f"from_torch(torch model) {med['from_torch'] * 1e3:.0f} ms ({med['torch eager'] / med['from_torch']:.2f}x "
+          f"torch eager, {med['nnforge'] / med['from_torch']:.2f}x the hand-written nnforge model)")
 
 
 def training(width: int, batch: int, samples: int, rounds: int, calls: int, rng: np.random.Generator) -> None:
@@ -176,6 +184,8 @@ def training(width: int, batch: int, samples: int, rounds: int, calls: int, rng:
     step = compiled_step(model, opt, "cpu")
     hybrid = HybridEncoder(model, twin)  # before any update: the same weights as the other two
     hopt = torch.optim.Adam(hybrid.parameters(), lr=1e-4)
+    converted = from_torch(twin)  # so is the torch model captured as an nnforge module, trained by nnforge
+    converted_step = compiled_step(converted, optim.Adam(converted.parameters(), lr=1e-4), "cpu")
 
     targs = [torch.from_numpy(a) for a in (x, tg, il, tl)]
 
@@ -196,16 +206,20 @@ def training(width: int, batch: int, samples: int, rounds: int, calls: int, rng:
     start = time.perf_counter()
     first_mixed = mixed().item()
     mixed_s = time.perf_counter() - start
+    first_converted = float(converted_step(x, tg, il, tl))
     print(f"  first losses: nnforge {first:.5f}, torch {eager().item():.5f}, torch with nnforge LSTMs "
-          f"{first_mixed:.5f}; after one update (the gradients' check): nnforge {float(step(x, tg, il, tl)):.5f}, "
-          f"torch {eager().item():.5f}, torch with nnforge LSTMs {mixed().item():.5f}; nnforge compile + first "
+          f"{first_mixed:.5f}, from_torch(torch model) {first_converted:.5f}; after one update (the gradients' "
+          f"check): nnforge {float(step(x, tg, il, tl)):.5f}, torch {eager().item():.5f}, torch with nnforge LSTMs "
+          f"{mixed().item():.5f}, from_torch {float(converted_step(x, tg, il, tl)):.5f}; nnforge compile + first "
           f"call {compile_s:.1f} s, torch with nnforge LSTMs {mixed_s:.1f} s")
-    med = interleaved({"nnforge": lambda: step(x, tg, il, tl), "torch eager": eager, "mixed": mixed},
-                      rounds, calls)
+    med = interleaved({"nnforge": lambda: step(x, tg, il, tl), "torch eager": eager, "mixed": mixed,
+                       "from_torch": lambda: converted_step(x, tg, il, tl)}, rounds, calls)
     print(f"  training step F={width} N={batch} samples={samples}: nnforge {med['nnforge'] * 1e3:.0f} ms, "
           f"torch eager {med['torch eager'] * 1e3:.0f} ms ({med['torch eager'] / med['nnforge']:.2f}x, goal >= 1.5); "
           f"torch's loop with nnforge LSTMs {med['mixed'] * 1e3:.0f} ms ({med['torch eager'] / med['mixed']:.2f}x "
-          "torch eager)")
+          f"torch eager); from_torch(torch model) {med['from_torch'] * 1e3:.0f} ms "
+          f"({med['torch eager'] / med['from_torch']:.2f}x torch eager, {med['nnforge'] / med['from_torch']:.2f}x "
+          "the hand-written nnforge model)")
 
 
 def main() -> None:
