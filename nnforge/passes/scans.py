@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from ..ir import builders as b
 from ..ir.build import make, rebuild
 from ..ir.builders import flipped_axes
+from ..ir.dims import same_size
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, Op
 from .products import read_as_product_rows
@@ -86,8 +87,15 @@ def scans_of_flipped_sequences(graph: Graph) -> Graph:
 
 def _flip_after(n: Node) -> Node | None:
     """``op(flip(x), ...)`` as ``flip(op(x, ...))`` along the time axis, for an op that computes each time step
-    on its own: element-wise, or a product batched over time (the input projection of a layer that flips its
-    sequence). Every other operand must be flipped too, or the same at every step (broadcast along time)."""
+    on its own: element-wise, a product batched over time (the input projection of a layer that flips its
+    sequence), a view that keeps the time axis first. Every other operand must be flipped too, or the same at
+    every step (broadcast along time). A sum or maximum over time reads its operand unflipped (a weight's
+    gradient summed over the steps: the order of the terms changes, their sum does not)."""
+    if n.op in (Op.SUM, Op.REDUCE_MAX) and 0 in n.attrs["axes"] and flipped_axes(n.srcs[0]) == frozenset({0}):
+        return rebuild(n, (n.srcs[0].srcs[0],))
+    if n.op in (Op.PERMUTE, Op.RESHAPE) and n.ndim and flipped_axes(n.srcs[0]) == frozenset({0}) and (
+            n.attrs["perm"][0] == 0 if n.op == Op.PERMUTE else same_size(n.shape[0], n.srcs[0].shape[0])):
+        return b.flip(rebuild(n, (n.srcs[0].srcs[0],)), 0)
     if not (n.op in ELEMENTWISE or (n.op == Op.MATMUL and n.ndim > 2)) or not n.ndim:
         return None
     flipped = [flipped_axes(s) == frozenset({0}) for s in n.srcs]
@@ -98,9 +106,18 @@ def _flip_after(n: Node) -> Node | None:
 
 
 def _same_along_time(n: Node) -> bool:
-    """Whether every step along axis 0 of ``n`` holds the same values (a constant, a broadcast along time)."""
-    return n.op == Op.CONST or int(n.shape[0]) == 1 or (
-        n.op == Op.EXPAND and n.srcs[0].ndim == n.ndim and int(n.srcs[0].shape[0]) == 1)
+    """Whether every step along axis 0 of ``n`` holds the same values: a constant, a broadcast along time (a
+    weight that a product batched over time reads), and views and element-wise ops of such values."""
+    if not n.ndim:
+        return False
+    if n.op == Op.CONST or int(n.shape[0]) == 1:
+        return True
+    if n.op == Op.EXPAND:
+        return n.srcs[0].ndim == n.ndim and int(n.srcs[0].shape[0]) == 1
+    if (n.op == Op.PERMUTE and n.attrs["perm"][0] == 0) or (n.op == Op.RESHAPE and same_size(n.shape[0],
+                                                                                           n.srcs[0].shape[0])):
+        return _same_along_time(n.srcs[0])
+    return n.op in ELEMENTWISE and all(_same_along_time(s) for s in n.srcs)
 
 
 def carries_read_from_outputs(graph: Graph) -> Graph:
