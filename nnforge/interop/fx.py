@@ -93,12 +93,15 @@ class FromTorch(nfnn.Module):
         return f"from torch {self._torch_name}"
 
 
-def from_torch(model: torch.nn.Module) -> FromTorch:
-    """``model`` as an ``nnforge.nn`` module computing the same thing (its weights copied, in its train/eval mode).
+def from_torch(model: torch.nn.Module) -> nfnn.Module:
+    """``model`` as an ``nnforge.nn`` module computing the same thing (its weights copied, in its train/eval mode):
+    a torch layer with an nnforge twin becomes that layer, any other model a ``FromTorch`` of its captured graph.
     Raises ``NNForgeError`` naming the layer, function or source line that has no nnforge counterpart, and when
     torch.fx cannot capture ``forward`` (Python control flow on tensor values or sizes)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"from_torch: needs a torch.nn.Module, got {type(model).__name__}")
+    if type(model) in _layers():  # fx would trace into its implementation (torch's fused kernels)
+        return _layer(model, type(model).__name__, "from_torch")
     tracer = _Tracer()
     try:
         graph = tracer.trace(model)

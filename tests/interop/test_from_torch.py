@@ -155,6 +155,15 @@ def test_a_converted_model_runs_compiled_in_torchs_own_training_loop(rng: np.ran
         np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
 
 
+def test_a_torch_layer_becomes_its_nnforge_twin(rng: np.random.Generator) -> None:
+    lstm = torch.nn.LSTM(3, 5, num_layers=2, batch_first=True).double()
+    ours = from_torch(lstm)
+    assert isinstance(ours, nn.LSTM) and sorted(ours.state_dict()) == sorted(lstm.state_dict())
+    x = rng.standard_normal((2, 4, 3))
+    np.testing.assert_allclose(ours(nf.tensor(x))[0].numpy(), lstm(torch.tensor(x))[0].detach().numpy(),
+                               rtol=1e-12, atol=1e-14)
+
+
 def test_modes_and_frozen_parameters_carry_over() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2))
     model[2].bias.requires_grad_(False)
