@@ -966,11 +966,9 @@ def _arg_extreme(x: Tensor, axis: int | None, keepdims: bool, largest: bool) -> 
     name = "argmax" if largest else "argmin"
     if x.dtype == dtypes.bool_:
         raise DTypeError(at(f"{name}: not defined for bool (torch neither): cast to an integer type first"))
-    if axis is None:
-        if keepdims:
-            out = _arg_extreme(x.reshape(-1), 0, False, largest)
-            return out.reshape(*([1] * x.ndim))
-        return _arg_extreme(x.reshape(-1), 0, False, largest)
+    if axis is None:  # over every element, as torch: keepdims keeps each axis as size 1
+        out = _arg_extreme(x.reshape(-1), 0, False, largest)
+        return out.reshape(*([1] * x.ndim)) if keepdims else out
     a = _axis(axis, builtins.max(x.ndim, 1), name)
     if x.ndim == 0:
         return full((), 0, dtypes.int64)
