@@ -197,6 +197,12 @@ def flipped_axes(n: Node) -> frozenset[int] | None:
     return frozenset(out) if out else None
 
 
+def unflipped(n: Node) -> Node | None:
+    """The value ``n`` flips back, if ``n`` is a flip of a flip over the same axes, else None."""
+    axes = flipped_axes(n)
+    return n.srcs[0].srcs[0] if axes is not None and flipped_axes(n.srcs[0]) == axes else None
+
+
 def pad(x: Node, pads: Sequence[tuple[int, int]], value: Scalar = 0) -> Node:
     pads = tuple((lo, hi) for lo, hi in pads)
     if all(p == (0, 0) for p in pads):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ..ir import builders as b
 from ..ir.build import make, rebuild
-from ..ir.builders import flipped_axes
+from ..ir.builders import flipped_axes, unflipped
 from ..ir.dims import same_size
 from ..ir.node import Graph, Node, users
 from ..ir.ops import ELEMENTWISE, Op
@@ -68,8 +68,8 @@ def scans_of_flipped_sequences(graph: Graph) -> Graph:
     turned: set[int] = set()
 
     def rule(node: Node, original: Node) -> Node | None:
-        if node.op == Op.SLICE and (axes := flipped_axes(node)) is not None and flipped_axes(node.srcs[0]) == axes:
-            return node.srcs[0].srcs[0]
+        if (back := unflipped(node)) is not None:
+            return back
         if node.op == Op.PROJ and id(original.srcs[0]) in turned:
             return b.flip(node, 0) if node.attrs["index"] >= node.srcs[0].attrs["n_carry"] else None
         if node.op == Op.SCAN:
@@ -93,8 +93,7 @@ def _flip_after(n: Node) -> Node | None:
     gradient summed over the steps: the order of the terms changes, their sum does not)."""
     if n.op in (Op.SUM, Op.REDUCE_MAX) and 0 in n.attrs["axes"] and flipped_axes(n.srcs[0]) == frozenset({0}):
         return rebuild(n, (n.srcs[0].srcs[0],))
-    if n.op in (Op.PERMUTE, Op.RESHAPE) and n.ndim and flipped_axes(n.srcs[0]) == frozenset({0}) and (
-            n.attrs["perm"][0] == 0 if n.op == Op.PERMUTE else same_size(n.shape[0], n.srcs[0].shape[0])):
+    if _keeps_time_first(n) and flipped_axes(n.srcs[0]) == frozenset({0}):
         return b.flip(rebuild(n, (n.srcs[0].srcs[0],)), 0)
     if not (n.op in ELEMENTWISE or (n.op == Op.MATMUL and n.ndim > 2)) or not n.ndim:
         return None
@@ -114,10 +113,19 @@ def _same_along_time(n: Node) -> bool:
         return True
     if n.op == Op.EXPAND:
         return n.srcs[0].ndim == n.ndim and int(n.srcs[0].shape[0]) == 1
-    if (n.op == Op.PERMUTE and n.attrs["perm"][0] == 0) or (n.op == Op.RESHAPE and same_size(n.shape[0],
-                                                                                           n.srcs[0].shape[0])):
+    if _keeps_time_first(n):
         return _same_along_time(n.srcs[0])
     return n.op in ELEMENTWISE and all(_same_along_time(s) for s in n.srcs)
+
+
+def _keeps_time_first(n: Node) -> bool:
+    """Whether view ``n`` keeps its source's axis 0 first, whole: a permute that leaves it, a reshape of the other
+    axes."""
+    if n.op not in (Op.PERMUTE, Op.RESHAPE) or not n.ndim or not n.srcs[0].ndim:
+        return False
+    if n.op == Op.PERMUTE:
+        return n.attrs["perm"][0] == 0
+    return same_size(n.shape[0], n.srcs[0].shape[0])
 
 
 def carries_read_from_outputs(graph: Graph) -> Graph:

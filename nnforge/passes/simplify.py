@@ -12,7 +12,7 @@ from itertools import pairwise
 import numpy as np
 
 from ..ir.build import make
-from ..ir.builders import flipped_axes
+from ..ir.builders import unflipped
 from ..ir.node import Graph, Node
 from ..ir.ops import BINARY, COMPARE, ELEMENTWISE, UNARY, Op
 from ..ir.registry import NUMPY
@@ -69,8 +69,8 @@ def _identity(n: Node) -> Node | None:
     if n.op == Op.PERMUTE and s[0].op == Op.PERMUTE:
         inner, outer = s[0].attrs["perm"], n.attrs["perm"]
         return make(Op.PERMUTE, (s[0].srcs[0],), {"perm": tuple(inner[p] for p in outer)}, loc=n.loc)
-    if n.op == Op.SLICE and (axes := flipped_axes(n)) is not None and flipped_axes(s[0]) == axes:
-        return s[0].srcs[0]  # flipped back
+    if (back := unflipped(n)) is not None:
+        return back
     if n.op in (Op.RESHAPE, Op.EXPAND, Op.PERMUTE) and s[0].op == Op.CONST:
         return make(Op.CONST, (), {**s[0].attrs, "shape": n.shape}, loc=n.loc)
     return None
