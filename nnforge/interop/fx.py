@@ -100,9 +100,10 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
     torch.fx cannot capture ``forward`` (Python control flow on tensor values or sizes)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"from_torch: needs a torch.nn.Module, got {type(model).__name__}")
-    if type(model) in _layers():  # fx would trace into its implementation (torch's fused kernels)
-        return _layer(model, type(model).__name__, "from_torch")
-    tracer = _Tracer()
+    layers = _layers()
+    if type(model) in layers:  # fx would trace into its implementation (torch's fused kernels)
+        return _layer(layers, model, type(model).__name__, "from_torch")
+    tracer = _Tracer(layers)
     try:
         graph = tracer.trace(model)
     except Exception as e:  # torch.fx raises TraceError, TypeError, RuntimeError... with its own message
@@ -116,7 +117,7 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
     nodes = list(graph.nodes)
     for node in nodes:  # layers first: an attribute read from one (``self.rnn.weight_hh_l0``) is the layer's own
         if node.op == "call_module" and _at(out, node.target) is None:
-            _place(out, node.target, _layer(model.get_submodule(node.target), node.target, _where(node)))
+            _place(out, node.target, _layer(layers, model.get_submodule(node.target), node.target, _where(node)))
     steps = []
     for node in nodes:
         where = _where(node)
@@ -135,12 +136,13 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
 class _Tracer(torch.fx.Tracer):
     """fx's tracer, keeping each node's source line; every layer with an nnforge twin stays one call."""
 
-    def __init__(self) -> None:
+    def __init__(self, layers: dict[type, Callable[[Any], nfnn.Module]]) -> None:
         super().__init__()
         self.record_stack_traces = True
+        self.layers = layers
 
     def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
-        return type(m) in _layers() or super().is_leaf_module(m, qualname)
+        return type(m) in self.layers or super().is_leaf_module(m, qualname)
 
 
 # ---- layers ----------------------------------------------------------------------------------------------------
@@ -223,8 +225,9 @@ class _Function(nfnn.Module):
         return self._fn(x)
 
 
-def _layer(m: torch.nn.Module, path: str, where: str) -> nfnn.Module:
-    build = _layers().get(type(m))
+def _layer(layers: dict[type, Callable[[Any], nfnn.Module]], m: torch.nn.Module, path: str,
+           where: str) -> nfnn.Module:
+    build = layers.get(type(m))
     if build is None:
         raise NNForgeError(f"from_torch: {type(m).__module__}.{type(m).__name__} at {path!r} has no nnforge "
                            f"counterpart [{where}]")
