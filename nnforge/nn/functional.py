@@ -117,22 +117,26 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     return where(x > 0, x, x * negative_slope)
 
 
+def _exp_below_zero(x: Tensor, alpha: float, rate: float = 1.0) -> Tensor:
+    """x above 0, ``alpha * (exp(rate * x) - 1)`` at and below it (ELU's family), the exp on x's negative side
+    only (0 above it, where it could overflow)."""
+    return where(x > 0, x, alpha * (where(x > 0, 0.0, x) * rate).expm1())
+
+
 def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
-    """x above 0, ``alpha * (exp(x) - 1)`` at and below it."""
-    return where(x > 0, x, alpha * where(x > 0, 0.0, x).expm1())
+    return _exp_below_zero(x, alpha)
 
 
 def selu(x: Tensor) -> Tensor:
     """``scale * elu(x, alpha)`` with the self-normalizing constants."""
-    alpha, scale = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
-    return where(x > 0, scale * x, (scale * alpha) * where(x > 0, 0.0, x).expm1())
+    return 1.0507009873554804934193349852946 * _exp_below_zero(x, 1.6732632423543772848170429916717)
 
 
 def celu(x: Tensor, alpha: float = 1.0) -> Tensor:
     """x above 0, ``alpha * (exp(x / alpha) - 1)`` at and below it."""
     if alpha == 0:
         raise ValueError("celu: alpha must not be 0")
-    return where(x > 0, x, alpha * (where(x > 0, 0.0, x) * (1.0 / alpha)).expm1())
+    return _exp_below_zero(x, alpha, 1.0 / alpha)
 
 
 def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
