@@ -570,6 +570,39 @@ class Tensor:
     def broadcast_to(self, shape: ShapeLike) -> Tensor:
         return self.expand(*shape)
 
+    @composed("repeat")
+    def repeat(self, *repeats: Any) -> Tensor:
+        """The tensor tiled ``repeats[i]`` times along axis ``i``, as torch's ``repeat``: one repeat per axis,
+        extra repeats add leading axes. A broadcast between two reshapes, so its gradient is a sum."""
+        reps = _shape_arg(repeats)
+        if len(reps) < self.ndim:
+            raise ShapeError(at(f"repeat: {len(reps)} repeats {tuple(map(int, reps))} for a tensor of "
+                                f"{fmt_shape(self.shape)}: give one per axis"))
+        if any(int(r) < 0 for r in reps):
+            raise ShapeError(at(f"repeat: repeats must be >= 0, got {tuple(map(int, reps))}"))
+        x = self.reshape(*([1] * (len(reps) - self.ndim)), *self.shape)
+        spread = [s for d in x.shape for s in (1, d)]
+        tiled = [s for r, d in zip(reps, x.shape) for s in (r, d)]
+        return x.reshape(*spread).expand(*tiled).reshape(*(r * d for r, d in zip(reps, x.shape)))
+
+    @composed("tile")
+    def tile(self, *repeats: Any) -> Tensor:
+        """torch's and numpy's ``tile``: as ``repeat``, with fewer repeats than axes meaning 1 for the leading ones."""
+        reps = _shape_arg(repeats)
+        return self.repeat(*([1] * (self.ndim - len(reps))), *reps)
+
+    @composed("repeat_interleave")
+    def repeat_interleave(self, repeats: int, axis: int | None = None) -> Tensor:
+        """Each element repeated ``repeats`` times in place along ``axis`` (of the flattened tensor without one),
+        as torch's. ``repeats`` is a number: per-element counts would make the size depend on the data."""
+        if isinstance(repeats, Tensor) or not isinstance(repeats, (int, np.integer)) or repeats < 0:
+            raise ShapeError(at(f"repeat_interleave: repeats must be a number >= 0 (per-element counts make the "
+                                f"size depend on values), got {repeats!r}"))
+        x = self.reshape(-1) if axis is None else self
+        a = 0 if axis is None else _axis(axis, x.ndim, "repeat_interleave")
+        spread = x.unsqueeze(a + 1).expand(*x.shape[:a + 1], int(repeats), *x.shape[a + 1:])
+        return spread.reshape(*x.shape[:a], x.shape[a] * int(repeats), *x.shape[a + 1:])
+
     @composed("squeeze")
     def squeeze(self, axis: int | Sequence[int] | None = None) -> Tensor:
         if axis is None:
@@ -1171,6 +1204,7 @@ log1p, expm1, square, argmax, argmin = (_fn("log1p"), _fn("expm1"), _fn("square"
                                         _fn("argmin"))
 masked_fill, tril, triu = _fn("masked_fill"), _fn("tril"), _fn("triu")
 cumsum, cumprod = _fn("cumsum"), _fn("cumprod")
+repeat, tile, repeat_interleave = _fn("repeat"), _fn("tile"), _fn("repeat_interleave")
 neg = _fn("__neg__")
 
 
