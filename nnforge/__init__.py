@@ -8,7 +8,7 @@ from .differentiate import grad, value_and_grad, vjp
 from .dtypes import DType, bfloat16, bool_, float16, float32, float64, int32, int64
 from .einsum import einsum
 from .errors import DTypeError, NNForgeError, ShapeError, TraceError
-from .indexing import gather, index_select, scatter_add, take_along_axis
+from .indexing import gather, index_select, scatter_add, set_at, take_along_axis
 from .saving import LoadError, load
 from .tensor import (
     HostValue,

@@ -1,4 +1,5 @@
-"""Indexing by data: ``gather`` (torch.gather), ``take_along_axis``, ``index_select`` and ``scatter_add``.
+"""Indexing by data: ``gather`` (torch.gather), ``take_along_axis``, ``index_select`` and ``scatter_add``; and
+``set_at``, an assignment ``x[index] = value`` as a new tensor.
 
 Each is one ``GATHER`` or ``SCATTER_ADD`` node (plus broadcasts and slices, which are index expressions), so a
 lattice that reads scores by state index (the CTC-CRF) costs one load per element, not a one-hot matmul. Index
@@ -15,9 +16,9 @@ import numpy as np
 from .errors import DTypeError, ShapeError, at
 from .ir.build import make
 from .ir.ops import Op, fmt_shape
-from .tensor import Tensor, _axis, as_tensor, broadcast_shapes
+from .tensor import Tensor, _axis, _basic_index, arange, as_tensor, broadcast_shapes, full, where
 
-__all__ = ["gather", "index_select", "scatter_add", "take_along_axis"]
+__all__ = ["gather", "index_select", "scatter_add", "set_at", "take_along_axis"]
 
 
 def _index(index: Any, op: str) -> Tensor:
@@ -106,3 +107,50 @@ def scatter_add(x: Any, axis: int, index: Any, src: Any) -> Tensor:
     if any(hi for _, hi in pads):
         out = out.pad(pads)
     return x + out
+
+
+def set_at(x: Any, index: Any, value: Any) -> Tensor:
+    """``x`` with ``x[index]`` replaced by ``value`` (broadcast to that selection), what ``x[index] = value`` does
+    in torch and ``x.at[index].set(value)`` in JAX, as a new tensor. Basic indices: ints, slices of step 1 or -1,
+    None, one Ellipsis. The gradient reaches ``value`` from the selection and ``x`` everywhere else."""
+    x = as_tensor(x)
+    selection = x[index]  # checks the index, and gives the shape value broadcasts to
+    starts, stops, steps, kinds = _basic_index(x, index)
+    if any(abs(s) != 1 for s in steps):
+        raise ShapeError(at(f"set_at: slice steps {tuple(steps)} on {fmt_shape(x.shape)}: an assignment takes "
+                            f"steps of 1 or -1"))
+    if isinstance(value, Tensor):
+        try:
+            value = value.cast(x.dtype).expand(*selection.shape)
+        except ShapeError:
+            raise ShapeError(at(f"set_at: a value of {fmt_shape(value.shape)} does not broadcast to the selection "
+                                f"{fmt_shape(selection.shape)} of {fmt_shape(x.shape)}")) from None
+        # as many axes as x: the selection's, a 1 for each int index, without the None axes
+        sizes, kept = [], iter(selection.shape)
+        for kind in kinds:
+            if kind == "new":
+                next(kept)
+            elif kind == "keep":
+                sizes.append(next(kept))
+            else:
+                sizes.append(1)
+        value = value.reshape(*sizes)
+    mask = None
+    for a, (lo, hi, step, d) in enumerate(zip(starts, stops, steps, x.shape)):
+        if int(lo) == 0 and int(hi) == int(d) and step == 1:
+            continue
+        p = arange(d).reshape(*[d if k == a else 1 for k in range(x.ndim)])
+        chosen = (p >= lo) & (p < hi) if step == 1 else (p <= lo) & (p > hi)
+        mask = chosen if mask is None else mask & chosen
+        if not isinstance(value, Tensor):
+            continue
+        count = value.shape[a]  # value's element for each position of x along a
+        if int(count) == 0:
+            return x
+        if int(count) == 1:
+            value = value.expand(*[d if k == a else n for k, n in enumerate(value.shape)])
+        elif not (step == 1 and int(lo) == 0 and int(count) == int(d)):
+            value = index_select(value, a, (arange(d) - lo if step == 1 else lo - arange(d)).clamp(0, count - 1))
+    if mask is None:  # the whole tensor
+        return value.expand(*x.shape) if isinstance(value, Tensor) else full(x.shape, value, x.dtype)
+    return where(mask, value, x).cast(x.dtype)

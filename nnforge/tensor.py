@@ -1026,6 +1026,25 @@ def _slice_axis(x: Tensor, axis: int, lo: int, hi: int) -> Tensor:
 
 def _getitem(x: Tensor, index: Any) -> Tensor:
     """Basic indexing: ints, slices (any step), None and one Ellipsis. A single SLICE node plus a reshape."""
+    starts, stops, steps, kinds = _basic_index(x, index)
+    node = x.node
+    if any(int(a) != 0 or int(b) != int(d) or s != 1 for a, b, s, d in zip(starts, stops, steps, x.shape)):
+        node = make(Op.SLICE, (node,), {"starts": tuple(starts), "stops": tuple(stops), "steps": tuple(steps)})
+    sliced = iter(node.shape)
+    final = []
+    for kind in kinds:
+        if kind == "new":
+            final.append(1)
+        elif kind == "keep":
+            final.append(next(sliced))
+        else:
+            next(sliced)
+    return Tensor(node).reshape(*final)
+
+
+def _basic_index(x: Tensor, index: Any) -> tuple[list, list, list, list]:
+    """A basic index as per-axis (start, stop, step) of ``x`` and kinds: "keep" or "drop" (an int) per axis of
+    ``x``, "new" per None, in the index's order."""
     if not isinstance(index, tuple):
         index = (index,)
     if builtins.sum(i is Ellipsis for i in index) > 1:
@@ -1066,19 +1085,7 @@ def _getitem(x: Tensor, index: Any) -> Tensor:
             raise TraceError(at(f"index: unsupported index of type {type(i).__name__} "
                                 "(ints, slices, None and ... are supported)"))
         ax += 1
-    node = x.node
-    if any(int(a) != 0 or int(b) != int(d) or s != 1 for a, b, s, d in zip(starts, stops, steps, x.shape)):
-        node = make(Op.SLICE, (node,), {"starts": tuple(starts), "stops": tuple(stops), "steps": tuple(steps)})
-    sliced = iter(node.shape)
-    final = []
-    for kind in kinds:
-        if kind == "new":
-            final.append(1)
-        elif kind == "keep":
-            final.append(next(sliced))
-        else:
-            next(sliced)
-    return Tensor(node).reshape(*final)
+    return starts, stops, steps, kinds
 
 
 def _slice_bounds(start: Any, stop: Any, step: int, d: int) -> tuple[int, int]:

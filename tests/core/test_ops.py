@@ -315,6 +315,14 @@ CASES: list[OpCase] = [
           ((slice(4, 1, -1), None, slice(None, None, 3)), (5, 7)), ((Ellipsis, slice(None, None, -3)), (2, 7)),
           ((0, 1, 2), (2, 3, 4)), (slice(10, None), (5, 4)), (slice(-100, 100), (5, 4)),
       ])],
+    # assignment as a new tensor: x[index] = value
+    *[pair(f"set_at_{k}", (lambda i, c: lambda a, *v: nf.set_at(a, i, v[0] if v else c))(idx, const),
+           (lambda i, c: lambda a, *v: _torch_set(a, i, v[0] if v else c))(idx, const), R(*shape), *values)
+      for k, (idx, const, shape, values) in enumerate([
+          ((slice(None), 0), 2.5, (3, 4), ()), ((slice(1, 3),), None, (3, 4), (R(2, 4),)),
+          ((Ellipsis, slice(1, 3)), None, (2, 3, 4), (R(2),)), ((1, slice(None), 2), None, (2, 3, 4), (R(1),)),
+          ((slice(None), slice(-2, None)), None, (3, 4), (R(3, 2),)),
+      ])],
     # masks
     pair("masked_fill", lambda a, m: a.masked_fill(m, -2.5), lambda a, m: a.masked_fill(m, -2.5), X34,
          R(4, dtype="bool")),
@@ -390,6 +398,12 @@ def _params():
                 # checked against torch autograd by the grad mode on every backend.
                 continue
             yield pytest.param(case, mode, dtype, backend, id=f"{backend}-{case.name}-{mode}-{dtype}")
+
+
+def _torch_set(a: torch.Tensor, index: tuple, value) -> torch.Tensor:
+    out = a.clone()
+    out[index] = value
+    return out
 
 
 def _modes():
@@ -754,6 +768,29 @@ def test_einsum_errors_name_the_equation(equation, shapes, message):
     rng = np.random.default_rng(seed_of("einsum_errors", equation))
     with pytest.raises(nf.ShapeError, match=message):
         nf.einsum(equation, *[rng.standard_normal(s) for s in shapes])
+
+
+@pytest.mark.parametrize("index", [(slice(None, None, -1),), (slice(3, 0, -1), 1), (Ellipsis, slice(-1, -4, -1)),
+                                   (slice(2, 2, -1),)])
+def test_set_at_reversed_slices_as_numpy(backend: str, index: tuple, request: pytest.FixtureRequest) -> None:
+    """Steps of -1 (torch has none: numpy is the reference), the value in the selection's order."""
+    rng = np.random.default_rng(seed_of(request.node.name))
+    x = rng.standard_normal((4, 3, 5))
+    value = rng.standard_normal(x[index].shape)
+    expected = x.copy()
+    expected[index] = value
+    got = nf.compile(lambda a, v: nf.set_at(a, index, v), backend=backend)(x, value)
+    np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+def test_set_at_errors() -> None:
+    x = nf.tensor(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(nf.ShapeError, match=r"set_at: slice steps \(1, 2\) on \[2, 3\]: an assignment takes steps"):
+        nf.set_at(x, (slice(None), slice(None, None, 2)), 0.0)
+    with pytest.raises(nf.ShapeError, match=r"set_at: a value of \[3\] does not broadcast to the selection \[2, 2\]"):
+        nf.set_at(x, (slice(None), slice(1, 3)), nf.tensor(np.ones(3)))
+    with pytest.raises(nf.ShapeError, match=r"index: 2 out of range for axis 0 of size 2"):
+        nf.set_at(x, 2, 1.0)
 
 
 def test_masked_fill_errors():
