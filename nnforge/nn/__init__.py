@@ -32,9 +32,10 @@ from .conv import Conv1d
 from .linear import Embedding, Identity, Linear
 from .loss import CrossEntropyLoss, CTCLoss, MSELoss, NLLLoss
 from .module import Module, ModuleList, Parameter, Sequential
-from .norm import BatchNorm1d, LayerNorm, RMSNorm
+from .norm import BatchNorm1d, GroupNorm, LayerNorm, RMSNorm
+from .pooling import AdaptiveAvgPool1d, AdaptiveMaxPool1d, AvgPool1d, MaxPool1d
 from .rnn import GRU, LSTM, GRUCell, LSTMCell
-from .transformer import MultiheadAttention, TransformerEncoderLayer
+from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
     "CELU",
@@ -44,6 +45,9 @@ __all__ = [
     "GRU",
     "LSTM",
     "SELU",
+    "AdaptiveAvgPool1d",
+    "AdaptiveMaxPool1d",
+    "AvgPool1d",
     "BatchNorm1d",
     "CTCLoss",
     "Conv1d",
@@ -51,6 +55,7 @@ __all__ = [
     "Dropout",
     "Embedding",
     "GRUCell",
+    "GroupNorm",
     "Hardsigmoid",
     "Hardswish",
     "Hardtanh",
@@ -61,6 +66,7 @@ __all__ = [
     "Linear",
     "LogSigmoid",
     "MSELoss",
+    "MaxPool1d",
     "Mish",
     "Module",
     "ModuleList",
@@ -77,6 +83,7 @@ __all__ = [
     "Softsign",
     "Swish",
     "Tanh",
+    "TransformerEncoder",
     "TransformerEncoderLayer",
     "functional",
     "init",

@@ -89,6 +89,37 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None
     return y
 
 
+def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalize each sample's channels ``[N, C, ...]`` in ``num_groups`` groups (statistics over a group's
+    channels and all positions, biased variance), then a per-channel affine weight and bias, as torch."""
+    if x.ndim < 2:
+        raise ShapeError(f"group_norm: needs [N, C, ...], got {list(map(int, x.shape))}")
+    channels = int(x.shape[1])
+    if num_groups <= 0 or channels % num_groups:
+        raise ShapeError(f"group_norm: {channels} channels of {list(map(int, x.shape))} do not split into "
+                         f"{num_groups} groups")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(map(int, p.shape)) != (channels,):
+            raise ShapeError(f"group_norm: {name} {list(map(int, p.shape))} is not one per channel ({channels})")
+    n, size = x.shape[0], channels // num_groups
+    groups = x.reshape(n, num_groups, -1)
+    mean = groups.mean(-1, keepdims=True)
+    d = groups - mean
+    rstd = ((d * d).mean(-1, keepdims=True) + eps).rsqrt()
+    if weight is None and bias is None:
+        return (d * rstd).reshape(*x.shape)
+    # torch's form: x * scale + shift per (sample, channel), so an infinite weight gives torch's NaNs
+    scale = rstd.expand(n, num_groups, size)
+    if weight is not None:
+        scale = scale * weight.reshape(num_groups, size)
+    shift = -mean * scale
+    if bias is not None:
+        shift = shift + bias.reshape(num_groups, size)
+    per_channel = (n, channels, *[1] * (x.ndim - 2))
+    return x * scale.reshape(*per_channel) + shift.reshape(*per_channel)
+
+
 def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
              eps: float | None = None) -> Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` axes, as torch: ``eps``
@@ -250,6 +281,103 @@ def _pad_axis(x: Tensor, axis: int, lo: int, hi: int, mode: str, value: float) -
     else:
         before, after = part(n - lo, n), part(0, hi)
     return concat([p for p, k in ((before, lo), (x, n), (after, hi)) if k], axis)
+
+
+# ---- pooling along the last axis: one strided slice per kernel tap, combined elementwise -------------------------
+# The taps fuse into whatever reads the pool (one kernel, no window copies); their gradient is the slices'.
+
+def _single(v: Any) -> int:
+    """torch's pooling layers keep sizes as ints or 1-tuples."""
+    return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
+
+
+def _pool_taps(x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool,
+               fill: float, name: str) -> tuple[list[Tensor], Any, Any]:
+    """The kernel's taps (tap j: the padded input at ``start + j * dilation`` for each output position), the
+    number of outputs and the first window's start (``-padding``)."""
+    x = as_tensor(x)
+    k, p, d = _single(kernel_size), _single(padding), _single(dilation)
+    s = k if stride is None or stride == () or stride == [] else _single(stride)
+    if x.ndim < 2 or int(x.shape[-1]) == 0:
+        raise ShapeError(f"{name}: needs [N, C, L] or [C, L] with L > 0, got {list(map(int, x.shape))}")
+    if not x.dtype.is_float:
+        raise TypeError(f"{name}: needs a floating-point input, got {x.dtype}")
+    if k < 1 or s < 1 or d < 1 or p < 0:
+        raise ValueError(f"{name}: kernel_size {k}, stride {s} and dilation {d} must be >= 1, padding {p} >= 0")
+    if 2 * p > k:
+        raise ValueError(f"{name}: padding {p} is more than half the kernel size {k} (as torch refuses)")
+    length, span = x.shape[-1], d * (k - 1) + 1
+    room = length + 2 * p - span
+    if int(room) < 0:
+        raise ShapeError(f"{name}: a window of {span} does not fit the input's last axis of {int(length)} padded "
+                         f"by {p} on each side ({list(map(int, x.shape))})")
+    out = (room + s - 1) // s + 1 if ceil_mode else room // s + 1
+    if ceil_mode and int((out - 1) * s) >= int(length + p):  # torch: the last window starts inside the input
+        out = out - 1
+    right = s * (out - 1) + span - length - p
+    pads = [(0, 0)] * (x.ndim - 1) + [(p, right if int(right) > 0 else 0)]
+    padded = x.pad(pads, fill) if p or int(right) > 0 else x
+    taps = [padded[..., j * d:j * d + s * (out - 1) + 1:s] for j in range(k)]
+    return taps, out, s
+
+
+def max_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    """torch's max_pool1d over the last axis (padding reads -inf); with ``return_indices`` also each maximum's
+    position in the input (int64, the first of equal values)."""
+    taps, out, s = _pool_taps(x, kernel_size, stride, padding, dilation, ceil_mode, float("-inf"), "max_pool1d")
+    y = taps[0]
+    for t in taps[1:]:
+        y = y.maximum(t)
+    if not return_indices:
+        return y
+    tap = stack(taps, -1).argmax(-1)
+    return y, arange(out) * s - _single(padding) + tap * _single(dilation)
+
+
+def avg_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """torch's avg_pool1d over the last axis: each window's sum over its size, padding counted in it unless
+    ``count_include_pad=False``, a window past the padding (``ceil_mode``) never."""
+    taps, out, s = _pool_taps(x, kernel_size, stride, padding, 1, ceil_mode, 0.0, "avg_pool1d")
+    total = taps[0]
+    for t in taps[1:]:
+        total = total + t
+    k, p, length = _single(kernel_size), _single(padding), x.shape[-1]
+    if count_include_pad and int(s * (out - 1) + k) <= int(length + 2 * p):
+        return total * (1.0 / k)
+    starts = arange(out) * s - p
+    ends = minimum(starts + k, length + p)
+    if not count_include_pad:
+        starts, ends = starts.maximum(0), minimum(ends, length)
+    return total / (ends - starts).cast(total.dtype)
+
+
+def _adaptive_windows(length: int, out: int) -> list[tuple[int, int]]:
+    return [(i * length // out, -(-(i + 1) * length // out)) for i in range(out)]
+
+
+def adaptive_avg_pool1d(x: Tensor, output_size: Any) -> Tensor:
+    """torch's adaptive_avg_pool1d: ``output_size`` windows over the last axis, window i from floor(i L / n) to
+    ceil((i + 1) L / n); one reshape and mean where n divides L."""
+    return _adaptive(as_tensor(x), _single(output_size), "adaptive_avg_pool1d", lambda w: w.mean(-1))
+
+
+def adaptive_max_pool1d(x: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:
+    """torch's adaptive_max_pool1d (windows as ``adaptive_avg_pool1d``'s); ``return_indices`` is not supported."""
+    if return_indices:
+        raise ValueError("adaptive_max_pool1d: return_indices is not supported (max_pool1d has it)")
+    return _adaptive(as_tensor(x), _single(output_size), "adaptive_max_pool1d", lambda w: w.max(-1))
+
+
+def _adaptive(x: Tensor, out: int, name: str, reduce: Any) -> Tensor:
+    if x.ndim < 2 or int(x.shape[-1]) == 0 or out < 1:
+        raise ShapeError(f"{name}: needs [N, C, L] or [C, L] with L > 0, and an output size >= 1, got "
+                         f"{list(map(int, x.shape))} and {out}")
+    length = x.shape[-1]
+    if int(length) % out == 0:
+        return reduce(x.reshape(*x.shape[:-1], out, length // out))
+    return stack([reduce(x[..., a:b]) for a, b in _adaptive_windows(int(length), out)], -1)
 
 
 def _conv_padding(padding: int | str, kernel: int, dilation: int, stride: int) -> tuple[int, int]:

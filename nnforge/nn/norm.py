@@ -1,4 +1,4 @@
-"""LayerNorm, RMSNorm and BatchNorm1d.
+"""LayerNorm, RMSNorm, GroupNorm and BatchNorm1d.
 
 BatchNorm's running statistics are buffers updated with ``assign`` in training mode, so inside ``nf.loop`` or a
 compiled training step they are carried state like the parameters, not values frozen at trace time.
@@ -51,6 +51,25 @@ class RMSNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class GroupNorm(Module):
+    """Normalizes each sample's ``[N, C, ...]`` channels in ``num_groups`` groups, with a per-channel affine
+    weight and bias (a conv front end's norm where batch statistics would couple the samples)."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups:
+            raise ShapeError(f"GroupNorm: {num_channels} channels do not split into {num_groups} groups")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        self.register_parameter("weight", Parameter(init.ones((num_channels,))) if affine else None)
+        self.register_parameter("bias", Parameter(init.zeros((num_channels,))) if affine else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
 class BatchNorm1d(Module):

@@ -1,4 +1,4 @@
-"""Multi-head self-attention and the Transformer encoder layer, with torch's parameter names and masks.
+"""Multi-head self-attention, the Transformer encoder layer and its stack, with torch's parameter names and masks.
 
 Mask conventions follow torch.nn.MultiheadAttention: a bool mask marks positions that may NOT be attended
 (True = masked out); a float mask is added to the attention scores (use -inf to mask).
@@ -6,6 +6,7 @@ Mask conventions follow torch.nn.MultiheadAttention: a bool mask marks positions
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from . import functional as F
 from . import init
 from .activation import Dropout
 from .linear import Linear
-from .module import Module, Parameter
+from .module import Module, ModuleList, Parameter
 from .norm import LayerNorm
 
 
@@ -96,6 +97,26 @@ class MultiheadAttention(Module):
         if not need_weights:
             return out, None
         return out, weights.mean(1) if average_attn_weights else weights
+
+
+class TransformerEncoder(Module):
+    """``num_layers`` copies of ``encoder_layer``, each with its own parameters (torch clones it too), then an
+    optional final ``norm``. The masks and ``is_causal`` reach every layer. Unlike torch's inference fast path
+    (nested tensors, eval mode without gradients), positions a key-padding mask hides keep the values computed
+    there instead of zeros."""
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Module | None = None):
+        super().__init__()
+        self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, src: Any, mask: Any = None, src_key_padding_mask: Any = None,
+                is_causal: bool | None = None) -> Tensor:
+        x = as_tensor(src)
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=bool(is_causal))
+        return x if self.norm is None else self.norm(x)
 
 
 def _activation(activation: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:

@@ -142,6 +142,44 @@ def test_rms_norm(shape: tuple, eps: float | None) -> None:
         nn.RMSNorm(6)(nf.ones(2, 5))
 
 
+@pytest.mark.parametrize("shape,groups,affine", [((2, 6, 5), 3, True), ((3, 4), 2, False), ((2, 6, 2, 3), 6, True)])
+def test_group_norm(shape: tuple, groups: int, affine: bool) -> None:
+    rng = np.random.default_rng(24)
+    t_mod = torch.nn.GroupNorm(groups, shape[1], eps=1e-4, affine=affine)
+    if affine:
+        with torch.no_grad():
+            t_mod.weight.copy_(torch.tensor(randn(rng, shape[1])))
+            t_mod.bias.copy_(torch.tensor(randn(rng, shape[1])))
+    n_mod = nn.GroupNorm(groups, shape[1], eps=1e-4, affine=affine)
+    assert list(n_mod.state_dict()) == list(t_mod.state_dict())
+    compare_with_torch(n_mod, t_mod, [randn(rng, *shape, scale=3.0)])
+    with pytest.raises(nf.ShapeError, match=r"GroupNorm: 6 channels do not split into 4 groups"):
+        nn.GroupNorm(4, 6)
+    with pytest.raises(nf.ShapeError, match=r"group_norm: 5 channels of \[2, 5\] do not split into 2 groups"):
+        F.group_norm(nf.ones(2, 5), 2)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("MaxPool1d", dict(kernel_size=3, stride=2, padding=1)), ("MaxPool1d", dict(kernel_size=2, dilation=2,
+                                                                               ceil_mode=True)),
+    ("AvgPool1d", dict(kernel_size=3)), ("AvgPool1d", dict(kernel_size=4, stride=3, padding=2, ceil_mode=True,
+                                                           count_include_pad=False)),
+    ("AdaptiveAvgPool1d", dict(output_size=1)), ("AdaptiveMaxPool1d", dict(output_size=4)),
+])
+def test_pooling(name: str, kw: dict) -> None:
+    rng = np.random.default_rng(26)
+    compare_with_torch(getattr(nn, name)(**kw), getattr(torch.nn, name)(**kw), [randn(rng, 2, 3, 11)])
+
+
+def test_pooling_errors() -> None:
+    with pytest.raises(nf.ShapeError, match=r"max_pool1d: a window of 5 does not fit the input's last axis of 3"):
+        nn.MaxPool1d(5)(nf.ones(2, 3))
+    with pytest.raises(ValueError, match=r"avg_pool1d: padding 2 is more than half the kernel size 3"):
+        nn.AvgPool1d(3, padding=2)(nf.ones(2, 8))
+    with pytest.raises(nf.ShapeError, match=r"max_pool1d: needs \[N, C, L\] or \[C, L\] with L > 0, got \[4\]"):
+        F.max_pool1d(nf.ones(4), 2)
+
+
 def test_sequential_matches_torch() -> None:
     rng = np.random.default_rng(19)
     t_mod = torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3, padding=1), torch.nn.SiLU(), torch.nn.Conv1d(4, 3, 1))
@@ -199,6 +237,24 @@ def test_transformer_encoder_layer_masks_batch_first() -> None:
     for mask, kp in ((causal, pad), (float_mask, float_pad)):  # torch wants both masks of one kind
         compare_with_torch(n_mod, t_mod, [randn(rng, 3, 5, 8)],
                            call=lambda m, x, a=mask, b=kp: m(x, src_mask=_as(m, a), src_key_padding_mask=_as(m, b)))
+
+
+@pytest.mark.parametrize("final_norm", [False, True])
+def test_transformer_encoder(final_norm: bool) -> None:
+    """Two clones of one layer, each trained on its own, a causal mask to every layer, then the final norm."""
+    rng = np.random.default_rng(25)
+    kw = dict(d_model=8, nhead=2, dim_feedforward=12, dropout=0.0, batch_first=True)
+    t_mod = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(**kw), 2,
+                                        norm=torch.nn.LayerNorm(8) if final_norm else None,
+                                        enable_nested_tensor=False)
+    n_mod = nn.TransformerEncoder(nn.TransformerEncoderLayer(**kw), 2, norm=nn.LayerNorm(8) if final_norm else None)
+    assert list(n_mod.state_dict()) == list(t_mod.state_dict())
+    with torch.no_grad():  # torch's clones start equal; different layers show each is applied once, in order
+        for p in t_mod.layers[1].parameters():
+            p.add_(torch.tensor(randn(rng, *p.shape, scale=0.1)))
+    causal = np.triu(np.ones((5, 5), bool), 1)
+    compare_with_torch(n_mod, t_mod, [randn(rng, 3, 5, 8)], call=lambda m, x: m(x, mask=_as(m, causal)))
+    assert n_mod.layers[0].linear1.weight is not n_mod.layers[1].linear1.weight
 
 
 def _as(module, a: np.ndarray):
