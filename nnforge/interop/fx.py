@@ -11,11 +11,13 @@ sizes: a time loop written in Python) must be written with ``nf.scan`` in nnforg
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
 import inspect
 import operator
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +29,23 @@ from .. import dtypes
 from .. import nn as nfnn
 from ..dtypes import as_dtype
 from ..errors import NNForgeError
+from ..indexing import set_at
 from ..nn import functional as NF
-from ..tensor import Tensor, clamp, matmul, maximum, minimum, ones_like, tensor, where, zeros_like
+from ..tensor import (
+    Tensor,
+    arange,
+    clamp,
+    full,
+    matmul,
+    maximum,
+    minimum,
+    ones,
+    ones_like,
+    tensor,
+    where,
+    zeros,
+    zeros_like,
+)
 
 __all__ = ["from_torch"]
 
@@ -52,6 +69,8 @@ class _Step:
     args: tuple
     kwargs: dict
     where: str     # the user's source line, for errors
+    mutates: tuple[str, ...] = ()  # what an in-place call changes (``x.add_(y)``, ``x[i] = v``) and the values
+    # sharing its memory (``x.mul_(2).add_(1)``): each rebound to the call's result
 
 
 class FromTorch(nfnn.Module):
@@ -78,6 +97,8 @@ class FromTorch(nfnn.Module):
                 env[step.name] = self._run(step, a, kw)
             except NNForgeError as e:
                 raise type(e)(f"{e} [{step.where}]") from None
+            for name in step.mutates:  # later steps read the changed value
+                env[name] = env[step.name]
         raise AssertionError("an fx graph ends with its output")
 
     def _run(self, step: _Step, a: tuple, kw: dict) -> Any:
@@ -109,8 +130,8 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
     except Exception as e:  # torch.fx raises TraceError, TypeError, RuntimeError... with its own message
         raise NNForgeError(f"from_torch: torch.fx could not capture {type(model).__name__}.forward: {e}. It "
                            "follows tensors and their sizes as symbols: Python control flow on them (a loop over "
-                           "time steps) and torch factory functions given such sizes (torch.ones(T, T); "
-                           "torch.ones_like(x) works) cannot be captured. Write a time loop with nnforge (nf.scan) "
+                           "time steps, an if on a value) and unpacking a shape of unknown length (*x.shape[:2]; "
+                           "t, n, c = x.shape works) cannot be captured. Write a time loop with nnforge (nf.scan) "
                            "and call it through nnforge.torch.TorchModule") from None
     out = FromTorch()
     object.__setattr__(out, "_torch_name", type(model).__name__)
@@ -118,8 +139,8 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
     for node in nodes:  # layers first: an attribute read from one (``self.rnn.weight_hh_l0``) is the layer's own
         if node.op == "call_module" and _at(out, node.target) is None:
             _place(out, node.target, _layer(layers, model.get_submodule(node.target), node.target, _where(node)))
-    steps = []
-    for node in nodes:
+    steps, shared = [], {}  # value -> the values sharing its memory (x.add_(y) returns x)
+    for k, node in enumerate(nodes):
         where = _where(node)
         if node.op == "get_attr" and _at(out, node.target) is None:
             _place(out, node.target, _tensor(_at(model, node.target)))
@@ -127,14 +148,25 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
             _check_function(node.target, where)
         elif node.op == "call_method":
             _check_method(node.target, where)
-        steps.append(_Step(node.name, node.op, node.target, _store(node.args), _store(node.kwargs), where))
+        changed, mutates = _mutated(node, model), ()
+        if changed is not None:
+            _check_mutation(node, changed, nodes[k + 1:], where)
+            mutates = shared.get(changed.name, (changed.name,))
+            for name in (*mutates, node.name):
+                shared[name] = (*mutates, node.name)
+        steps.append(_Step(node.name, node.op, node.target, _store(node.args), _store(node.kwargs), where,
+                           mutates))
     object.__setattr__(out, "_steps", tuple(steps))
     out.train(model.training)
     return out
 
 
 class _Tracer(torch.fx.Tracer):
-    """fx's tracer, keeping each node's source line; every layer with an nnforge twin stays one call."""
+    """fx's tracer, keeping each node's source line; every layer with an nnforge twin stays one call. Buffers are
+    traced values (``self.mask[:T, :T]`` slices by a traced size), and so are torch's factory functions given
+    traced sizes (``torch.ones(T, T)``, ``torch.arange(T, device=x.device)``)."""
+
+    proxy_buffer_attributes = True
 
     def __init__(self, layers: dict[type, Callable[[Any], nfnn.Module]]) -> None:
         super().__init__()
@@ -143,6 +175,91 @@ class _Tracer(torch.fx.Tracer):
 
     def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
         return type(m) in self.layers or super().is_leaf_module(m, qualname)
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
+        with _factories_traced(self):
+            return super().trace(root, concrete_args)
+
+    def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
+        return _Proxy(node, self)
+
+
+class _Proxy(torch.fx.Proxy):
+    """fx's proxy that also records ``x[index] = value`` (fx's own refuses item assignment)."""
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+
+# ---- in-place calls: replayed out of place, the changed value rebound ------------------------------------------
+
+_VIEWS = frozenset({"getitem", "view", "view_as", "transpose", "permute", "t", "expand", "expand_as", "narrow",
+                    "select", "unsqueeze", "squeeze", "split", "chunk", "unbind", "flatten", "unflatten", "diagonal",
+                    "movedim", "swapaxes", "detach", "as_strided"})
+
+
+def _name(node: torch.fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+
+
+def _in_place(name: str) -> bool:
+    return name.endswith("_") and not name.startswith("_")
+
+
+def _mutated(node: torch.fx.Node, model: torch.nn.Module) -> torch.fx.Node | None:
+    """The node whose value ``node`` changes in place (an in-place method or function, ``x[i] = v``, a call with
+    ``inplace=True``, a layer built with ``inplace=True``), or None."""
+    first = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    if node.op in ("call_method", "call_function") and (_in_place(_name(node)) or node.kwargs.get("inplace")):
+        return first
+    if node.op == "call_function" and node.target is operator.setitem:
+        return first
+    if node.op == "call_module" and getattr(model.get_submodule(node.target), "inplace", False) is True:
+        return first
+    return None
+
+
+def _check_mutation(node: torch.fx.Node, changed: torch.fx.Node, later: list[torch.fx.Node], where: str) -> None:
+    """nnforge's values do not share memory: an in-place change replays as a new value of ``changed``, which is
+    only what torch computes when no other tensor shares ``changed``'s memory."""
+    what = "x[...] = value" if node.target is operator.setitem else f"{_name(node)}()"
+    source = changed.args[0] if changed.args and isinstance(changed.args[0], torch.fx.Node) else None
+    if changed.op in ("call_method", "call_function") and _name(changed) in _VIEWS and not (
+            source is not None and source.op == "call_module"):  # an element of a layer's output tuple is its own
+        raise NNForgeError(f"from_torch: {what} changes a view ({_name(changed)}, {_where(changed)}) in place, "
+                           f"which changes the tensor viewed too: write it out of place [{where}]")
+    for view in changed.users:
+        if _name(view) in _VIEWS and view.op != "call_module" and any(u in later for u in view.users):
+            raise NNForgeError(f"from_torch: {what} changes a tensor in place while its view ({_name(view)}, "
+                               f"{_where(view)}) is read later, and would see the change: write it out of place "
+                               f"[{where}]")
+
+
+_FACTORIES = ("ones", "zeros", "full", "empty", "arange", "rand", "randn", "eye")
+
+
+@contextlib.contextmanager
+def _factories_traced(tracer: torch.fx.Tracer) -> Iterator[None]:
+    """While ``tracer`` runs, torch's factory functions called with a traced value among their arguments become
+    graph calls; torch's own would need numbers (its argument parser refuses fx's proxies)."""
+
+    def traced(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            found: list[Any] = []
+            torch.fx.node.map_aggregate((args, kwargs), lambda v: found.append(v) if isinstance(v, torch.fx.Proxy)
+                                        else None)
+            return tracer.create_proxy("call_function", fn, args, kwargs) if found else fn(*args, **kwargs)
+        return call
+
+    originals = {name: getattr(torch, name) for name in _FACTORIES}
+    try:
+        for name, fn in originals.items():
+            setattr(torch, name, traced(fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch, name, fn)
 
 
 # ---- layers ----------------------------------------------------------------------------------------------------
@@ -175,15 +292,25 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
                                             batch_first=m.self_attn.batch_first, norm_first=m.norm_first,
                                             bias=m.linear1.bias is not None)
 
+    def encoder(m: Any) -> nfnn.Module:
+        norm = None
+        if m.norm is not None:
+            build = table.get(type(m.norm))
+            if build is None:
+                raise NNForgeError(f"its norm {type(m.norm).__name__} has no nnforge counterpart")
+            norm = build(m.norm)
+        return nfnn.TransformerEncoder(encoder_layer(m.layers[0]), m.num_layers, norm=norm)
+
     def stateless(fn: Callable[[Any], Callable]) -> Callable[[Any], nfnn.Module]:
         return lambda m: _Function(fn(m))
 
-    return {
+    table = {
         t.Linear: lambda m: nfnn.Linear(m.in_features, m.out_features, bias=m.bias is not None),
         t.Conv1d: conv1d,
         t.LSTM: rnn(nfnn.LSTM), t.GRU: rnn(nfnn.GRU),
         t.LSTMCell: lambda m: nfnn.LSTMCell(m.input_size, m.hidden_size, bias=m.bias),
         t.GRUCell: lambda m: nfnn.GRUCell(m.input_size, m.hidden_size, bias=m.bias),
+        t.GroupNorm: lambda m: nfnn.GroupNorm(m.num_groups, m.num_channels, eps=m.eps, affine=m.affine),
         t.LayerNorm: lambda m: nfnn.LayerNorm(m.normalized_shape, eps=m.eps, elementwise_affine=m.elementwise_affine,
                                               bias=getattr(m, "bias", None) is not None),
         t.RMSNorm: lambda m: nfnn.RMSNorm(m.normalized_shape, eps=m.eps, elementwise_affine=m.elementwise_affine),
@@ -191,11 +318,17 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
                                                   track_running_stats=m.track_running_stats),
         t.Embedding: lambda m: nfnn.Embedding(m.num_embeddings, m.embedding_dim, padding_idx=m.padding_idx),
         t.Dropout: lambda m: nfnn.Dropout(m.p),
+        t.MaxPool1d: lambda m: nfnn.MaxPool1d(m.kernel_size, m.stride, m.padding, m.dilation, m.return_indices,
+                                              m.ceil_mode),
+        t.AvgPool1d: lambda m: nfnn.AvgPool1d(m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad),
+        t.AdaptiveAvgPool1d: lambda m: nfnn.AdaptiveAvgPool1d(m.output_size),
+        t.AdaptiveMaxPool1d: lambda m: nfnn.AdaptiveMaxPool1d(m.output_size) if not m.return_indices else _refuse(
+            "return_indices"),
         t.Identity: lambda m: nfnn.Identity(),
         t.MultiheadAttention: lambda m: nfnn.MultiheadAttention(m.embed_dim, m.num_heads, dropout=m.dropout,
                                                                 bias=m.in_proj_bias is not None,
                                                                 batch_first=m.batch_first),
-        t.TransformerEncoderLayer: encoder_layer,
+        t.TransformerEncoderLayer: encoder_layer, t.TransformerEncoder: encoder,
         t.ReLU: lambda m: nfnn.ReLU(), t.Tanh: lambda m: nfnn.Tanh(), t.Sigmoid: lambda m: nfnn.Sigmoid(),
         t.SiLU: lambda m: nfnn.SiLU(), t.GELU: lambda m: nfnn.GELU(m.approximate),
         t.LeakyReLU: lambda m: nfnn.LeakyReLU(m.negative_slope), t.ELU: lambda m: nfnn.ELU(m.alpha),
@@ -212,6 +345,11 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
                                                             reduction=m.reduction, label_smoothing=m.label_smoothing),
         t.MSELoss: lambda m: nfnn.MSELoss(reduction=m.reduction),
     }
+    return table
+
+
+def _refuse(setting: str) -> nfnn.Module:
+    raise NNForgeError(f"{setting} is not supported by its nnforge counterpart")
 
 
 class _Function(nfnn.Module):
@@ -316,10 +454,10 @@ def _load(x: Any, env: dict[str, Any]) -> Any:
 
 
 def _where(node: torch.fx.Node) -> str:
-    """The user's line that made ``node``: the last frame of its stack trace outside torch."""
+    """The user's line that made ``node``: the last frame of its stack trace outside torch and this file."""
     torch_dir = os.path.dirname(torch.__file__)
     frames = [f for f in re.findall(r'File "([^"]+)", line (\d+)', node.stack_trace or "")
-              if not f[0].startswith(torch_dir)]
+              if not f[0].startswith(torch_dir) and f[0] != __file__]  # nor this file's _Proxy
     return f"{frames[-1][0]}:{frames[-1][1]}" if frames else f"node {node.name}"
 
 
@@ -401,6 +539,14 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "mul": operator.mul, "add": operator.add, "sub": operator.sub, "div": operator.truediv,
     "pow": operator.pow, "matmul": operator.matmul, "neg": operator.neg,
     "clip": lambda x, *a, **kw: x.clamp(*a, **kw),
+    "norm": lambda x, p="fro", dim=None, keepdim=False, **kw: _norm(x, p, dim, keepdim),
+    "fill_": lambda x, value: full(x.shape, value, x.dtype),
+    "zero_": lambda x: zeros_like(x),
+    "copy_": lambda x, src, **kw: src.cast(x.dtype).expand(*x.shape),
+    "new_zeros": lambda x, *size, dtype=None, **kw: zeros(*size, dtype=dtype or x.dtype),
+    "new_empty": lambda x, *size, dtype=None, **kw: zeros(*size, dtype=dtype or x.dtype),
+    "new_ones": lambda x, *size, dtype=None, **kw: ones(*size, dtype=dtype or x.dtype),
+    "new_full": lambda x, size, fill_value, dtype=None, **kw: full(size, fill_value, dtype or x.dtype),
 }
 
 _FUNCTIONS: dict[Any, Callable[..., Any]] = {
@@ -411,11 +557,41 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.unbind: _unbind,
     torch.zeros_like: lambda x, dtype=None, **kw: zeros_like(x, dtype=dtype),
     torch.ones_like: lambda x, dtype=None, **kw: ones_like(x, dtype=dtype),
+    torch.norm: lambda x, p="fro", dim=None, keepdim=False, **kw: _norm(x, p, dim, keepdim),
+    torch.linalg.vector_norm: lambda x, ord=2, dim=None, keepdim=False, **kw: _norm(x, ord, dim, keepdim),
+    torch.empty_like: lambda x, dtype=None, **kw: zeros_like(x, dtype=dtype),  # any value is torch's
+    torch.full_like: lambda x, fill_value, dtype=None, **kw: full(x.shape, fill_value, dtype or x.dtype),
+    torch.empty: lambda *size, dtype=None, **kw: zeros(*size, dtype=dtype or dtypes.float32),
+    torch.full: lambda size, fill_value, dtype=None, **kw: full(size, fill_value, dtype),
+    torch.eye: lambda n, m=None, dtype=None, **kw: _eye(n, n if m is None else m, dtype or dtypes.float32),
     torch.nn.functional.scaled_dot_product_attention: lambda *a, **kw: _sdpa(*a, **kw),
     torch.nn.functional.softmax: lambda x, dim=None, **kw: x.softmax(dim),
     torch.nn.functional.log_softmax: lambda x, dim=None, **kw: x.log_softmax(dim),
     builtins.getattr: lambda x, name, *default: _getattr(x, name, *default),
+    operator.setitem: lambda x, index, value: set_at(x, index, value),
 }
+
+
+def _norm(x: Any, p: Any, dim: Any, keepdim: bool) -> Any:
+    """torch's vector norms: 2 (``"fro"``), 1, inf, -inf, 0 (the count of non-zeros) and any other power."""
+    a = x.abs()
+    if p in ("fro", 2, 2.0):
+        return (a * a).sum(dim, keepdims=keepdim).sqrt()
+    if p in (1, 1.0):
+        return a.sum(dim, keepdims=keepdim)
+    if p == float("inf"):
+        return a.max(dim, keepdims=keepdim)
+    if p == float("-inf"):
+        return a.min(dim, keepdims=keepdim)
+    if p == 0:
+        return (a != 0).cast(x.dtype).sum(dim, keepdims=keepdim)
+    if isinstance(p, str):
+        raise NNForgeError(f"from_torch: the norm {p!r} (a matrix norm) has no nnforge counterpart")
+    return (a ** p).sum(dim, keepdims=keepdim) ** (1.0 / p)
+
+
+def _eye(n: Any, m: Any, dtype: Any) -> Any:
+    return (arange(n).reshape(n, 1) == arange(m).reshape(1, m)).cast(dtype)
 
 
 def _getattr(x: Any, name: str, *default: Any) -> Any:
@@ -441,9 +617,12 @@ def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0,
 def _lookup_function(fn: Any) -> Callable[..., Any] | None:
     if fn in _FUNCTIONS:
         return _FUNCTIONS[fn]
+    name = getattr(fn, "__name__", "")
+    if _in_place(name) and fn is getattr(torch, name, getattr(torch.nn.functional, name, None)):  # torch.relu_
+        return _lookup_function(getattr(torch, name[:-1], getattr(torch.nn.functional, name[:-1], None)))
     module = getattr(fn, "__module__", "") or ""
     name = getattr(fn, "__name__", "")
-    if module in ("_operator", "operator"):
+    if module in ("_operator", "operator", "math"):  # math.sqrt(x.size(-1)): fx records it, sizes are numbers
         return fn
     functional = module.startswith("torch.nn.functional") or fn is getattr(torch.nn.functional, name, None)
     if functional and callable(getattr(NF, name, None)):
@@ -473,6 +652,7 @@ def _check_function(fn: Any, where: str) -> None:
 
 
 def _check_method(name: str, where: str) -> None:
+    name = _out_of_place(name)
     if name not in _METHODS and not callable(getattr(Tensor, name, None)):
         raise NNForgeError(f"from_torch: the tensor method .{name}() has no nnforge counterpart [{where}]")
 
@@ -483,7 +663,13 @@ def _function(step: _Step, a: tuple, kw: dict) -> Any:
 
 
 def _method(step: _Step, x: Any, a: tuple, kw: dict) -> Any:
-    if step.target in _METHODS:
-        return _METHODS[step.target](x, *a, **kw)
-    fn = getattr(x, step.target)
+    name = _out_of_place(step.target)
+    if name in _METHODS:
+        return _METHODS[name](x, *a, **kw)
+    fn = getattr(x, name)
     return fn(*a, **_renamed(fn, kw))
+
+
+def _out_of_place(name: str) -> str:
+    """``add_`` -> ``add``: the method an in-place one is replayed with."""
+    return name[:-1] if _in_place(name) and name not in _METHODS else name

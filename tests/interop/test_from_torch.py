@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -87,6 +88,51 @@ class Block(torch.nn.Module):
         return torch.cat([x, values.unsqueeze(-1), index.unsqueeze(-1).float()], dim=-1), x.sum(dim=1, keepdim=True)
 
 
+class Causal(torch.nn.Module):
+    """A GPT-style block (nanoGPT's idioms): masks made from the traced length (``torch.ones(T, T)``, a buffer
+    sliced to ``[:T, :T]``), positions from ``torch.arange(T, device=x.device)``, ``math.sqrt`` of a size."""
+
+    def __init__(self, d: int = 16, heads: int = 2, most: int = 8):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.position = torch.nn.Embedding(most, d)
+        self.register_buffer("bias", torch.tril(torch.ones(most, most)).view(1, 1, most, most))
+
+    def forward(self, x):  # [N, T, d]
+        n, t, d = x.size()
+        x = x + self.position(torch.arange(t, device=x.device))
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = [y.view(n, t, self.heads, -1).transpose(1, 2) for y in (q, k, v)]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        first = scores.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")).softmax(dim=-1)
+        causal = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
+        second = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        y = ((first + second) @ v).transpose(1, 2).contiguous().view(n, t, d)
+        return x + self.out(y) + x.new_ones(n, t, 1) * torch.full((1, t, 1), 0.5, dtype=x.dtype, device=x.device)
+
+
+class InPlace(torch.nn.Module):
+    """torch's in-place spellings: methods (chained, and through the tensor one returns), ``x[i] = v``,
+    ``torch.relu_``, a layer built with ``inplace=True``; each a new value in nnforge, rebound where torch's
+    memory is shared."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.act = torch.nn.Linear(4, 4), torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):  # [N, 4]
+        y = self.linear(x) * 2
+        y.mul_(3).add_(1)
+        y[:, 0] = 5.0
+        y[1:, 2:] = x[1:, :2] * 7
+        torch.relu_(y)
+        z = y.clone()
+        w = z.masked_fill_(z > 3, 0.5)
+        z.sub_(0.25)
+        self.act(w)
+        return y.clamp_(max=4.0), w, z
+
+
 def _signal(rng: np.random.Generator, n: int = 3, samples: int = 45) -> np.ndarray:
     return rng.standard_normal((n, 1, samples))
 
@@ -112,6 +158,26 @@ def test_a_transformer_block_converts(backend: str, rng: np.random.Generator) ->
     got = nf.compile(lambda v: ours(v), backend=backend)(x)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(np.asarray(g), e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:.*traced again")  # one trace per length, as any size outside a scan
+def test_masks_and_positions_from_traced_lengths_convert(backend: str, rng: np.random.Generator) -> None:
+    model = Causal().double()
+    ours = from_torch(model)
+    assert sorted(ours.state_dict()) == sorted(model.state_dict())
+    f = nf.compile(lambda v: ours(v), backend=backend)
+    for t in (5, 7):  # sizes and masks follow the input's length
+        x = rng.standard_normal((2, t, 16))
+        np.testing.assert_allclose(np.asarray(f(x)), model(torch.tensor(x)).detach().numpy(), rtol=1e-10,
+                                   atol=1e-12, err_msg=f"T = {t}")
+
+
+def test_in_place_calls_convert(backend: str, rng: np.random.Generator) -> None:
+    model = InPlace().double()
+    x = rng.standard_normal((3, 4))
+    got = nf.compile(lambda v: from_torch(model)(v), backend=backend)(x)
+    for g, e in zip(got, model(torch.tensor(x))):
+        np.testing.assert_allclose(np.asarray(g), e.detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.whole_model
@@ -189,9 +255,24 @@ class _Spectrum(torch.nn.Module):
         return torch.fft.rfft(x).abs()
 
 
-class _Repeat(torch.nn.Module):
+class _Nonzero(torch.nn.Module):
     def forward(self, x):
-        return x.repeat(2, 1)
+        return x.nonzero()
+
+
+class _ViewChanged(torch.nn.Module):
+    def forward(self, x):
+        v = x.transpose(0, 1)
+        v.mul_(2)
+        return x
+
+
+class _ViewReadAfter(torch.nn.Module):
+    def forward(self, x):
+        y = x * 1
+        first = y[0]
+        y[1] = 0.0
+        return first
 
 
 class _PythonLoop(torch.nn.Module):
@@ -215,8 +296,10 @@ def _line(pattern: str) -> int:
 @pytest.mark.parametrize(("model", "message", "source"), [
     (_Conv2d(), r"torch.nn.modules.conv.Conv2d at 'image.0' has no nnforge counterpart", "return self.image(x)"),
     (_Spectrum(), r"torch.fft.rfft has no nnforge counterpart", "torch.fft.rfft(x)"),
-    (_Repeat(), r"the tensor method .repeat\(\) has no nnforge counterpart", "x.repeat(2, 1)"),
-    (_PythonLoop(), r"torch.fx could not capture _PythonLoop.forward: .*\(a loop over time steps\)", None),
+    (_Nonzero(), r"the tensor method .nonzero\(\) has no nnforge counterpart", "x.nonzero()"),
+    (_ViewChanged(), r"mul_\(\) changes a view \(transpose, .*test_from_torch.py:\d+\) in place", "v.mul_(2)"),
+    (_ViewReadAfter(), r"x\[...\] = value changes a tensor in place while its view \(getitem", "y[1] = 0.0"),
+    (_PythonLoop(), r"torch.fx could not capture _PythonLoop.forward: .*\(a loop over time steps", None),
     (torch.nn.Sequential(torch.nn.LSTM(3, 4, proj_size=2)), r"LSTM at '0': proj_size is not supported", None),
 ])
 def test_what_cannot_be_converted_is_named_with_the_users_line(model: torch.nn.Module, message: str,
@@ -235,19 +318,26 @@ class _Layers(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(10, 8, padding_idx=0)
         self.norm = torch.nn.LayerNorm(8, eps=1e-3)
+        self.stack = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 2,
+            norm=torch.nn.LayerNorm(8), enable_nested_tensor=False)
+        self.groups = torch.nn.GroupNorm(3, 12, eps=1e-4)
         self.encoder = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation="gelu", batch_first=True,
                                                         norm_first=True)
         self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
         self.gru = torch.nn.GRU(8, 6, num_layers=2, batch_first=True, bidirectional=True)
         self.bn = torch.nn.BatchNorm1d(12)
-        self.act = torch.nn.Sequential(torch.nn.Softplus(beta=2.0), torch.nn.LeakyReLU(0.1), torch.nn.Hardtanh(-2, 2))
+        self.act = torch.nn.Sequential(torch.nn.Softplus(beta=2.0), torch.nn.LeakyReLU(0.1), torch.nn.Hardtanh(-2, 2),
+                                       torch.nn.MaxPool1d(3, 1, 1), torch.nn.AvgPool1d(2, 1, 1, ceil_mode=True),
+                                       torch.nn.AvgPool1d(2, 1, count_include_pad=False))
         self.out = torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(12 * 5, 3), torch.nn.LogSoftmax(-1))
 
     def forward(self, tokens):  # [N, 5] integer tokens
         x = self.encoder(self.norm(self.embed(tokens)))
+        x = self.stack(x, mask=torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=x.dtype))
         a, _ = self.attn(x, x, x, need_weights=False)
         y, _ = self.gru(a + x)
-        y = self.bn(y.transpose(1, 2)).transpose(1, 2)
+        y = self.groups(self.bn(y.transpose(1, 2))).transpose(1, 2)
         return self.out(self.act(y))
 
 
@@ -273,6 +363,8 @@ class _Idioms(torch.nn.Module):
         y = torch.flatten(x, start_dim=1).sum(dim=-1, keepdim=True) + torch.mean(x, dim=(1, 2)).unsqueeze(1)
         y = y + torch.cat([x, x], dim=1).amax(dim=(1, 2)).unsqueeze(-1)
         y = y + torch.split(x, 2, dim=1)[0].sum((1, 2))[:, None]
+        y = y + x.repeat(1, 2, 1).tile((2,)).repeat_interleave(2, dim=1).norm(dim=(1, 2)).unsqueeze(-1)
+        y = y + torch.norm(x, p=1, dim=1).sum(-1, keepdim=True) + torch.linalg.vector_norm(x, ord=3, dim=-1)[:, :1]
         first = x.unbind(dim=1)[0]
         z = first.type_as(x).to(torch.float64).clip(-1, 1).cumsum(dim=-1).argmax(dim=-1).float().view(n, 1)
         return y * x.shape[2] + z + x.min(dim=2).values.sum(dim=1, keepdim=True)
