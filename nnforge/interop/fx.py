@@ -277,10 +277,9 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
 
     def rnn(cls: type) -> Callable[[Any], nfnn.Module]:
         def build(m: Any) -> nfnn.Module:
-            if getattr(m, "proj_size", 0):
-                raise NNForgeError("proj_size is not supported by nnforge's LSTM")
             return cls(m.input_size, m.hidden_size, num_layers=m.num_layers, bias=m.bias,
-                       batch_first=m.batch_first, dropout=m.dropout, bidirectional=m.bidirectional)
+                       batch_first=m.batch_first, dropout=m.dropout, bidirectional=m.bidirectional,
+                       proj_size=m.proj_size)
         return build
 
     def encoder_layer(m: Any) -> nfnn.Module:

@@ -6,7 +6,8 @@ before the scan as one big matmul over all time steps (the "premul" trick); the 
 recurrent matmul ``h @ W_hh.T`` and the gate math on the stacked gates.
 
 Basecallers stack unidirectional layers that alternate direction; ``reverse`` (a bool or one bool per layer)
-runs a layer from the last time step to the first without flipping any tensor.
+runs a layer from the last time step to the first without flipping any tensor. An LSTM with ``proj_size``
+(torch's LSTMP) carries ``h`` projected by ``weight_hr`` inside the step.
 """
 
 from __future__ import annotations
@@ -48,17 +49,22 @@ def gru_gates(gx: Tensor, gh: Tensor, h: Tensor) -> Tensor:
 
 
 def lstm_layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
-               b_hh: Tensor | None, reverse: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """One LSTM layer-direction over x [T, N, I]: (outputs [T, N, H], h_T, c_T)."""
+               b_hh: Tensor | None, reverse: bool = False,
+               w_hr: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """One LSTM layer-direction over x [T, N, I]: (outputs [T, N, H], h_T, c_T); with a projection ``w_hr``
+    [P, H] the outputs and h are ``h @ w_hr.T`` [.., P]."""
     gx = x @ w_ih.T
     bias = _sum_bias(b_ih, b_hh)
     if bias is not None:
         gx = gx + bias
     w_hh_t = w_hh.T
+    w_hr_t = None if w_hr is None else w_hr.T
 
     def cell(carry, gx_t):
         h, c = carry
         h, c = lstm_gates(gx_t + h @ w_hh_t, c)
+        if w_hr_t is not None:
+            h = h @ w_hr_t
         return (h, c), h
 
     (h, c), ys = scan(cell, (h0, c0), gx, reverse=reverse)
@@ -104,8 +110,11 @@ class _RNNBase(Module):
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
                  reverse: bool | Sequence[bool] = False, proj_size: int = 0):
         super().__init__()
-        if proj_size:
-            raise NotImplementedError(f"{self.mode}: proj_size is not supported")
+        if proj_size and self.mode != "LSTM":
+            raise ValueError(f"{self.mode}: proj_size is an LSTM's (as in torch)")
+        if not 0 <= proj_size < max(hidden_size, 1):
+            raise ValueError(f"{self.mode}: proj_size must be >= 0 and smaller than hidden_size {hidden_size}, got "
+                             f"{proj_size}")
         if num_layers < 1:
             raise ValueError(f"{self.mode}: num_layers must be at least 1, got {num_layers}")
         if not 0.0 <= dropout <= 1.0:
@@ -118,19 +127,22 @@ class _RNNBase(Module):
                              "already runs both ways)")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, dropout
-        self.bidirectional, self.reverse = bidirectional, rev
+        self.bidirectional, self.reverse, self.proj_size = bidirectional, rev, proj_size
         gate = _GATES[self.mode] * hidden_size
         bound = 1.0 / math.sqrt(hidden_size) if hidden_size else 0.0
         dirs = 2 if bidirectional else 1
+        out = proj_size or hidden_size  # what h carries and each direction outputs
         for layer in range(num_layers):
-            in_size = input_size if layer == 0 else hidden_size * dirs
-            for sfx in ("", "_reverse")[:dirs]:
+            in_size = input_size if layer == 0 else out * dirs
+            for sfx in ("", "_reverse")[:dirs]:  # torch's order: its state dicts load as they are
                 self.register_parameter(f"weight_ih_l{layer}{sfx}", Parameter(init.uniform((gate, in_size), bound)))
-                self.register_parameter(f"weight_hh_l{layer}{sfx}",
-                                        Parameter(init.uniform((gate, hidden_size), bound)))
+                self.register_parameter(f"weight_hh_l{layer}{sfx}", Parameter(init.uniform((gate, out), bound)))
                 if bias:
                     self.register_parameter(f"bias_ih_l{layer}{sfx}", Parameter(init.uniform((gate,), bound)))
                     self.register_parameter(f"bias_hh_l{layer}{sfx}", Parameter(init.uniform((gate,), bound)))
+                if proj_size:
+                    self.register_parameter(f"weight_hr_l{layer}{sfx}",
+                                            Parameter(init.uniform((proj_size, hidden_size), bound)))
 
     def _weights(self, layer: int, sfx: str) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         p = self._parameters
@@ -164,9 +176,9 @@ class _RNNBase(Module):
                                 f"in its last axis, expected {self.input_size} ({layout}){hint}"))
         return x, unbatched, x.shape[1]
 
-    def _state(self, h: Any, batch: int, dtype: Any, unbatched: bool, what: str) -> Tensor:
+    def _state(self, h: Any, batch: int, dtype: Any, unbatched: bool, what: str, size: int | None = None) -> Tensor:
         dirs = 2 if self.bidirectional else 1
-        want = (self.num_layers * dirs, int(batch), self.hidden_size)
+        want = (self.num_layers * dirs, int(batch), self.hidden_size if size is None else size)
         if h is None:
             return zeros(*want[:1], batch, want[2], dtype=dtype)
         h = as_tensor(h)
@@ -194,26 +206,31 @@ class _RNNBase(Module):
             s += f", reverse={self.reverse}"
         if self.batch_first:
             s += ", batch_first=True"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
         return s
 
 
 class LSTM(_RNNBase):
     """Multi-layer LSTM; ``forward(x, (h0, c0)=None)`` returns ``(output, (h_n, c_n))`` like torch.
 
-    x is [T, N, I] ([N, T, I] with ``batch_first``) or unbatched [T, I]; h0, c0 are [layers * directions, N, H].
+    x is [T, N, I] ([N, T, I] with ``batch_first``) or unbatched [T, I]; h0, c0 are [layers * directions, N, H]
+    (h0 [.., N, proj_size] with a projection, which also sets the output's width).
     """
 
     mode = "LSTM"
 
     def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         x, unbatched, batch = self._prepare(x, hx)
-        h0 = self._state(None if hx is None else hx[0], batch, x.dtype, unbatched, "h0")
+        h0 = self._state(None if hx is None else hx[0], batch, x.dtype, unbatched, "h0",
+                         self.proj_size or self.hidden_size)
         c0 = self._state(None if hx is None else hx[1], batch, x.dtype, unbatched, "c0")
         hs, cs, k = [], [], 0
         for layer in range(self.num_layers):
             outs = []
             for sfx, rev in self._directions(layer):
-                ys, h, c = lstm_layer(x, h0[k], c0[k], *self._weights(layer, sfx), reverse=rev)
+                ys, h, c = lstm_layer(x, h0[k], c0[k], *self._weights(layer, sfx), reverse=rev,
+                                      w_hr=self._parameters.get(f"weight_hr_l{layer}{sfx}"))
                 outs.append(ys)
                 hs.append(h)
                 cs.append(c)

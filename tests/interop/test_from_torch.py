@@ -221,8 +221,9 @@ def test_a_converted_model_runs_compiled_in_torchs_own_training_loop(rng: np.ran
         np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
 
 
-def test_a_torch_layer_becomes_its_nnforge_twin(rng: np.random.Generator) -> None:
-    lstm = torch.nn.LSTM(3, 5, num_layers=2, batch_first=True).double()
+@pytest.mark.parametrize("proj", [0, 2])
+def test_a_torch_layer_becomes_its_nnforge_twin(rng: np.random.Generator, proj: int) -> None:
+    lstm = torch.nn.LSTM(3, 5, num_layers=2, batch_first=True, proj_size=proj).double()
     ours = from_torch(lstm)
     assert isinstance(ours, nn.LSTM) and sorted(ours.state_dict()) == sorted(lstm.state_dict())
     x = rng.standard_normal((2, 4, 3))
@@ -300,7 +301,6 @@ def _line(pattern: str) -> int:
     (_ViewChanged(), r"mul_\(\) changes a view \(transpose, .*test_from_torch.py:\d+\) in place", "v.mul_(2)"),
     (_ViewReadAfter(), r"x\[...\] = value changes a tensor in place while its view \(getitem", "y[1] = 0.0"),
     (_PythonLoop(), r"torch.fx could not capture _PythonLoop.forward: .*\(a loop over time steps", None),
-    (torch.nn.Sequential(torch.nn.LSTM(3, 4, proj_size=2)), r"LSTM at '0': proj_size is not supported", None),
 ])
 def test_what_cannot_be_converted_is_named_with_the_users_line(model: torch.nn.Module, message: str,
                                                                source: str | None) -> None:

@@ -31,18 +31,19 @@ def test_rnn_matches_torch(mode: str, num_layers: int, bidirectional: bool, batc
     compare_with_torch(n_mod, t_mod, [x])
 
 
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("mode,proj", [("LSTM", 0), ("GRU", 0), ("LSTM", 3)])
 @pytest.mark.parametrize("hidden", [H, 40])
-def test_rnn_layers_compile_on_every_backend(backend: str, mode: str, hidden: int) -> None:
-    """The layer compiled (a GRU's gate row is read through slices of slices: every width cut where either is),
-    outputs and final states against torch, and the input gradient, in float64."""
-    rng = np.random.default_rng(5 + hidden)
-    kw = dict(num_layers=2, bidirectional=True, batch_first=True)
+def test_rnn_layers_compile_on_every_backend(backend: str, mode: str, proj: int, hidden: int) -> None:
+    """The layer compiled (a GRU's gate row is read through slices of slices: every width cut where either is;
+    an LSTM's h projected inside the step), outputs and final states against torch, and the input gradient, in
+    float64."""
+    rng = np.random.default_rng(5 + hidden + proj)
+    kw = dict(num_layers=2, bidirectional=True, batch_first=True, **(dict(proj_size=proj) if proj else {}))
     t_mod = getattr(torch.nn, mode)(I, hidden, **kw).double()
     n_mod = getattr(nn, mode)(I, hidden, **kw).double()
     n_mod.load_state_dict(t_mod.state_dict())
     x = rng.standard_normal((N, T, I))
-    ct = rng.standard_normal((N, T, 2 * hidden))
+    ct = rng.standard_normal((N, T, 2 * (proj or hidden)))
     run = nf.compile(lambda v, c: (n_mod(v), nf.grad(lambda v: (n_mod(v)[0] * c).sum())(v)), backend=backend)
     (ys, state), dx = run(x, ct)
     tx = torch.tensor(x, requires_grad=True)
@@ -63,6 +64,25 @@ def test_rnn_with_initial_state(mode: str) -> None:
         compare_with_torch(n_mod, t_mod, [x, h0, c0], call=lambda m, x, h, c: m(x, (h, c)))
     else:
         compare_with_torch(n_mod, t_mod, [x, h0], call=lambda m, x, h: m(x, h))
+
+
+@pytest.mark.parametrize("num_layers,bidirectional,batch_first", [(1, False, False), (2, True, True)])
+def test_lstm_projection_matches_torch(num_layers: int, bidirectional: bool, batch_first: bool) -> None:
+    """torch's LSTMP: weight_hr_l{k} [proj, H] after each direction's biases; h0 and the outputs proj wide."""
+    rng = np.random.default_rng(7)
+    kw = dict(num_layers=num_layers, bidirectional=bidirectional, batch_first=batch_first, proj_size=2)
+    t_mod, n_mod = torch.nn.LSTM(I, H, **kw), nn.LSTM(I, H, **kw)
+    assert list(n_mod.state_dict()) == list(t_mod.state_dict())
+    states = num_layers * (2 if bidirectional else 1)
+    x = randn(rng, *((N, T, I) if batch_first else (T, N, I)))
+    compare_with_torch(n_mod, t_mod, [x, randn(rng, states, N, 2), randn(rng, states, N, H)],
+                       call=lambda m, x, h, c: m(x, (h, c)))
+    with pytest.raises(nf.ShapeError, match=r"LSTM: h0 has shape \[\d, 3, 6\], expected \[\d, 3, 2\]"):
+        n_mod(nf.tensor(x), (nf.zeros(states, N, H), nf.zeros(states, N, H)))
+    with pytest.raises(ValueError, match=r"GRU: proj_size is an LSTM's"):
+        nn.GRU(I, H, proj_size=2)
+    with pytest.raises(ValueError, match=r"proj_size must be >= 0 and smaller than hidden_size 6, got 6"):
+        nn.LSTM(I, H, proj_size=H)
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
