@@ -529,6 +529,26 @@ class Tensor:
         s, e = _axis(start, self.ndim, "flatten"), _axis(end, self.ndim, "flatten")
         return self.reshape(*self.shape[:s], math.prod(self.shape[s:e + 1]), *self.shape[e + 1:])
 
+    @composed("unflatten")
+    def unflatten(self, axis: int, sizes: Sequence[Any]) -> Tensor:
+        """torch's unflatten: ``axis`` split into ``sizes`` (one may be -1)."""
+        a = _axis(axis, self.ndim, "unflatten")
+        return self.reshape(*self.shape[:a], *sizes, *self.shape[a + 1:])
+
+    @composed("unfold")
+    def unfold(self, axis: int, size: int, step: int) -> Tensor:
+        """torch's ``Tensor.unfold``: the windows of ``size`` elements every ``step`` along ``axis`` (which keeps
+        the window count), each window a new last axis. One strided slice per window position, stacked."""
+        if self.ndim == 0:
+            raise ShapeError(at(f"{_opname('unfold')}: needs a tensor with at least one axis, got a 0-d tensor"))
+        a = _axis(axis, self.ndim, "unfold")
+        if size < 1 or step < 1 or size > int(self.shape[a]):
+            raise ShapeError(at(f"unfold: windows of {size} every {step} along axis {a} of {fmt_shape(self.shape)} "
+                                f"(size between 1 and {int(self.shape[a])}, step >= 1)"))
+        count = (self.shape[a] - size) // step + 1
+        pick = lambda j: (slice(None),) * a + (slice(j, j + step * (count - 1) + 1, step),)  # noqa: E731
+        return stack([self[pick(j)] for j in range(size)], -1)
+
     def permute(self, *perm: Any) -> Tensor:
         perm = tuple(_axis(p, self.ndim, "permute") for p in _shape_arg(perm))
         if perm == tuple(range(self.ndim)):
