@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import ml_dtypes
+import numpy as np
 
 from .. import dtypes
 from ..errors import ShapeError
@@ -378,6 +379,55 @@ def _adaptive(x: Tensor, out: int, name: str, reduce: Any) -> Tensor:
     if int(length) % out == 0:
         return reduce(x.reshape(*x.shape[:-1], out, length // out))
     return stack([reduce(x[..., a:b]) for a, b in _adaptive_windows(int(length), out)], -1)
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """torch's normalize: ``x`` over its ``p``-norm along ``dim``, the norm held at ``eps`` or above."""
+    x = as_tensor(x)
+    a = x.abs()
+    norm = (a * a).sum(dim, keepdims=True).sqrt() if p == 2 else (a ** p).sum(dim, keepdims=True) ** (1.0 / p)
+    return x / norm.clamp(eps, None)
+
+
+def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
+                antialias: bool = False) -> Tensor:
+    """torch's interpolate along the last axis of ``[N, C, L]``: ``nearest``, ``nearest-exact`` or ``linear``
+    (``align_corners`` as torch). Each output reads input positions computed from the sizes: a gather, and for
+    ``linear`` a weighted pair of them, so the gradient is a scatter-add."""
+    x = as_tensor(x)
+    if x.ndim != 3:
+        raise ShapeError(f"interpolate: needs [N, C, L] (the 1-d modes), got {list(map(int, x.shape))}")
+    if mode not in ("nearest", "nearest-exact", "linear"):
+        raise ValueError(f"interpolate: mode {mode!r} is not supported (nearest, nearest-exact, linear are)")
+    if antialias:
+        raise ValueError("interpolate: antialias applies to torch's 2-d modes only")
+    if align_corners is not None and mode != "linear":
+        raise ValueError("interpolate: align_corners only applies to mode='linear' (as torch)")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor")
+    length = int(x.shape[-1])
+    if isinstance(scale_factor, (tuple, list)):
+        (scale_factor,) = scale_factor
+    factor = None if scale_factor is None else float(scale_factor)
+    out = _single(size) if size is not None else math.floor(length * factor)
+    if out < 1 or length < 1:
+        raise ShapeError(f"interpolate: input length {length} to output length {out}: both must be >= 1")
+    # torch's source coordinate per output: 1 / scale_factor when given (and not recomputed), else in / out
+    scale = 1.0 / factor if factor is not None and not recompute_scale_factor else length / out
+    dst = np.arange(out, dtype=np.float64)
+    if mode == "nearest":
+        return index_select(x, 2, np.minimum(np.floor(dst * scale).astype(np.int64), length - 1))
+    if mode == "nearest-exact":
+        return index_select(x, 2, np.minimum(np.floor((dst + 0.5) * scale).astype(np.int64), length - 1))
+    if align_corners:
+        src = dst * ((length - 1) / (out - 1) if out > 1 else 0.0)
+    else:
+        src = np.maximum((dst + 0.5) * scale - 0.5, 0.0)
+    lo = np.minimum(np.floor(src).astype(np.int64), length - 1)
+    hi = np.minimum(lo + 1, length - 1)
+    w = Tensor(src - lo, dtype=x.dtype)
+    return index_select(x, 2, lo) * (1.0 - w) + index_select(x, 2, hi) * w
 
 
 def _conv_padding(padding: int | str, kernel: int, dilation: int, stride: int) -> tuple[int, int]:
