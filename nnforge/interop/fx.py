@@ -183,6 +183,24 @@ class _Tracer(torch.fx.Tracer):
     def proxy(self, node: torch.fx.Node) -> torch.fx.Proxy:
         return _Proxy(node, self)
 
+    def iter(self, obj: torch.fx.Proxy) -> Iterator:
+        """A chunk or split into a known number of parts iterates as its parts (``for y in x.chunk(3)``, a
+        comprehension over them); fx's own iterates only what is unpacked into names."""
+        count = _parts(obj.node)
+        return iter([obj[i] for i in range(count)]) if count is not None else super().iter(obj)
+
+
+def _parts(node: torch.fx.Node) -> int | None:
+    """How many tensors a chunk or split call returns, where its arguments say it."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    given = node.args[1] if len(node.args) > 1 else next(
+        (node.kwargs[k] for k in ("chunks", "split_size_or_sections", "split_size") if k in node.kwargs), None)
+    if name == "chunk" and isinstance(given, int):
+        return given
+    if name == "split" and isinstance(given, (list, tuple)):
+        return len(given)
+    return None
+
 
 class _Proxy(torch.fx.Proxy):
     """fx's proxy that also records ``x[index] = value`` (fx's own refuses item assignment)."""
@@ -474,11 +492,12 @@ def _parameters(fn: Callable) -> Any:
 
 
 def _renamed(fn: Callable, kw: dict) -> dict:
-    """torch's keyword names where ``fn`` takes nnforge's; device and layout arguments dropped."""
+    """torch's keyword names where ``fn`` takes nnforge's; device and layout arguments dropped, and the losses'
+    deprecated ``size_average`` / ``reduce`` where unset (``reduction`` says it)."""
     params = _parameters(fn)
     out = {}
     for k, v in kw.items():
-        if k in _IGNORED:
+        if k in _IGNORED or (k in ("size_average", "reduce") and v is None and k not in params):
             continue
         out[_RENAMES[k] if k not in params and _RENAMES.get(k) in params else k] = v
     return out
@@ -538,6 +557,13 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "mul": operator.mul, "add": operator.add, "sub": operator.sub, "div": operator.truediv,
     "pow": operator.pow, "matmul": operator.matmul, "neg": operator.neg,
     "clip": lambda x, *a, **kw: x.clamp(*a, **kw),
+    "softmax": lambda x, dim, dtype=None: _in(x, dtype).softmax(dim),
+    "log_softmax": lambda x, dim, dtype=None: _in(x, dtype).log_softmax(dim),
+    "float": lambda x: x.cast(dtypes.float32),
+    "double": lambda x: x.cast(dtypes.float64),
+    "half": lambda x: x.cast(dtypes.float16),
+    "bfloat16": lambda x: x.cast(dtypes.bfloat16),
+    "type": lambda x, dtype=None, **kw: x.cast(dtype) if dtype is not None else _refuse("x.type() without a dtype"),
     "norm": lambda x, p="fro", dim=None, keepdim=False, **kw: _norm(x, p, dim, keepdim),
     "fill_": lambda x, value: full(x.shape, value, x.dtype),
     "zero_": lambda x: zeros_like(x),
@@ -564,8 +590,10 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.full: lambda size, fill_value, dtype=None, **kw: full(size, fill_value, dtype),
     torch.eye: lambda n, m=None, dtype=None, **kw: _eye(n, n if m is None else m, dtype or dtypes.float32),
     torch.nn.functional.scaled_dot_product_attention: lambda *a, **kw: _sdpa(*a, **kw),
-    torch.nn.functional.softmax: lambda x, dim=None, **kw: x.softmax(dim),
-    torch.nn.functional.log_softmax: lambda x, dim=None, **kw: x.log_softmax(dim),
+    torch.nn.functional.softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).softmax(dim),
+    torch.nn.functional.log_softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).log_softmax(dim),
+    torch.outer: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
+    torch.ger: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
     builtins.getattr: lambda x, name, *default: _getattr(x, name, *default),
     operator.setitem: lambda x, index, value: set_at(x, index, value),
 }
@@ -587,6 +615,11 @@ def _norm(x: Any, p: Any, dim: Any, keepdim: bool) -> Any:
     if isinstance(p, str):
         raise NNForgeError(f"from_torch: the norm {p!r} (a matrix norm) has no nnforge counterpart")
     return (a ** p).sum(dim, keepdims=keepdim) ** (1.0 / p)
+
+
+def _in(x: Any, dtype: Any) -> Any:
+    """A softmax's ``dtype=``: the input cast to it first, as torch."""
+    return x if dtype is None else x.cast(dtype)
 
 
 def _eye(n: Any, m: Any, dtype: Any) -> Any:

@@ -370,6 +370,45 @@ class _Idioms(torch.nn.Module):
         return y * x.shape[2] + z + x.min(dim=2).values.sum(dim=1, keepdim=True)
 
 
+class Rotary(torch.nn.Module):
+    """Rotary attention over a key-padding mask, in the idioms of such models: an ``inv_freq`` buffer and
+    ``torch.outer`` of the traced positions, ``unflatten`` heads, ``bmm``, a float32 softmax, ``TF.normalize``;
+    then a resampled, windowed head (``TF.interpolate``, ``unfold``) and a cross-entropy."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d, bias=False), torch.nn.Linear(d, d)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, d // heads, 2).float() / (d // heads)))
+        self.classes = torch.nn.Linear(d, 3)
+
+    def forward(self, x, pad, labels):  # [N, T, d], bool [N, T], int64 [N, 2 T]
+        n, t, d = x.shape
+        freqs = torch.outer(torch.arange(t, device=x.device).type_as(self.inv_freq), self.inv_freq)
+        cos, sin = torch.cat((freqs, freqs), dim=-1).cos(), torch.cat((freqs, freqs), dim=-1).sin()
+        q, k, v = [y.unflatten(-1, (self.heads, -1)).transpose(1, 2) for y in self.qkv(x).chunk(3, dim=-1)]
+        half = q.shape[-1] // 2
+        q, k = [y * cos + torch.cat((-y[..., half:], y[..., :half]), dim=-1) * sin for y in (q, k)]
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+        probs = scores.masked_fill(pad[:, None, None, :], -1e9).softmax(-1, dtype=torch.float32).type_as(x)
+        y = torch.bmm(probs.flatten(0, 1), v.flatten(0, 1)).view(n, self.heads, t, -1).transpose(1, 2)
+        y = TF.normalize(self.out(y.reshape(n, t, d)), dim=-1) + torch.where(pad[..., None], 0.0, x)
+        up = TF.interpolate(y.transpose(1, 2), scale_factor=2, mode="linear").transpose(1, 2)  # [N, 2 T, d]
+        windows = up.unfold(1, 3, 2).mean(-1)
+        logits = self.classes(up)
+        return windows, TF.cross_entropy(logits.flatten(0, 1), labels.flatten()), logits.float().half().double()
+
+
+def test_rotary_attention_idioms_convert(backend: str, rng: np.random.Generator) -> None:
+    model = Rotary().double()
+    x = rng.standard_normal((2, 5, 8))
+    pad = np.array([[False] * 5, [False, False, False, True, True]])
+    labels = rng.integers(0, 3, (2, 10))
+    got = nf.compile(lambda *a: from_torch(model)(*a), backend=backend)(x, pad, labels)
+    expected = model(torch.tensor(x), torch.tensor(pad), torch.tensor(labels))
+    for g, e, tol in zip(got, expected, (1e-6, 1e-6, 1e-3)):  # through a float32 softmax; the last float16
+        np.testing.assert_allclose(np.asarray(g), e.detach().numpy(), rtol=tol, atol=tol)
+
+
 def test_torch_idioms_convert(rng: np.random.Generator) -> None:
     x = rng.standard_normal((2, 3, 4))
     np.testing.assert_allclose(from_torch(_Idioms())(nf.tensor(x)).numpy(), _Idioms()(torch.tensor(x)).numpy(),
