@@ -18,14 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif("cpu" not in nf.available_backends(), reason="no working C compiler")
 
 
-def test_transformer_cpu_bench_times_nnforge_against_torch():
+@pytest.mark.parametrize("model", [[], ["--gpt"]])
+def test_transformer_cpu_bench_times_nnforge_against_torch(model: list[str]):
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "bench/transformer_cpu.py", "--steps", "12", "--batch", "2", "--width",
-                           "16", "--heads", "2", "--ff", "32", "--rounds", "1"], cwd=ROOT, env=env,
+                           "16", "--heads", "2", "--ff", "32", "--rounds", "1", *model], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     out = done.stdout
     assert "float32 inference" in out and "float32 training step" in out
+    assert ("GPT block (from_torch)" in out) == bool(model)
     assert out.count("torch / nnforge = ") == 2 and "failed" not in out
     errors = [float(line.split("error vs float64 ")[1].split()[0]) for line in out.splitlines()
               if "error vs float64" in line]
