@@ -71,6 +71,7 @@ class _Step:
     where: str     # the user's source line, for errors
     mutates: tuple[str, ...] = ()  # what an in-place call changes (``x.add_(y)``, ``x[i] = v``) and the values
     # sharing its memory (``x.mul_(2).add_(1)``): each rebound to the call's result
+    assigns: tuple[str, ...] = ()  # the buffers among them (``self.mean.mul_(0.9)``), which keep the result
 
 
 class FromTorch(nfnn.Module):
@@ -99,6 +100,8 @@ class FromTorch(nfnn.Module):
                 raise type(e)(f"{e} [{step.where}]") from None
             for name in step.mutates:  # later steps read the changed value
                 env[name] = env[step.name]
+            for path in step.assigns:  # and so do later calls: module state, as a BatchNorm's running mean
+                _at(self, path).assign(env[step.name])
         raise AssertionError("an fx graph ends with its output")
 
     def _run(self, step: _Step, a: tuple, kw: dict) -> Any:
@@ -140,6 +143,7 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
         if node.op == "call_module" and _at(out, node.target) is None:
             _place(out, node.target, _layer(layers, model.get_submodule(node.target), node.target, _where(node)))
     steps, shared = [], {}  # value -> the values sharing its memory (x.add_(y) returns x)
+    attributes = {node.name: node.target for node in nodes if node.op == "get_attr"}
     for k, node in enumerate(nodes):
         where = _where(node)
         if node.op == "get_attr" and _at(out, node.target) is None:
@@ -155,7 +159,7 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
             for name in (*mutates, node.name):
                 shared[name] = (*mutates, node.name)
         steps.append(_Step(node.name, node.op, node.target, _store(node.args), _store(node.kwargs), where,
-                           mutates))
+                           mutates, tuple(attributes[n] for n in mutates if n in attributes)))
     object.__setattr__(out, "_steps", tuple(steps))
     out.train(model.training)
     return out

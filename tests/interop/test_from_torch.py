@@ -180,6 +180,28 @@ def test_in_place_calls_convert(backend: str, rng: np.random.Generator) -> None:
         np.testing.assert_allclose(np.asarray(g), e.detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
+class _Running(torch.nn.Module):
+    """Module state changed in place in forward (a running mean of its inputs), read in the same call."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(3, dtype=torch.float64))
+
+    def forward(self, x):
+        self.mean.mul_(0.5).add_(0.5 * x.mean(0))
+        return x - self.mean
+
+
+def test_buffers_changed_in_place_keep_their_values(backend: str, rng: np.random.Generator) -> None:
+    model = _Running()
+    ours = from_torch(model)
+    f = nf.compile(lambda v: ours(v), backend=backend)
+    for _ in range(3):
+        x = rng.standard_normal((4, 3))
+        np.testing.assert_allclose(np.asarray(f(x)), model(torch.tensor(x)).numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ours.state_dict()["mean"], model.mean.numpy(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.whole_model
 def test_a_converted_model_trains_like_torch(backend: str, rng: np.random.Generator) -> None:
     """Two Adam steps of a whole compiled nnforge step against torch's loop: the same losses and weights."""
