@@ -291,11 +291,10 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
     t = torch.nn
 
     def conv1d(m: Any) -> nfnn.Module:
-        if m.padding_mode != "zeros":
-            raise NNForgeError(f"padding_mode={m.padding_mode!r} (nnforge's Conv1d pads with zeros)")
         padding = m.padding if isinstance(m.padding, str) else m.padding[0]
         return nfnn.Conv1d(m.in_channels, m.out_channels, m.kernel_size[0], stride=m.stride[0], padding=padding,
-                           dilation=m.dilation[0], groups=m.groups, bias=m.bias is not None)
+                           dilation=m.dilation[0], groups=m.groups, bias=m.bias is not None,
+                           padding_mode=m.padding_mode)
 
     def rnn(cls: type) -> Callable[[Any], nfnn.Module]:
         def build(m: Any) -> nfnn.Module:

@@ -180,6 +180,16 @@ def test_in_place_calls_convert(backend: str, rng: np.random.Generator) -> None:
         np.testing.assert_allclose(np.asarray(g), e.detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
+def test_convolutions_with_padding_modes_convert(backend: str, rng: np.random.Generator) -> None:
+    model = torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3, padding=1, padding_mode="reflect"), torch.nn.GELU(),
+                                torch.nn.Conv1d(4, 4, 5, padding="same", padding_mode="circular"),
+                                torch.nn.Conv1d(4, 3, 3, stride=2, padding=2, padding_mode="replicate")).double()
+    ours = from_torch(model)
+    x = rng.standard_normal((2, 2, 9))
+    np.testing.assert_allclose(np.asarray(nf.compile(lambda v: ours(v), backend=backend)(x)),
+                               model(torch.tensor(x)).detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
 class _Running(torch.nn.Module):
     """Module state changed in place in forward (a running mean of its inputs), read in the same call."""
 

@@ -25,6 +25,9 @@ def test_linear(bias: bool) -> None:
     dict(groups=2, bias=False),
     dict(stride=3, padding=2, dilation=2, groups=2),
     dict(padding="same", dilation=2),
+    dict(padding=2, padding_mode="reflect"),
+    dict(stride=2, padding=1, padding_mode="replicate"),
+    dict(padding="same", dilation=3, padding_mode="circular"),
 ])
 def test_conv1d(kw: dict) -> None:
     rng = np.random.default_rng(11)
@@ -50,6 +53,8 @@ def test_conv1d_errors() -> None:
         nn.Conv1d(4, 2, 3)(nf.zeros(1, 3, 9))
     with pytest.raises(nf.ShapeError, match="shorter"):
         nn.Conv1d(1, 1, 5)(nf.zeros(1, 1, 3))
+    with pytest.raises(ValueError, match="padding_mode must be one of zeros, reflect, replicate, circular"):
+        nn.Conv1d(1, 1, 3, padding_mode="mirror")
 
 
 @pytest.mark.parametrize("shape", [(6,), (3, 6)])
