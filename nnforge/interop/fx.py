@@ -178,6 +178,9 @@ class _Tracer(torch.fx.Tracer):
         self.layers = layers
 
     def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
+        if torch.nn.utils.parametrize.is_parametrized(m) or isinstance(
+                m, torch.nn.utils.parametrize.ParametrizationList):
+            return False  # followed into: the layer computes its weight (weight_norm's g and v) in the graph
         return type(m) in self.layers or super().is_leaf_module(m, qualname)
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
@@ -365,6 +368,9 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
                                                             reduction=m.reduction, label_smoothing=m.label_smoothing),
         t.MSELoss: lambda m: nfnn.MSELoss(reduction=m.reduction),
     }
+    weight_norm = getattr(torch.nn.utils.parametrizations, "_WeightNorm", None)
+    if weight_norm is not None:  # torch.nn.utils.parametrizations.weight_norm's parametrization
+        table[weight_norm] = stateless(lambda m: lambda g, v: _weight_norm(v, g, m.dim))
     return table
 
 
@@ -375,12 +381,23 @@ def _refuse(setting: str) -> nfnn.Module:
 class _Function(nfnn.Module):
     """A stateless torch layer without an nnforge class (Softmax, Flatten): its function."""
 
-    def __init__(self, fn: Callable[[Any], Any]):
+    def __init__(self, fn: Callable[..., Any]):
         super().__init__()
         object.__setattr__(self, "_fn", fn)
 
-    def forward(self, x: Any) -> Any:
-        return self._fn(x)
+    def forward(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+
+def _weight_norm(v: Any, g: Any, dim: int) -> Any:
+    """torch._weight_norm: ``v`` scaled to norm ``g`` over every axis but ``dim`` (all of them for -1)."""
+    axes = tuple(a for a in range(v.ndim) if dim == -1 or a != dim % v.ndim)
+    return v * (g / (v * v).sum(axes, keepdims=True).sqrt())
+
+
+def _one(v: Any) -> Any:
+    """A 1-d layer's size as torch stores it, ``(k,)``, as a number."""
+    return v[0] if isinstance(v, (tuple, list)) else v
 
 
 def _layer(layers: dict[type, Callable[[Any], nfnn.Module]], m: torch.nn.Module, path: str,
@@ -595,6 +612,9 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.nn.functional.scaled_dot_product_attention: lambda *a, **kw: _sdpa(*a, **kw),
     torch.nn.functional.softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).softmax(dim),
     torch.nn.functional.log_softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).log_softmax(dim),
+    torch._weight_norm: lambda v, g, dim=0: _weight_norm(v, g, dim),
+    torch.nn.functional.conv1d: lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1: NF.conv1d(
+        x, w, b, _one(stride), padding if isinstance(padding, str) else _one(padding), _one(dilation), groups),
     torch.outer: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
     torch.ger: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
     builtins.getattr: lambda x, name, *default: _getattr(x, name, *default),

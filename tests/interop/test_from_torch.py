@@ -190,6 +190,35 @@ def test_convolutions_with_padding_modes_convert(backend: str, rng: np.random.Ge
                                model(torch.tensor(x)).detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
+class _WeightNormed(torch.nn.Module):
+    """A TCN block with ``torch.nn.utils.parametrizations.weight_norm``: each weight is g * v / |v|."""
+
+    def __init__(self):
+        super().__init__()
+        wn = torch.nn.utils.parametrizations.weight_norm
+        self.conv = wn(torch.nn.Conv1d(2, 4, 3, padding=2, dilation=2))
+        self.out = wn(torch.nn.Linear(4, 3), dim=None)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.conv(x)[:, :, :-4]).transpose(1, 2))
+
+
+def test_weight_norm_converts_with_its_parameters(backend: str, rng: np.random.Generator) -> None:
+    """The parametrized layers' g and v (torch's keys), the weight computed from them: outputs on every backend,
+    and the gradients of g and v against torch's."""
+    model = _WeightNormed().double()
+    ours = from_torch(model)
+    assert sorted(ours.state_dict()) == sorted(model.state_dict())
+    x, weights = rng.standard_normal((2, 2, 9)), rng.standard_normal((2, 5, 3))
+    np.testing.assert_allclose(np.asarray(nf.compile(lambda v: ours(v), backend=backend)(x)),
+                               model(torch.tensor(x)).detach().numpy(), rtol=1e-12, atol=1e-12)
+    (ours(nf.tensor(x)) * nf.tensor(weights)).sum().backward()
+    (model(torch.tensor(x)) * torch.tensor(weights)).sum().backward()
+    grads = {name: p.grad for name, p in ours.named_parameters()}
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(grads[name].numpy(), p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
 class _Running(torch.nn.Module):
     """Module state changed in place in forward (a running mean of its inputs), read in the same call."""
 
