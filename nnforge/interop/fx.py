@@ -17,6 +17,7 @@ import inspect
 import operator
 import os
 import re
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -131,7 +132,8 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
     try:
         graph = tracer.trace(model)
     except Exception as e:  # torch.fx raises TraceError, TypeError, RuntimeError... with its own message
-        raise NNForgeError(f"from_torch: torch.fx could not capture {type(model).__name__}.forward: {e}. It "
+        raise NNForgeError(f"from_torch: torch.fx could not capture {type(model).__name__}.forward"
+                           f"{_failed_at(e.__traceback__)}: {e}. It "
                            "follows tensors and their sizes as symbols: Python control flow on them (a loop over "
                            "time steps, an if on a value) and unpacking a shape of unknown length (*x.shape[:2]; "
                            "t, n, c = x.shape works) cannot be captured. Write a time loop with nnforge (nf.scan) "
@@ -496,6 +498,20 @@ def _where(node: torch.fx.Node) -> str:
     frames = [f for f in re.findall(r'File "([^"]+)", line (\d+)', node.stack_trace or "")
               if not f[0].startswith(torch_dir) and f[0] != __file__]  # nor this file's _Proxy
     return f"{frames[-1][0]}:{frames[-1][1]}" if frames else f"node {node.name}"
+
+
+def _failed_at(tb: Any) -> str:
+    """Where a trace failed, from its traceback: `` at`` the user's last line, and the torch function it called
+    there (fx's own frames left out)."""
+    torch_dir, fx_dir = os.path.dirname(torch.__file__), os.path.dirname(torch.fx.__file__)
+    frames = [(f.f_code.co_filename, line, f) for f, line in traceback.walk_tb(tb)]
+    user = [k for k, (file, _, _) in enumerate(frames) if not file.startswith(torch_dir) and file != __file__]
+    if not user:
+        return ""
+    file, line, _ = frames[user[-1]]
+    called = [f for name, _, f in frames[user[-1] + 1:] if name.startswith(torch_dir) and not name.startswith(fx_dir)]
+    inside = f" (in {called[0].f_globals.get('__name__', '')}.{called[0].f_code.co_name})" if called else ""
+    return f" at [{file}:{line}]{inside}"
 
 
 def _parameters(fn: Callable) -> Any:

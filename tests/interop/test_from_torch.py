@@ -337,6 +337,11 @@ class _ViewReadAfter(torch.nn.Module):
         return first
 
 
+class _Packed(torch.nn.Module):
+    def forward(self, x, lengths):
+        return torch.nn.utils.rnn.pack_padded_sequence(x, lengths)
+
+
 class _PythonLoop(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -361,7 +366,10 @@ def _line(pattern: str) -> int:
     (_Nonzero(), r"the tensor method .nonzero\(\) has no nnforge counterpart", "x.nonzero()"),
     (_ViewChanged(), r"mul_\(\) changes a view \(transpose, .*test_from_torch.py:\d+\) in place", "v.mul_(2)"),
     (_ViewReadAfter(), r"x\[...\] = value changes a tensor in place while its view \(getitem", "y[1] = 0.0"),
-    (_PythonLoop(), r"torch.fx could not capture _PythonLoop.forward: .*\(a loop over time steps", None),
+    (_PythonLoop(), r"torch.fx could not capture _PythonLoop.forward at .*: .*\(a loop over time steps",
+     "for t in range(x.shape[0]):"),
+    (_Packed(), r"_Packed.forward at .* \(in torch.nn.utils.rnn.pack_padded_sequence\)",
+     "torch.nn.utils.rnn.pack_padded_sequence(x, lengths)"),
 ])
 def test_what_cannot_be_converted_is_named_with_the_users_line(model: torch.nn.Module, message: str,
                                                                source: str | None) -> None:
