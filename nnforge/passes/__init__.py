@@ -13,7 +13,13 @@ from .biases import biases_into_scans
 from .cse import cse
 from .dce import dce, pure_loops
 from .hoist import hoist
-from .products import products_of_stacked_rows, shared_weight_products, sums_of_products, transposed_products
+from .products import (
+    normalized_products,
+    products_of_stacked_rows,
+    shared_weight_products,
+    sums_of_products,
+    transposed_products,
+)
 from .reductions import hoist_reductions
 from .reshapes import elementwise_before_views
 from .scans import (
@@ -67,6 +73,7 @@ def pipeline(target: Target) -> tuple[tuple[str, Pass], ...]:
         # optimizer's element-wise readers of a transposed product under the transpose
         ("simplify", simplify),
         ("transposed_products", transposed_products),
+        ("normalized_products", normalized_products),  # a softmax's division after the product it feeds
         # after biases_into_scans, which reads a sequence's bias add on its [T, N, G] shape
         ("elementwise_before_views", elementwise_before_views),
         ("simplify", simplify),

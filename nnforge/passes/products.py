@@ -9,6 +9,11 @@ read back to be summed. The same value is ``x_flatᵀ @ g_flat`` with the time a
 (K = T * N): one GEMM at full efficiency, nothing stacked. It reassociates float sums, so it runs with the
 compiled-code passes only (``pipeline``), not for the reference interpreter.
 
+``normalized_products``: ``(a / s) @ c`` with ``s`` one number per row of ``a`` (a softmax's row sums, broadcast
+along the contracted axis) becomes ``(a @ c) / s``. Why: an attention's probabilities ``e / sum(e)`` are [B, H, T,
+T], its output [B, H, T, d]; dividing the output instead saves a pass that writes and reads the probabilities,
+and the GEMM divides on its accumulator. It reassociates (compiled code only).
+
 ``shared_weight_products``: ``x @ W`` with x [T, N, K] and W broadcast over T (traced as a batched product with
 an expanded right operand, or its transpose) becomes ``reshape(x_flat @ W, [T, N, M])``, one GEMM of T * N
 rows and a view of its result — the form in which a row-split loop that reads the projection computes it a chunk
@@ -63,6 +68,41 @@ def _folded(a: Node, c: Node, b: int, loc: str) -> Node:
         left = make(Op.RESHAPE, (moved,), {"shape": (m, batch * k)}, loc=loc)
     right = make(Op.RESHAPE, (c,), {"shape": (batch * k, n)}, loc=loc)
     return make(Op.MATMUL, (left, right), loc=loc)
+
+
+def normalized_products(graph: Graph) -> Graph:
+    """Rewrite ``(a / s) @ c`` or ``(a * s) @ c`` (``s`` [*B, m, 1] expanded along the contracted axis of ``a``
+    [*B, m, k]; the scaled operand read by nothing else) as ``(a @ c) / s`` (``s`` expanded to the product's
+    [*B, m, n]); top-level nodes only."""
+    us, results = users(graph.order), {id(o) for o in graph.outputs}
+
+    def rule(n: Node, original: Node) -> Node | None:
+        if n.op != Op.MATMUL or n.ndim < 2:
+            return None
+        scaled, c = n.srcs
+        if (scaled.op not in (Op.DIV, Op.MUL) or len(us.get(id(original.srcs[0]), [])) != 1
+                or id(original.srcs[0]) in results):
+            return None
+        a, e = scaled.srcs
+        row = _per_row(e, scaled)
+        if row is None or a.shape != scaled.shape or not a.ndim == c.ndim == n.ndim:
+            return None
+        product = make(Op.MATMUL, (a, c), loc=n.loc)
+        return make(scaled.op, (product, make(Op.EXPAND, (row,), {"shape": tuple(product.shape)}, loc=n.loc)),
+                    loc=n.loc)
+
+    return rewrite_top(graph, rule)
+
+
+def _per_row(e: Node, scaled: Node) -> Node | None:
+    """``s`` where ``e`` is ``s`` [*B, m, 1] expanded along the last axis only to ``scaled``'s [*B, m, k]."""
+    if e.op != Op.EXPAND or e.shape != scaled.shape:
+        return None
+    s = e.srcs[0]
+    if s.ndim != e.ndim or int(s.shape[-1]) != 1 or any(
+            int(a) != int(b) for a, b in zip(s.shape[:-1], e.shape[:-1])):
+        return None
+    return s
 
 
 def shared_weight_products(graph: Graph) -> Graph:

@@ -1,7 +1,8 @@
 """``sums_of_products``: a sum over the batch axes of a batched product is one GEMM with the batch folded into the
 contraction — the weight gradient of a projection shared by every step, and the general form.
 ``transposed_products``: a product read only transposed is computed transposed.
-``products_of_stacked_rows``: a product with a concatenation of rows is a sum of products with its parts."""
+``products_of_stacked_rows``: a product with a concatenation of rows is a sum of products with its parts.
+``normalized_products``: a product of rows divided by one number each is the product divided."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from nnforge.codegen.c.target import cpu_target
 from nnforge.codegen.reference import ReferenceProgram
 from nnforge.ir.ops import Op
 from nnforge.passes import pipeline, run_pipeline
-from nnforge.passes.products import products_of_stacked_rows, sums_of_products
+from nnforge.passes.products import normalized_products, products_of_stacked_rows, sums_of_products
 
 
 def _batched_sums(g) -> list:
@@ -195,3 +196,41 @@ def test_stacked_rows_read_otherwise_stay(rng: np.random.Generator) -> None:
     for f in (returned, as_left_operand):
         graph = nf.compile(f).trace(left, a, b, c)
         assert products_of_stacked_rows(graph) is graph, f.__name__
+
+
+def _scaled_products(g) -> list:
+    return [n for n in g.order if n.op == Op.MATMUL and n.srcs[0].op in (Op.DIV, Op.MUL)]
+
+
+def test_a_softmax_divides_the_product_it_feeds(backend: str, rng: np.random.Generator) -> None:
+    """``softmax(q kᵀ) @ v``: the rows' division moves from the [.., T, T] probabilities to the [.., T, d]
+    product (no probabilities stored), on every backend against torch."""
+    q, k, v = (rng.standard_normal((2, 3, 6, 4)) for _ in range(3))
+
+    def attention(q, k, v):
+        return (q @ k.mT).softmax(-1) @ v
+
+    graph = nf.compile(attention).trace(q, k, v)
+    after = normalized_products(graph)
+    assert _scaled_products(graph) and not _scaled_products(after)
+    (division,) = [n for n in after.order if n.op == Op.DIV]
+    assert division.srcs[0].op == Op.MATMUL and [int(d) for d in division.shape] == [2, 3, 6, 4]
+    want = torch.softmax(torch.tensor(q) @ torch.tensor(k).mT, -1) @ torch.tensor(v)
+    np.testing.assert_allclose(np.asarray(nf.compile(attention, backend=backend)(q, k, v)), want.numpy(),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_a_scale_that_varies_along_the_contraction_or_a_product_read_elsewhere_stays(
+        rng: np.random.Generator) -> None:
+    a, c, s = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5, 2)), rng.standard_normal((3, 1, 5))
+
+    def per_column(a, c, s):  # s varies along k, the contracted axis: not a row's scale
+        return (a / s) @ c
+
+    def also_read(a, c, s):
+        p = a / a.sum(-1, keepdims=True)
+        return p @ c, p
+
+    for f in (per_column, also_read):
+        graph = nf.compile(f).trace(a, c, s)
+        assert normalized_products(graph) is graph
