@@ -1,4 +1,4 @@
-"""The C backend's float32 exp, sigmoid and tanh (``prelude.h``: no libm calls, so loops vectorize) against float64
+"""The C backend's float32 exp, sigmoid, tanh and erf (``prelude.h``: no libm calls, so loops vectorize) against float64
 torch rounded to float32 over the whole float range, in scalar and vector form: relative error within 4e-7
 (~3 ulp), subnormal results within 1e-37, signed zeros, overflow to infinity, infinities and NaN as torch has
 them."""
@@ -34,8 +34,8 @@ def _run(op: str, x: np.ndarray, vector: bool) -> np.ndarray:
     return fn(rows).ravel()[:len(x)]
 
 
-@pytest.mark.parametrize("op,vector", [("exp", False), ("tanh", False), ("sigmoid", False), ("exp", True),
-                                       ("tanh", True), ("sigmoid", True)])
+@pytest.mark.parametrize("op,vector", [("exp", False), ("tanh", False), ("sigmoid", False), ("erf", False),
+                                       ("exp", True), ("tanh", True), ("sigmoid", True), ("erf", True)])
 def test_float32_transcendentals(rng: np.random.Generator, op: str, vector: bool) -> None:
     x = _grid(rng)
     got = _run(op, x, vector)
@@ -48,6 +48,6 @@ def test_float32_transcendentals(rng: np.random.Generator, op: str, vector: bool
     tiny = finite & ~normal
     assert np.abs(got[tiny] - want[tiny]).max() < 1e-37
     assert np.array_equal(np.isnan(got), np.isnan(want))
-    if op == "tanh":
+    if op in ("tanh", "erf"):
         zeros = x == 0
-        assert np.array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))  # tanh(-0) = -0
+        assert np.array_equal(np.signbit(got[zeros]), np.signbit(x[zeros]))  # tanh(-0) = erf(-0) = -0
