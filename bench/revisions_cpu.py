@@ -4,7 +4,8 @@
 ``--basecaller`` also the inference of ``bench/basecaller_cpu.py``'s encoder at full length and its training step
 (forward, CTC, backward, Adam; N = 16, 2,500 samples); with ``--transformer`` also a transformer encoder layer
 (d = 256, 4 heads, feed-forward 1024, eval mode) on a [T, 16, 256] sequence (T = 5000 / ``--t-div``), its
-inference and the gradient of a loss on its output with respect to its input; with ``--torch`` also training steps
+inference and the gradient of a loss on its output with respect to its input, and the inference of the layer with
+a GELU feed-forward; with ``--torch`` also training steps
 through torch autograd (the LSTM, layer-norm LSTM and GRU cells at the first shape, and the transformer layer with
 ``--transformer``, each compiled function called with torch tensors that require grad, then ``backward``).
 
@@ -104,6 +105,9 @@ if TRANSFORMER:
     cells["transformer layer d=256 inference"] = (nf.compile(lambda x: layer(x), backend="cpu"), tx)
     cells["transformer layer d=256 input gradient"] = (
         nf.compile(nf.grad(lambda x: (layer(x) ** 2).sum()), backend="cpu"), tx)
+    gelu = TransformerEncoderLayer(256, 4, 1024, activation="gelu")
+    gelu.eval()
+    cells["transformer layer d=256 GELU inference"] = (nf.compile(lambda x: gelu(x), backend="cpu"), tx)
     if TORCH:
         cells["transformer layer d=256 torch autograd"] = (
             through_torch(nf.compile(lambda x: (layer(x),), backend="cpu"), (0,)), tx)
