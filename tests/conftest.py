@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import nnforge as nf
 from nnforge.codegen.triton import interpreted
@@ -24,9 +25,12 @@ BACKENDS = [b for b in ("reference", "cpu", "triton") if b in nf.available_backe
 @pytest.fixture(autouse=True)
 def _fresh_nnforge_session(request: pytest.FixtureRequest):
     """A session of its own per test, its random numbers (``nf.rand``, dropout masks, parameter initializations)
-    seeded from the test's id: a failure replays with the same draws."""
+    and torch's (a torch model's initial weights) seeded from the test's id: a failure replays with the same draws,
+    whichever tests ran before it in its worker."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(seed)
     with fresh_session():
-        nf.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+        nf.manual_seed(seed)
         yield
 
 
