@@ -10,9 +10,13 @@ read back to be summed. The same value is ``x_flatᵀ @ g_flat`` with the time a
 compiled-code passes only (``pipeline``), not for the reference interpreter.
 
 ``normalized_products``: ``(a / s) @ c`` with ``s`` one number per row of ``a`` (a softmax's row sums, broadcast
-along the contracted axis) becomes ``(a @ c) / s``. Why: an attention's probabilities ``e / sum(e)`` are [B, H, T,
-T], its output [B, H, T, d]; dividing the output instead saves a pass that writes and reads the probabilities,
-and the GEMM divides on its accumulator. It reassociates (compiled code only).
+along the contracted axis) becomes ``(a @ c) / s``, and ``(a / s)ᵀ @ c`` becomes ``aᵀ @ (c / s)``. Why: an
+attention's probabilities ``e / sum(e)`` are [B, H, T, T], its output [B, H, T, d]; dividing the output instead
+saves a pass that writes and reads the probabilities, and the GEMM divides on its accumulator. In a training step
+the gradient of V reads them transposed (``pᵀ @ dO``): with both products rewritten, what is left of the
+probabilities is elementwise (the softmax's own gradient), computed where it is read, and they are stored
+nowhere. It reassociates (compiled code only), and a half-precision product could overflow where the scaled one
+did not, so float32 and float64 only.
 
 ``shared_weight_products``: ``x @ W`` with x [T, N, K] and W broadcast over T (traced as a batched product with
 an expanded right operand, or its transpose) becomes ``reshape(x_flat @ W, [T, N, M])``, one GEMM of T * N
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from ..dtypes import DType
 from ..ir.build import make
 from ..ir.builders import is_transpose, slice_axis, transpose
 from ..ir.node import Graph, Node, users
@@ -72,24 +77,27 @@ def _folded(a: Node, c: Node, b: int, loc: str) -> Node:
 
 def normalized_products(graph: Graph) -> Graph:
     """Rewrite ``(a / s) @ c`` or ``(a * s) @ c`` (``s`` [*B, m, 1] expanded along the contracted axis of ``a``
-    [*B, m, k]; the scaled operand read by nothing else) as ``(a @ c) / s`` (``s`` expanded to the product's
-    [*B, m, n]); top-level nodes only."""
-    us, results = users(graph.order), {id(o) for o in graph.outputs}
+    [*B, m, k]) as ``(a @ c) / s`` (``s`` expanded to the product's [*B, m, n]), and ``(a / s)ᵀ @ c`` as
+    ``aᵀ @ (c / s)`` (``s`` expanded along c's [*B, m, n] rows); float32 and float64 top-level products only."""
 
     def rule(n: Node, original: Node) -> Node | None:
-        if n.op != Op.MATMUL or n.ndim < 2:
+        if n.op != Op.MATMUL or n.ndim < 2 or n.dtype not in (DType.float32, DType.float64):
             return None
-        scaled, c = n.srcs
-        if (scaled.op not in (Op.DIV, Op.MUL) or len(us.get(id(original.srcs[0]), [])) != 1
-                or id(original.srcs[0]) in results):
+        left, c = n.srcs
+        scaled = left.srcs[0] if is_transpose(left) else left
+        if scaled.op not in (Op.DIV, Op.MUL) or not scaled.ndim == c.ndim == n.ndim:
             return None
         a, e = scaled.srcs
         row = _per_row(e, scaled)
-        if row is None or a.shape != scaled.shape or not a.ndim == c.ndim == n.ndim:
+        if row is None or a.shape != scaled.shape:
             return None
-        product = make(Op.MATMUL, (a, c), loc=n.loc)
-        return make(scaled.op, (product, make(Op.EXPAND, (row,), {"shape": tuple(product.shape)}, loc=n.loc)),
-                    loc=n.loc)
+        if scaled is left:  # rows of the product
+            product = make(Op.MATMUL, (a, c), loc=n.loc)
+            return make(scaled.op, (product, make(Op.EXPAND, (row,), {"shape": tuple(product.shape)}, loc=n.loc)),
+                        loc=n.loc)
+        # the scaled rows are the contraction: scale c's rows instead
+        c = make(scaled.op, (c, make(Op.EXPAND, (row,), {"shape": tuple(c.shape)}, loc=n.loc)), loc=n.loc)
+        return make(Op.MATMUL, (transpose(a), c), loc=n.loc)
 
     return rewrite_top(graph, rule)
 

@@ -14,6 +14,7 @@ import nnforge as nf
 from nnforge.codegen.c import fused_listing
 from nnforge.codegen.c.target import cpu_target
 from nnforge.codegen.reference import ReferenceProgram
+from nnforge.ir.builders import is_transpose
 from nnforge.ir.ops import Op
 from nnforge.passes import pipeline, run_pipeline
 from nnforge.passes.products import normalized_products, products_of_stacked_rows, sums_of_products
@@ -199,7 +200,13 @@ def test_stacked_rows_read_otherwise_stay(rng: np.random.Generator) -> None:
 
 
 def _scaled_products(g) -> list:
-    return [n for n in g.order if n.op == Op.MATMUL and n.srcs[0].op in (Op.DIV, Op.MUL)]
+    """Products whose left operand (or its transpose) is rows scaled by one number each."""
+    def scaled(x):
+        x = x.srcs[0] if is_transpose(x) else x
+        e = x.srcs[1] if x.op in (Op.DIV, Op.MUL) else None
+        return e is not None and e.op == Op.EXPAND and e.srcs[0].ndim == x.ndim and int(e.srcs[0].shape[-1]) == 1
+
+    return [n for n in g.order if n.op == Op.MATMUL and scaled(n.srcs[0])]
 
 
 def test_a_softmax_divides_the_product_it_feeds(backend: str, rng: np.random.Generator) -> None:
@@ -220,17 +227,38 @@ def test_a_softmax_divides_the_product_it_feeds(backend: str, rng: np.random.Gen
                                rtol=1e-12, atol=1e-12)
 
 
-def test_a_scale_that_varies_along_the_contraction_or_a_product_read_elsewhere_stays(
+def test_attention_gradients_store_no_probabilities(backend: str, rng: np.random.Generator) -> None:
+    """In a training step ``pᵀ @ dO`` (V's gradient) becomes ``eᵀ @ (dO / s)`` as well: with both products
+    rewritten the probabilities are stored nowhere; the value and gradients against torch on every backend."""
+    q, k, v, weights = (rng.standard_normal((2, 3, 6, 4)) for _ in range(4))
+
+    def loss(q, k, v):
+        return (((q @ k.mT).softmax(-1) @ v) * weights).sum()
+
+    step = nf.compile(nf.value_and_grad(loss, argnums=(0, 1, 2)), backend=backend)
+    after = run_pipeline(nf.compile(nf.value_and_grad(loss, argnums=(0, 1, 2))).trace(q, k, v),
+                         pipeline(cpu_target()))
+    assert not _scaled_products(after)
+    value, grads = step(q, k, v)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    want = ((torch.softmax(tq @ tk.mT, -1) @ tv) * torch.tensor(weights)).sum()
+    want.backward()
+    np.testing.assert_allclose(float(value), want.item(), rtol=1e-12)
+    for g, t in zip(grads, (tq, tk, tv)):
+        np.testing.assert_allclose(np.asarray(g), t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_a_scale_that_varies_along_the_contraction_or_a_half_precision_product_stays(
         rng: np.random.Generator) -> None:
     a, c, s = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 5, 2)), rng.standard_normal((3, 1, 5))
 
     def per_column(a, c, s):  # s varies along k, the contracted axis: not a row's scale
         return (a / s) @ c
 
-    def also_read(a, c, s):
-        p = a / a.sum(-1, keepdims=True)
-        return p @ c, p
+    def half(a, c, s):  # a @ c may overflow float16 where (a / s) @ c does not
+        a = a.cast(nf.float16)
+        return (a / a.sum(-1, keepdims=True)) @ c.cast(nf.float16)
 
-    for f in (per_column, also_read):
+    for f in (per_column, half):
         graph = nf.compile(f).trace(a, c, s)
         assert normalized_products(graph) is graph
