@@ -201,7 +201,7 @@ class _Tracer(torch.fx.Tracer):
 
 def _parts(node: torch.fx.Node) -> int | None:
     """How many tensors a chunk or split call returns, where its arguments say it."""
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    name = _name(node)
     given = node.args[1] if len(node.args) > 1 else next(
         (node.kwargs[k] for k in ("chunks", "split_size_or_sections", "split_size") if k in node.kwargs), None)
     if name == "chunk" and isinstance(given, int):
@@ -395,11 +395,6 @@ def _weight_norm(v: Any, g: Any, dim: int) -> Any:
     """torch._weight_norm: ``v`` scaled to norm ``g`` over every axis but ``dim`` (all of them for -1)."""
     axes = tuple(a for a in range(v.ndim) if dim == -1 or a != dim % v.ndim)
     return v * (g / (v * v).sum(axes, keepdims=True).sqrt())
-
-
-def _one(v: Any) -> Any:
-    """A 1-d layer's size as torch stores it, ``(k,)``, as a number."""
-    return v[0] if isinstance(v, (tuple, list)) else v
 
 
 def _layer(layers: dict[type, Callable[[Any], nfnn.Module]], m: torch.nn.Module, path: str,
@@ -630,7 +625,8 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.nn.functional.log_softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).log_softmax(dim),
     torch._weight_norm: lambda v, g, dim=0: _weight_norm(v, g, dim),
     torch.nn.functional.conv1d: lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1: NF.conv1d(
-        x, w, b, _one(stride), padding if isinstance(padding, str) else _one(padding), _one(dilation), groups),
+        x, w, b, NF._single(stride), padding if isinstance(padding, str) else NF._single(padding),
+        NF._single(dilation), groups),
     torch.outer: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
     torch.ger: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
     builtins.getattr: lambda x, name, *default: _getattr(x, name, *default),

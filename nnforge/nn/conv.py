@@ -7,7 +7,7 @@ import math
 from ..tensor import Tensor
 from . import functional as F
 from . import init
-from .functional import _conv_padding
+from .functional import _conv_padding, _single
 from .module import Module, Parameter
 
 
@@ -51,9 +51,3 @@ class Conv1d(Module):
 
 
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
-
-
-def _single(v: int | tuple | list) -> int:
-    if isinstance(v, (tuple, list)):
-        (v,) = v
-    return int(v)

@@ -288,7 +288,7 @@ def _pad_axis(x: Tensor, axis: int, lo: int, hi: int, mode: str, value: float) -
 # The taps fuse into whatever reads the pool (one kernel, no window copies); their gradient is the slices'.
 
 def _single(v: Any) -> int:
-    """torch's pooling layers keep sizes as ints or 1-tuples."""
+    """A 1-d layer's size as a number: torch's layers keep sizes as ints or 1-tuples."""
     return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
 
 
