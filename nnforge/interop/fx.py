@@ -614,7 +614,7 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.zeros_like: lambda x, dtype=None, **kw: zeros_like(x, dtype=dtype),
     torch.ones_like: lambda x, dtype=None, **kw: ones_like(x, dtype=dtype),
     torch.norm: lambda x, p="fro", dim=None, keepdim=False, **kw: _norm(x, p, dim, keepdim),
-    torch.linalg.vector_norm: lambda x, ord=2, dim=None, keepdim=False, **kw: _norm(x, ord, dim, keepdim),
+    torch.linalg.vector_norm: lambda x, ord=2, dim=None, keepdim=False, **kw: NF.vector_norm(x, ord, dim, keepdim),
     torch.empty_like: lambda x, dtype=None, **kw: zeros_like(x, dtype=dtype),  # any value is torch's
     torch.full_like: lambda x, fill_value, dtype=None, **kw: full(x.shape, fill_value, dtype or x.dtype),
     torch.empty: lambda *size, dtype=None, **kw: zeros(*size, dtype=dtype or dtypes.float32),
@@ -635,21 +635,10 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
 
 
 def _norm(x: Any, p: Any, dim: Any, keepdim: bool) -> Any:
-    """torch's vector norms: 2 (``"fro"``), 1, inf, -inf, 0 (the count of non-zeros) and any other power."""
-    a = x.abs()
-    if p in ("fro", 2, 2.0):
-        return (a * a).sum(dim, keepdims=keepdim).sqrt()
-    if p in (1, 1.0):
-        return a.sum(dim, keepdims=keepdim)
-    if p == float("inf"):
-        return a.max(dim, keepdims=keepdim)
-    if p == float("-inf"):
-        return a.min(dim, keepdims=keepdim)
-    if p == 0:
-        return (a != 0).cast(x.dtype).sum(dim, keepdims=keepdim)
-    if isinstance(p, str):
+    """torch.norm: ``"fro"`` is the 2-norm of the elements; another name is a matrix norm nnforge lacks."""
+    if isinstance(p, str) and p != "fro":
         raise NNForgeError(f"from_torch: the norm {p!r} (a matrix norm) has no nnforge counterpart")
-    return (a ** p).sum(dim, keepdims=keepdim) ** (1.0 / p)
+    return NF.vector_norm(x, 2 if p == "fro" else p, dim, keepdim)
 
 
 def _in(x: Any, dtype: Any) -> Any:

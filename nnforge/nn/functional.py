@@ -381,12 +381,28 @@ def _adaptive(x: Tensor, out: int, name: str, reduce: Any) -> Tensor:
     return stack([reduce(x[..., a:b]) for a, b in _adaptive_windows(int(length), out)], -1)
 
 
+def vector_norm(x: Tensor, ord: float = 2.0, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """torch.linalg.vector_norm: 2, 1, inf (the largest magnitude), -inf (the smallest), 0 (the count of
+    non-zeros) or any other power ``ord``, over ``dim`` (all axes when None)."""
+    a = as_tensor(x).abs()
+    if ord == 2:
+        return (a * a).sum(dim, keepdims=keepdim).sqrt()
+    if ord == 1:
+        return a.sum(dim, keepdims=keepdim)
+    if ord == math.inf:
+        return a.max(dim, keepdims=keepdim)
+    if ord == -math.inf:
+        return a.min(dim, keepdims=keepdim)
+    if ord == 0:
+        return (a != 0).cast(a.dtype).sum(dim, keepdims=keepdim)
+    return (a ** ord).sum(dim, keepdims=keepdim) ** (1.0 / ord)
+
+
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-    """torch's normalize: ``x`` over its ``p``-norm along ``dim``, the norm held at ``eps`` or above."""
+    """torch's normalize: ``x`` over its ``p``-norm (``vector_norm``'s) along ``dim``, the norm held at ``eps``
+    or above."""
     x = as_tensor(x)
-    a = x.abs()
-    norm = (a * a).sum(dim, keepdims=True).sqrt() if p == 2 else (a ** p).sum(dim, keepdims=True) ** (1.0 / p)
-    return x / norm.clamp(eps, None)
+    return x / vector_norm(x, p, dim, keepdim=True).clamp(eps, None)
 
 
 def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",

@@ -206,6 +206,11 @@ CASES: list[OpCase] = [
          lambda a: F.interpolate(a, scale_factor=1.5, mode="linear", align_corners=True), R(2, 3, 5)),
     pair("normalize", lambda a: NF.normalize(a, dim=-1), lambda a: F.normalize(a, dim=-1), X234),
     pair("normalize_p1", lambda a: NF.normalize(a, 1.0, 0), lambda a: F.normalize(a, 1.0, 0), X34),
+    pair("normalize_inf", lambda a: NF.normalize(a, float("inf"), -1), lambda a: F.normalize(a, float("inf"), -1),
+         X34),
+    *[pair(f"vector_norm_{k}", (lambda order: lambda a: NF.vector_norm(a, order, -1))(o),
+           (lambda order: lambda a: torch.linalg.vector_norm(a, order, -1))(o), X234, **kw)
+      for k, (o, kw) in enumerate([(2.0, {}), (3.0, {}), (float("-inf"), {}), (0, dict(grad=False, fd=False))])],
     pair("group_norm", lambda a, w, b: NF.group_norm(a, 2, w, b), lambda a, w, b: F.group_norm(a, 2, w, b),
          R(2, 4, 3), R(4), R(4)),
     pair("group_norm_2d", lambda a: NF.group_norm(a, 3, eps=1e-3), lambda a: F.group_norm(a, 3, eps=1e-3), R(3, 6)),
