@@ -211,11 +211,37 @@ def _parts(node: torch.fx.Node) -> int | None:
     return None
 
 
+def _augmented(op: Callable[[Any, Any], Any]) -> Callable[[torch.fx.Proxy, Any], torch.fx.Proxy]:
+    def record(self: torch.fx.Proxy, other: Any) -> torch.fx.Proxy:
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+    return record
+
+
 class _Proxy(torch.fx.Proxy):
-    """fx's proxy that also records ``x[index] = value`` (fx's own refuses item assignment)."""
+    """fx's proxy that also records ``x[index] = value`` (fx's own refuses item assignment) and augmented
+    assignments as themselves: fx's proxy has no ``__iadd__``, so ``y += 1`` would trace as ``y = y + 1`` and
+    leave another name for the same tensor unchanged, where torch changes it."""
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+    __iadd__ = _augmented(operator.iadd)
+    __isub__ = _augmented(operator.isub)
+    __imul__ = _augmented(operator.imul)
+    __itruediv__ = _augmented(operator.itruediv)
+    __ifloordiv__ = _augmented(operator.ifloordiv)
+    __imod__ = _augmented(operator.imod)
+    __ipow__ = _augmented(operator.ipow)
+    __imatmul__ = _augmented(operator.imatmul)
+    __iand__ = _augmented(operator.iand)
+    __ior__ = _augmented(operator.ior)
+    __ixor__ = _augmented(operator.ixor)
+
+
+_AUGMENTED = {operator.iadd: "+=", operator.isub: "-=", operator.imul: "*=", operator.itruediv: "/=",
+              operator.ifloordiv: "//=", operator.imod: "%=", operator.ipow: "**=", operator.imatmul: "@=",
+              operator.iand: "&=", operator.ior: "|=", operator.ixor: "^="}
+_SIZES = frozenset({"size", "dim", "numel", "nelement", "len"})
 
 
 # ---- in-place calls: replayed out of place, the changed value rebound ------------------------------------------
@@ -241,25 +267,63 @@ def _mutated(node: torch.fx.Node, model: torch.nn.Module) -> torch.fx.Node | Non
         return first
     if node.op == "call_function" and node.target is operator.setitem:
         return first
+    if node.op == "call_function" and node.target in _AUGMENTED:  # y += 1 changes a tensor, not a size
+        return None if first is None or _is_size(first) else first
     if node.op == "call_module" and getattr(model.get_submodule(node.target), "inplace", False) is True:
         return first
     return None
 
 
+def _is_size(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a number worked out from sizes (``x.shape[0]``, ``x.size(1) * 2``): Python numbers are
+    not changed in place, so ``t += 1`` on one only rebinds ``t``."""
+    name = _name(node)
+    if node.op == "call_method" or name == "len":
+        return name in _SIZES
+    if name == "getattr":
+        return node.args[1] in ("shape", "ndim")
+    if node.op == "call_function" and getattr(node.target, "__module__", "") in ("_operator", "operator", "math"):
+        inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        return bool(inputs) and all(_is_size(a) for a in inputs)
+    return False
+
+
 def _check_mutation(node: torch.fx.Node, changed: torch.fx.Node, later: list[torch.fx.Node], where: str) -> None:
     """nnforge's values do not share memory: an in-place change replays as a new value of ``changed``, which is
-    only what torch computes when no other tensor shares ``changed``'s memory."""
-    what = "x[...] = value" if node.target is operator.setitem else f"{_name(node)}()"
-    source = changed.args[0] if changed.args and isinstance(changed.args[0], torch.fx.Node) else None
-    if changed.op in ("call_method", "call_function") and _name(changed) in _VIEWS and not (
-            source is not None and source.op == "call_module"):  # an element of a layer's output tuple is its own
-        raise NNForgeError(f"from_torch: {what} changes a view ({_name(changed)}, {_where(changed)}) in place, "
-                           f"which changes the tensor viewed too: write it out of place [{where}]")
-    for view in changed.users:
-        if _name(view) in _VIEWS and view.op != "call_module" and any(u in later for u in view.users):
+    only what torch computes when no tensor sharing ``changed``'s memory (the tensor it views, another view of
+    that) is read after the change."""
+    what = ("x[...] = value" if node.target is operator.setitem
+            else f"x {_AUGMENTED[node.target]} value" if node.target in _AUGMENTED else f"{_name(node)}()")
+    after = set(later)
+    viewed = []  # the tensors ``changed`` views, nearest first
+    while (source := _viewed(viewed[-1] if viewed else changed)) is not None:
+        viewed.append(source)
+    for whole in viewed:
+        if whole not in after and any(u in after for u in whole.users):
+            raise NNForgeError(f"from_torch: {what} changes a view ({_name(changed)}, {_where(changed)}) in place, "
+                               f"which changes the tensor viewed ({_where(whole)}), read later: write it out of "
+                               f"place [{where}]")
+    family, members = [viewed[-1] if viewed else changed], set()
+    while family:
+        member = family.pop()
+        if member not in members:
+            members.add(member)
+            family.extend(u for u in member.users if _viewed(u) is member and u not in after)
+    for view in members - {changed, *viewed}:
+        if any(u in after for u in view.users):
             raise NNForgeError(f"from_torch: {what} changes a tensor in place while its view ({_name(view)}, "
                                f"{_where(view)}) is read later, and would see the change: write it out of place "
                                f"[{where}]")
+
+
+def _viewed(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor ``node`` is a view of (``x`` for ``x.transpose(0, 1)``), or None: not a view, or an element of a
+    layer's output tuple (its own tensor)."""
+    source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    if node.op in ("call_method", "call_function") and _name(node) in _VIEWS and source is not None and (
+            source.op != "call_module"):
+        return source
+    return None
 
 
 _FACTORIES = ("ones", "zeros", "full", "empty", "arange", "rand", "randn", "eye")

@@ -113,6 +113,7 @@ class Causal(torch.nn.Module):
 
 class InPlace(torch.nn.Module):
     """torch's in-place spellings: methods (chained, and through the tensor one returns), ``x[i] = v``,
+    augmented assignments (on a tensor another name holds, on a size, on a view of a tensor not read again),
     ``torch.relu_``, a layer built with ``inplace=True``; each a new value in nnforge, rebound where torch's
     memory is shared."""
 
@@ -130,7 +131,15 @@ class InPlace(torch.nn.Module):
         w = z.masked_fill_(z > 3, 0.5)
         z.sub_(0.25)
         self.act(w)
-        return y.clamp_(max=4.0), w, z
+        alias = w
+        w += 1.5
+        w *= z
+        n = x.shape[0]
+        rows = n
+        n += 1
+        t = (z * 2).transpose(0, 1)
+        t -= 1
+        return y.clamp_(max=4.0), alias * rows, z + n, t
 
 
 def _signal(rng: np.random.Generator, n: int = 3, samples: int = 45) -> np.ndarray:
@@ -338,6 +347,14 @@ class _ViewReadAfter(torch.nn.Module):
         return first
 
 
+class _ViewAugmented(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        v = y.transpose(0, 1)
+        v += 1
+        return y
+
+
 class _Packed(torch.nn.Module):
     def forward(self, x, lengths):
         return torch.nn.utils.rnn.pack_padded_sequence(x, lengths)
@@ -367,6 +384,8 @@ def _line(pattern: str) -> int:
     (_Nonzero(), r"the tensor method .nonzero\(\) has no nnforge counterpart", "x.nonzero()"),
     (_ViewChanged(), r"mul_\(\) changes a view \(transpose, .*test_from_torch.py:\d+\) in place", "v.mul_(2)"),
     (_ViewReadAfter(), r"x\[...\] = value changes a tensor in place while its view \(getitem", "y[1] = 0.0"),
+    (_ViewAugmented(), r"x \+= value changes a view \(transpose, .*\) in place, which changes the tensor viewed "
+     r"\(.*test_from_torch.py:\d+\), read later", "v += 1"),
     (_PythonLoop(), r"torch.fx could not capture _PythonLoop.forward at .*: .*\(a loop over time steps",
      "for t in range(x.shape[0]):"),
     (_Packed(), r"_Packed.forward at .* \(in torch.nn.utils.rnn.pack_padded_sequence\)",
