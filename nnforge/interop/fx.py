@@ -135,7 +135,7 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
         raise NNForgeError(f"from_torch: torch.fx could not capture {type(model).__name__}.forward"
                            f"{_failed_at(e.__traceback__)}: {e}. It "
                            "follows tensors and their sizes as symbols: Python control flow on them (a loop over "
-                           "time steps, an if on a value) and unpacking a shape of unknown length (*x.shape[:2]; "
+                           "time steps, an if on a value) and unpacking a shape of unknown length (*x.shape[1:]; "
                            "t, n, c = x.shape works) cannot be captured. Write a time loop with nnforge (nf.scan) "
                            "and call it through nnforge.torch.TorchModule") from None
     out = FromTorch()
@@ -200,8 +200,13 @@ class _Tracer(torch.fx.Tracer):
 
 
 def _parts(node: torch.fx.Node) -> int | None:
-    """How many tensors a chunk or split call returns, where its arguments say it."""
+    """How many tensors a chunk or split call returns, where its arguments say it; how many sizes a slice of a
+    shape holds where the slice says it without the rank (``x.shape[:2]``, ``x.size()[1:3]``)."""
     name = _name(node)
+    if name == "getitem" and isinstance(node.args[1], slice) and _is_size(node.args[0]):
+        start, stop, step = node.args[1].start or 0, node.args[1].stop, node.args[1].step or 1
+        known = all(isinstance(v, int) for v in (start, stop, step)) and start >= 0 and stop >= 0 and step > 0
+        return len(range(start, stop, step)) if known else None
     given = node.args[1] if len(node.args) > 1 else next(
         (node.kwargs[k] for k in ("chunks", "split_size_or_sections", "split_size") if k in node.kwargs), None)
     if name == "chunk" and isinstance(given, int):
@@ -224,6 +229,10 @@ class _Proxy(torch.fx.Proxy):
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+    def __len__(self) -> int:  # asked by Python's f(*x.shape[:2]) before it iterates
+        count = _parts(self.node)
+        return count if count is not None else super().__len__()
 
     __iadd__ = _augmented(operator.iadd)
     __isub__ = _augmented(operator.isub)

@@ -189,6 +189,23 @@ def test_in_place_calls_convert(backend: str, rng: np.random.Generator) -> None:
         np.testing.assert_allclose(np.asarray(g), e.detach().numpy(), rtol=1e-12, atol=1e-12)
 
 
+class _Heads(torch.nn.Module):
+    """Shapes as attention code writes them: a size tuple extended, and the front of a shape unpacked."""
+
+    def forward(self, x):  # [N, T, 6]
+        y = x.view(x.size()[:-1] + (2, 3))  # noqa: RUF005 (the spelling under test)
+        z = y.permute(0, 2, 1, 3)
+        ones = x.new_ones(*z.shape[0:3:2]).unsqueeze(1).repeat(1, 2, 3)
+        return z.reshape(*z.shape[:2], -1) * len(x.shape[1:3]) + ones
+
+
+def test_sizes_sliced_from_a_shape_unpack(backend: str, rng: np.random.Generator) -> None:
+    model = _Heads()
+    x = rng.standard_normal((2, 4, 6))
+    got = nf.compile(lambda v: from_torch(model)(v), backend=backend)(x)
+    np.testing.assert_allclose(np.asarray(got), model(torch.tensor(x)).numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_convolutions_with_padding_modes_convert(backend: str, rng: np.random.Generator) -> None:
     model = torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3, padding=1, padding_mode="reflect"), torch.nn.GELU(),
                                 torch.nn.Conv1d(4, 4, 5, padding="same", padding_mode="circular"),
