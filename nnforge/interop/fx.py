@@ -399,9 +399,6 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
             norm = build(m.norm)
         return nfnn.TransformerEncoder(encoder_layer(m.layers[0]), m.num_layers, norm=norm)
 
-    def stateless(fn: Callable[[Any], Callable]) -> Callable[[Any], nfnn.Module]:
-        return lambda m: _Function(fn(m))
-
     table = {
         t.Linear: lambda m: nfnn.Linear(m.in_features, m.out_features, bias=m.bias is not None),
         t.Conv1d: conv1d,
@@ -435,9 +432,9 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
         t.Hardtanh: lambda m: nfnn.Hardtanh(m.min_val, m.max_val), t.ReLU6: lambda m: nfnn.ReLU6(),
         t.Hardsigmoid: lambda m: nfnn.Hardsigmoid(), t.Hardswish: lambda m: nfnn.Hardswish(),
         t.Softsign: lambda m: nfnn.Softsign(), t.Mish: lambda m: nfnn.Mish(), t.GLU: lambda m: nfnn.GLU(m.dim),
-        t.Softmax: stateless(lambda m: lambda x: x.softmax(m.dim)),
-        t.LogSoftmax: stateless(lambda m: lambda x: x.log_softmax(m.dim)),
-        t.Flatten: stateless(lambda m: lambda x: x.flatten(m.start_dim, m.end_dim)),
+        t.Softmax: lambda m: _Function(Tensor.softmax, m.dim),
+        t.LogSoftmax: lambda m: _Function(Tensor.log_softmax, m.dim),
+        t.Flatten: lambda m: _Function(Tensor.flatten, m.start_dim, m.end_dim),
         t.CTCLoss: lambda m: nfnn.CTCLoss(blank=m.blank, reduction=m.reduction, zero_infinity=m.zero_infinity),
         t.CrossEntropyLoss: lambda m: nfnn.CrossEntropyLoss(weight=m.weight, ignore_index=m.ignore_index,
                                                             reduction=m.reduction, label_smoothing=m.label_smoothing),
@@ -445,7 +442,7 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
     }
     weight_norm = getattr(torch.nn.utils.parametrizations, "_WeightNorm", None)
     if weight_norm is not None:  # torch.nn.utils.parametrizations.weight_norm's parametrization
-        table[weight_norm] = stateless(lambda m: lambda g, v: _weight_norm(v, g, m.dim))
+        table[weight_norm] = lambda m: _Function(_weight_norm_of, m.dim)
     return table
 
 
@@ -454,14 +451,21 @@ def _refuse(setting: str) -> nfnn.Module:
 
 
 class _Function(nfnn.Module):
-    """A stateless torch layer without an nnforge class (Softmax, Flatten): its function."""
+    """A stateless torch layer without an nnforge class (Softmax, Flatten): a function of its inputs and the
+    layer's settings. The function is a named one, so the module pickles as every nnforge module does."""
 
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., Any], *settings: Any):
         super().__init__()
         object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_settings", settings)
 
     def forward(self, *args: Any) -> Any:
-        return self._fn(*args)
+        return self._fn(*args, *self._settings)
+
+
+def _weight_norm_of(g: Any, v: Any, dim: int) -> Any:
+    """weight_norm's parametrization, called with ``(g, v)``."""
+    return _weight_norm(v, g, dim)
 
 
 def _weight_norm(v: Any, g: Any, dim: int) -> Any:

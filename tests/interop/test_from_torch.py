@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import re
 
 import numpy as np
@@ -243,6 +244,19 @@ def test_weight_norm_converts_with_its_parameters(backend: str, rng: np.random.G
     grads = {name: p.grad for name, p in ours.named_parameters()}
     for name, p in model.named_parameters():
         np.testing.assert_allclose(grads[name].numpy(), p.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_a_converted_model_pickles(rng: np.random.Generator) -> None:
+    """nnforge modules pickle (an EMA copy, a checkpoint, a worker's copy): converted ones too, with the layers
+    torch has and nnforge has not as classes (Softmax, Flatten, weight_norm's parametrization)."""
+    model = torch.nn.Sequential(_WeightNormed(), torch.nn.Flatten(), torch.nn.Softmax(-1)).double()
+    ours = from_torch(model)
+    for p in ours.parameters():
+        p.assign(p.numpy() * 1.5)  # trained: the copy keeps the parameters' current values
+    copy = pickle.loads(pickle.dumps(ours))
+    x = nf.tensor(rng.standard_normal((2, 2, 9)))
+    np.testing.assert_array_equal(copy(x).numpy(), ours(x).numpy())
+    assert not np.allclose(ours(x).numpy(), model(torch.tensor(x.numpy())).detach().numpy())
 
 
 class _Running(torch.nn.Module):
