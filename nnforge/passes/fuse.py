@@ -17,7 +17,9 @@ outputs back (producers join their consumer, as in Inductor's vertical fusion):
   stepped by the host, where every kernel is a launch per step (``Target.step_recompute``);
 * a node its one kernel reads through overlapping windows (a convolution's im2col: one strided slice per tap of
   ``silu(conv(x))``) would be evaluated once per window, so it is stored unless it is cheap: the swish of a
-  Conv1d with 19 taps and stride 5 was computed 3.8 times per element, scalar, inside the gather;
+  Conv1d with 19 taps and stride 5 was computed 3.8 times per element, scalar, inside the gather (a single
+  value is never stored for this: an Adam step's bias corrections read its step count twice, and a kernel of
+  its own to save one evaluation was a launch per parameter);
 * a matmul or reduction whose single user is an elementwise chain of the same shape, with no movement on the
   way, runs that chain as its epilogue (DPElwFuse / ReduceElwFuse in the seed's words).
 """
@@ -179,7 +181,7 @@ def group(graph: Graph, recompute: Recompute = CHEAP) -> Grouping:
             if len(ks) == 1:
                 reads[id(n)] = _window_reads(n, readers, g, reads)
                 evaluations = sum(reads[id(n)].values()) / max(n.numel, 1)
-                if n.op not in ELEMENTWISE or id(n) in cost or evaluations <= OVERLAP:
+                if n.op not in ELEMENTWISE or id(n) in cost or evaluations <= OVERLAP or n.numel == 1:
                     g.kernel_of[id(n)] = ks.pop()
                     continue
                 why = f"its kernel reads it through overlapping windows ({evaluations:.1f} evaluations per element)"

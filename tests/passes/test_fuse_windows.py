@@ -63,3 +63,21 @@ def test_cheap_values_and_disjoint_windows_stay_fused(rng: np.random.Generator, 
     t = np.tanh(z.astype(np.float64))
     want = t[:, :8] * t[:, 8:16] + t[:, 16:24] * t[:, 24:]
     np.testing.assert_allclose(nf.compile(gates, backend=backend)(z), want, rtol=2e-6, atol=2e-6)
+
+
+def test_a_single_value_read_twice_is_inlined_not_stored(rng: np.random.Generator, backend: str) -> None:
+    """Adam's bias corrections: a step count's cast read by two powers in the update's kernel counts two
+    evaluations of one value, not a reason for a kernel of its own."""
+    def update(p, m, v, step):
+        t = (step + 1).cast(nf.float64)
+        return p - m / (1 - 0.9 ** t) / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8)
+
+    p, m = rng.standard_normal((2, 5, 7)).astype(np.float32)
+    v, step = np.abs(rng.standard_normal((5, 7))).astype(np.float32), np.int64(rng.integers(0, 9))
+    graph = nf.compile(update).trace(p, m, v, step)
+    g = group(graph)
+    (cast,) = [n for n in graph.order if n.op == Op.CAST and n.ndim == 0]
+    assert not g.is_stored(cast) and not any("overlapping" in r for r in g.refusals)
+    t = step + 1.0
+    want = p - m / (1 - 0.9 ** t) / (np.sqrt(v / (1 - 0.999 ** t)) + 1e-8)
+    np.testing.assert_allclose(nf.compile(update, backend=backend)(p, m, v, step), want, rtol=2e-6, atol=1e-6)
