@@ -19,10 +19,11 @@ from typing import Any
 
 from ..control import scan
 from ..errors import DTypeError, ShapeError, at
-from ..tensor import Tensor, as_tensor, concat, full, stack, zeros
+from ..tensor import Tensor, as_tensor, concat, full, stack, where, zeros
 from . import functional as F
 from . import init
 from .module import Module, Parameter
+from .utils.rnn import PackedSequence
 
 _GATES = MappingProxyType({"LSTM": 4, "GRU": 3})  # gates per hidden unit (read-only)
 
@@ -49,10 +50,11 @@ def gru_gates(gx: Tensor, gh: Tensor, h: Tensor) -> Tensor:
 
 
 def lstm_layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
-               b_hh: Tensor | None, reverse: bool = False,
-               w_hr: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+               b_hh: Tensor | None, reverse: bool = False, w_hr: Tensor | None = None,
+               valid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """One LSTM layer-direction over x [T, N, I]: (outputs [T, N, H], h_T, c_T); with a projection ``w_hr``
-    [P, H] the outputs and h are ``h @ w_hr.T`` [.., P]."""
+    [P, H] the outputs and h are ``h @ w_hr.T`` [.., P]. ``valid`` [T, N, 1] (bool): the steps within each
+    sequence's length (``PackedSequence``); past them the state stays as it was and the output is zero."""
     gx = x @ w_ih.T
     bias = _sum_bias(b_ih, b_hh)
     if bias is not None:
@@ -60,20 +62,20 @@ def lstm_layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_
     w_hh_t = w_hh.T
     w_hr_t = None if w_hr is None else w_hr.T
 
-    def cell(carry, gx_t):
-        h, c = carry
-        h, c = lstm_gates(gx_t + h @ w_hh_t, c)
+    def cell(carry, step):
+        gx_t, ok = step
+        h, c = lstm_gates(gx_t + carry[0] @ w_hh_t, carry[1])
         if w_hr_t is not None:
             h = h @ w_hr_t
-        return (h, c), h
+        return _kept((h, c), carry, ok), _output(h, ok)
 
-    (h, c), ys = scan(cell, (h0, c0), gx, reverse=reverse)
+    (h, c), ys = scan(cell, (h0, c0), (gx, valid), reverse=reverse)
     return ys, h, c
 
 
 def gru_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None, b_hh: Tensor | None,
-              reverse: bool = False) -> tuple[Tensor, Tensor]:
-    """One GRU layer-direction over x [T, N, I]: (outputs [T, N, H], h_T)."""
+              reverse: bool = False, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """One GRU layer-direction over x [T, N, I]: (outputs [T, N, H], h_T); ``valid`` as ``lstm_layer``'s."""
     hidden = int(w_hh.shape[1])
     gx = x @ w_ih.T
     b_hn = None
@@ -84,15 +86,26 @@ def gru_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | 
         b_hn = concat([full((2 * hidden,), 0, b_hh.dtype), b_hh[2 * hidden:]])
     w_hh_t = w_hh.T
 
-    def cell(h, gx_t):
-        gh = h @ w_hh_t
+    def cell(carry, step):
+        gx_t, ok = step
+        gh = carry @ w_hh_t
         if b_hn is not None:
             gh = gh + b_hn
-        h = gru_gates(gx_t, gh, h)
-        return h, h
+        h = gru_gates(gx_t, gh, carry)
+        return _kept((h,), (carry,), ok)[0], _output(h, ok)
 
-    h, ys = scan(cell, h0, gx, reverse=reverse)
+    h, ys = scan(cell, h0, (gx, valid), reverse=reverse)
     return ys, h
+
+
+def _kept(new: tuple[Tensor, ...], old: tuple[Tensor, ...], ok: Tensor | None) -> tuple[Tensor, ...]:
+    """A step's carry: the new state within a sequence's length, the old one past it."""
+    return new if ok is None else tuple(where(ok, n, o) for n, o in zip(new, old))
+
+
+def _output(h: Tensor, ok: Tensor | None) -> Tensor:
+    """A step's output: h within a sequence's length, zero past it (torch's padding)."""
+    return h if ok is None else where(ok, h, full((), 0, h.dtype))
 
 
 def _sum_bias(b_ih: Tensor | None, b_hh: Tensor | None) -> Tensor | None:
@@ -153,19 +166,25 @@ class _RNNBase(Module):
         """(parameter suffix, runs backwards in time) for each direction of a layer."""
         return [("", False), ("_reverse", True)] if self.bidirectional else [("", self.reverse[layer])]
 
-    def _prepare(self, x: Any, hx: Any) -> tuple[Tensor, bool, int]:
-        x = as_tensor(x)
-        layout = "[N, T, features]" if self.batch_first else "[T, N, features]"
+    def _prepare(self, x: Any, hx: Any) -> tuple[Tensor, bool, int, PackedSequence | None]:
+        """The input [T, N, features] and whether it came unbatched, its batch, and the sequence it was packed
+        in (its lengths; None for a padded tensor)."""
+        packed = x if isinstance(x, PackedSequence) else None
+        x = as_tensor(x.data if packed is not None else x)
+        layout = "[N, T, features]" if self.batch_first and packed is None else "[T, N, features]"
         if x.ndim not in (2, 3):
             raise ShapeError(at(f"{self.mode}: expected a 3-d {layout} (batched) or 2-d [T, features] input, got "
                                 f"{list(map(int, x.shape))}"))
         if not x.dtype.is_float:
             raise DTypeError(at(f"{self.mode}: the input must be floating point (the weights are "
                                 f"{self.weight_ih_l0.dtype.value}), got {x.dtype.value}"))
+        if packed is not None and x.ndim != 3:
+            raise ShapeError(at(f"{self.mode}: a PackedSequence's data must be [T, N, features], got "
+                                f"{list(map(int, x.shape))}"))
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(1)
-        elif self.batch_first:
+        elif self.batch_first and packed is None:  # a PackedSequence is time-major whatever the layer's layout
             x = x.transpose(0, 1)
         if int(x.shape[-1]) != self.input_size:
             hint = ""
@@ -174,7 +193,7 @@ class _RNNBase(Module):
                         "[T, N, features]")
             raise ShapeError(at(f"{self.mode}: input {list(map(int, x.shape))} has {int(x.shape[-1])} features "
                                 f"in its last axis, expected {self.input_size} ({layout}){hint}"))
-        return x, unbatched, x.shape[1]
+        return x, unbatched, x.shape[1], packed
 
     def _state(self, h: Any, batch: int, dtype: Any, unbatched: bool, what: str, size: int | None = None) -> Tensor:
         dirs = 2 if self.bidirectional else 1
@@ -188,7 +207,10 @@ class _RNNBase(Module):
             raise ShapeError(f"{self.mode}: {what} has shape {list(map(int, h.shape))}, expected {list(want)}")
         return h.cast(dtype)
 
-    def _finish(self, out: Tensor, finals: list[Tensor], unbatched: bool) -> tuple[Tensor, list[Tensor]]:
+    def _finish(self, out: Tensor, finals: list[Tensor], unbatched: bool,
+                packed: PackedSequence | None) -> tuple[Tensor | PackedSequence, list[Tensor]]:
+        if packed is not None:
+            return PackedSequence(out, packed.lengths), finals
         if unbatched:
             return out.squeeze(1), [f.squeeze(1) for f in finals]
         return (out.transpose(0, 1) if self.batch_first else out), finals
@@ -214,14 +236,16 @@ class _RNNBase(Module):
 class LSTM(_RNNBase):
     """Multi-layer LSTM; ``forward(x, (h0, c0)=None)`` returns ``(output, (h_n, c_n))`` like torch.
 
-    x is [T, N, I] ([N, T, I] with ``batch_first``) or unbatched [T, I]; h0, c0 are [layers * directions, N, H]
-    (h0 [.., N, proj_size] with a projection, which also sets the output's width).
+    x is [T, N, I] ([N, T, I] with ``batch_first``), unbatched [T, I], or a ``PackedSequence`` of sequences of
+    different lengths (``nn.utils.rnn.pack_padded_sequence``; the output is one too); h0, c0 are
+    [layers * directions, N, H] (h0 [.., N, proj_size] with a projection, which also sets the output's width).
     """
 
     mode = "LSTM"
 
-    def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        x, unbatched, batch = self._prepare(x, hx)
+    def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Any, tuple[Tensor, Tensor]]:
+        x, unbatched, batch, packed = self._prepare(x, hx)
+        valid = None if packed is None else packed.valid()
         h0 = self._state(None if hx is None else hx[0], batch, x.dtype, unbatched, "h0",
                          self.proj_size or self.hidden_size)
         c0 = self._state(None if hx is None else hx[1], batch, x.dtype, unbatched, "c0")
@@ -230,34 +254,35 @@ class LSTM(_RNNBase):
             outs = []
             for sfx, rev in self._directions(layer):
                 ys, h, c = lstm_layer(x, h0[k], c0[k], *self._weights(layer, sfx), reverse=rev,
-                                      w_hr=self._parameters.get(f"weight_hr_l{layer}{sfx}"))
+                                      w_hr=self._parameters.get(f"weight_hr_l{layer}{sfx}"), valid=valid)
                 outs.append(ys)
                 hs.append(h)
                 cs.append(c)
                 k += 1
             x = self._inter_layer(outs[0] if len(outs) == 1 else concat(outs, axis=-1), layer)
-        out, (h_n, c_n) = self._finish(x, [stack(hs), stack(cs)], unbatched)
+        out, (h_n, c_n) = self._finish(x, [stack(hs), stack(cs)], unbatched, packed)
         return out, (h_n, c_n)
 
 
 class GRU(_RNNBase):
-    """Multi-layer GRU; ``forward(x, h0=None)`` returns ``(output, h_n)`` like torch."""
+    """Multi-layer GRU; ``forward(x, h0=None)`` returns ``(output, h_n)`` like torch; x as ``LSTM``'s."""
 
     mode = "GRU"
 
-    def forward(self, x: Any, hx: Any = None) -> tuple[Tensor, Tensor]:
-        x, unbatched, batch = self._prepare(x, hx)
+    def forward(self, x: Any, hx: Any = None) -> tuple[Any, Tensor]:
+        x, unbatched, batch, packed = self._prepare(x, hx)
+        valid = None if packed is None else packed.valid()
         h0 = self._state(hx, batch, x.dtype, unbatched, "h0")
         hs, k = [], 0
         for layer in range(self.num_layers):
             outs = []
             for sfx, rev in self._directions(layer):
-                ys, h = gru_layer(x, h0[k], *self._weights(layer, sfx), reverse=rev)
+                ys, h = gru_layer(x, h0[k], *self._weights(layer, sfx), reverse=rev, valid=valid)
                 outs.append(ys)
                 hs.append(h)
                 k += 1
             x = self._inter_layer(outs[0] if len(outs) == 1 else concat(outs, axis=-1), layer)
-        out, (h_n,) = self._finish(x, [stack(hs)], unbatched)
+        out, (h_n,) = self._finish(x, [stack(hs)], unbatched, packed)
         return out, h_n
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ..errors import TraceError, at
-from ..tensor import Tensor, stack, tensor
-from ..trace import session
+from ...errors import TraceError, at
+from ...tensor import Tensor, stack, tensor
+from ...trace import session
 
 
 def _with_grads(parameters: Tensor | Iterable[Tensor]) -> list[Tensor]:
