@@ -175,7 +175,7 @@ class _Tracer(torch.fx.Tracer):
     proxy_buffer_attributes = True
 
     def __init__(self, layers: dict[type, Callable[[Any], nfnn.Module]]) -> None:
-        super().__init__()
+        super().__init__(autowrap_functions=_PACKING)
         self.record_stack_traces = True
         self.layers = layers
 
@@ -336,12 +336,15 @@ def _viewed(node: torch.fx.Node) -> torch.fx.Node | None:
 
 
 _FACTORIES = ("ones", "zeros", "full", "empty", "arange", "rand", "randn", "eye")
+_PACKING = (torch.nn.utils.rnn.pack_padded_sequence, torch.nn.utils.rnn.pad_packed_sequence)
 
 
 @contextlib.contextmanager
 def _factories_traced(tracer: torch.fx.Tracer) -> Iterator[None]:
     """While ``tracer`` runs, torch's factory functions called with a traced value among their arguments become
-    graph calls; torch's own would need numbers (its argument parser refuses fx's proxies)."""
+    graph calls; torch's own would need numbers (its argument parser refuses fx's proxies). So do the packing of
+    sequences for a recurrent layer called as ``torch.nn.utils.rnn.pack_padded_sequence`` (fx follows into it
+    otherwise; the tracer's ``autowrap_functions`` catch the names imported from there)."""
 
     def traced(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -352,14 +355,15 @@ def _factories_traced(tracer: torch.fx.Tracer) -> Iterator[None]:
             return tracer.create_proxy("call_function", fn, args, kwargs) if found else fn(*args, **kwargs)
         return call
 
-    originals = {name: getattr(torch, name) for name in _FACTORIES}
+    originals = [(torch, name, getattr(torch, name)) for name in _FACTORIES] + [
+        (torch.nn.utils.rnn, fn.__name__, fn) for fn in _PACKING]
     try:
-        for name, fn in originals.items():
-            setattr(torch, name, traced(fn))
+        for space, name, fn in originals:
+            setattr(space, name, traced(fn))
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(torch, name, fn)
+        for space, name, fn in originals:
+            setattr(space, name, fn)
 
 
 # ---- layers ----------------------------------------------------------------------------------------------------
@@ -649,6 +653,7 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "long": lambda x: x.cast(dtypes.int64),
     "int": lambda x: x.cast(dtypes.int32),
     "contiguous": lambda x, *a, **kw: x,
+    "cpu": lambda x, *a, **kw: x,  # nnforge places its values itself (lengths.cpu() for packing)
     "clone": lambda x, *a, **kw: x,
     "dim": lambda x: x.ndim,
     "size": lambda x, *a, **kw: x.size(*a, *kw.values()),
@@ -708,6 +713,8 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.ger: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
     builtins.getattr: lambda x, name, *default: _getattr(x, name, *default),
     operator.setitem: lambda x, index, value: set_at(x, index, value),
+    torch.nn.utils.rnn.pack_padded_sequence: nfnn.utils.rnn.pack_padded_sequence,
+    torch.nn.utils.rnn.pad_packed_sequence: nfnn.utils.rnn.pad_packed_sequence,
 }
 
 

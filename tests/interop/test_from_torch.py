@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
+from torch.nn.utils.rnn import pad_packed_sequence
 
 import nnforge as nf
 import nnforge.nn as nn
@@ -207,6 +208,30 @@ def test_sizes_sliced_from_a_shape_unpack(backend: str, rng: np.random.Generator
     np.testing.assert_allclose(np.asarray(got), model(torch.tensor(x)).numpy(), rtol=1e-12, atol=1e-12)
 
 
+class _Tagger(torch.nn.Module):
+    """A tagger over a batch of sequences of different lengths, packed for its LSTM as torch's examples do."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = torch.nn.Linear(10, 4)
+
+    def forward(self, x, lengths):  # [N, T, 3], [N]
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, (h, _) = self.rnn(packed)
+        y, _ = pad_packed_sequence(out, batch_first=True)  # the name imported from torch.nn.utils.rnn
+        return self.head(y).log_softmax(-1), h
+
+
+def test_packed_sequences_convert(backend: str, rng: np.random.Generator) -> None:
+    model = _Tagger().double()
+    x, lengths = rng.standard_normal((4, 6, 3)), np.array([3, 6, 1, 4])
+    want = model(torch.tensor(x), torch.tensor(lengths))
+    got = nf.compile(lambda v, n: from_torch(model)(v, n), backend=backend)(x, lengths)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), w.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_convolutions_with_padding_modes_convert(backend: str, rng: np.random.Generator) -> None:
     model = torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3, padding=1, padding_mode="reflect"), torch.nn.GELU(),
                                 torch.nn.Conv1d(4, 4, 5, padding="same", padding_mode="circular"),
@@ -387,8 +412,8 @@ class _ViewAugmented(torch.nn.Module):
 
 
 class _Packed(torch.nn.Module):
-    def forward(self, x, lengths):
-        return torch.nn.utils.rnn.pack_padded_sequence(x, lengths)
+    def forward(self, x):
+        return torch.nn.utils.rnn.pack_sequence([x, x[:2]])
 
 
 class _PythonLoop(torch.nn.Module):
@@ -419,8 +444,8 @@ def _line(pattern: str) -> int:
      r"\(.*test_from_torch.py:\d+\), read later", "v += 1"),
     (_PythonLoop(), r"torch.fx could not capture _PythonLoop.forward at .*: .*\(a loop over time steps",
      "for t in range(x.shape[0]):"),
-    (_Packed(), r"_Packed.forward at .* \(in torch.nn.utils.rnn.pack_padded_sequence\)",
-     "torch.nn.utils.rnn.pack_padded_sequence(x, lengths)"),
+    (_Packed(), r"_Packed.forward at .* \(in torch.nn.utils.rnn.pack_sequence\)",
+     "torch.nn.utils.rnn.pack_sequence([x, x[:2]])"),
 ])
 def test_what_cannot_be_converted_is_named_with_the_users_line(model: torch.nn.Module, message: str,
                                                                source: str | None) -> None:
