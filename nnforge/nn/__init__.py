@@ -34,7 +34,7 @@ from .loss import CrossEntropyLoss, CTCLoss, MSELoss, NLLLoss
 from .module import Module, ModuleList, Parameter, Sequential
 from .norm import BatchNorm1d, GroupNorm, LayerNorm, RMSNorm
 from .pooling import AdaptiveAvgPool1d, AdaptiveMaxPool1d, AvgPool1d, MaxPool1d
-from .rnn import GRU, LSTM, GRUCell, LSTMCell
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "GLU",
     "GRU",
     "LSTM",
+    "RNN",
     "SELU",
     "AdaptiveAvgPool1d",
     "AdaptiveMaxPool1d",
@@ -74,6 +75,7 @@ __all__ = [
     "NLLLoss",
     "Parameter",
     "RMSNorm",
+    "RNNCell",
     "ReLU",
     "ReLU6",
     "Sequential",

@@ -25,7 +25,8 @@ from . import init
 from .module import Module, Parameter
 from .utils.rnn import PackedSequence
 
-_GATES = MappingProxyType({"LSTM": 4, "GRU": 3})  # gates per hidden unit (read-only)
+_GATES = MappingProxyType({"LSTM": 4, "GRU": 3, "RNN": 1})  # gates per hidden unit (read-only)
+_NONLINEARITIES = ("tanh", "relu")  # an Elman RNN's (torch's choices)
 
 
 # ---- the gate math, shared by the layers (inside a scan) and the cells ----------------------------------------
@@ -96,6 +97,30 @@ def gru_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | 
 
     h, ys = scan(cell, h0, (gx, valid), reverse=reverse)
     return ys, h
+
+
+def rnn_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None, b_hh: Tensor | None,
+              reverse: bool = False, valid: Tensor | None = None,
+              nonlinearity: str = "tanh") -> tuple[Tensor, Tensor]:
+    """One Elman RNN layer-direction over x [T, N, I], h = act(x W_ih.T + b_ih + h W_hh.T + b_hh): (outputs
+    [T, N, H], h_T); ``valid`` as ``lstm_layer``'s."""
+    gx = x @ w_ih.T
+    bias = _sum_bias(b_ih, b_hh)
+    if bias is not None:
+        gx = gx + bias
+    w_hh_t = w_hh.T
+
+    def cell(carry, step):
+        gx_t, ok = step
+        h = _activation(gx_t + carry @ w_hh_t, nonlinearity)
+        return _kept((h,), (carry,), ok)[0], _output(h, ok)
+
+    h, ys = scan(cell, h0, (gx, valid), reverse=reverse)
+    return ys, h
+
+
+def _activation(z: Tensor, nonlinearity: str) -> Tensor:
+    return z.tanh() if nonlinearity == "tanh" else F.relu(z)
 
 
 def _kept(new: tuple[Tensor, ...], old: tuple[Tensor, ...], ok: Tensor | None) -> tuple[Tensor, ...]:
@@ -286,6 +311,42 @@ class GRU(_RNNBase):
         return out, h_n
 
 
+class RNN(_RNNBase):
+    """Multi-layer Elman RNN, h = tanh (or relu) of (x W_ih.T + b_ih + h W_hh.T + b_hh): torch's arguments
+    (``nonlinearity`` fourth, as in torch) and parameter names; ``forward(x, h0=None)`` returns ``(output, h_n)``;
+    x as ``LSTM``'s."""
+
+    mode = "RNN"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 reverse: bool | Sequence[bool] = False):
+        if nonlinearity not in _NONLINEARITIES:
+            raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, reverse)
+        self.nonlinearity = nonlinearity
+
+    def forward(self, x: Any, hx: Any = None) -> tuple[Any, Tensor]:
+        x, unbatched, batch, packed = self._prepare(x, hx)
+        valid = None if packed is None else packed.valid()
+        h0 = self._state(hx, batch, x.dtype, unbatched, "h0")
+        hs, k = [], 0
+        for layer in range(self.num_layers):
+            outs = []
+            for sfx, rev in self._directions(layer):
+                ys, h = rnn_layer(x, h0[k], *self._weights(layer, sfx), reverse=rev, valid=valid,
+                                  nonlinearity=self.nonlinearity)
+                outs.append(ys)
+                hs.append(h)
+                k += 1
+            x = self._inter_layer(outs[0] if len(outs) == 1 else concat(outs, axis=-1), layer)
+        out, (h_n,) = self._finish(x, [stack(hs)], unbatched, packed)
+        return out, h_n
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", nonlinearity={self.nonlinearity!r}" if self.nonlinearity != "tanh" else "")
+
+
 # ---- cells ----------------------------------------------------------------------------------------------------
 
 class _CellBase(Module):
@@ -329,3 +390,21 @@ class GRUCell(_CellBase):
         x = as_tensor(x)
         h = self._zeros(x) if hx is None else as_tensor(hx)
         return gru_gates(F.linear(x, self.weight_ih, self.bias_ih), F.linear(h, self.weight_hh, self.bias_hh), h)
+
+
+class RNNCell(_CellBase):
+    """One Elman RNN step: ``forward(x [N, I], h=None)`` returns the new h (``nonlinearity`` tanh or relu)."""
+
+    mode = "RNN"
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh"):
+        if nonlinearity not in _NONLINEARITIES:
+            raise ValueError(f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, bias)
+        self.nonlinearity = nonlinearity
+
+    def forward(self, x: Any, hx: Any = None) -> Tensor:
+        x = as_tensor(x)
+        h = self._zeros(x) if hx is None else as_tensor(hx)
+        z = F.linear(x, self.weight_ih, _sum_bias(self.bias_ih, self.bias_hh)) + h @ self.weight_hh.T
+        return _activation(z, self.nonlinearity)

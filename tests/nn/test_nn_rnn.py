@@ -15,7 +15,7 @@ from nnforge.ir.ops import Op
 T, N, I, H = 5, 3, 4, 6
 
 
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
 @pytest.mark.parametrize("num_layers,bidirectional,batch_first,bias", [
     (1, False, False, True),
     (2, False, True, True),
@@ -31,7 +31,7 @@ def test_rnn_matches_torch(mode: str, num_layers: int, bidirectional: bool, batc
     compare_with_torch(n_mod, t_mod, [x])
 
 
-@pytest.mark.parametrize("mode,proj", [("LSTM", 0), ("GRU", 0), ("LSTM", 3)])
+@pytest.mark.parametrize("mode,proj", [("LSTM", 0), ("GRU", 0), ("RNN", 0), ("LSTM", 3)])
 @pytest.mark.parametrize("hidden", [H, 40])
 def test_rnn_layers_compile_on_every_backend(backend: str, mode: str, proj: int, hidden: int) -> None:
     """The layer compiled (a GRU's gate row is read through slices of slices: every width cut where either is;
@@ -54,7 +54,7 @@ def test_rnn_layers_compile_on_every_backend(backend: str, mode: str, proj: int,
     np.testing.assert_allclose(np.asarray(dx), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
 def test_rnn_with_initial_state(mode: str) -> None:
     rng = np.random.default_rng(2)
     t_mod, n_mod = getattr(torch.nn, mode)(I, H, num_layers=2, bidirectional=True), getattr(nn, mode)(
@@ -85,7 +85,7 @@ def test_lstm_projection_matches_torch(num_layers: int, bidirectional: bool, bat
         nn.LSTM(I, H, proj_size=H)
 
 
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
 def test_rnn_unbatched_input(mode: str) -> None:
     rng = np.random.default_rng(3)
     t_mod, n_mod = getattr(torch.nn, mode)(I, H), getattr(nn, mode)(I, H)
@@ -134,7 +134,7 @@ def test_reverse_flag_validation() -> None:
         nn.GRU(I, H, bidirectional=True, reverse=True)
 
 
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
 def test_one_scan_per_layer_direction_and_premul_outside(mode: str) -> None:
     """The time loop stays a loop: one SCAN per layer-direction, whose body has only the recurrent matmul."""
     model = getattr(nn, mode)(I, H, num_layers=2, bidirectional=True)
@@ -147,7 +147,7 @@ def test_one_scan_per_layer_direction_and_premul_outside(mode: str) -> None:
         assert len(body_matmuls) == 1  # h @ W_hh.T only; x @ W_ih.T was hoisted before the scan
 
 
-@pytest.mark.parametrize("mode", ["LSTMCell", "GRUCell"])
+@pytest.mark.parametrize("mode", ["LSTMCell", "GRUCell", "RNNCell"])
 def test_cells_match_torch(mode: str) -> None:
     rng = np.random.default_rng(6)
     t_mod, n_mod = getattr(torch.nn, mode)(I, H), getattr(nn, mode)(I, H)
@@ -157,6 +157,35 @@ def test_cells_match_torch(mode: str) -> None:
         compare_with_torch(n_mod, t_mod, [x, h, c], call=lambda m, x, h, c: m(x, (h, c)))
     else:
         compare_with_torch(n_mod, t_mod, [x, h], call=lambda m, x, h: m(x, h))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_elman_rnn_with_relu_matches_torch(backend: str, rng: np.random.Generator, bidirectional: bool) -> None:
+    """nn.RNN's relu form, its nonlinearity given fourth as torch takes it, compiled: outputs, h_n and the
+    gradients of the input and the recurrent weights in float64; the cell alike; an unknown nonlinearity
+    refused."""
+    t_mod = torch.nn.RNN(I, H, 2, "relu", bidirectional=bidirectional).double()
+    n_mod = nn.RNN(I, H, 2, "relu", bidirectional=bidirectional).double()
+    n_mod.load_state_dict(t_mod.state_dict())
+    x, ct = rng.standard_normal((T, N, I)), rng.standard_normal((T, N, 2 * H if bidirectional else H))
+
+    def run(x, ct):
+        n_mod.zero_grad()
+        ys, h = n_mod(x)
+        (ys * ct).sum().backward()
+        return ys, h, n_mod.weight_hh_l1.grad, nf.grad(lambda v: (n_mod(v)[0] * ct).sum())(x)
+
+    ys, h, dw, dx = nf.compile(run, backend=backend)(x, ct)
+    tx = torch.tensor(x, requires_grad=True)
+    t_ys, t_h = t_mod(tx)
+    (t_ys * torch.tensor(ct)).sum().backward()
+    for got, want in ((ys, t_ys), (h, t_h), (dw, t_mod.weight_hh_l1.grad), (dx, tx.grad)):
+        np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    assert (t_ys.detach().numpy() == 0).any()  # the relu's zeros reached
+    t_cell, n_cell = torch.nn.RNNCell(I, H, nonlinearity="relu"), nn.RNNCell(I, H, nonlinearity="relu")
+    compare_with_torch(n_cell, t_cell, [randn(rng, N, I), randn(rng, N, H)], call=lambda m, x, h: m(x, h))
+    with pytest.raises(ValueError, match="RNN: nonlinearity must be 'tanh' or 'relu', got 'gelu'"):
+        nn.RNN(I, H, nonlinearity="gelu")
 
 
 def test_cell_in_user_scan_matches_layer() -> None:
@@ -174,7 +203,7 @@ def test_cell_in_user_scan_matches_layer() -> None:
     np.testing.assert_allclose(ys.numpy(), out.numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
 def test_float64_finite_differences(mode: str) -> None:
     """Autodiff through the scans against central differences, in float64 so the check itself is exact enough."""
     rng = np.random.default_rng(8)

@@ -32,6 +32,7 @@ def _torch_run(t_mod: torch.nn.Module, x: np.ndarray, lengths: list[int], weight
     ("LSTM", dict(num_layers=2, bidirectional=True)),
     ("GRU", dict(num_layers=2, bidirectional=True)),
     ("LSTM", dict(proj_size=2)),
+    ("RNN", dict(nonlinearity="relu")),
 ])
 def test_packed_batches_match_torch(backend: str, rng: np.random.Generator, mode: str, kw: dict) -> None:
     """Sequences of 6, 2, 4 and 1 steps, unsorted: every step past a sequence's end leaves its state as it was and
