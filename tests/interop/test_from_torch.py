@@ -209,18 +209,22 @@ def test_sizes_sliced_from_a_shape_unpack(backend: str, rng: np.random.Generator
 
 
 class _Tagger(torch.nn.Module):
-    """A tagger over a batch of sequences of different lengths, packed for its LSTM as torch's examples do."""
+    """A tagger over a batch of sequences of different lengths, packed for its recurrent layers as torch's
+    examples do."""
 
     def __init__(self):
         super().__init__()
         self.rnn = torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True, batch_first=True)
-        self.head = torch.nn.Linear(10, 4)
+        self.elman = torch.nn.RNN(10, 4, 1, "relu", batch_first=True)
+        self.head = torch.nn.Linear(4, 4)
+        self.cell = torch.nn.RNNCell(4, 2, nonlinearity="relu")
 
     def forward(self, x, lengths):  # [N, T, 3], [N]
         packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, (h, _) = self.rnn(packed)
+        out, _ = self.elman(out)
         y, _ = pad_packed_sequence(out, batch_first=True)  # the name imported from torch.nn.utils.rnn
-        return self.head(y).log_softmax(-1), h
+        return self.head(y).log_softmax(-1), h, self.cell(y[:, 0])
 
 
 def test_packed_sequences_convert(backend: str, rng: np.random.Generator) -> None:
