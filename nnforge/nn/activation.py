@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..tensor import Tensor, gelu, silu
+from .. import dtypes
+from ..tensor import Tensor, full, gelu, silu
 from . import functional as F
-from .module import Module
+from .module import Module, Parameter
 
 
 class ReLU(Module):
@@ -154,6 +155,72 @@ class GLU(Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
+
+
+class PReLU(Module):
+    """``x`` above 0, ``weight * x`` at and below it: one learned slope, or one per channel (``num_parameters``
+    = the channels of axis 1), each starting at ``init``."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25):
+        super().__init__()
+        if num_parameters < 1:
+            raise ValueError(f"PReLU: num_parameters must be at least 1, got {num_parameters}")
+        self.num_parameters = num_parameters
+        self.weight = Parameter(full((num_parameters,), init, dtypes.float32))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
+class Threshold(Module):
+    def __init__(self, threshold: float, value: float):
+        super().__init__()
+        self.threshold, self.value = threshold, value
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.threshold(x, self.threshold, self.value)
+
+    def extra_repr(self) -> str:
+        return f"threshold={self.threshold}, value={self.value}"
+
+
+class Softmin(Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.softmin(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Tanhshrink(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.tanhshrink(x)
+
+
+class Softshrink(Module):
+    def __init__(self, lambd: float = 0.5):
+        super().__init__()
+        if lambd < 0:
+            raise ValueError(f"Softshrink: lambd must be >= 0, got {lambd}")
+        self.lambd = lambd
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.softshrink(x, self.lambd)
+
+    def extra_repr(self) -> str:
+        return f"lambd={self.lambd}"
+
+
+class Hardshrink(Softshrink):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.hardshrink(x, self.lambd)
 
 
 class Dropout(Module):

@@ -24,10 +24,10 @@ from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
 
 __all__ = [
     "celu", "conv1d", "crf_logz", "crf_predecessors", "crf_viterbi", "cross_entropy", "ctc_crf_loss", "ctc_loss",
-    "dropout", "elu", "embedding", "gelu", "glu", "hardsigmoid", "hardswish", "hardtanh", "layer_norm",
-    "leaky_relu", "linear", "logsigmoid", "mish", "mse_loss", "nll_loss", "one_hot", "pad", "relu", "relu6",
-    "rms_norm",
-    "selu", "sigmoid", "silu", "softplus", "softsign", "swish", "tanh",
+    "dropout", "elu", "embedding", "gelu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh",
+    "layer_norm", "leaky_relu", "linear", "logsigmoid", "mish", "mse_loss", "nll_loss", "one_hot", "pad", "prelu",
+    "relu", "relu6", "rms_norm", "selu", "sigmoid", "silu", "softmin", "softplus", "softshrink", "softsign", "swish",
+    "tanh", "tanhshrink", "threshold",
 ]
 
 swish = silu
@@ -211,6 +211,48 @@ def softsign(x: Tensor) -> Tensor:
 def mish(x: Tensor) -> Tensor:
     """``x * tanh(softplus(x))``."""
     return x * softplus(x).tanh()
+
+
+def prelu(x: Tensor, weight: Tensor) -> Tensor:
+    """x above 0, ``weight * x`` at and below it; ``weight`` one slope, or one per channel (axis 1, as torch)."""
+    weight = as_tensor(weight)
+    if weight.ndim > 1:
+        raise ShapeError(f"prelu: weight must be 0-d or 1-d (one slope, or one per channel), got shape "
+                         f"{list(map(int, weight.shape))}")
+    slopes = int(weight.numel())
+    if slopes == 1:
+        weight = weight.reshape(())
+    else:
+        if x.ndim < 2 or int(x.shape[1]) != slopes:
+            raise ShapeError(f"prelu: {slopes} slopes for an input of shape {list(map(int, x.shape))}: one per "
+                             "channel needs that many channels in axis 1")
+        weight = weight.reshape(slopes, *(1,) * (x.ndim - 2))
+    return where(x > 0, x, weight * x)
+
+
+def threshold(x: Tensor, threshold: float, value: float) -> Tensor:
+    """x above ``threshold``, ``value`` at and below it (NaN stays NaN, as torch)."""
+    return where(x <= threshold, value, x)
+
+
+def softmin(x: Tensor, dim: int) -> Tensor:
+    return (-x).softmax(dim)
+
+
+def tanhshrink(x: Tensor) -> Tensor:
+    return x - x.tanh()
+
+
+def softshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
+    """x moved ``lambd`` towards 0, and 0 within ``lambd`` of it."""
+    if lambd < 0:
+        raise ValueError(f"softshrink: lambd must be >= 0, got {lambd}")
+    return where(x > lambd, x - lambd, where(x < -lambd, x + lambd, x * 0.0))
+
+
+def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
+    """0 within ``lambd`` of 0, x elsewhere (NaN stays NaN, as torch)."""
+    return where((x >= -lambd) & (x <= lambd), 0.0, x)
 
 
 def glu(x: Tensor, dim: int = -1) -> Tensor:

@@ -180,6 +180,13 @@ CASES: list[OpCase] = [
     # forward only: its gradient at 1e4 is x * (1 - tanh^2), where a float32 tanh that saturates one ulp below 1
     # (Triton's, clamped at 9) leaves 1e-3; the overflow guard it relies on is softplus_large's
     pair("mish_large", NF.mish, F.mish, R(3, 4, domain="large"), grad=False, fd=False),
+    pair("prelu", NF.prelu, F.prelu, R(2, 3, 4, domain="away0"), R(3)),
+    pair("prelu_one_slope", NF.prelu, F.prelu, R(3, 4, domain="away0"), R(1)),
+    pair("threshold", lambda a: NF.threshold(a, 0.3, -2.0), lambda a: F.threshold(a, 0.3, -2.0), X34),
+    pair("softmin", lambda a: NF.softmin(a, 1), lambda a: F.softmin(a, 1), X34),
+    pair("tanhshrink", NF.tanhshrink, F.tanhshrink, X34),
+    pair("softshrink", lambda a: NF.softshrink(a, 0.4), lambda a: F.softshrink(a, 0.4), X34),
+    pair("hardshrink", lambda a: NF.hardshrink(a, 0.4), lambda a: F.hardshrink(a, 0.4), X34),
     pair("glu", NF.glu, F.glu, R(3, 4)),
     pair("glu_dim0", lambda a: NF.glu(a, 0), lambda a: F.glu(a, 0), R(4, 3)),
     # pooling along the last axis
