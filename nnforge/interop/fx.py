@@ -439,6 +439,9 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
         t.Hardtanh: lambda m: nfnn.Hardtanh(m.min_val, m.max_val), t.ReLU6: lambda m: nfnn.ReLU6(),
         t.Hardsigmoid: lambda m: nfnn.Hardsigmoid(), t.Hardswish: lambda m: nfnn.Hardswish(),
         t.Softsign: lambda m: nfnn.Softsign(), t.Mish: lambda m: nfnn.Mish(), t.GLU: lambda m: nfnn.GLU(m.dim),
+        t.PReLU: lambda m: nfnn.PReLU(m.num_parameters), t.Threshold: lambda m: nfnn.Threshold(m.threshold, m.value),
+        t.Softmin: lambda m: nfnn.Softmin(m.dim), t.Tanhshrink: lambda m: nfnn.Tanhshrink(),
+        t.Softshrink: lambda m: nfnn.Softshrink(m.lambd), t.Hardshrink: lambda m: nfnn.Hardshrink(m.lambd),
         t.Softmax: lambda m: _Function(Tensor.softmax, m.dim),
         t.LogSoftmax: lambda m: _Function(Tensor.log_softmax, m.dim),
         t.Flatten: lambda m: _Function(Tensor.flatten, m.start_dim, m.end_dim),
@@ -708,6 +711,8 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.nn.functional.scaled_dot_product_attention: lambda *a, **kw: _sdpa(*a, **kw),
     torch.nn.functional.softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).softmax(dim),
     torch.nn.functional.log_softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).log_softmax(dim),
+    torch.nn.functional.softmin: lambda x, dim=None, _stacklevel=3, dtype=None: NF.softmin(_in(x, dtype), dim),
+    torch.nn.functional.threshold: lambda x, threshold, value, inplace=False: NF.threshold(x, threshold, value),
     torch._weight_norm: lambda v, g, dim=0: _weight_norm(v, g, dim),
     torch.nn.functional.conv1d: lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1: NF.conv1d(
         x, w, b, NF._single(stride), padding if isinstance(padding, str) else NF._single(padding),

@@ -476,7 +476,10 @@ class _Layers(torch.nn.Module):
         self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
         self.gru = torch.nn.GRU(8, 6, num_layers=2, batch_first=True, bidirectional=True)
         self.bn = torch.nn.BatchNorm1d(12)
-        self.act = torch.nn.Sequential(torch.nn.Softplus(beta=2.0), torch.nn.LeakyReLU(0.1), torch.nn.Hardtanh(-2, 2),
+        self.act = torch.nn.Sequential(torch.nn.PReLU(5, 0.1), torch.nn.Threshold(-0.8, -1.0),
+                                       torch.nn.Softshrink(0.1), torch.nn.Hardshrink(0.05), torch.nn.Tanhshrink(),
+                                       torch.nn.Softmin(1),
+                                       torch.nn.Softplus(beta=2.0), torch.nn.LeakyReLU(0.1), torch.nn.Hardtanh(-2, 2),
                                        torch.nn.MaxPool1d(3, 1, 1), torch.nn.AvgPool1d(2, 1, 1, ceil_mode=True),
                                        torch.nn.AvgPool1d(2, 1, count_include_pad=False))
         self.out = torch.nn.Sequential(torch.nn.Flatten(1), torch.nn.Linear(12 * 5, 3), torch.nn.LogSoftmax(-1))
