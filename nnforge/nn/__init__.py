@@ -34,7 +34,7 @@ from .activation import (
     Threshold,
 )
 from .checkpoint import rename_prefixes, stack_rnn_layers
-from .conv import Conv1d
+from .conv import Conv1d, ConvTranspose1d
 from .linear import Embedding, Identity, Linear
 from .loss import CrossEntropyLoss, CTCLoss, MSELoss, NLLLoss
 from .module import Module, ModuleList, Parameter, Sequential
@@ -58,6 +58,7 @@ __all__ = [
     "BatchNorm1d",
     "CTCLoss",
     "Conv1d",
+    "ConvTranspose1d",
     "CrossEntropyLoss",
     "Dropout",
     "Embedding",

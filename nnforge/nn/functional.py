@@ -17,17 +17,32 @@ import numpy as np
 from .. import dtypes
 from ..errors import ShapeError
 from ..indexing import index_select
-from ..tensor import Tensor, arange, as_tensor, clamp, concat, gelu, minimum, relu, sigmoid, silu, stack, tanh, where
+from ..tensor import (
+    Tensor,
+    arange,
+    as_tensor,
+    clamp,
+    concat,
+    gelu,
+    minimum,
+    relu,
+    sigmoid,
+    silu,
+    stack,
+    tanh,
+    where,
+    zeros_like,
+)
 from ..tensor import rand as _rand
 from .crf import crf_logz, crf_predecessors, crf_viterbi, ctc_crf_loss
 from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
 
 __all__ = [
-    "celu", "conv1d", "crf_logz", "crf_predecessors", "crf_viterbi", "cross_entropy", "ctc_crf_loss", "ctc_loss",
-    "dropout", "elu", "embedding", "gelu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh",
-    "layer_norm", "leaky_relu", "linear", "logsigmoid", "mish", "mse_loss", "nll_loss", "one_hot", "pad", "prelu",
-    "relu", "relu6", "rms_norm", "selu", "sigmoid", "silu", "softmin", "softplus", "softshrink", "softsign", "swish",
-    "tanh", "tanhshrink", "threshold",
+    "celu", "conv1d", "conv_transpose1d", "crf_logz", "crf_predecessors", "crf_viterbi", "cross_entropy",
+    "ctc_crf_loss", "ctc_loss", "dropout", "elu", "embedding", "gelu", "glu", "hardshrink", "hardsigmoid",
+    "hardswish", "hardtanh", "layer_norm", "leaky_relu", "linear", "logsigmoid", "mish", "mse_loss", "nll_loss",
+    "one_hot", "pad", "prelu", "relu", "relu6", "rms_norm", "selu", "sigmoid", "silu", "softmin", "softplus",
+    "softshrink", "softsign", "swish", "tanh", "tanhshrink", "threshold",
 ]
 
 swish = silu
@@ -554,6 +569,41 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
         y = (w @ cols).reshape(n, c_out, l_out)
         if bias is not None:
             y = y + bias.reshape(c_out, 1)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 1, padding: int = 0,
+                     output_padding: int = 0, groups: int = 1, dilation: int = 1) -> Tensor:
+    """The transpose of ``conv1d`` (its input gradient, as torch's) on [N, C_in, L] or [C_in, L] input; weight
+    [C_in, C_out/groups, K]. The output is (L - 1) * stride - 2 * padding + dilation * (K - 1) + output_padding + 1
+    long. Built as ``conv1d`` with stride 1 over the input spread ``stride`` apart (zeros between) and padded by
+    the kernel's span, with the kernel flipped and its channel axes swapped: one convolution, its gradients
+    those of the ops it is made of."""
+    x = as_tensor(x)
+    unbatched = x.ndim == 2
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.ndim != 3:
+        raise ShapeError(f"conv_transpose1d: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}")
+    c_in, c_per_group, k = (int(d) for d in weight.shape)
+    if int(x.shape[1]) != c_in or c_in % groups:
+        raise ShapeError(f"conv_transpose1d: input has {int(x.shape[1])} channels, the weight "
+                         f"{list(map(int, weight.shape))} expects {c_in} (divisible by groups {groups})")
+    if not 0 <= output_padding < max(stride, dilation):
+        raise ValueError(f"conv_transpose1d: output_padding {output_padding} must be smaller than stride {stride} "
+                         f"or dilation {dilation}")
+    n, length = x.shape[0], int(x.shape[2])
+    if stride > 1 and length:  # x[..., s] at s * stride, zeros between
+        spread = stack([x] + [zeros_like(x)] * (stride - 1), axis=3).reshape(n, c_in, length * stride)
+        x = spread[:, :, :(length - 1) * stride + 1]
+    # [C_in, C_out/g, K] -> [C_out, C_in/g, K], the taps in reverse order
+    w = weight.reshape(groups, c_in // groups, c_per_group, k).transpose(1, 2).reshape(
+        groups * c_per_group, c_in // groups, k).flip(2)
+    lo = dilation * (k - 1) - padding
+    hi = lo + output_padding
+    y = conv1d(x.pad(((0, 0), (0, 0), (max(lo, 0), max(hi, 0)))), w, bias, 1, 0, dilation, groups)
+    if lo < 0 or hi < 0:  # more padding than the kernel's span: the ends cut off instead
+        y = y[:, :, max(-lo, 0):int(y.shape[2]) - max(-hi, 0)]
     return y.squeeze(0) if unbatched else y
 
 
