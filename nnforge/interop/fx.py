@@ -406,6 +406,9 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
     table = {
         t.Linear: lambda m: nfnn.Linear(m.in_features, m.out_features, bias=m.bias is not None),
         t.Conv1d: conv1d,
+        t.ConvTranspose1d: lambda m: nfnn.ConvTranspose1d(
+            m.in_channels, m.out_channels, m.kernel_size[0], m.stride[0], m.padding[0], m.output_padding[0],
+            m.groups, m.bias is not None, m.dilation[0], m.padding_mode),
         t.LSTM: rnn(nfnn.LSTM), t.GRU: rnn(nfnn.GRU),
         t.RNN: lambda m: nfnn.RNN(m.input_size, m.hidden_size, m.num_layers, m.nonlinearity, bias=m.bias,
                                   batch_first=m.batch_first, dropout=m.dropout, bidirectional=m.bidirectional),
@@ -717,6 +720,9 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.nn.functional.conv1d: lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1: NF.conv1d(
         x, w, b, NF._single(stride), padding if isinstance(padding, str) else NF._single(padding),
         NF._single(dilation), groups),
+    torch.nn.functional.conv_transpose1d: lambda x, w, b=None, stride=1, padding=0, output_padding=0, groups=1,
+    dilation=1: NF.conv_transpose1d(x, w, b, NF._single(stride), NF._single(padding), NF._single(output_padding),
+                                    groups, NF._single(dilation)),
     torch.outer: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
     torch.ger: lambda a, b: a.reshape(-1, 1) * b.reshape(1, -1),
     builtins.getattr: lambda x, name, *default: _getattr(x, name, *default),

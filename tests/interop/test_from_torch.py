@@ -236,10 +236,23 @@ def test_packed_sequences_convert(backend: str, rng: np.random.Generator) -> Non
         np.testing.assert_allclose(np.asarray(g), w.detach().numpy(), rtol=1e-10, atol=1e-12)
 
 
+class _Upsampled(torch.nn.Module):
+    """Transposed convolutions, a layer's and the function's (torch's tuple sizes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.ConvTranspose1d(3, 4, 4, stride=2, padding=1, groups=1)
+        self.kernel = torch.nn.Parameter(torch.randn(4, 1, 3))
+
+    def forward(self, x):
+        return TF.conv_transpose1d(self.up(x), self.kernel, stride=(3,), output_padding=1, groups=2)
+
+
 def test_convolutions_with_padding_modes_convert(backend: str, rng: np.random.Generator) -> None:
     model = torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3, padding=1, padding_mode="reflect"), torch.nn.GELU(),
                                 torch.nn.Conv1d(4, 4, 5, padding="same", padding_mode="circular"),
-                                torch.nn.Conv1d(4, 3, 3, stride=2, padding=2, padding_mode="replicate")).double()
+                                torch.nn.Conv1d(4, 3, 3, stride=2, padding=2, padding_mode="replicate"),
+                                _Upsampled()).double()
     ours = from_torch(model)
     x = rng.standard_normal((2, 2, 9))
     np.testing.assert_allclose(np.asarray(nf.compile(lambda v: ours(v), backend=backend)(x)),
