@@ -11,7 +11,9 @@ from .activation import (
     GELU,
     GLU,
     SELU,
+    AlphaDropout,
     Dropout,
+    Dropout1d,
     Hardshrink,
     Hardsigmoid,
     Hardswish,
@@ -38,8 +40,8 @@ from .conv import Conv1d, ConvTranspose1d
 from .linear import Embedding, Identity, Linear
 from .loss import CrossEntropyLoss, CTCLoss, MSELoss, NLLLoss
 from .module import Module, ModuleList, Parameter, Sequential
-from .norm import BatchNorm1d, GroupNorm, LayerNorm, RMSNorm
-from .pooling import AdaptiveAvgPool1d, AdaptiveMaxPool1d, AvgPool1d, MaxPool1d
+from .norm import BatchNorm1d, GroupNorm, InstanceNorm1d, LayerNorm, RMSNorm
+from .pooling import AdaptiveAvgPool1d, AdaptiveMaxPool1d, AvgPool1d, LPPool1d, MaxPool1d
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
@@ -54,6 +56,7 @@ __all__ = [
     "SELU",
     "AdaptiveAvgPool1d",
     "AdaptiveMaxPool1d",
+    "AlphaDropout",
     "AvgPool1d",
     "BatchNorm1d",
     "CTCLoss",
@@ -61,6 +64,7 @@ __all__ = [
     "ConvTranspose1d",
     "CrossEntropyLoss",
     "Dropout",
+    "Dropout1d",
     "Embedding",
     "GRUCell",
     "GroupNorm",
@@ -69,6 +73,8 @@ __all__ = [
     "Hardswish",
     "Hardtanh",
     "Identity",
+    "InstanceNorm1d",
+    "LPPool1d",
     "LSTMCell",
     "LayerNorm",
     "LeakyReLU",

@@ -237,3 +237,17 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+class Dropout1d(Dropout):
+    """Zeroes whole channels of ``[N, C, L]`` (or ``[C, L]``) with probability ``p`` in training mode."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout1d(x, self.p, self.training)
+
+
+class AlphaDropout(Dropout):
+    """Dropout that keeps a SELU network's mean and variance, in training mode (torch's)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.alpha_dropout(x, self.p, self.training)

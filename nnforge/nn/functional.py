@@ -38,11 +38,12 @@ from .crf import crf_logz, crf_predecessors, crf_viterbi, ctc_crf_loss
 from .losses import cross_entropy, ctc_loss, mse_loss, nll_loss
 
 __all__ = [
-    "celu", "conv1d", "conv_transpose1d", "crf_logz", "crf_predecessors", "crf_viterbi", "cross_entropy",
-    "ctc_crf_loss", "ctc_loss", "dropout", "elu", "embedding", "gelu", "glu", "hardshrink", "hardsigmoid",
-    "hardswish", "hardtanh", "layer_norm", "leaky_relu", "linear", "logsigmoid", "mish", "mse_loss", "nll_loss",
-    "one_hot", "pad", "prelu", "relu", "relu6", "rms_norm", "selu", "sigmoid", "silu", "softmin", "softplus",
-    "softshrink", "softsign", "swish", "tanh", "tanhshrink", "threshold",
+    "alpha_dropout", "celu", "conv1d", "conv_transpose1d", "crf_logz", "crf_predecessors", "crf_viterbi",
+    "cross_entropy", "ctc_crf_loss", "ctc_loss", "dropout", "dropout1d", "elu", "embedding", "gelu", "glu",
+    "hardshrink", "hardsigmoid", "hardswish", "hardtanh", "instance_norm", "layer_norm", "leaky_relu", "linear",
+    "logsigmoid", "lp_pool1d", "mish", "mse_loss", "nll_loss", "one_hot", "pad", "prelu", "relu", "relu6", "rms_norm",
+    "selu", "sigmoid", "silu", "softmin", "softplus", "softshrink", "softsign", "swish", "tanh", "tanhshrink",
+    "threshold",
 ]
 
 swish = silu
@@ -85,6 +86,74 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
         return x * 0
     keep = _rand(*x.shape, dtype=x.dtype if x.dtype.is_float else dtypes.float32) >= p
     return where(keep, x * (1.0 / (1.0 - p)), 0.0)
+
+
+def dropout1d(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Whole channels of ``[N, C, L]`` (or ``[C, L]``) zeroed with probability ``p``, the rest scaled by
+    1/(1-p); the identity when not training."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout1d: probability must be in [0, 1], got {p}")
+    if x.ndim not in (2, 3):
+        raise ShapeError(f"dropout1d: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return x * 0
+    keep = _rand(*x.shape[:-1], 1, dtype=x.dtype if x.dtype.is_float else dtypes.float32) >= p
+    return where(keep, x * (1.0 / (1.0 - p)), 0.0)
+
+
+# SELU's negative saturation, -scale * alpha: what alpha_dropout sets a dropped element to
+_SELU_SATURATION = -1.0507009873554804934193349852946 * 1.6732632423543772848170429916717
+
+
+def alpha_dropout(x: Tensor, p: float = 0.5, training: bool = False) -> Tensor:
+    """Dropout for SELU networks: dropped elements set to SELU's negative saturation, then an affine map that
+    keeps the mean and variance (torch's); the identity when not training."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"alpha_dropout: probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return x * 0
+    a = ((1 - p) * (1 + p * _SELU_SATURATION ** 2)) ** -0.5
+    keep = _rand(*x.shape, dtype=x.dtype) >= p
+    return where(keep, x, _SELU_SATURATION) * a - a * _SELU_SATURATION * p
+
+
+def instance_norm(x: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None,
+                  weight: Tensor | None = None, bias: Tensor | None = None, use_input_stats: bool = True,
+                  momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """torch's instance_norm over ``[N, C, ...]``: each sample's channel normalized over its positions (biased
+    variance), then a per-channel weight and bias. With ``use_input_stats`` the running statistics given are
+    updated in place by ``momentum`` with the batch's mean of each instance's mean and unbiased variance; without
+    it they normalize instead."""
+    if x.ndim < (3 if use_input_stats else 2):  # statistics of an instance need its positions
+        raise ShapeError(f"instance_norm: needs [N, C, ...]{'' if use_input_stats else ' or [N, C]'}, got "
+                         f"{list(map(int, x.shape))}")
+    channels = int(x.shape[1])
+    if not use_input_stats and 0 in tuple(map(int, x.shape)):
+        return x * 1.0  # nothing to normalize (torch's result, whatever the statistics' size)
+    if use_input_stats:
+        if running_mean is not None or running_var is not None:
+            flat = x.reshape(x.shape[0], channels, -1).detach()
+            count = int(flat.shape[-1])
+            mean = flat.mean(-1)
+            d = flat - mean.unsqueeze(-1)
+            if running_mean is not None:
+                running_mean.assign(running_mean * (1 - momentum) + mean.mean(0) * momentum)
+            if running_var is not None:
+                unbiased = (d * d).sum(-1) / max(count - 1, 1)
+                running_var.assign(running_var * (1 - momentum) + unbiased.mean(0) * momentum)
+        return group_norm(x, channels, weight, bias, eps)
+    if running_mean is None or running_var is None:
+        raise ValueError("instance_norm: use_input_stats=False normalizes with running_mean and running_var: "
+                         "give both")
+    shape = (channels, *(1,) * (x.ndim - 2))
+    y = (x - running_mean.reshape(*shape)) * (running_var + eps).rsqrt().reshape(*shape)
+    if weight is not None:
+        y = y * weight.reshape(*shape)
+    return y + bias.reshape(*shape) if bias is not None else y
 
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
@@ -409,6 +478,14 @@ def avg_pool1d(x: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0
     if not count_include_pad:
         starts, ends = starts.maximum(0), minimum(ends, length)
     return total / (ends - starts).cast(total.dtype)
+
+
+def lp_pool1d(x: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False) -> Tensor:
+    """torch's lp_pool1d: each window's ``norm_type``-norm, (sum x^p)^(1/p), by torch's formula (an average of
+    x^p times the window's size, its negative sums taken as 0)."""
+    k = _single(kernel_size)
+    out = avg_pool1d(as_tensor(x) ** norm_type, k, stride, 0, ceil_mode)
+    return (out.sign() * relu(out.abs()) * k) ** (1.0 / norm_type)
 
 
 def _adaptive_windows(length: int, out: int) -> list[tuple[int, int]]:

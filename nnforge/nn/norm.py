@@ -72,6 +72,42 @@ class GroupNorm(Module):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
+class InstanceNorm1d(Module):
+    """Normalizes each sample's channel over its positions (``[N, C, L]`` or ``[C, L]``), torch's settings:
+    ``affine`` adds a per-channel weight and bias; ``track_running_stats`` keeps running statistics, updated in
+    training and used in eval mode (``momentum=None`` leaves them as they are, as torch does)."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
+                 track_running_stats: bool = False):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        self.register_parameter("weight", Parameter(init.ones((num_features,))) if affine else None)
+        self.register_parameter("bias", Parameter(init.zeros((num_features,))) if affine else None)
+        tracked = track_running_stats
+        self.register_buffer("running_mean", Tensor(init.zeros((num_features,))) if tracked else None)
+        self.register_buffer("running_var", Tensor(init.ones((num_features,))) if tracked else None)
+        self.register_buffer("num_batches_tracked", Tensor(np.array(0, np.int64)) if tracked else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim not in (2, 3) or ((self.affine or self.track_running_stats)
+                                    and int(x.shape[-2]) != self.num_features):
+            raise ShapeError(f"InstanceNorm1d({self.num_features}): expected [N, {self.num_features}, L] or "
+                             f"[{self.num_features}, L] input, got {list(map(int, x.shape))}")
+        use_input_stats = self.training or not self.track_running_stats
+        if use_input_stats and self.training and int(x.shape[-1]) <= 1:
+            raise ValueError(f"InstanceNorm1d: expected more than 1 position per channel in training, got input "
+                             f"{list(map(int, x.shape))}")
+        batched = x if x.ndim == 3 else x.unsqueeze(0)
+        y = F.instance_norm(batched, self.running_mean, self.running_var, self.weight, self.bias, use_input_stats,
+                            self.momentum if self.momentum is not None else 0.0, self.eps)
+        return y if x.ndim == 3 else y.squeeze(0)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
 class BatchNorm1d(Module):
     """Batch normalization over [N, C] or [N, C, L] inputs, per channel C.
 

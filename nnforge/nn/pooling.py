@@ -55,3 +55,19 @@ class AdaptiveAvgPool1d(Module):
 class AdaptiveMaxPool1d(AdaptiveAvgPool1d):
     def forward(self, x: Tensor) -> Tensor:
         return F.adaptive_max_pool1d(x, self.output_size)
+
+
+class LPPool1d(Module):
+    """Each window's ``norm_type``-norm (torch's formula, ``F.lp_pool1d``)."""
+
+    def __init__(self, norm_type: float, kernel_size: int, stride: int | None = None, ceil_mode: bool = False):
+        super().__init__()
+        self.norm_type, self.kernel_size, self.stride = norm_type, kernel_size, stride or kernel_size
+        self.ceil_mode = ceil_mode
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.lp_pool1d(x, self.norm_type, self.kernel_size, self.stride, self.ceil_mode)
+
+    def extra_repr(self) -> str:
+        return (f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"ceil_mode={self.ceil_mode}")

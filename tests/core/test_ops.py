@@ -80,6 +80,7 @@ def cast_case(name: str, target: str, sources: tuple) -> OpCase:
 # ---- the table ------------------------------------------------------------------------------------------------
 add, sub, mul, div, pw = operator.add, operator.sub, operator.mul, operator.truediv, operator.pow
 X34, X234 = R(3, 4), R(2, 3, 4)
+STATS = (np.array([0.5, -1.0, 0.25]), np.array([0.5, 2.0, 1.5]))  # running mean and variance of 3 channels
 
 CASES: list[OpCase] = [
     # arithmetic: tensor/tensor, broadcasting, Python scalars on either side
@@ -180,6 +181,12 @@ CASES: list[OpCase] = [
     # forward only: its gradient at 1e4 is x * (1 - tanh^2), where a float32 tanh that saturates one ulp below 1
     # (Triton's, clamped at 9) leaves 1e-3; the overflow guard it relies on is softplus_large's
     pair("mish_large", NF.mish, F.mish, R(3, 4, domain="large"), grad=False, fd=False),
+    pair("instance_norm", lambda a, w, b: NF.instance_norm(a, weight=w, bias=b),
+         lambda a, w, b: F.instance_norm(a, weight=w, bias=b), R(2, 3, 5), R(3), R(3)),
+    pair("instance_norm_running_stats", lambda a: NF.instance_norm(
+        a, nf.tensor(STATS[0]).cast(a.dtype), nf.tensor(STATS[1]).cast(a.dtype), use_input_stats=False),
+         lambda a: F.instance_norm(a, torch.tensor(STATS[0], dtype=a.dtype), torch.tensor(STATS[1], dtype=a.dtype),
+                                   use_input_stats=False), R(2, 3, 5)),
     pair("prelu", NF.prelu, F.prelu, R(2, 3, 4, domain="away0"), R(3)),
     pair("prelu_one_slope", NF.prelu, F.prelu, R(3, 4, domain="away0"), R(1)),
     pair("threshold", lambda a: NF.threshold(a, 0.3, -2.0), lambda a: F.threshold(a, 0.3, -2.0), X34),
@@ -202,6 +209,9 @@ CASES: list[OpCase] = [
          R(2, 3, 10)),
     pair("adaptive_max_pool1d", lambda a: NF.adaptive_max_pool1d(a, 2), lambda a: F.adaptive_max_pool1d(a, 2),
          R(2, 3, 10)),
+    pair("lp_pool1d", lambda a: NF.lp_pool1d(a, 2.0, 3, 2), lambda a: F.lp_pool1d(a, 2.0, 3, 2), R(2, 3, 9)),
+    pair("lp_pool1d_cubic_ceil", lambda a: NF.lp_pool1d(a, 3.0, 2, None, True),
+         lambda a: F.lp_pool1d(a, 3.0, 2, None, True), R(2, 3, 9, domain="positive")),
     pair("interpolate_nearest", lambda a: NF.interpolate(a, scale_factor=2), lambda a: F.interpolate(
         a, scale_factor=2), R(2, 3, 4)),
     pair("interpolate_nearest_exact", lambda a: NF.interpolate(a, size=3, mode="nearest-exact"),

@@ -87,6 +87,56 @@ def test_batch_norm_train_then_eval(shape: tuple, momentum: float | None) -> Non
     compare_with_torch(n_mod, t_mod, [randn(rng, *shape)])
 
 
+@pytest.mark.parametrize("shape", [(3, 4, 6), (4, 6)])
+@pytest.mark.parametrize("affine,track,momentum", [(True, True, 0.1), (False, True, None), (True, False, 0.1)])
+def test_instance_norm_train_then_eval(shape: tuple, affine: bool, track: bool, momentum: float | None) -> None:
+    """nn.InstanceNorm1d against torch's: each instance normalized over its positions in training, the running
+    statistics updated from them (or left as they are with momentum None) and used in eval; an unbatched [C, L]
+    input too."""
+    rng = np.random.default_rng(18)
+    kw = dict(affine=affine, track_running_stats=track, momentum=momentum)
+    t_mod, n_mod = torch.nn.InstanceNorm1d(4, **kw), nn.InstanceNorm1d(4, **kw)
+    assert list(n_mod.state_dict()) == list(t_mod.state_dict())
+    if affine:
+        with torch.no_grad():
+            t_mod.weight.copy_(torch.tensor(randn(rng, 4)))
+            t_mod.bias.copy_(torch.tensor(randn(rng, 4)))
+    compare_with_torch(n_mod, t_mod, [randn(rng, *shape, scale=2.0) + 1.0])
+    for _ in range(2):
+        x = randn(rng, *shape) * 3 - 1
+        t_mod(torch.tensor(x))
+        n_mod(nf.tensor(x))
+    for name, v in t_mod.state_dict().items():
+        np.testing.assert_allclose(n_mod.state_dict()[name], v.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
+    t_mod.eval()
+    n_mod.eval()
+    compare_with_torch(n_mod, t_mod, [randn(rng, *shape)])
+    with pytest.raises(ValueError, match=r"more than 1 position per channel in training, got input \[4, 1\]"):
+        nn.InstanceNorm1d(4)(nf.tensor(randn(rng, 4, 1)))
+
+
+def test_channel_and_alpha_dropout() -> None:
+    """Dropout1d drops whole channels, the rest scaled by 1/(1-p); AlphaDropout keeps a SELU network's mean and
+    variance (dropped elements at SELU's saturation, then torch's affine map); both the identity in eval mode."""
+    nf.manual_seed(1)
+    rng = np.random.default_rng(19)
+    x = randn(rng, 16, 64, 40) + 3.0
+    d = nn.Dropout1d(0.25)
+    y = d(nf.tensor(x)).numpy()
+    dropped = (y == 0).all(-1)
+    assert ((y == 0).any(-1) == dropped).all() and 0.2 < dropped.mean() < 0.3
+    np.testing.assert_allclose(y[~dropped], x[~dropped] / 0.75, rtol=1e-6)
+    z = torch.nn.functional.selu(torch.tensor(randn(rng, 400, 500))).numpy()  # mean 0, variance 1
+    a = nn.AlphaDropout(0.2)
+    out = a(nf.tensor(z)).numpy()
+    assert abs(out.mean()) < 0.01 and abs(out.var() - 1) < 0.02
+    saturated = np.isclose(out, out.min())
+    assert 0.18 < saturated.mean() < 0.22  # the dropped elements, one value
+    for m in (d, a):
+        m.eval()
+        np.testing.assert_array_equal(m(nf.tensor(x)).numpy(), x)
+
+
 def test_batch_norm_without_running_stats_or_affine() -> None:
     rng = np.random.default_rng(15)
     kw = dict(affine=False, track_running_stats=False)
