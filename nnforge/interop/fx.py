@@ -426,6 +426,11 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
         t.MaxPool1d: lambda m: nfnn.MaxPool1d(m.kernel_size, m.stride, m.padding, m.dilation, m.return_indices,
                                               m.ceil_mode),
         t.AvgPool1d: lambda m: nfnn.AvgPool1d(m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad),
+        t.LPPool1d: lambda m: nfnn.LPPool1d(m.norm_type, m.kernel_size, m.stride, m.ceil_mode),
+        t.InstanceNorm1d: lambda m: nfnn.InstanceNorm1d(m.num_features, m.eps, m.momentum, m.affine,
+                                                        m.track_running_stats),
+        t.Dropout1d: lambda m: nfnn.Dropout1d(m.p), t.AlphaDropout: lambda m: nfnn.AlphaDropout(m.p),
+        t.CircularPad1d: lambda m: _Function(NF.pad, tuple(m.padding), "circular"),
         t.AdaptiveAvgPool1d: lambda m: nfnn.AdaptiveAvgPool1d(m.output_size),
         t.AdaptiveMaxPool1d: lambda m: nfnn.AdaptiveMaxPool1d(m.output_size) if not m.return_indices else _refuse(
             "return_indices"),

@@ -491,7 +491,9 @@ class _Layers(torch.nn.Module):
         self.bn = torch.nn.BatchNorm1d(12)
         self.act = torch.nn.Sequential(torch.nn.PReLU(5, 0.1), torch.nn.Threshold(-0.8, -1.0),
                                        torch.nn.Softshrink(0.1), torch.nn.Hardshrink(0.05), torch.nn.Tanhshrink(),
-                                       torch.nn.Softmin(1),
+                                       torch.nn.Softmin(1), torch.nn.InstanceNorm1d(5, affine=True),
+                                       torch.nn.CircularPad1d(1), torch.nn.LPPool1d(2, 3, 1), torch.nn.Dropout1d(0.3),
+                                       torch.nn.AlphaDropout(0.3),
                                        torch.nn.Softplus(beta=2.0), torch.nn.LeakyReLU(0.1), torch.nn.Hardtanh(-2, 2),
                                        torch.nn.MaxPool1d(3, 1, 1), torch.nn.AvgPool1d(2, 1, 1, ceil_mode=True),
                                        torch.nn.AvgPool1d(2, 1, count_include_pad=False))
