@@ -323,6 +323,83 @@ def test_buffers_changed_in_place_keep_their_values(backend: str, rng: np.random
     np.testing.assert_allclose(ours.state_dict()["mean"], model.mean.numpy(), rtol=1e-12, atol=1e-12)
 
 
+class _Rotary(torch.nn.Module):
+    """Rotary position embedding of queries and keys ([N, heads, T, d]), pairs of features rotated by angle."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000.0 ** (torch.arange(0, dim, 2).double() / dim), persistent=False)
+
+    def forward(self, q, k):
+        angles = torch.outer(torch.arange(q.shape[-2], dtype=self.inv_freq.dtype), self.inv_freq)
+        cos, sin = angles.cos(), angles.sin()
+
+        def rotated(x):
+            x1, x2 = x[..., ::2], x[..., 1::2]
+            return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+        return rotated(q), rotated(k)
+
+
+class _TransformerBasecaller(torch.nn.Module):
+    """A transformer basecaller's shape: a strided conv stem, then layers of rotary attention within a sliding
+    window, a SwiGLU feed-forward, RMSNorm after deepnorm-scaled residuals; a tanh-scaled linear head."""
+
+    def __init__(self, d: int = 16, heads: int = 2, window: int = 3, layers: int = 2):
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.stem = torch.nn.Sequential(torch.nn.Conv1d(1, 8, 5, padding=2), torch.nn.SiLU(),
+                                        torch.nn.Conv1d(8, d, 9, stride=3, padding=4), torch.nn.SiLU())
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+        self.fc1 = torch.nn.ModuleList(torch.nn.Linear(d, 2 * 24, bias=False) for _ in range(layers))
+        self.fc2 = torch.nn.ModuleList(torch.nn.Linear(24, d, bias=False) for _ in range(layers))
+        self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(d) for _ in range(2 * layers))
+        self.rotary = _Rotary(d // heads)
+        self.register_buffer("alpha", torch.tensor(2.0 ** 0.25))
+        self.head = torch.nn.Linear(d, 20)
+
+    def forward(self, x):  # [N, 1, samples]
+        h = self.stem(x).transpose(1, 2)
+        n, t, _ = h.shape
+        i = torch.arange(t)
+        near = (i[None, :] - i[:, None]).abs() <= self.window
+        for k in range(len(self.qkv)):
+            q, key, v = self.qkv[k](h).view(n, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+            q, key = self.rotary(q, key)
+            a = TF.scaled_dot_product_attention(q, key, v, attn_mask=near).transpose(1, 2).reshape(n, t, -1)
+            h = self.norms[2 * k](self.out[k](a) + self.alpha * h)
+            y, gate = self.fc1[k](h).chunk(2, dim=-1)
+            h = self.norms[2 * k + 1](self.fc2[k](y * TF.silu(gate)) + self.alpha * h)
+        return torch.tanh(self.head(h)) * 5.0
+
+
+@pytest.mark.whole_model
+def test_a_transformer_basecaller_converts(backend: str, rng: np.random.Generator) -> None:
+    """Outputs and every parameter's gradient of a training loss against torch, in float64, at two lengths (an
+    attention model traces once per length: its mask is as long as the sequence)."""
+    model = _TransformerBasecaller().double()
+    ours = from_torch(model)
+    weights = {t: rng.standard_normal((2, t // 3, 20)) for t in (60, 45)}
+
+    @nf.compile(backend=backend)
+    def step(x, w):
+        ours.zero_grad()
+        out = ours(x)
+        (out * w).sum().backward()
+        return out, {k: p.grad for k, p in ours.named_parameters()}
+
+    for t, w in weights.items():
+        x = rng.standard_normal((2, 1, t))
+        out, grads = step(x, w)
+        model.zero_grad()
+        want = model(torch.tensor(x))
+        (want * torch.tensor(w)).sum().backward()
+        np.testing.assert_allclose(np.asarray(out), want.detach().numpy(), rtol=1e-10, atol=1e-12)
+        for k, param in model.named_parameters():
+            np.testing.assert_allclose(np.asarray(grads[k]), param.grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=k)
+
+
 @pytest.mark.whole_model
 def test_a_converted_model_trains_like_torch(backend: str, rng: np.random.Generator) -> None:
     """Two Adam steps of a whole compiled nnforge step against torch's loop: the same losses and weights."""
