@@ -12,8 +12,9 @@ runs a layer from the last time step to the first without flipping any tensor. A
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -240,6 +241,23 @@ class _RNNBase(Module):
             return out.squeeze(1), [f.squeeze(1) for f in finals]
         return (out.transpose(0, 1) if self.batch_first else out), finals
 
+    def _one_state(self, x: Any, hx: Any, layer_fn: Callable[..., tuple[Tensor, Tensor]]) -> tuple[Any, Tensor]:
+        """A GRU's or an RNN's forward: layers of ``layer_fn`` carrying h alone; ``(output, h_n)``."""
+        x, unbatched, batch, packed = self._prepare(x, hx)
+        valid = None if packed is None else packed.valid()
+        h0 = self._state(hx, batch, x.dtype, unbatched, "h0")
+        hs, k = [], 0
+        for layer in range(self.num_layers):
+            outs = []
+            for sfx, rev in self._directions(layer):
+                ys, h = layer_fn(x, h0[k], *self._weights(layer, sfx), reverse=rev, valid=valid)
+                outs.append(ys)
+                hs.append(h)
+                k += 1
+            x = self._inter_layer(outs[0] if len(outs) == 1 else concat(outs, axis=-1), layer)
+        out, (h_n,) = self._finish(x, [stack(hs)], unbatched, packed)
+        return out, h_n
+
     def _inter_layer(self, x: Tensor, layer: int) -> Tensor:
         if self.dropout and self.training and layer < self.num_layers - 1:
             return F.dropout(x, self.dropout, True)
@@ -295,20 +313,7 @@ class GRU(_RNNBase):
     mode = "GRU"
 
     def forward(self, x: Any, hx: Any = None) -> tuple[Any, Tensor]:
-        x, unbatched, batch, packed = self._prepare(x, hx)
-        valid = None if packed is None else packed.valid()
-        h0 = self._state(hx, batch, x.dtype, unbatched, "h0")
-        hs, k = [], 0
-        for layer in range(self.num_layers):
-            outs = []
-            for sfx, rev in self._directions(layer):
-                ys, h = gru_layer(x, h0[k], *self._weights(layer, sfx), reverse=rev, valid=valid)
-                outs.append(ys)
-                hs.append(h)
-                k += 1
-            x = self._inter_layer(outs[0] if len(outs) == 1 else concat(outs, axis=-1), layer)
-        out, (h_n,) = self._finish(x, [stack(hs)], unbatched, packed)
-        return out, h_n
+        return self._one_state(x, hx, gru_layer)
 
 
 class RNN(_RNNBase):
@@ -327,21 +332,7 @@ class RNN(_RNNBase):
         self.nonlinearity = nonlinearity
 
     def forward(self, x: Any, hx: Any = None) -> tuple[Any, Tensor]:
-        x, unbatched, batch, packed = self._prepare(x, hx)
-        valid = None if packed is None else packed.valid()
-        h0 = self._state(hx, batch, x.dtype, unbatched, "h0")
-        hs, k = [], 0
-        for layer in range(self.num_layers):
-            outs = []
-            for sfx, rev in self._directions(layer):
-                ys, h = rnn_layer(x, h0[k], *self._weights(layer, sfx), reverse=rev, valid=valid,
-                                  nonlinearity=self.nonlinearity)
-                outs.append(ys)
-                hs.append(h)
-                k += 1
-            x = self._inter_layer(outs[0] if len(outs) == 1 else concat(outs, axis=-1), layer)
-        out, (h_n,) = self._finish(x, [stack(hs)], unbatched, packed)
-        return out, h_n
+        return self._one_state(x, hx, functools.partial(rnn_layer, nonlinearity=self.nonlinearity))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + (f", nonlinearity={self.nonlinearity!r}" if self.nonlinearity != "tanh" else "")
