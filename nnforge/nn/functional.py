@@ -78,29 +78,30 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
 
     Inside a traced program the mask is a random node, so every execution (every loop iteration) draws anew.
     """
+    return _scaled_kept(x, p, x.shape) if _drops("dropout", p, training) else x
+
+
+def _drops(name: str, p: float, training: bool) -> bool:
+    """Whether a dropout of probability ``p`` (checked) drops anything."""
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout: probability must be in [0, 1], got {p}")
-    if not training or p == 0.0:
-        return x
+        raise ValueError(f"{name}: probability must be in [0, 1], got {p}")
+    return training and p > 0.0
+
+
+def _scaled_kept(x: Tensor, p: float, shape: Sequence[Any]) -> Tensor:
+    """``x`` where a uniform draw of ``shape`` (broadcast to x) passes ``p``, scaled by 1/(1-p); 0 elsewhere."""
     if p == 1.0:
         return x * 0
-    keep = _rand(*x.shape, dtype=x.dtype if x.dtype.is_float else dtypes.float32) >= p
+    keep = _rand(*shape, dtype=x.dtype if x.dtype.is_float else dtypes.float32) >= p
     return where(keep, x * (1.0 / (1.0 - p)), 0.0)
 
 
 def dropout1d(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Whole channels of ``[N, C, L]`` (or ``[C, L]``) zeroed with probability ``p``, the rest scaled by
     1/(1-p); the identity when not training."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout1d: probability must be in [0, 1], got {p}")
     if x.ndim not in (2, 3):
         raise ShapeError(f"dropout1d: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}")
-    if not training or p == 0.0:
-        return x
-    if p == 1.0:
-        return x * 0
-    keep = _rand(*x.shape[:-1], 1, dtype=x.dtype if x.dtype.is_float else dtypes.float32) >= p
-    return where(keep, x * (1.0 / (1.0 - p)), 0.0)
+    return _scaled_kept(x, p, (*x.shape[:-1], 1)) if _drops("dropout1d", p, training) else x
 
 
 # SELU's negative saturation, -scale * alpha: what alpha_dropout sets a dropped element to
@@ -110,9 +111,7 @@ _SELU_SATURATION = -1.0507009873554804934193349852946 * 1.6732632423543772848170
 def alpha_dropout(x: Tensor, p: float = 0.5, training: bool = False) -> Tensor:
     """Dropout for SELU networks: dropped elements set to SELU's negative saturation, then an affine map that
     keeps the mean and variance (torch's); the identity when not training."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"alpha_dropout: probability must be in [0, 1], got {p}")
-    if not training or p == 0.0:
+    if not _drops("alpha_dropout", p, training):
         return x
     if p == 1.0:
         return x * 0

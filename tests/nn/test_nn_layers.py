@@ -75,8 +75,14 @@ def test_batch_norm_train_then_eval(shape: tuple, momentum: float | None) -> Non
     with torch.no_grad():
         t_mod.weight.copy_(torch.tensor(randn(rng, 4)))
         t_mod.bias.copy_(torch.tensor(randn(rng, 4)))
+    _train_then_eval(n_mod, t_mod, shape, rng)
+
+
+def _train_then_eval(n_mod: nn.Module, t_mod: torch.nn.Module, shape: tuple, rng: np.random.Generator) -> None:
+    """A norm with running statistics against torch's: a training call (outputs and gradients), two more that
+    update the statistics (compared after), then an eval call."""
     compare_with_torch(n_mod, t_mod, [randn(rng, *shape, scale=2.0) + 1.0])
-    for _ in range(2):  # more training batches update the running statistics
+    for _ in range(2):
         x = randn(rng, *shape) * 3 - 1
         t_mod(torch.tensor(x))
         n_mod(nf.tensor(x))
@@ -101,16 +107,7 @@ def test_instance_norm_train_then_eval(shape: tuple, affine: bool, track: bool, 
         with torch.no_grad():
             t_mod.weight.copy_(torch.tensor(randn(rng, 4)))
             t_mod.bias.copy_(torch.tensor(randn(rng, 4)))
-    compare_with_torch(n_mod, t_mod, [randn(rng, *shape, scale=2.0) + 1.0])
-    for _ in range(2):
-        x = randn(rng, *shape) * 3 - 1
-        t_mod(torch.tensor(x))
-        n_mod(nf.tensor(x))
-    for name, v in t_mod.state_dict().items():
-        np.testing.assert_allclose(n_mod.state_dict()[name], v.numpy(), rtol=RTOL, atol=ATOL, err_msg=name)
-    t_mod.eval()
-    n_mod.eval()
-    compare_with_torch(n_mod, t_mod, [randn(rng, *shape)])
+    _train_then_eval(n_mod, t_mod, shape, rng)
     with pytest.raises(ValueError, match=r"more than 1 position per channel in training, got input \[4, 1\]"):
         nn.InstanceNorm1d(4)(nf.tensor(randn(rng, 4, 1)))
 
