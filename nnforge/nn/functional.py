@@ -597,6 +597,14 @@ def _conv_padding(padding: int | str, kernel: int, dilation: int, stride: int) -
 CHANNELS_AS_COLUMNS = 64
 
 
+def _batched(x: Any, name: str) -> tuple[Tensor, bool]:
+    """A convolution's input as [N, C, L], and whether it came as one sequence [C, L]."""
+    x = as_tensor(x)
+    if x.ndim not in (2, 3):
+        raise ShapeError(f"{name}: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}")
+    return (x.unsqueeze(0), True) if x.ndim == 2 else (x, False)
+
+
 def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 1, padding: int | str = 0,
            dilation: int = 1, groups: int = 1) -> Tensor:
     """1-d convolution (cross-correlation, like torch) on [N, C_in, L] or [C_in, L] input.
@@ -609,12 +617,7 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
     order a recurrent layer after it reads (``y.permute(2, 0, 1)``): the bias and an activation are then the
     GEMM's epilogue (``passes.reshapes``) and the layer reads the product as it is stored.
     """
-    x = as_tensor(x)
-    unbatched = x.ndim == 2
-    if unbatched:
-        x = x.unsqueeze(0)
-    if x.ndim != 3:
-        raise ShapeError(f"conv1d: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}")
+    x, unbatched = _batched(x, "conv1d")
     n, c_in, length = x.shape
     c_out, c_per_group, k = (int(d) for d in weight.shape)
     if int(c_in) != c_per_group * groups:
@@ -655,12 +658,7 @@ def conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
     long. Built as ``conv1d`` with stride 1 over the input spread ``stride`` apart (zeros between) and padded by
     the kernel's span, with the kernel flipped and its channel axes swapped: one convolution, its gradients
     those of the ops it is made of."""
-    x = as_tensor(x)
-    unbatched = x.ndim == 2
-    if unbatched:
-        x = x.unsqueeze(0)
-    if x.ndim != 3:
-        raise ShapeError(f"conv_transpose1d: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}")
+    x, unbatched = _batched(x, "conv_transpose1d")
     c_in, c_per_group, k = (int(d) for d in weight.shape)
     if int(x.shape[1]) != c_in or c_in % groups:
         raise ShapeError(f"conv_transpose1d: input has {int(x.shape[1])} channels, the weight "
