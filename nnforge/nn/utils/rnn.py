@@ -1,4 +1,4 @@
-"""Batches of sequences of different lengths through LSTM and GRU layers, with torch.nn.utils.rnn's functions.
+"""Batches of sequences of different lengths through LSTM, GRU and RNN layers, with torch.nn.utils.rnn's functions.
 
 torch packs the valid steps of every sequence into one flat tensor so its kernels skip the padding. nnforge's
 shapes are fixed when a function compiles and its scans run every step of the batch, so a ``PackedSequence``
@@ -23,8 +23,8 @@ __all__ = ["PackedSequence", "pack_padded_sequence", "pad_packed_sequence"]
 
 @dataclass(frozen=True)
 class PackedSequence:
-    """A batch of sequences for an LSTM or GRU: ``data`` [T, N, *] time-major and padded past each of
-    ``lengths`` [N] (int64). Not torch's packed layout (see the module docstring)."""
+    """A batch of sequences for a recurrent layer (LSTM, GRU, RNN): ``data`` [T, N, *] time-major, padded past
+    each of ``lengths`` [N] (int64). Not torch's packed layout (see the module docstring)."""
 
     data: Tensor
     lengths: Tensor
