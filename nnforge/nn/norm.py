@@ -72,6 +72,16 @@ class GroupNorm(Module):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
+def _register_channel_state(m: Module, channels: int, affine: bool, tracked: bool) -> None:
+    """A batch or instance norm's state under torch's names: a per-channel weight and bias (``affine``), the
+    running mean and variance and the batch count (``tracked``); None where absent, as torch registers them."""
+    m.register_parameter("weight", Parameter(init.ones((channels,))) if affine else None)
+    m.register_parameter("bias", Parameter(init.zeros((channels,))) if affine else None)
+    m.register_buffer("running_mean", Tensor(init.zeros((channels,))) if tracked else None)
+    m.register_buffer("running_var", Tensor(init.ones((channels,))) if tracked else None)
+    m.register_buffer("num_batches_tracked", Tensor(np.array(0, np.int64)) if tracked else None)
+
+
 class InstanceNorm1d(Module):
     """Normalizes each sample's channel over its positions (``[N, C, L]`` or ``[C, L]``), torch's settings:
     ``affine`` adds a per-channel weight and bias; ``track_running_stats`` keeps running statistics, updated in
@@ -82,12 +92,7 @@ class InstanceNorm1d(Module):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        self.register_parameter("weight", Parameter(init.ones((num_features,))) if affine else None)
-        self.register_parameter("bias", Parameter(init.zeros((num_features,))) if affine else None)
-        tracked = track_running_stats
-        self.register_buffer("running_mean", Tensor(init.zeros((num_features,))) if tracked else None)
-        self.register_buffer("running_var", Tensor(init.ones((num_features,))) if tracked else None)
-        self.register_buffer("num_batches_tracked", Tensor(np.array(0, np.int64)) if tracked else None)
+        _register_channel_state(self, num_features, affine, track_running_stats)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim not in (2, 3) or ((self.affine or self.track_running_stats)
@@ -121,16 +126,7 @@ class BatchNorm1d(Module):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        self.register_parameter("weight", Parameter(init.ones((num_features,))) if affine else None)
-        self.register_parameter("bias", Parameter(init.zeros((num_features,))) if affine else None)
-        if track_running_stats:
-            self.register_buffer("running_mean", Tensor(init.zeros((num_features,))))
-            self.register_buffer("running_var", Tensor(init.ones((num_features,))))
-            self.register_buffer("num_batches_tracked", Tensor(np.array(0, np.int64)))
-        else:
-            self.register_buffer("running_mean", None)
-            self.register_buffer("running_var", None)
-            self.register_buffer("num_batches_tracked", None)
+        _register_channel_state(self, num_features, affine, track_running_stats)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim not in (2, 3) or int(x.shape[1]) != self.num_features:
