@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..dtypes import DType
 from ..ir.dims import fixed, free_symbols, substitute
@@ -148,12 +148,12 @@ class _Scheduler:
         if n.op == Op.MATMUL:
             return self.gemm(n, out, ("gemm",), also, None, _resident(n, g, resident), g, top)
         if n.op in REDUCE:
-            return Reduce(n, out, (_name(n),), (), None, _leading_sum(n, g), self.reduce_lanes(n, g))
+            return Reduce(n, out, (_name(n),), (), None, self.leading_sum(n, g), self.reduce_lanes(n, g))
         if id(n) in g.prologue:
             p = next(m for m in g.graph.order if id(m) == g.prologue[id(n)])
             if p.op == Op.MATMUL:
                 return self.gemm(p, out, _fuses(g, n, p), also, n, _resident(p, g, resident), g, top)
-            return Reduce(p, out, _fuses(g, n, p), (), n, False, self.reduce_lanes(p, g))
+            return Reduce(p, out, _fuses(g, n, p), (), n, self.leading_sum(p, g), self.reduce_lanes(p, g))
         if n.op == Op.RAND and self.target.random:
             return Random(n, out, ("rand",), (), next(self.draws), n.attrs["dist"])
         if n.op in (Op.RAND, Op.FEEDER, Op.RECEIVER):
@@ -231,42 +231,32 @@ class _Scheduler:
         of values the kernel already holds as vectors (a GEMM tile's accumulators)."""
         t = self.target
         widths = dict(t.vector_lanes)
-        dynamic = self.dynamic | {ROWS}
-
-        def size(d: object) -> Expr:
-            return size_expr(d if free_symbols(d) & dynamic else int(d))
 
         def fits(dt: DType) -> bool:
             return widths.get(dt) == lanes
 
-        def read(m: Node, at: tuple[Expr, ...]) -> bool:
-            e = row_major(at, [size(d) for d in m.shape])
-            return fits(m.dtype) and (not depends(e, "lane") or coefficient(e, "lane") == ONE)
+        def spelled(m: Node) -> bool:
+            return m.op in t.vector_ops and all(s.dtype == m.dtype for s in m.srcs)
 
-        seen: dict[tuple, bool] = {}
+        return _lane_reads(start, idx, root, g, self._size, fits, spelled, given)
 
-        def ok(m: Node, at: tuple[Expr, ...]) -> bool:
-            key = (id(m), at)
-            if key in given:
-                return fits(m.dtype)
-            if key not in seen:
-                seen[key] = one(m, at)
-            return seen[key]
+    def leading_sum(self, p: Node, g: Grouping) -> bool:
+        """A float sum over leading axes whose reads run along the last kept axis (a bias gradient, a layer
+        norm's weight gradient: ``[T, N, C] -> [C]``, a stored buffer or elementwise work on views of them): run
+        with the outputs innermost, each read unit-stride. In the generic form every output walks its column
+        with the stride of a whole row, ``T * N`` loads each from another cache line; on a GPU the same
+        orientation makes a block's loads coalesced."""
+        src = p.srcs[0]
+        axes = tuple(sorted(p.attrs["axes"]))
+        if not (p.op == Op.SUM and p.dtype.is_float and 0 < len(axes) < src.ndim
+                and axes == tuple(range(len(axes)))):
+            return False
+        idx = (*(var(f"i{k}") for k in range(src.ndim - 1)), var("lane"))
+        return _lane_reads(src, idx, None, g, self._size, lambda dt: True, lambda m: True)
 
-        def one(m: Node, at: tuple[Expr, ...]) -> bool:
-            if m is not root and _has_buffer(m, g):
-                return read(m, at)
-            if m.op == Op.CONST:
-                return fits(m.dtype)
-            if m.op == Op.RESHAPE and _has_buffer(m.srcs[0], g):
-                return read(m, at)
-            if m.op in STRIDED:
-                return ok(m.srcs[0], tuple(index_map(m, at, size)))
-            if m.op not in ELEMENTWISE or m.op not in t.vector_ops or not fits(m.dtype):
-                return False
-            return all(s.dtype == m.dtype for s in m.srcs) and all(ok(s, at) for s in m.srcs)
-
-        return ok(start, idx)
+    def _size(self, d: object) -> Expr:
+        """A size as an index expression: a symbol where it is given per call, else its value."""
+        return size_expr(d if free_symbols(d) & (self.dynamic | {ROWS}) else int(d))
 
     def loop(self, n: Node, graph: Graph, g: Grouping, dest: dict[int, int], split: RowSplit | None,
              chunked: tuple[tuple[Node, int, Node, Node, Node], ...], top: bool) -> Loop:
@@ -465,11 +455,40 @@ def _has_buffer(n: Node, g: Grouping) -> bool:
     return id(n) in g.stored and id(n) not in g.epilogue_of
 
 
-def _leading_sum(p: Node, g: Grouping) -> bool:
-    """A float sum over leading axes of a stored buffer (a scan's stacked ys summed over time)."""
-    axes = tuple(sorted(p.attrs["axes"]))
-    return (p.op == Op.SUM and p.dtype.is_float and _has_buffer(p.srcs[0], g) and len(axes) > 0
-            and axes == tuple(range(len(axes))) and len(axes) < p.srcs[0].ndim)
+def _lane_reads(start: Node, idx: tuple[Expr, ...], root: Node | None, g: Grouping,
+                size: Callable[[object], Expr], fits: Callable[[DType], bool], spelled: Callable[[Node], bool],
+                given: frozenset[tuple[int, tuple[Expr, ...]]] = frozenset()) -> bool:
+    """Whether every buffer ``start`` reads at ``idx`` is read contiguously or at one place along the index
+    variable ``lane`` (its coefficient 1 or 0), through views and elementwise ops only (no pad, concat or
+    gather), with ``fits`` true of every value's dtype and ``spelled`` of every elementwise op on the way.
+    ``root``: the kernel's own node (computed, not loaded); ``given``: (id(node), index) of values the kernel
+    already holds."""
+    seen: dict[tuple, bool] = {}
+
+    def read(m: Node, at: tuple[Expr, ...]) -> bool:
+        e = row_major(at, [size(d) for d in m.shape])
+        return fits(m.dtype) and (not depends(e, "lane") or coefficient(e, "lane") == ONE)
+
+    def ok(m: Node, at: tuple[Expr, ...]) -> bool:
+        key = (id(m), at)
+        if key in given:
+            return fits(m.dtype)
+        if key not in seen:
+            seen[key] = one(m, at)
+        return seen[key]
+
+    def one(m: Node, at: tuple[Expr, ...]) -> bool:
+        if m is not root and _has_buffer(m, g):
+            return read(m, at)
+        if m.op == Op.CONST:
+            return fits(m.dtype)
+        if m.op == Op.RESHAPE and _has_buffer(m.srcs[0], g):
+            return read(m, at)
+        if m.op in STRIDED:
+            return ok(m.srcs[0], tuple(index_map(m, at, size)))
+        return m.op in ELEMENTWISE and spelled(m) and fits(m.dtype) and all(ok(s, at) for s in m.srcs)
+
+    return ok(start, idx)
 
 
 def _resident(p: Node, g: Grouping, resident: frozenset[int]) -> bool:

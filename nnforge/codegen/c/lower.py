@@ -457,7 +457,7 @@ class Lowering:
                 raise Unsupported("a GEMM scheduled to sum K in parts side by side (a GPU form) has no C spelling")
             self.kernel_gemm(k, ctx, out, em, listing, also)
         elif isinstance(k, Reduce) and k.leading:
-            self.kernel_leading_sum(k.node, ctx, out, em, listing)
+            self.kernel_leading_sum(k.node, k.epilogue, ctx, out, em, listing)
         elif isinstance(k, Reduce):
             self.kernel_reduce(k.node, k.epilogue, ctx, out, em, listing, k.lanes)
         elif isinstance(k, Concat):
@@ -770,34 +770,58 @@ class Lowering:
         em.close()
         return narrow
 
-    def kernel_leading_sum(self, p: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
-        """``out[o] = sum_r src[r, o]`` with the outputs innermost: threads share blocks of contiguous outputs,
-        each summed row by row into a local accumulator (vectorized, unit stride), where the generic reduce loop
-        would read ``src`` with a stride of the whole output per element. Blocks of at most 256 outputs, as many
-        as there are threads when that is fewer (a bias gradient's 384 sums were blocks of 256 and 128: one
-        thread read two thirds of the [T * N, 384] rows while the other waited)."""
+    def kernel_leading_sum(self, p: Node, root: Node | None, ctx: GraphCtx, out: str, em: Emitter,
+                           listing: list[KernelInfo]) -> None:
+        """``out[o] = root(sum_r src[r, o])`` with the outputs innermost: threads share blocks of at most 256
+        contiguous outputs along the last kept axis, each summed row by row into a local accumulator (unit-stride
+        reads the C compiler vectorizes), where the generic reduce loop would read ``src`` with a stride of the
+        whole output per element. ``src`` may be elementwise work on views, evaluated where it is read (the
+        schedule checked that its reads run along the last axis). Blocks as many as there are threads when that
+        is fewer (a bias gradient's 384 sums were blocks of 256 and 128: one thread read two thirds of the
+        [T * N, 384] rows while the other waited)."""
         self.stats["kernels"] += 1
         sz = self.sizes
         src = p.srcs[0]
         k = len(p.attrs["axes"])
-        nred, nout = sz.prod(src.shape[:k]), sz.prod(src.shape[k:])
+        kept = [sz(d) for d in src.shape[k:]]
+        last, outer = kept[-1], sz.prod(src.shape[k:-1])
         acc_t = "double" if p.dtype == DType.float32 else ctype(p.dtype)
-        ob, r, j, acc = em.fresh("ob"), em.fresh("r"), em.fresh("j"), em.fresh("acc")
-        share, bw = em.fresh("share"), em.fresh("bw")
-        buf = ctx.buffer(src)
-        em(f"const int64_t {share} = (({nout}) + nf_team() - 1) / nf_team();",
-           f"const int64_t {bw} = {share} > 248 ? 256 : {share} < 8 ? 8 : ({share} + 7) / 8 * 8;")  # never 0
+        q, o, b0, j, acc = em.fresh("q"), em.fresh("o"), em.fresh("b"), em.fresh("j"), em.fresh("acc")
+        share, bw, nb = em.fresh("share"), em.fresh("bw"), em.fresh("nb")
+        em(f"const int64_t {share} = (({outer}) * ({last}) + nf_team() - 1) / nf_team();",
+           f"const int64_t {bw} = {share} > 248 ? 256 : {share} < 8 ? 8 : ({share} + 7) / 8 * 8;",  # never 0
+           f"const int64_t {nb} = (({last}) + {bw} - 1) / {bw};")
         self.omp_for(em)
-        with em.block(f"for (int64_t {ob} = 0; {ob} < {nout}; {ob} += {bw}) {{"):
-            em(f"const int64_t n_ = {nout} - {ob} < {bw} ? {nout} - {ob} : {bw};",
-               f"{acc_t} {acc}[256];",
-               f"for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;",
-               f"for (int64_t {r} = 0; {r} < {nred}; {r}++)",
-               f"    for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] += {buf}[{r} * ({nout}) + {ob} + {j}];",
-               f"for (int64_t {j} = 0; {j} < n_; {j}++) {out}[{ob} + {j}] = ({ctype(p.dtype)}){acc}[{j}];")
-        listing.append(KernelInfo("reduce", out, fmt_type(p.shape, p.dtype), ["sum"], [f"{out}[o] = sum_r"],
-                                  [f"{buf}[r * {nout} + o]"], note=f"leading axes {tuple(range(k))}, outputs "
-                                                                   "innermost"))
+        with em.block(f"for (int64_t {q} = 0; {q} < ({outer}) * {nb}; {q}++) {{"):
+            em(f"const int64_t {o} = {q} / {nb}, {b0} = {q} % {nb} * {bw};",
+               f"const int64_t n_ = ({last}) - {b0} < {bw} ? ({last}) - {b0} : {bw};")
+            us = [em.fresh("u") for _ in kept[:-1]]
+            stride = "1"
+            for u, d in reversed(list(zip(us, kept[:-1]))):
+                em(f"const int64_t {u} = {o} / ({stride}) % ({d});")
+                stride = f"({stride}) * ({d})"
+            col = var(b0) + var(j)
+            kept_idx = [*(var(u) for u in us), col]
+            em(f"{acc_t} {acc}[256];", f"for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;")
+            rs = self._nest(em, [sz(d) for d in src.shape[:k]], "r")
+            sc = Scalar(self, ctx)
+            v = sc.val(src, [*(var(r) for r in rs), *kept_idx])
+            em("#pragma omp simd")
+            with em.block(f"for (int64_t {j} = 0; {j} < n_; {j}++) {{"):
+                em.each(sc.stmts)
+                em(f"{acc}[{j}] += {v};")
+            em.close()
+            out_idx = [*([ZERO] * k if p.attrs["keepdims"] else []), *kept_idx]
+            ep = Scalar(self, ctx, {id(p): f"({ctype(p.dtype)}){acc}[{j}]"}, tuple(out_idx), root=root)
+            value = ep.val(root or p, out_idx)
+            store = f"{out}[{sz.index(row_major(out_idx, [sz.expr(d) for d in p.shape]))}]"
+            with em.block(f"for (int64_t {j} = 0; {j} < n_; {j}++) {{"):
+                em.each(ep.stmts)
+                em(f"{store} = {value};")
+        fused = list(dict.fromkeys([*sc.fused, *ep.fused]))
+        listing.append(KernelInfo("+".join(["sum", *fused]) if fused else "reduce", out,
+                                  fmt_type((root or p).shape, (root or p).dtype), ["sum", *fused], [store],
+                                  sc.loads + ep.loads, note=f"leading axes {tuple(range(k))}, outputs innermost"))
 
     def operand_views(self, p: Node, ctx: GraphCtx, a_row: Expr = ZERO) -> list[View]:
         """The operands of matmul ``p`` as strided views of their buffers (``gemm.View``); A from its row ``a_row``
