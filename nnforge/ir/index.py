@@ -55,7 +55,7 @@ def index_map(n: Node, idx: Sequence[Expr], size: SizeOf = size_expr) -> list[Ex
         return [sliced_index(i, size(a), s) for i, a, s in zip(idx, n.attrs["starts"], n.attrs["steps"])]
     if n.op == Op.RESHAPE:
         out = [ZERO] * src.ndim  # a squeeze is blocks of one axis each: every index read as is
-        for o_axes, i_axes in reshape_blocks(n.shape, src.shape):
+        for o_axes, i_axes in reshape_blocks(_as_built(n.shape, size), _as_built(src.shape, size)):
             lin = row_major([idx[a] for a in o_axes], [size(n.shape[a]) for a in o_axes])
             ishape = [size(src.shape[a]) for a in i_axes]
             for k, (a, d, st) in enumerate(zip(i_axes, ishape, contiguous_strides(ishape))):
@@ -63,6 +63,12 @@ def index_map(n: Node, idx: Sequence[Expr], size: SizeOf = size_expr) -> list[Ex
                 out[a] = q if k == 0 else mod(q, d)
         return out
     raise ValueError(f"no index map for {n.op}")
+
+
+def _as_built(shape: Sequence[int], size: SizeOf) -> list[int]:
+    """``shape`` with each size the program fixes as its number: two symbols of one value (a cotangent's ``T`` and
+    the input's, each traced as its own) are then the same size, and their axes separate blocks."""
+    return [e.value if (e := size(d)).value is not None else d for d in shape]
 
 
 def reshape_blocks(out_shape: Sequence[int], in_shape: Sequence[int]) -> list[tuple[list[int], list[int]]]:

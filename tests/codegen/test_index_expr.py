@@ -180,3 +180,18 @@ def test_lane_coefficient(rng: np.random.Generator, case: str) -> None:
         assert c is None and len(steps) > 1
     if want is not None:
         assert steps == {want}
+
+
+def test_a_reshape_between_two_symbols_of_one_fixed_size_reads_each_axis_alone() -> None:
+    """``[T, N, 8]`` read as ``[T', N', 8]`` (a cotangent's sizes and the input's, traced as symbols of their own):
+    the same sizes once the program fixes them, so each axis is read at its own index, not at divisions of the
+    flat offset (which kept a layer norm's weight gradient from reading rows unit-stride). Where the sizes stay
+    symbols (given per call) the blocks merge: their products are not known to agree."""
+    T, N, T2, N2 = sym("T", 5), sym("N", 3), sym("U", 5), sym("M", 3)
+    src = Node(Op.INPUT, (), {}, (T, N, 8), DType.float32)
+    view = Node(Op.RESHAPE, (src,), {}, (T2, N2, 8), DType.float32)
+    assert index_map(view, [i, j, k], lambda d: const(int(d))) == [i, j, k]
+    merged = index_map(view, [i, j, k])
+    assert merged[2] != k and all(evaluate(row_major(merged, [const(5), const(3), const(8)]), env) ==
+                                  evaluate(row_major([i, j, k], [const(5), const(3), const(8)]), env)
+                                  for env in ({"i": 4, "j": 2, "k": 7}, {"i": 1, "j": 0, "k": 3}))
