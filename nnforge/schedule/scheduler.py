@@ -236,7 +236,7 @@ class _Scheduler:
             return widths.get(dt) == lanes
 
         def spelled(m: Node) -> bool:
-            return m.op in t.vector_ops and all(s.dtype == m.dtype for s in m.srcs)
+            return (m.op, m.dtype, tuple(s.dtype for s in m.srcs)) in t.vector_ops
 
         return _lane_reads(start, idx, root, g, self._size, fits, spelled, given)
 

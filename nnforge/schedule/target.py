@@ -44,8 +44,9 @@ class Target:
     A packed per worker in K slices from this K (None: never); ``pack_a_min_m``: likewise any GEMM from this many
     rows (None: never); ``k_slice``: K per slice of a packed-A GEMM storing its own sums (0: no K split).
     ``vector_lanes`` / ``vector_ops``: the elements per vector by dtype and the elementwise ops with a vector
-    spelling; an elementwise kernel whose every value has one and whose reads are contiguous or constant along
-    its last axis runs that axis a vector at a time (none given: every kernel element by element).
+    spelling, as (op, result dtype, operand dtypes); an elementwise kernel whose every value has one and whose
+    reads are contiguous or constant along its last axis runs that axis a vector at a time (none given: every
+    kernel element by element).
     ``steps_in_registers``: a row-split loop keeps each step's values in registers (a GPU's persistent program),
     so only bodies that ``registers.register_body_refusal`` accepts are split.
     ``random``: the backend draws random numbers itself (``Random`` kernels); without it a graph that draws any
@@ -98,7 +99,7 @@ class Target:
     pack_a_min_m: int | None = None
     k_slice: int = 0
     vector_lanes: tuple[tuple[DType, int], ...] = ()
-    vector_ops: frozenset[Op] = frozenset()
+    vector_ops: frozenset[tuple[Op, DType, tuple[DType, ...]]] = frozenset()
     steps_in_registers: bool = False
     pow2_weights: bool = False
     random: bool = False

@@ -2,7 +2,8 @@
 columns at a time: 8 with AVX2's tiles, 16 with AVX-512's, both checked on every machine; which index expressions
 vectorize is ``test_index_expr``'s): the vector sigmoid/tanh/exp against float64 torch over the whole float range,
 the recurrent step computed from its register tiles (the gates never stored), the scalar fallback for a tile body
-with no vector form, and row maxima in vector form (NaN kept)."""
+with no vector form, row maxima in vector form (NaN kept), and masks: comparisons, ``where`` and bool buffers
+loaded and stored a vector at a time."""
 
 from __future__ import annotations
 
@@ -148,6 +149,37 @@ def test_elementwise_kernel_in_vector_form(rng: np.random.Generator, width: int,
     t = [torch.from_numpy(a).double() for a in (v, g, b)]
     want = torch.tanh(torch.nn.functional.layer_norm(t[0], (width,), eps=1e-5) * t[1] + t[2]).numpy()
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+def relu_with_masks(x, y):
+    """A ReLU's mask stored as bool (its gradient's reader), a where on a mask loaded back, comparisons with NaN,
+    and or / and of masks."""
+    mask = x <= 0.0
+    kept = nf.where(mask, 0.0, y)
+    either = (x < y) | (x != x)  # NaN compares false but for !=
+    both = (x == y) & ~(y > 1.0)
+    return mask, kept, nf.where(either, x, y * 2.0), both
+
+
+@pytest.mark.parametrize("vectors", VECTORS)
+@pytest.mark.parametrize("width", [8, 37, 64])
+def test_masks_in_vector_form(rng: np.random.Generator, width: int, vectors: str) -> None:
+    """Bool values as masks of 32-bit lanes: loaded from and stored to their bytes (``nf_vld_b``, ``nf_vst_b``),
+    made by comparisons, combined and used by ``where`` (``nf_vsel_f32``); a row's remainder in the scalar loop.
+    Exactly numpy's results, NaN and equal values included."""
+    cfg = VECTORS[vectors]
+    x, y = (rng.standard_normal((11, width)).astype(np.float32) for _ in range(2))
+    x[rng.random(x.shape) < 0.1] = np.nan
+    y[:, ::5] = x[:, ::5]  # equal values, NaN with NaN among them
+    src = _source(relu_with_masks, x, y, cfg=cfg)
+    vector = width >= cfg.vector_width // 4
+    assert all((f in src) == vector for f in ("nf_vst_b(", "nf_vld_b(", "nf_vsel_f32(", "nf_vbc_b("))
+    got = _cpu(cfg, relu_with_masks, x, y)
+    mask = x <= 0
+    want = (mask, np.where(mask, 0, y), np.where((x < y) | np.isnan(x), x, y * 2), (x == y) & (y <= 1))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert {int(b) for m in (got[0], got[3]) for b in np.unique(m.view(np.uint8))} <= {0, 1}  # bools as bytes 0, 1
 
 
 def test_generated_names_never_collide() -> None:

@@ -278,33 +278,50 @@ def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mappin
     raise Unsupported(f"no C formula for {op.name.lower()}")
 
 
-VTYPE = {DType.float32: "nf_vf32"}
-"""The elementwise vector type per dtype: the prelude's ``nf_vf32``, ``NF_VBYTES`` bytes (set per program)."""
+VTYPE = {DType.float32: "nf_vf32", DType.bool: "nf_vi32"}
+"""The elementwise vector type per dtype: the prelude's ``nf_vf32``, ``NF_VBYTES`` bytes (set per program); a
+bool vector is a mask of 32-bit lanes (all ones or zero), lane for lane with the float32 values it selects or
+compares, loaded from and stored to the bytes a bool buffer holds."""
+VLOAD = {DType.float32: "nf_vld_f32", DType.bool: "nf_vld_b"}
+VSTORE = {DType.float32: "nf_vst_f32", DType.bool: "nf_vst_b"}
+VBROADCAST = {DType.float32: "nf_vbc_f32", DType.bool: "nf_vbc_b"}
 
 
 def vector_lanes(vector_bytes: int) -> dict[DType, int]:
     """Elements per elementwise vector, per dtype with a vector form, in vectors of ``vector_bytes`` (the GEMM
-    tiles' width: a fused tile's epilogue runs whole vectors of its columns)."""
-    return {dt: vector_bytes // dt.itemsize for dt in VTYPE}
+    tiles' width: a fused tile's epilogue runs whole vectors of its columns). Every vector type has 32-bit lanes."""
+    return dict.fromkeys(VTYPE, vector_bytes // 4)
 
 
 _VECTOR = {Op.ADD: "({a} + {b})", Op.SUB: "({a} - {b})", Op.MUL: "({a} * {b})", Op.DIV: "({a} / {b})",
            Op.NEG: "(-{a})", Op.RECIP: "(1.0f / {a})", Op.SIGMOID: "nf_vsigmoidf({a})", Op.TANH: "nf_vtanhf({a})",
            Op.MAX: "nf_vmaxf({a}, {b})", Op.MIN: "nf_vminf({a}, {b})", Op.ABS: "nf_vabsf({a})",
            Op.SQRT: "nf_vsqrtf({a})", Op.EXP: "nf_vexpf({a})", Op.ERF: "nf_verff({a})"}
+_COMPARE = {Op.LT: "({a} < {b})", Op.LE: "({a} <= {b})", Op.EQ: "({a} == {b})", Op.NE: "({a} != {b})"}
+_F32, _BOOL = DType.float32, DType.bool
+_FORMS = {
+    **{(op, _F32, (_F32,) * form.count("}")): form for op, form in _VECTOR.items()},
+    (Op.WHERE, _F32, (_BOOL, _F32, _F32)): "nf_vsel_f32({a}, {b}, {c})",
+    **{(op, _BOOL, (_F32, _F32)): form for op, form in _COMPARE.items()},
+    # masks with masks: | and & are the IR's max and min of bools, ~ its == False
+    (Op.MAX, _BOOL, (_BOOL, _BOOL)): "({a} | {b})", (Op.MIN, _BOOL, (_BOOL, _BOOL)): "({a} & {b})",
+    (Op.EQ, _BOOL, (_BOOL, _BOOL)): "({a} == {b})", (Op.NE, _BOOL, (_BOOL, _BOOL)): "({a} != {b})",
+}
 
-
-VECTOR_OPS = frozenset(_VECTOR)
-"""The elementwise ops with a vector spelling (what the C target tells the scheduler)."""
+VECTOR_OPS = frozenset(_FORMS)
+"""(op, result dtype, operand dtypes) of the elementwise ops with a vector spelling (what the C target tells the
+scheduler): float32 arithmetic, ``where`` on a mask, comparisons of float32 into a mask, logic of masks."""
 
 
 def vector_formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str]) -> str:
-    """The vector form of ``formula`` (operands are ``VTYPE[dt]`` vectors); ``Unsupported`` for an op or dtype
-    without one, and the caller then keeps the scalar loop. Same results as the scalar forms: the arithmetic is
-    the same IEEE operations, sigmoid and tanh the same polynomials (see the prelude)."""
-    if dt not in VTYPE or any(d != dt for d in src_dts) or op not in _VECTOR:
-        raise Unsupported(f"no vector form of {op.name.lower()} in {dt}")
-    return _VECTOR[op].format(a=args[0], b=args[1] if len(args) > 1 else "")
+    """The vector form of ``formula`` (operands are ``VTYPE`` vectors of their dtypes); ``Unsupported`` for an op
+    or dtypes without one, and the caller then keeps the scalar loop. Same results as the scalar forms: the
+    arithmetic is the same IEEE operations, sigmoid and tanh the same polynomials (see the prelude), a comparison
+    with NaN as false (``!=``: true) in both."""
+    form = _FORMS.get((op, dt, tuple(src_dts)))
+    if form is None:
+        raise Unsupported(f"no vector form of {op.name.lower()} in {dt} of {[d.value for d in src_dts]}")
+    return form.format(a=args[0], b=args[1] if len(args) > 1 else "", c=args[2] if len(args) > 2 else "")
 
 
 def lane_stride(index: Expr, lane: str) -> int | None:
@@ -317,15 +334,16 @@ def lane_stride(index: Expr, lane: str) -> int | None:
     return 1 if coefficient(index, lane) == ONE else None
 
 
-def store(ptr: str, index: Expr, value: str, sz: Sizes, lanes: int = 1, lane: str = "") -> str:
-    """The statement storing ``value`` at ``ptr[index]``; with ``lanes`` > 1 a vector of that many consecutive
-    elements from there (``Unsupported`` unless ``index`` moves by one with ``lane``)."""
+def store(ptr: str, index: Expr, value: str, sz: Sizes, lanes: int = 1, lane: str = "",
+          dt: DType = DType.float32) -> str:
+    """The statement storing ``value`` at ``ptr[index]``; with ``lanes`` > 1 a vector of ``dt`` of that many
+    consecutive elements from there (``Unsupported`` unless ``index`` moves by one with ``lane``)."""
     text = sz.index(index)
     if lanes == 1:
         return f"{ptr}[{text}] = {value};"
     if lane_stride(index, lane) != 1:
         raise Unsupported(f"{ptr}[{text}] is not contiguous in {lane}")
-    return f"nf_vst_f32(&{ptr}[{text}], {value});"
+    return f"{VSTORE[dt]}(&{ptr}[{text}], {value});"
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 """Scalar helpers every program includes (kept in a .h file so it reads as C)."""

@@ -45,6 +45,8 @@ from ...schedule.identical import step_keys
 from ...schedule.memory import Slot, lifetimes, plan
 from .cexpr import (
     PRELUDE,
+    VBROADCAST,
+    VLOAD,
     VTYPE,
     Sizes,
     Unsupported,
@@ -131,7 +133,7 @@ class Scalar:
         """A lane-invariant value: the scalar and its broadcast, both computed in ``pre``."""
         vt = self._vector(dt)
         s, v = self.low.names.fresh("s"), self.low.names.fresh("v")
-        self.pre += [f"const {ctype(dt)} {s} = {scalar_expr};", f"const {vt} {v} = nf_vbc_f32({s});"]
+        self.pre += [f"const {ctype(dt)} {s} = {scalar_expr};", f"const {vt} {v} = {VBROADCAST[dt]}({s});"]
         self.uniform[v] = s
         return v
 
@@ -145,13 +147,13 @@ class Scalar:
         step = lane_stride(index, self.lane or "")
         if step is None:
             raise Unsupported(f"{access} is not contiguous in {self.lane}")
-        return self.tmp(dt, f"nf_vld_f32(&{access})") if step == 1 else self._broadcast(dt, access)
+        return self.tmp(dt, f"{VLOAD[dt]}(&{access})") if step == 1 else self._broadcast(dt, access)
 
     def store(self, dt: DType, ptr: str, index: Expr, value: str) -> str:
         """The statement storing ``value`` at ``ptr[index]`` (``lanes`` consecutive elements with lanes)."""
         if self.lanes > 1:
             self._vector(dt)
-        return store(ptr, index, value, self.low.sizes, self.lanes, self.lane or "")
+        return store(ptr, index, value, self.low.sizes, self.lanes, self.lane or "", dt)
 
     def val(self, n: Node, idx: Sequence[Expr]) -> str:
         """The C value (a temporary, a literal) of ``n`` at index ``idx``, computed once per index."""
@@ -175,8 +177,9 @@ class Scalar:
             lit = literal(value, n.dtype) if sz.is_static(value) else f"(({ctype(n.dtype)})({sz(value)}))"
             if self.lanes > 1:
                 self._vector(n.dtype)
-                self.uniform[f"nf_vbc_f32({lit})"] = lit
-                return f"nf_vbc_f32({lit})"
+                bc = f"{VBROADCAST[n.dtype]}({lit})"
+                self.uniform[bc] = lit
+                return bc
             return lit
         if n.op == Op.RESHAPE and ctx.buffer(n.srcs[0]) is not None:
             return self.load(n.dtype, ctx.buffer(n.srcs[0]), row_major(idx, [sz.expr(d) for d in n.shape]))

@@ -120,6 +120,14 @@ static inline nf_vf32 nf_vbc_f32(float x) { return x - (nf_vf32){0}; }
 static inline nf_vf32 nf_vsel_f32(nf_vi32 m, nf_vf32 a, nf_vf32 b) {
     return (nf_vf32)((m & (nf_vi32)a) | (~m & (nf_vi32)b));
 }
+/* A bool vector is a mask of 32-bit lanes (all ones or zero), lane for lane with the float32 values it selects;
+   in memory one byte a value, so a mask loads from and stores to NF_VBYTES / 4 bytes. */
+typedef uint8_t nf_vb8u __attribute__((vector_size(NF_VBYTES / 4), aligned(1)));
+static inline nf_vi32 nf_vld_b(const uint8_t* p) {
+    return __builtin_convertvector(*(const nf_vb8u*)p, nf_vi32) != 0;
+}
+static inline void nf_vst_b(uint8_t* p, nf_vi32 m) { *(nf_vb8u*)p = __builtin_convertvector(m & 1, nf_vb8u); }
+static inline nf_vi32 nf_vbc_b(uint8_t x) { return (nf_vi32){0} - (int32_t)(x != 0); }
 static inline nf_vf32 nf_vmaxf(nf_vf32 a, nf_vf32 b) { return nf_vsel_f32((a > b) | (a != a), a, b); }
 static inline nf_vf32 nf_vminf(nf_vf32 a, nf_vf32 b) { return nf_vsel_f32((a < b) | (a != a), a, b); }
 static inline nf_vf32 nf_vabsf(nf_vf32 a) { return (nf_vf32)((nf_vi32)a & 0x7fffffff); }
