@@ -25,11 +25,17 @@ class TraceError(NNForgeError, TypeError):
 
 
 def user_location() -> str:
-    """``file:line`` of the innermost stack frame outside the nnforge package (the user's line)."""
+    """``file:line`` of the innermost stack frame outside the nnforge package and torch's (the user's line: an
+    nnforge layer behind ``TorchModule`` runs inside torch's module call and autograd function, whose lines say
+    nothing of the user's code)."""
+    skipped = [_PACKAGE_DIR + os.sep]
+    torch = sys.modules.get("torch")
+    if getattr(torch, "__file__", None):
+        skipped.append(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)  # type: ignore[union-attr]
+    prefixes = tuple(skipped)
     frame = sys._getframe(1)
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIR + os.sep):
+        if not os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"

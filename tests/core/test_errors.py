@@ -337,3 +337,20 @@ def test_scan_body_assigning_in_place():
         loc = next_line()
         nf.scan(body, nf.zeros(4), XS)
     check(ei, "scan", "in place", loc=loc)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_an_nnforge_layer_behind_torch_names_the_users_line(grad: bool):
+    """A layer of ``nnforge.nn`` called as a torch module (``TorchModule``) is traced inside torch's module call
+    and, with gradients, its autograd function: neither torch's lines nor nnforge's are the user's."""
+    import torch
+
+    import nnforge.nn as nn
+    from nnforge.torch import TorchModule
+
+    layer = TorchModule(nn.Linear(4, 5))
+    x = torch.ones(3, 6, requires_grad=grad)
+    with pytest.raises(nf.ShapeError) as ei:
+        loc = next_line()
+        layer(x)
+    check(ei, "matmul", "[3, 6]", "[4, 5]", loc=loc)
