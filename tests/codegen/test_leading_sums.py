@@ -27,6 +27,10 @@ def _viewed(x, y):  # a permute of the reduced axes only: still unit stride alon
     return (x.permute(1, 0, 2, 3) - y).sum(axis=(0, 1, 2))
 
 
+def _stored(x, y):  # a stored source, kept axes [300, 3]: read as rows of 900 sums
+    return x.reshape(9, 5, 300, 3).sum(axis=(0, 1))
+
+
 def _across(x, y):  # the kept last axis is the source's C: stride W, the generic form
     return x.permute(0, 1, 3, 2).sum(axis=(0, 1))
 
@@ -35,6 +39,7 @@ CASES = {
     "product": (_product, lambda x, y: (x * y).sum(axis=(0, 1)), True),
     "epilogue": (_epilogue, lambda x, y: np.tanh((x * 0.5 + y).sum(axis=(0,), keepdims=True)) * 3.0, True),
     "viewed": (_viewed, lambda x, y: (x.transpose(1, 0, 2, 3) - y).sum(axis=(0, 1, 2)), True),
+    "stored": (_stored, lambda x, y: x.reshape(9, 5, 300, 3).sum(axis=(0, 1)), True),
     "across": (_across, lambda x, y: x.transpose(0, 1, 3, 2).sum(axis=(0, 1)), False),
 }
 

@@ -779,15 +779,17 @@ class Lowering:
         contiguous outputs along the last kept axis, each summed row by row into a local accumulator (unit-stride
         reads the C compiler vectorizes), where the generic reduce loop would read ``src`` with a stride of the
         whole output per element. ``src`` may be elementwise work on views, evaluated where it is read (the
-        schedule checked that its reads run along the last axis). Blocks as many as there are threads when that
-        is fewer (a bias gradient's 384 sums were blocks of 256 and 128: one thread read two thirds of the
-        [T * N, 384] rows while the other waited)."""
+        schedule checked that its reads run along the last axis); a stored ``src`` summed without an epilogue
+        is read as rows of all its kept axes at once. Blocks as many as there are threads when that is fewer (a
+        bias gradient's 384 sums were blocks of 256 and 128: one thread read two thirds of the [T * N, 384] rows
+        while the other waited)."""
         self.stats["kernels"] += 1
         sz = self.sizes
         src = p.srcs[0]
         k = len(p.attrs["axes"])
-        kept = [sz(d) for d in src.shape[k:]]
-        last, outer = kept[-1], sz.prod(src.shape[k:-1])
+        buf = ctx.buffer(src) if root is None else None
+        kept = [sz.prod(src.shape[k:])] if buf else [sz(d) for d in src.shape[k:]]
+        last, outer = kept[-1], "1" if buf else sz.prod(src.shape[k:-1])
         acc_t = "double" if p.dtype == DType.float32 else ctype(p.dtype)
         q, o, b0, j, acc = em.fresh("q"), em.fresh("o"), em.fresh("b"), em.fresh("j"), em.fresh("acc")
         share, bw, nb = em.fresh("share"), em.fresh("bw"), em.fresh("nb")
@@ -796,9 +798,11 @@ class Lowering:
            f"const int64_t {nb} = (({last}) + {bw} - 1) / {bw};")
         self.omp_for(em)
         with em.block(f"for (int64_t {q} = 0; {q} < ({outer}) * {nb}; {q}++) {{"):
-            em(f"const int64_t {o} = {q} / {nb}, {b0} = {q} % {nb} * {bw};",
-               f"const int64_t n_ = ({last}) - {b0} < {bw} ? ({last}) - {b0} : {bw};")
             us = [em.fresh("u") for _ in kept[:-1]]
+            em(f"const int64_t {b0} = {q} % {nb} * {bw};",
+               f"const int64_t n_ = ({last}) - {b0} < {bw} ? ({last}) - {b0} : {bw};")
+            if us:
+                em(f"const int64_t {o} = {q} / {nb};")
             stride = "1"
             for u, d in reversed(list(zip(us, kept[:-1]))):
                 em(f"const int64_t {u} = {o} / ({stride}) % ({d});")
@@ -806,9 +810,13 @@ class Lowering:
             col = var(b0) + var(j)
             kept_idx = [*(var(u) for u in us), col]
             em(f"{acc_t} {acc}[256];", f"for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;")
-            rs = self._nest(em, [sz(d) for d in src.shape[:k]], "r")
+            rs = [var(r) for r in self._nest(em, [sz(d) for d in src.shape[:k]], "r")]
             sc = Scalar(self, ctx)
-            v = sc.val(src, [*(var(r) for r in rs), *kept_idx])
+            if buf:
+                rows = [sz.expr(d) for d in src.shape[:k]]
+                v = sc.load(src.dtype, buf, row_major([*rs, col], [*rows, math.prod(map(sz.expr, src.shape[k:]))]))
+            else:
+                v = sc.val(src, [*rs, *kept_idx])
             em("#pragma omp simd")
             with em.block(f"for (int64_t {j} = 0; {j} < n_; {j}++) {{"):
                 em.each(sc.stmts)
@@ -817,7 +825,8 @@ class Lowering:
             out_idx = [*([ZERO] * k if p.attrs["keepdims"] else []), *kept_idx]
             ep = Scalar(self, ctx, {id(p): f"({ctype(p.dtype)}){acc}[{j}]"}, tuple(out_idx), root=root)
             value = ep.val(root or p, out_idx)
-            store = f"{out}[{sz.index(row_major(out_idx, [sz.expr(d) for d in p.shape]))}]"
+            at = col if buf else row_major(out_idx, [sz.expr(d) for d in p.shape])  # buf: the sums are contiguous
+            store = f"{out}[{sz.index(at)}]"
             with em.block(f"for (int64_t {j} = 0; {j} < n_; {j}++) {{"):
                 em.each(ep.stmts)
                 em(f"{store} = {value};")
