@@ -556,7 +556,12 @@ class Tensor:
         return Tensor(make(Op.PERMUTE, (self.node,), {"perm": perm}))
 
     @composed("transpose")
-    def transpose(self, a: int = -2, b: int = -1) -> Tensor:
+    def transpose(self, a: int = -2, b: int = -1, *more: int) -> Tensor:
+        """Axes ``a`` and ``b`` swapped (torch's ``transpose``; numpy's reordering of every axis is ``permute``)."""
+        if more or not isinstance(a, (int, np.integer)):
+            axes = (a, b, *more) if isinstance(a, (int, np.integer)) else tuple(a)
+            raise ShapeError(at(f"transpose swaps two axes (torch's form), got {axes}: to reorder the axes of a "
+                                f"{self.ndim}-d tensor write permute{axes}"))
         perm = list(range(self.ndim))
         a, b = _axis(a, self.ndim, "transpose"), _axis(b, self.ndim, "transpose")
         if self.ndim == 0:
