@@ -1,9 +1,12 @@
 """Sums over leading axes run with the outputs innermost (``Reduce.leading``) whatever they read: a stored buffer,
 elementwise work on views of buffers (a layer norm's weight gradient ``sum(dy * xhat)`` over [T, N]), with an
-epilogue on the sums; a source read across its last axis keeps the generic form. Checked on every backend
-against float64 numpy, and the schedule's decision on the CPU and Triton targets."""
+epilogue on the sums; a source read across its last axis keeps the generic form, whose loops run the reduced
+axis read with the shortest stride innermost. Checked on every backend against float64 numpy, and the
+schedule's decision on the CPU and Triton targets."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -35,12 +38,17 @@ def _across(x, y):  # the kept last axis is the source's C: stride W, the generi
     return x.permute(0, 1, 3, 2).sum(axis=(0, 1))
 
 
+def _reordered(x, y):  # W, N and T reduced, C kept: the generic loop, W (the stride-1 axis) innermost
+    return x.permute(3, 1, 0, 2).sum(axis=(0, 1, 2))
+
+
 CASES = {
     "product": (_product, lambda x, y: (x * y).sum(axis=(0, 1)), True),
     "epilogue": (_epilogue, lambda x, y: np.tanh((x * 0.5 + y).sum(axis=(0,), keepdims=True)) * 3.0, True),
     "viewed": (_viewed, lambda x, y: (x.transpose(1, 0, 2, 3) - y).sum(axis=(0, 1, 2)), True),
     "stored": (_stored, lambda x, y: x.reshape(9, 5, 300, 3).sum(axis=(0, 1)), True),
     "across": (_across, lambda x, y: x.transpose(0, 1, 3, 2).sum(axis=(0, 1)), False),
+    "reordered": (_reordered, lambda x, y: x.sum(axis=(0, 1, 3)), False),
 }
 
 
@@ -68,6 +76,15 @@ def test_the_schedule_runs_outputs_innermost_where_reads_are_unit_stride(case: s
     (sums,) = [k for k in program.kernels() if isinstance(k, Reduce)]
     assert sums.leading is leading
     assert (sums.epilogue is not None) is (case == "epilogue")
+
+
+def test_the_generic_sum_runs_its_shortest_stride_innermost(rng: np.random.Generator) -> None:
+    """A sum the leading form does not take reads its source in memory order: the reduced axis whose reads are
+    contiguous is the innermost (vectorized) loop, not the last one of the view."""
+    from nnforge.codegen.c import lower
+
+    src = lower(prepare(nf.compile(_reordered).trace(*_args(rng)))).source()
+    assert re.search(r"#pragma omp simd reduction\(\+:z\d+\)\s+for \(int64_t z\d+ = 0; z\d+ < 300;", src)
 
 
 def test_a_layer_norms_weight_gradient_is_a_leading_sum_of_fused_work(backend: str,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ...dtypes import DType
 from ...errors import NNForgeError
-from ...ir.expr import ZERO, Expr, clamp, row_major, var
+from ...ir.expr import ZERO, Expr, clamp, coefficient, depends, row_major, var
 from ...ir.index import index_map, sliced_index, strided
 from ...ir.node import Graph, Node
 from ...ir.ops import ELEMENTWISE, Op
@@ -110,6 +110,7 @@ class Scalar:
         self.lanes, self.lane = lanes, lane
         self.uniform: dict[str, str] = {}  # vector value -> the scalar it broadcasts (lanes > 1)
         self.loads: list[str] = []
+        self.reads: list[Expr] = []  # the flat index of each load, as read
         self.fused: list[str] = []
 
     def sibling(self, lane: str) -> Scalar:
@@ -141,6 +142,7 @@ class Scalar:
         """``ptr[index]`` as a temporary (with lanes: a vector load, or a broadcast hoisted into ``pre``)."""
         access = f"{ptr}[{self.low.sizes.index(index)}]"
         self.loads.append(access)
+        self.reads.append(index)
         if self.lanes == 1:
             return self.tmp(dt, access)
         self._vector(dt)
@@ -690,7 +692,10 @@ class Lowering:
         sc = Scalar(self, ctx)  # the scalar form, also what the listing shows
         v = sc.val(src, full)
         if start is None or start < int(src.shape[-1]):
-            for k, (r, a) in enumerate(zip(ridx, axes)):
+            order = list(zip(ridx, axes))
+            if start is None:  # the axis read with the shortest stride innermost (a permuted source's rows)
+                order.sort(key=lambda ra: -_shortest_stride(sc.reads, ra[0]))
+            for k, (r, a) in enumerate(order):
                 last = k == len(axes) - 1
                 if last and p.op == Op.SUM and p.dtype.is_float:
                     # vector lanes of partial sums where ``_vector_reduce`` has no form (the order of a float sum
@@ -1119,6 +1124,14 @@ class Lowering:
         i = em.fresh("i")
         self.omp_for(em)
         em(f"for (int64_t {i} = 0; {i} < {n}; {i}++) {dst}[{i}] = {src}[{i}];")
+
+
+def _shortest_stride(reads: Sequence[Expr], name: str) -> int:
+    """The shortest step of the flat indices ``reads`` when loop variable ``name`` grows by one (0 where none
+    reads it; a step that is not a number counts as the longest)."""
+    steps = [c.value if c is not None and c.value is not None else 1 << 62
+             for c in (coefficient(e, name) for e in reads if depends(e, name))]
+    return min(map(abs, steps), default=0)
 
 
 def _sum(a: Expr, b: Expr) -> Expr:
