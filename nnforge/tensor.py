@@ -558,8 +558,8 @@ class Tensor:
     @composed("transpose")
     def transpose(self, a: int = -2, b: int = -1, *more: int) -> Tensor:
         """Axes ``a`` and ``b`` swapped (torch's ``transpose``; numpy's reordering of every axis is ``permute``)."""
-        if more or not isinstance(a, (int, np.integer)):
-            axes = (a, b, *more) if isinstance(a, (int, np.integer)) else tuple(a)
+        if more or isinstance(a, (tuple, list)):
+            axes = tuple(a) if isinstance(a, (tuple, list)) else (a, b, *more)
             raise ShapeError(at(f"transpose swaps two axes (torch's form), got {axes}: to reorder the axes of a "
                                 f"{self.ndim}-d tensor write permute{axes}"))
         perm = list(range(self.ndim))
