@@ -339,11 +339,8 @@ class _Scheduler:
         if not top or p.ndim != 2:
             return False, False
 
-        def static(d: object) -> Expr:
-            return size_expr(d if free_symbols(d) & self.dynamic else int(d))
-
         view = strided(p.srcs[0], lambda n: n if _has_buffer(n, g) or n.op in (Op.INPUT, Op.DATA) else None,
-                       static)
+                       self._size)
         k_stride = view[2][-1] if view is not None else None
         K, M = int(p.srcs[0].shape[-1]), int(p.shape[-2])
         pack = ((k_stride != ONE and t.pack_a_min_k is not None and t.pack_a_min_k <= K)

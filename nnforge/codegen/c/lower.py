@@ -796,45 +796,39 @@ class Lowering:
         kept = [sz.prod(src.shape[k:])] if buf else [sz(d) for d in src.shape[k:]]
         last, outer = kept[-1], "1" if buf else sz.prod(src.shape[k:-1])
         acc_t = "double" if p.dtype == DType.float32 else ctype(p.dtype)
-        q, o, b0, j, acc = em.fresh("q"), em.fresh("o"), em.fresh("b"), em.fresh("j"), em.fresh("acc")
+        b0, j, acc = em.fresh("b"), em.fresh("j"), em.fresh("acc")
         share, bw, nb = em.fresh("share"), em.fresh("bw"), em.fresh("nb")
         em(f"const int64_t {share} = (({outer}) * ({last}) + nf_team() - 1) / nf_team();",
            f"const int64_t {bw} = {share} > 248 ? 256 : {share} < 8 ? 8 : ({share} + 7) / 8 * 8;",  # never 0
            f"const int64_t {nb} = (({last}) + {bw} - 1) / {bw};")
-        self.omp_for(em)
-        with em.block(f"for (int64_t {q} = 0; {q} < ({outer}) * {nb}; {q}++) {{"):
-            us = [em.fresh("u") for _ in kept[:-1]]
-            em(f"const int64_t {b0} = {q} % {nb} * {bw};",
-               f"const int64_t n_ = ({last}) - {b0} < {bw} ? ({last}) - {b0} : {bw};")
-            if us:
-                em(f"const int64_t {o} = {q} / {nb};")
-            stride = "1"
-            for u, d in reversed(list(zip(us, kept[:-1]))):
-                em(f"const int64_t {u} = {o} / ({stride}) % ({d});")
-                stride = f"({stride}) * ({d})"
-            col = var(b0) + var(j)
-            kept_idx = [*(var(u) for u in us), col]
-            em(f"{acc_t} {acc}[256];", f"for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;")
-            rs = [var(r) for r in self._nest(em, [sz(d) for d in src.shape[:k]], "r")]
-            sc = Scalar(self, ctx)
-            if buf:
-                rows = [sz.expr(d) for d in src.shape[:k]]
-                v = sc.load(src.dtype, buf, row_major([*rs, col], [*rows, math.prod(map(sz.expr, src.shape[k:]))]))
-            else:
-                v = sc.val(src, [*rs, *kept_idx])
-            em("#pragma omp simd")
-            with em.block(f"for (int64_t {j} = 0; {j} < n_; {j}++) {{"):
-                em.each(sc.stmts)
-                em(f"{acc}[{j}] += {v};")
-            em.close()
-            out_idx = [*([ZERO] * k if p.attrs["keepdims"] else []), *kept_idx]
-            ep = Scalar(self, ctx, {id(p): f"({ctype(p.dtype)}){acc}[{j}]"}, tuple(out_idx), root=root)
-            value = ep.val(root or p, out_idx)
-            at = col if buf else row_major(out_idx, [sz.expr(d) for d in p.shape])  # buf: the sums are contiguous
-            store = f"{out}[{sz.index(at)}]"
-            with em.block(f"for (int64_t {j} = 0; {j} < n_; {j}++) {{"):
-                em.each(ep.stmts)
-                em(f"{store} = {value};")
+        self.omp_for(em, len(kept))  # the outer kept axes and the blocks of the last one, shared as one range
+        *us, q = self._nest(em, [*kept[:-1], nb], "u")
+        em(f"const int64_t {b0} = {q} * {bw};",
+           f"const int64_t n_ = ({last}) - {b0} < {bw} ? ({last}) - {b0} : {bw};")
+        col = var(b0) + var(j)
+        kept_idx = [*(var(u) for u in us), col]
+        em(f"{acc_t} {acc}[256];", f"for (int64_t {j} = 0; {j} < n_; {j}++) {acc}[{j}] = 0;")
+        rs = [var(r) for r in self._nest(em, [sz(d) for d in src.shape[:k]], "r")]
+        sc = Scalar(self, ctx)
+        if buf:
+            rows = [sz.expr(d) for d in src.shape[:k]]
+            v = sc.load(src.dtype, buf, row_major([*rs, col], [*rows, math.prod(map(sz.expr, src.shape[k:]))]))
+        else:
+            v = sc.val(src, [*rs, *kept_idx])
+        em("#pragma omp simd")
+        with em.block(f"for (int64_t {j} = 0; {j} < n_; {j}++) {{"):
+            em.each(sc.stmts)
+            em(f"{acc}[{j}] += {v};")
+        em.close()
+        out_idx = [*([ZERO] * k if p.attrs["keepdims"] else []), *kept_idx]
+        ep = Scalar(self, ctx, {id(p): f"({ctype(p.dtype)}){acc}[{j}]"}, tuple(out_idx), root=root)
+        value = ep.val(root or p, out_idx)
+        at = col if buf else row_major(out_idx, [sz.expr(d) for d in p.shape])  # buf: the sums are contiguous
+        store = f"{out}[{sz.index(at)}]"
+        with em.block(f"for (int64_t {j} = 0; {j} < n_; {j}++) {{"):
+            em.each(ep.stmts)
+            em(f"{store} = {value};")
+        em.close()
         fused = list(dict.fromkeys([*sc.fused, *ep.fused]))
         listing.append(KernelInfo("+".join(["sum", *fused]) if fused else "reduce", out,
                                   fmt_type((root or p).shape, (root or p).dtype), ["sum", *fused], [store],
