@@ -228,7 +228,7 @@ def literal(value: object, dt: DType) -> str:
 
 _MATH = {Op.EXP: "exp", Op.LOG: "log", Op.SQRT: "sqrt", Op.SIN: "sin", Op.COS: "cos", Op.TANH: "nf_tanh",
          Op.ERF: "erf", Op.LOG1P: "log1p", Op.EXPM1: "expm1"}
-_INLINE_F32 = {Op.EXP: "nf_expf", Op.ERF: "nf_erff"}
+_INLINE_F32 = {Op.EXP: "nf_expf", Op.LOG: "nf_logf", Op.ERF: "nf_erff"}
 """float32 forms written in the prelude rather than libm's (inline: no call, no out-of-range path per element)."""
 
 
@@ -296,7 +296,8 @@ def vector_lanes(vector_bytes: int) -> dict[DType, int]:
 _VECTOR = {Op.ADD: "({a} + {b})", Op.SUB: "({a} - {b})", Op.MUL: "({a} * {b})", Op.DIV: "({a} / {b})",
            Op.NEG: "(-{a})", Op.RECIP: "(1.0f / {a})", Op.SIGMOID: "nf_vsigmoidf({a})", Op.TANH: "nf_vtanhf({a})",
            Op.MAX: "nf_vmaxf({a}, {b})", Op.MIN: "nf_vminf({a}, {b})", Op.ABS: "nf_vabsf({a})",
-           Op.SQRT: "nf_vsqrtf({a})", Op.EXP: "nf_vexpf({a})", Op.ERF: "nf_verff({a})"}
+           Op.SQRT: "nf_vsqrtf({a})", Op.EXP: "nf_vexpf({a})", Op.LOG: "nf_vlogf({a})",
+           Op.ERF: "nf_verff({a})"}
 _COMPARE = {Op.LT: "({a} < {b})", Op.LE: "({a} <= {b})", Op.EQ: "({a} == {b})", Op.NE: "({a} != {b})"}
 _F32, _BOOL = DType.float32, DType.bool
 _FORMS = {
