@@ -202,6 +202,17 @@ def evaluate(e: Expr, env: Mapping[str, int]) -> int:
     return SIZE_OPS[op](evaluate(args[0], env), evaluate(args[1], env))
 
 
+def replace_var(e: Expr, name: str, value: Expr) -> Expr:
+    """``e`` with the variable ``name`` replaced by ``value``, simplified as it is rebuilt (``i - 1`` at ``i = 0``
+    is the constant ``-1``)."""
+    if e.op == "var":
+        return value if e.args[0] == name else e
+    if e.op in ("const", "size"):
+        return e
+    a, b = (replace_var(x, name, value) for x in e.args)
+    return clamp(a, b) if e.op == "clamp" else _BUILD[e.op](a, b)
+
+
 def depends(e: Expr, name: str) -> bool:
     """Whether ``e`` names the variable ``name``."""
     if e.op == "var":
@@ -234,3 +245,6 @@ def coefficient(e: Expr, name: str) -> Expr | None:
             ca = coefficient(a, name)
             return None if ca is None else mul(ca, b)
     return None  # a product of two moving terms, //, %, clamp
+
+
+_BUILD = {"add": add, "sub": sub, "mul": mul, "floordiv": floordiv, "mod": mod}

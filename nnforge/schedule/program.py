@@ -53,9 +53,13 @@ class Kernel:
 @dataclass(frozen=True)
 class Elementwise(Kernel):
     """A loop nest over ``out``'s elements evaluating the fused body (no elementwise op inlined: a copy).
-    ``lanes``: elements of the last axis computed at once (a vector; 1: one at a time)."""
+    ``lanes``: elements of the last axis computed at once (a vector; 1: one at a time). ``columns``: the span
+    ``[start, stop)`` of the last axis the vector loop covers (None: all of it) when the body reads a padded value
+    along that axis (a shift, ``x.pad(((0, 0), (1, 0)))[:, :n]``): there every such read is inside its source,
+    so no vector needs the pad's value, and the columns before and after run one at a time."""
 
     lanes: int = 1
+    columns: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -313,7 +317,8 @@ def _kernel_line(k: Kernel, names: dict[str, str]) -> str:
     if isinstance(k, Gemm | SlicedGemm) and k.lanes > 1:
         notes.append(f"tiles {k.lanes} columns at a time")
     if isinstance(k, Elementwise) and k.lanes > 1:
-        notes.append(f"{k.lanes} columns at a time")
+        span = "" if k.columns is None else f" in columns {k.columns[0]}..{k.columns[1]}"
+        notes.append(f"{k.lanes} columns at a time{span}")
     if isinstance(k, Reduce) and k.leading:
         notes.append("leading axes, outputs innermost")
     if isinstance(k, Copy):

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 
 from ..dtypes import DType
 from ..ir.dims import fixed, free_symbols, substitute
-from ..ir.expr import ONE, Expr, coefficient, depends, row_major, var
+from ..ir.expr import ONE, ZERO, Expr, coefficient, depends, replace_var, row_major, var
 from ..ir.expr import size as size_expr
 from ..ir.index import index_map, sliced_index, strided
 from ..ir.lengths import loop_length_symbols
@@ -162,17 +162,26 @@ class _Scheduler:
             return Concat(n, out, ("concat", *_inlined(g, n)))
         if n.op == Op.SCATTER_ADD:
             return ScatterAdd(n, out, ("scatter_add", *_inlined(g, n)))
-        return Elementwise(n, out, _inlined(g, n, root=n), also, self.vector_lanes(n, g))
+        return Elementwise(n, out, _inlined(g, n, root=n), also, *self.vector_lanes(n, g))
 
-    def vector_lanes(self, n: Node, g: Grouping) -> int:
+    def vector_lanes(self, n: Node, g: Grouping) -> tuple[int, tuple[int, int] | None]:
         """Elements of ``n``'s last axis an elementwise kernel computes at once: the target's lanes for its dtype
         when it has two axes or more, a static width of a vector at least, and a body that vectorizes along the
-        last axis (``_vectorizes``)."""
+        last axis (``_vectorizes``); and the columns the vector loop covers (``Elementwise.columns``) where the
+        body reads padded values along that axis: those where every such read is inside its source, a vector
+        of them at least."""
         lanes = dict(self.target.vector_lanes).get(n.dtype, 1)
         if lanes == 1 or n.ndim < 2 or not self._wide(n.shape[-1], lanes):
-            return 1
+            return 1, None
         idx = (*(var(f"i{k}") for k in range(n.ndim - 1)), var("lane"))
-        return lanes if self._vectorizes(n, idx, n, g, lanes) else 1
+        inside: list[tuple[int, int]] = []
+        if not self._vectorizes(n, idx, n, g, lanes, inside=inside):
+            return 1, None
+        if not inside:
+            return lanes, None
+        start = max(0, *(a for a, _ in inside))
+        stop = min(int(n.shape[-1]), *(b for _, b in inside))
+        return (lanes, (start, stop)) if stop - start >= lanes else (1, None)
 
     def reduce_lanes(self, p: Node, g: Grouping) -> int:
         """Columns a float sum or max over the last axis reads at once (vector partial sums or maxima): as for an
@@ -223,12 +232,16 @@ class _Scheduler:
         return w is not None and w >= lanes
 
     def _vectorizes(self, start: Node, idx: tuple[Expr, ...], root: Node | None, g: Grouping, lanes: int,
-                    given: frozenset[tuple[int, tuple[Expr, ...]]] = frozenset()) -> bool:
+                    given: frozenset[tuple[int, tuple[Expr, ...]]] = frozenset(),
+                    inside: list[tuple[int, int]] | None = None) -> bool:
         """Whether ``start`` at ``idx`` can be evaluated ``lanes`` values of the index variable ``lane`` at once
-        (``root``: the kernel's own node, computed not loaded): every value has a vector form (its dtype's lanes,
-        an op with a vector spelling; no pad, concat or gather) and every read of a buffer is contiguous or
-        constant along the lane (its coefficient in the read's index is 1 or 0). ``given``: (id(node), index)
-        of values the kernel already holds as vectors (a GEMM tile's accumulators)."""
+        (``root``: the kernel's own node, computed not loaded): every value that moves with the lane has a vector
+        form (its dtype's lanes, an op with a vector spelling; no concat or gather; a pad only with ``inside``)
+        and every read of a buffer is contiguous or constant along the lane (its coefficient in the read's index
+        is 1 or 0); what does not move with it is computed once, as a scalar, and needs a vector type only.
+        ``given``: (id(node), index) of values the kernel already holds as vectors (a GEMM tile's accumulators);
+        ``inside`` collects the lanes ``[start, stop)`` where each padded read is inside its source (see
+        ``_lane_reads``)."""
         t = self.target
         widths = dict(t.vector_lanes)
 
@@ -238,7 +251,7 @@ class _Scheduler:
         def spelled(m: Node) -> bool:
             return (m.op, m.dtype, tuple(s.dtype for s in m.srcs)) in t.vector_ops
 
-        return _lane_reads(start, idx, root, g, self._size, fits, spelled, given)
+        return _lane_reads(start, idx, root, g, self._size, fits, spelled, given, inside)
 
     def leading_sum(self, p: Node, g: Grouping) -> bool:
         """A float sum over leading axes whose reads run along the last kept axis (a bias gradient, a layer
@@ -454,12 +467,16 @@ def _has_buffer(n: Node, g: Grouping) -> bool:
 
 def _lane_reads(start: Node, idx: tuple[Expr, ...], root: Node | None, g: Grouping,
                 size: Callable[[object], Expr], fits: Callable[[DType], bool], spelled: Callable[[Node], bool],
-                given: frozenset[tuple[int, tuple[Expr, ...]]] = frozenset()) -> bool:
+                given: frozenset[tuple[int, tuple[Expr, ...]]] = frozenset(),
+                inside: list[tuple[int, int]] | None = None) -> bool:
     """Whether every buffer ``start`` reads at ``idx`` is read contiguously or at one place along the index
-    variable ``lane`` (its coefficient 1 or 0), through views and elementwise ops only (no pad, concat or
-    gather), with ``fits`` true of every value's dtype and ``spelled`` of every elementwise op on the way.
+    variable ``lane`` (its coefficient 1 or 0), through views and elementwise ops only (no concat or gather),
+    with ``fits`` true of every value's dtype and ``spelled`` of every elementwise op on the way; a value whose
+    index does not move with the lane needs only ``fits`` (it is computed once, as a scalar, and broadcast).
     ``root``: the kernel's own node (computed, not loaded); ``given``: (id(node), index) of values the kernel
-    already holds."""
+    already holds. A pad is read only with ``inside`` given, padded along the lane alone, at ``lane + c`` of a
+    static source (``c`` a constant): ``inside`` then gets the lanes ``[-c, size - c)`` where the read is in
+    the source, and the source is read there, unclamped."""
     seen: dict[tuple, bool] = {}
 
     def read(m: Node, at: tuple[Expr, ...]) -> bool:
@@ -475,6 +492,8 @@ def _lane_reads(start: Node, idx: tuple[Expr, ...], root: Node | None, g: Groupi
         return seen[key]
 
     def one(m: Node, at: tuple[Expr, ...]) -> bool:
+        if m is not root and not any(depends(e, "lane") for e in at):
+            return fits(m.dtype)
         if m is not root and _has_buffer(m, g):
             return read(m, at)
         if m.op == Op.CONST:
@@ -483,7 +502,25 @@ def _lane_reads(start: Node, idx: tuple[Expr, ...], root: Node | None, g: Groupi
             return read(m, at)
         if m.op in STRIDED:
             return ok(m.srcs[0], tuple(index_map(m, at, size)))
+        if m.op == Op.PAD and inside is not None:
+            return fits(m.dtype) and padded(m, at)
         return m.op in ELEMENTWISE and spelled(m) and fits(m.dtype) and all(ok(s, at) for s in m.srcs)
+
+    def padded(m: Node, at: tuple[Expr, ...]) -> bool:
+        src, spans, inner = m.srcs[0], [], []
+        for i, (lo, hi), d in zip(at, m.attrs["pads"], src.shape):
+            if int(lo) == 0 and int(hi) == 0:
+                inner.append(i)
+                continue
+            j = i - size(lo)
+            c, n = replace_var(j, "lane", ZERO).value, size(d).value
+            if not depends(j, "lane") or coefficient(j, "lane") != ONE or c is None or not n:
+                return False
+            spans.append((-c, n - c))
+            inner.append(j)
+        assert inside is not None
+        inside.extend(spans)
+        return ok(src, tuple(inner))
 
     return ok(start, idx)
 

@@ -23,6 +23,7 @@ from nnforge.ir.expr import (
     coefficient,
     const,
     evaluate,
+    replace_var,
     row_major,
     size,
     var,
@@ -99,6 +100,19 @@ def test_operators_keep_values(rng: np.random.Generator) -> None:
             # the gathered forms: constants of sums and products folded together
             assert evaluate(d + (3 + a), env) == d + 3 + x == evaluate((a + d) + 3, env)
             assert evaluate(d * (3 * a), env) == 3 * d * x
+
+
+def test_replacing_a_variable_keeps_values(rng: np.random.Generator) -> None:
+    """``replace_var`` evaluates as the original with the variable's value, and folds what becomes constant (a
+    shift's ``i - 2`` at ``i = 0`` is the constant ``-2``: the scheduler reads a padded read's offset so)."""
+    assert replace_var(i - 2, "i", ZERO) == const(-2)
+    assert replace_var((i + 3) * 4 + j, "i", const(1)) == 16 + j
+    for _ in range(200):
+        e = _random_expr(rng, 3)
+        env = {n: int(rng.integers(-20, 21)) for n in NAMES}
+        for name in NAMES:
+            value = _random_expr(rng, 1)
+            assert evaluate(replace_var(e, name, value), env) == evaluate(e, {**env, name: evaluate(value, env)})
 
 
 def _run_c(body: str, tmp: Path) -> list[int]:

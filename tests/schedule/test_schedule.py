@@ -202,9 +202,10 @@ def test_few_results_over_a_long_k_sum_it_in_parts_where_the_target_says(rng: np
 
 
 def test_elementwise_kernels_take_vector_lanes_where_every_read_allows(rng: np.random.Generator) -> None:
-    """8 float32 lanes on the CPU target: contiguous and broadcast reads along the last axis vectorize; a
-    transposed read, a cast, a pad or a width below one vector keep the element-by-element loop; float64 has no
-    vector form here. (Each kernel's tanh keeps it an elementwise kernel rather than a copy.)"""
+    """8 float32 lanes on the CPU target: contiguous and broadcast reads along the last axis vectorize, and a pad
+    along it on the columns where the read is inside its source; a transposed read, a cast, a pad across rows or
+    a width below one vector keep the element-by-element loop; float64 has no vector form here. (Each kernel's
+    tanh keeps it an elementwise kernel rather than a copy.)"""
     x, y = rng.standard_normal((6, 16)).astype(np.float32), rng.standard_normal((16, 16)).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
     cases = {
@@ -213,12 +214,14 @@ def test_elementwise_kernels_take_vector_lanes_where_every_read_allows(rng: np.r
         "broadcast column": (lambda x, y, b: nf.tanh(x + x.sum(-1, keepdims=True)), 8),
         "transposed": (lambda x, y, b: nf.tanh(y.T + 1.0), 1),
         "cast": (lambda x, y, b: nf.tanh((x > 0).cast(nf.float32)), 1),
-        "pad": (lambda x, y, b: nf.tanh(x.pad(((0, 0), (1, 0)))), 1),
+        "pad": (lambda x, y, b: nf.tanh(x.pad(((0, 0), (1, 0)))), 8),
+        "pad across rows": (lambda x, y, b: nf.tanh(x.pad(((1, 0), (0, 0)))), 1),
         "narrow": (lambda x, y, b: nf.tanh(x[:, :5]), 1),
     }
     for name, (fn, lanes) in cases.items():
         (k,) = [k for k in _program(fn, (x, y, b)).kernels() if isinstance(k, Elementwise) and "tanh" in k.fuses]
         assert k.lanes == lanes, name
+        assert k.columns == ((1, 17) if name == "pad" else None), name
         got = nf.compile(fn, backend="cpu")(x, y, b)  # and the C renders what was chosen, with the same values
         np.testing.assert_allclose(got, nf.compile(fn)(x, y, b), rtol=2e-6, atol=2e-6)
     (k,) = [k for k in _program(lambda x: nf.tanh(x * 2.0), (x.astype(np.float64),)).kernels()

@@ -92,14 +92,16 @@ class Scalar:
 
     With ``lanes`` > 1 the body computes ``lanes`` consecutive values of the index variable ``lane`` at once
     (vector temporaries; ``lane`` is the first): a read that moves with ``lane`` must be contiguous (a vector
-    load). Values that do not depend on ``lane`` (a row's layer-norm statistics, constants) are computed once as
-    scalars in ``pre``, which the caller places before the lane loop, and broadcast there: the C compiler could
-    not hoist them itself past the body's stores (the buffers may alias). Anything else raises ``Unsupported``,
-    and the caller keeps the scalar form."""
+    load). Values that do not depend on ``lane`` (a row's layer-norm statistics, a sequence's length compared
+    with a step, constants) are computed once as scalars in ``pre``, which the caller places before the lane
+    loop, and broadcast there: the C compiler could not hoist them itself past the body's stores (the buffers may
+    alias). A pad along the lanes is read as its source, unclamped, only with ``inside`` (the caller runs the
+    lanes where every such read is in its source: ``Elementwise.columns``). Anything else raises
+    ``Unsupported``, and the caller keeps the scalar form."""
 
     def __init__(self, low: Lowering, ctx: GraphCtx, overrides: dict[int, str] | None = None,
                  identity: tuple[Expr, ...] | None = None, lanes: int = 1, lane: str | None = None,
-                 root: Node | None = None):
+                 root: Node | None = None, inside: bool = False):
         self.low, self.ctx = low, ctx
         self.root = root  # the kernel's own result: computed, never loaded from its buffer
         self.stmts: list[str] = []
@@ -112,12 +114,17 @@ class Scalar:
         self.loads: list[str] = []
         self.reads: list[Expr] = []  # the flat index of each load, as read
         self.fused: list[str] = []
+        self.inside = inside
+        self.once: Scalar | None = None  # with lanes: the scalar form of the lane-invariant values, into ``pre``
+        if lanes > 1:
+            self.once = Scalar(low, ctx, self.overrides, identity, root=root)
+            self.once.stmts = self.pre
 
     def sibling(self, lane: str) -> Scalar:
         """A Scalar for another lane variable of the same loop body (an unrolled copy): it shares this one's
         lane-invariant values (``pre``) and memo, so what does not move with the lane is computed once."""
-        other = Scalar(self.low, self.ctx, self.overrides, self.identity, self.lanes, lane, self.root)
-        other.pre, other.uniform, other.memo = self.pre, self.uniform, self.memo
+        other = Scalar(self.low, self.ctx, self.overrides, self.identity, self.lanes, lane, self.root, self.inside)
+        other.pre, other.uniform, other.memo, other.once = self.pre, self.uniform, self.memo, self.once
         return other
 
     def _vector(self, dt: DType) -> str:
@@ -171,6 +178,12 @@ class Scalar:
 
     def _val(self, n: Node, idx: tuple[Expr, ...]) -> str:
         ctx, sz = self.ctx, self.low.sizes
+        if self.once is not None and n.op != Op.CONST and not any(depends(e, self.lane or "") for e in idx):
+            vt, s = self._vector(n.dtype), self.once.val(n, idx)  # no vector type: Unsupported
+            v = self.low.names.fresh("v")
+            self.pre.append(f"const {vt} {v} = {VBROADCAST[n.dtype]}({s});")
+            self.uniform[v] = s
+            return v
         ptr = None if n is self.root else ctx.buffer(n)
         if ptr is not None:
             return self.load(n.dtype, ptr, row_major(idx, [sz.expr(d) for d in n.shape]))
@@ -187,7 +200,7 @@ class Scalar:
             return self.load(n.dtype, ctx.buffer(n.srcs[0]), row_major(idx, [sz.expr(d) for d in n.shape]))
         if n.op in (Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.RESHAPE):
             return self.val(n.srcs[0], index_map(n, idx, sz.expr))
-        if self.lanes > 1 and n.op in (Op.PAD, Op.CONCAT):
+        if self.lanes > 1 and (n.op == Op.CONCAT or (n.op == Op.PAD and not self.inside)):
             raise Unsupported(f"no vector form of {n.op.name.lower()}")
         if n.op == Op.GATHER:
             return self._gather(n, idx)
@@ -224,6 +237,11 @@ class Scalar:
                 inner.append(i)
                 continue
             j = i - sz.expr(lo)
+            if self.lanes > 1:  # along the lanes, which run where it is in the source (``inside``)
+                if not depends(j, self.lane or ""):
+                    raise Unsupported("no vector form of a pad across the lanes")
+                inner.append(j)
+                continue
             conds.append(f"({sz.index(j)} >= 0 && {sz.index(j)} < {sz(d)})")
             inner.append(clamp(j, sz.expr(d)))
         v = self.val(src, inner)
@@ -470,7 +488,7 @@ class Lowering:
         elif isinstance(k, ScatterAdd):
             self.kernel_scatter_add(k.node, ctx, out, em, listing)
         elif isinstance(k, Elementwise):
-            self.kernel_pointwise(k.node, ctx, out, em, listing, also=also, lanes=k.lanes)
+            self.kernel_pointwise(k.node, ctx, out, em, listing, also=also, lanes=k.lanes, columns=k.columns)
         elif isinstance(k, Random):
             self.kernel_random(k, out, em, listing)
         else:
@@ -502,13 +520,14 @@ class Lowering:
         return idx
 
     def kernel_pointwise(self, n: Node, ctx: GraphCtx, out: str, em: Emitter, listing: list[KernelInfo],
-                         kind: str = "elementwise", also: Sequence[str] = (), lanes: int = 1) -> None:
+                         kind: str = "elementwise", also: Sequence[str] = (), lanes: int = 1,
+                         columns: tuple[int, int] | None = None) -> None:
         """``n`` element by element into ``out`` (and into each buffer of ``also``, of the same layout), or
-        ``lanes`` elements of the last axis at a time where the schedule says so."""
+        ``lanes`` elements of the last axis at a time (in ``columns``) where the schedule says so."""
         self.stats["kernels"] += 1
         shape = [self.sizes(d) for d in n.shape]
         if lanes > 1:
-            self._vector_pointwise(n, ctx, [out, *also], shape, em, listing, lanes)
+            self._vector_pointwise(n, ctx, [out, *also], shape, em, listing, lanes, columns)
             return
         names = self._loops(em, shape, "i")
         idx = [var(i) for i in names]
@@ -524,16 +543,20 @@ class Lowering:
                                   sc.loads))
 
     def _vector_pointwise(self, n: Node, ctx: GraphCtx, outs: list[str], shape: list[str], em: Emitter,
-                          listing: list[KernelInfo], lanes: int) -> None:
-        """``kernel_pointwise`` with its innermost loop in vector form (``lanes`` columns at a time, then a scalar
-        loop for the rest), the outer axes work-shared as in the scalar form. The schedule chose it
-        (``Elementwise.lanes``: every value has a vector form, every read is contiguous or constant along the
-        last axis); a body that cannot be spelled so is a bug of that choice, raised as such."""
+                          listing: list[KernelInfo], lanes: int, columns: tuple[int, int] | None) -> None:
+        """``kernel_pointwise`` with its innermost loop in vector form (``lanes`` columns at a time from the
+        first of ``columns``, a scalar loop for the columns before and after), the outer axes work-shared as in
+        the scalar form. The schedule chose it (``Elementwise.lanes``: every value has a vector form, every read
+        is contiguous or constant along the last axis, a padded one inside its source in ``columns``); a body
+        that cannot be spelled so is a bug of that choice, raised as such."""
         idx = [em.fresh("i") for _ in shape]
         width = int(n.shape[-1])
+        start, stop = columns or (0, width)
+        end = start + (stop - start) // lanes * lanes
         at = [var(i) for i in idx]
         flat = row_major(at, [self.sizes.expr(d) for d in n.shape])
-        vector, scalar = (Scalar(self, ctx, lanes=step, lane=idx[-1], root=n) for step in (lanes, 1))
+        vector, scalar = (Scalar(self, ctx, lanes=step, lane=idx[-1], root=n, inside=columns is not None)
+                          for step in (lanes, 1))
         bodies = []
         for sc in (vector, scalar):
             try:
@@ -548,17 +571,21 @@ class Lowering:
         em(*(f"for (int64_t {i} = 0; {i} < {d}; {i}++)" for i, d in zip(idx[:-1], shape[:-1])))
         em.open("{")
         em.each(vector.pre)  # the scalar form hoists nothing
-        with em.block(f"for (int64_t {idx[-1]} = 0; {idx[-1]} < {width - width % lanes}; {idx[-1]} += {lanes}) {{"):
+        if start:
+            with em.block(f"for (int64_t {idx[-1]} = 0; {idx[-1]} < {start}; {idx[-1]}++) {{"):
+                em.each(bodies[1])
+        with em.block(f"for (int64_t {idx[-1]} = {start}; {idx[-1]} < {end}; {idx[-1]} += {lanes}) {{"):
             em.each(bodies[0])
-        if width % lanes:
-            with em.block(f"for (int64_t {idx[-1]} = {width - width % lanes}; {idx[-1]} < {width}; {idx[-1]}++) {{"):
+        if end < width:
+            with em.block(f"for (int64_t {idx[-1]} = {end}; {idx[-1]} < {width}; {idx[-1]}++) {{"):
                 em.each(bodies[1])
         em.close()
         self.stats["vector"] += 1
+        span = "" if columns is None else f" in columns {start}..{end}"
         listing.append(KernelInfo("elementwise" if scalar.fused else "copy", ", ".join(outs),
                                   fmt_type(n.shape, n.dtype), scalar.fused,
                                   [st.rstrip(";") for st in bodies[1][-len(outs):]], scalar.loads,
-                                  note=f"{lanes} columns at a time"))
+                                  note=f"{lanes} columns at a time{span}"))
 
     def kernel_random(self, k: Random, out: str, em: Emitter, listing: list[KernelInfo]) -> None:
         """``out`` filled with the draw's numbers (``schedule.Random``), work-shared: element ``i`` depends on the
