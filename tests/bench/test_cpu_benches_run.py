@@ -32,3 +32,14 @@ def test_transformer_cpu_bench_times_nnforge_against_torch(model: list[str]):
     errors = [float(line.split("error vs float64 ")[1].split()[0]) for line in out.splitlines()
               if "error vs float64" in line]
     assert len(errors) == 4 and max(errors) < 1e-5  # the same layer: both agree with float64
+
+
+def test_ctc_cpu_bench_times_the_loss_and_its_gradient_against_torch():
+    """Both calls of a tiny shape timed against torch's ``ctc_loss``, after the script's own comparison of the
+    losses and the gradient with torch's (an assertion there fails the script)."""
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "bench/ctc_cpu.py", "--repeats", "1", "--shapes", "12,3,5,4"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("(12, 3, 5, 4)")]
+    assert [row[4] for row in rows] == ["loss", "loss+grad"] and all(row[-1].endswith("x") for row in rows)
