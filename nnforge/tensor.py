@@ -560,8 +560,13 @@ class Tensor:
         """Axes ``a`` and ``b`` swapped (torch's ``transpose``; numpy's reordering of every axis is ``permute``)."""
         if more or isinstance(a, (tuple, list)):
             axes = tuple(a) if isinstance(a, (tuple, list)) else (a, b, *more)
-            raise ShapeError(at(f"transpose swaps two axes (torch's form), got {axes}: to reorder the axes of a "
-                                f"{self.ndim}-d tensor write permute{axes}"))
+            if len(axes) == 2:  # the two axes as one tuple: torch takes them as two arguments
+                fix = f"to swap two axes write transpose({axes[0]}, {axes[1]})"
+            elif len(axes) == self.ndim:
+                fix = f"to reorder the axes of a {self.ndim}-d tensor write permute{axes}"
+            else:
+                fix = f"permute takes all {self.ndim} axes of this tensor, in their new order"
+            raise ShapeError(at(f"transpose swaps two axes (torch's form), got {axes}: {fix}"))
         perm = list(range(self.ndim))
         a, b = _axis(a, self.ndim, "transpose"), _axis(b, self.ndim, "transpose")
         if self.ndim == 0:

@@ -82,6 +82,8 @@ def test_matmul_of_a_scalar():
     (lambda: X.transpose(0, 3), ("transpose",)),
     (lambda: nf.ones(2, 3, 4).transpose(0, 2, 1), ("transpose", "two axes", "permute(0, 2, 1)")),  # numpy's form
     (lambda: nf.ones(2, 3, 4).transpose((2, 0, 1)), ("transpose", "permute(2, 0, 1)")),
+    (lambda: nf.ones(2, 3, 4).transpose((0, 2)), ("transpose", "transpose(0, 2)")),  # the pair as one tuple
+    (lambda: nf.ones(2, 3, 4, 5).transpose(0, 2, 1), ("transpose", "all 4 axes")),
     (lambda: X[3], ("index", "3")),
     (lambda: X[0, 0, 0], ("index", "3 indices")),
     (lambda: X[..., 0, ...], ("index", "Ellipsis")),
