@@ -139,10 +139,16 @@ class Scalar:
 
     def _broadcast(self, dt: DType, scalar_expr: str) -> str:
         """A lane-invariant value: the scalar and its broadcast, both computed in ``pre``."""
-        vt = self._vector(dt)
-        s, v = self.low.names.fresh("s"), self.low.names.fresh("v")
-        self.pre += [f"const {ctype(dt)} {s} = {scalar_expr};", f"const {vt} {v} = {VBROADCAST[dt]}({s});"]
-        self.uniform[v] = s
+        self._vector(dt)
+        s = self.low.names.fresh("s")
+        self.pre.append(f"const {ctype(dt)} {s} = {scalar_expr};")
+        return self._splat(dt, s)
+
+    def _splat(self, dt: DType, scalar: str) -> str:
+        """The vector of ``scalar`` (a temporary already in ``pre``) in every lane, made once in ``pre``."""
+        v = self.low.names.fresh("v")
+        self.pre.append(f"const {self._vector(dt)} {v} = {VBROADCAST[dt]}({scalar});")
+        self.uniform[v] = scalar
         return v
 
     def load(self, dt: DType, ptr: str, index: Expr) -> str:
@@ -179,11 +185,8 @@ class Scalar:
     def _val(self, n: Node, idx: tuple[Expr, ...]) -> str:
         ctx, sz = self.ctx, self.low.sizes
         if self.once is not None and n.op != Op.CONST and not any(depends(e, self.lane or "") for e in idx):
-            vt, s = self._vector(n.dtype), self.once.val(n, idx)  # no vector type: Unsupported
-            v = self.low.names.fresh("v")
-            self.pre.append(f"const {vt} {v} = {VBROADCAST[n.dtype]}({s});")
-            self.uniform[v] = s
-            return v
+            self._vector(n.dtype)  # no vector type: Unsupported, before any scalar statement
+            return self._splat(n.dtype, self.once.val(n, idx))
         ptr = None if n is self.root else ctx.buffer(n)
         if ptr is not None:
             return self.load(n.dtype, ptr, row_major(idx, [sz.expr(d) for d in n.shape]))
