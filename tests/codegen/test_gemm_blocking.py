@@ -66,11 +66,13 @@ def test_tune_gemm_searches_axes_and_caches(tmp_path, monkeypatch):
 
 
 @needs_cpu
-def test_large_k_packs_a_only_when_a_is_read_down_its_columns():
+@pytest.mark.parametrize("m", [24, 29, 7, 130])
+def test_large_k_packs_a_only_when_a_is_read_down_its_columns(m: int):
     """xᵀ @ dy (a weight gradient, K = T * N) is packed and K-sliced; x @ w with the same large K is not (its
-    unit-stride rows stream well unpacked), and both stay exact."""
-    rng = np.random.default_rng(3)
-    x, w = rng.standard_normal((600, 24)).astype(np.float32), rng.standard_normal((600, 40)).astype(np.float32)
+    unit-stride rows stream well unpacked), and both stay exact. ``m`` rows of the result: whole micro-panels of
+    xᵀ, a partial one after them, only a partial one, and several row blocks."""
+    rng = np.random.default_rng(3 + m)
+    x, w = rng.standard_normal((600, m)).astype(np.float32), rng.standard_normal((600, 40)).astype(np.float32)
     cfg = GemmConfig(packed_a_min_k=512, kc=256)
     trace = nf.compile(lambda a, b: a.T @ b, backend="reference").trace(x, w)
     assert "nf_ukrp_f32(k1_" in lower(prepare(trace), cfg).text
