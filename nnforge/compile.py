@@ -99,6 +99,24 @@ def _is_static(x: Any) -> bool:
     return isinstance(x, (bool, int, float, str)) or x is None
 
 
+def _is_argument(x: Any) -> bool:
+    """A leaf of a call's arguments: an array, a tensor or a Python scalar, string or None (what ``_split`` sorts
+    into arrays and statics)."""
+    return _is_leaf(x) or _is_static(x)
+
+
+def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """A call's leaves and structure, flattened once per call (the signature lookup and the checks before it
+    read the same leaves). Positional leaves alone, the common call, skip the walk: the structure is what
+    ``flatten`` makes of them."""
+    if not kwargs and all(map(_is_argument, args)):
+        return list(args), ("tuple", (("tuple", (_LEAF,) * len(args)), _NO_KWARGS))
+    return flatten((args, kwargs), _is_argument)
+
+
+_LEAF, _NO_KWARGS = ("leaf",), ("dict", (), ())
+
+
 class CompiledFunction:
     """A function traced and compiled per input signature. Call it with numpy arrays or torch tensors."""
 
@@ -144,8 +162,10 @@ class CompiledFunction:
 
         save(self, path)
 
-    def _split(self, args: tuple, kwargs: dict) -> tuple[list, Any, list, tuple]:
-        leaves, treedef = flatten((args, kwargs), lambda x: _is_leaf(x) or _is_static(x))
+    def _split(self, args: tuple, kwargs: dict, flat: tuple[list, Any] | None = None) -> tuple[list, Any, list, tuple]:
+        """The call's leaves, structure, arrays (None for a static) and statics; ``flat``: the leaves and structure
+        the caller already flattened (``_flatten_call``)."""
+        leaves, treedef = flat or _flatten_call(args, kwargs)
         if self.dtype is not None:
             leaves = [_converted(v, self.dtype) for v in leaves]
         arrays, statics = [], []
@@ -156,7 +176,7 @@ class CompiledFunction:
             elif isinstance(v, Tensor):
                 arrays.append(v.numpy())
             else:
-                a = _stand_in(v) if _on_gpu(v) else to_numpy(v)
+                a = v if type(v) is np.ndarray else _stand_in(v) if _on_gpu(v) else to_numpy(v)
                 try:
                     from_numpy(a.dtype)
                 except TypeError:
@@ -170,20 +190,24 @@ class CompiledFunction:
             # torch.compile traces its caller: the call runs as it is (where is_compiling() is False), between
             # the graphs it compiles around it
             return sys.modules["torch"].compiler.disable(self.__call__)(*args, **kwargs)
-        given = flatten((args, kwargs), _is_leaf)[0]
+        flat = _flatten_call(args, kwargs)
+        given = flat[0]
         if session().tracing or _differentiated(given):
             return self._body(*args, **kwargs)  # inside another trace, or under a gradient: inline
-        if "torch" in sys.modules and needs_autograd(given):
+        torch_in = "torch" in sys.modules
+        if torch_in and needs_autograd(given):
             return call_with_autograd(self, args, kwargs)
-        leaves, entry, outs = self._run(args, kwargs)
-        as_torch = any(is_torch(v) for v in leaves)
-        return unflatten(entry.out_def, [o if is_torch(o) else to_torch(o) if as_torch else o for o in outs])
+        leaves, entry, outs = self._run(args, kwargs, flat=flat)
+        if torch_in and any(is_torch(v) for v in leaves):
+            outs = [o if is_torch(o) else to_torch(o) for o in outs]
+        return unflatten(entry.out_def, outs)
 
-    def _run(self, args: tuple, kwargs: dict, write_back: bool = True) -> tuple[list, _Entry, list]:
+    def _run(self, args: tuple, kwargs: dict, write_back: bool = True,
+             flat: tuple[list, Any] | None = None) -> tuple[list, _Entry, list]:
         """Run the program for these arguments: the call's leaves, the entry and the results the caller sees.
         ``write_back``: rebind the tensors the function updates in place and the ``.grad`` it sets (False where a
-        call already did: ``interop.autograd``'s whole pullback)."""
-        leaves, arrays, shapes, entry = self._lookup(args, kwargs)
+        call already did: ``interop.autograd``'s whole pullback). ``flat``: as for ``_split``."""
+        leaves, arrays, shapes, entry = self._lookup(args, kwargs, flat)
         outs = run_program(self._program(entry, shapes), leaves, arrays, implicit_arrays(entry))
         if write_back:
             self._write_back((ref, outs[i]) for ref, i in entry.state)
@@ -239,9 +263,11 @@ class CompiledFunction:
         """The optimized graph for these arguments (traced if not cached)."""
         return self._lookup(args, kwargs)[3].graph
 
-    def _lookup(self, args: tuple, kwargs: dict) -> tuple[list, list, tuple, _Entry]:
-        """The cache entry matching these arguments, traced on a miss; also the flattened arguments."""
-        leaves, treedef, arrays, statics = self._split(args, kwargs)
+    def _lookup(self, args: tuple, kwargs: dict,
+                flat: tuple[list, Any] | None = None) -> tuple[list, list, tuple, _Entry]:
+        """The cache entry matching these arguments, traced on a miss; also the flattened arguments. ``flat``: as
+        for ``_split``."""
+        leaves, treedef, arrays, statics = self._split(args, kwargs, flat)
         dts = tuple(None if a is None else a.dtype.str for a in arrays)
         shapes = tuple(() if a is None else tuple(a.shape) for a in arrays)
         self._drop_stale_entries()
@@ -462,7 +488,7 @@ def run_program(program: Any, leaves: list, arrays: list, extra: list) -> list:
     tensors = _on_device(program, leaves, arrays)
     if tensors is not None:
         return program.call_tensors(tensors + extra)
-    host = [to_numpy(v) if _on_gpu(v) else a for v, a in zip(leaves, arrays) if a is not None]
+    host = [a if v is a else to_numpy(v) if _on_gpu(v) else a for v, a in zip(leaves, arrays) if a is not None]
     return program(host + extra)
 
 

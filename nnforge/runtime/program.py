@@ -44,6 +44,7 @@ class CompiledProgram(ABC):
         self._in_dtypes = [n.dtype.np for n in graph.inputs]
         self._sym_slots = [[(axis, x) for axis, x in enumerate(plan) if type(x) is str]
                            for plan in self._in_plans]  # the axes that set a run-time size
+        self._last: tuple | None = None  # (input shapes, output shapes and dtypes, sizes, workspace bytes)
 
     # The backend's hook.
 
@@ -59,7 +60,8 @@ class CompiledProgram(ABC):
     def launch(self, inputs: list[np.ndarray], outputs: list[np.ndarray], workspace: np.ndarray,
                sizes: object) -> None:
         """Run the program: read ``inputs`` (checked, C-contiguous), fill ``outputs`` (uninitialized), use at
-        least ``workspace_need(sizes)`` bytes of ``workspace`` (64-byte aligned when not empty) as scratch."""
+        least ``workspace_need(sizes)`` bytes of ``workspace`` (64-byte aligned when not empty) as scratch.
+        ``sizes`` serves every call of the same input shapes (made once by ``pack_sizes``): read it, never write it."""
 
     @staticmethod
     def call_seed() -> int:
@@ -112,10 +114,15 @@ class CompiledProgram(ABC):
         # np.asarray(order="C"), not np.ascontiguousarray: that one turns a 0-d input (an optimizer's step counter)
         # into shape [1]
         arrays = [np.asarray(a, dtype=dt, order="C") for dt, a in zip(self._in_dtypes, inputs)]
-        env = self.checked_sizes(arrays)
-        outs = [self.outputs.empty(_shape(plan, env), dt) for plan, dt in self._out_plans]
-        sizes = self.pack_sizes([env[name] for name in self.dynamic])
-        need = self.workspace_need(sizes)
+        shapes = tuple(a.shape for a in arrays)
+        last = self._last
+        if last is None or last[0] != shapes:  # what the shapes decide, worked out once for a run of equal calls
+            env = self.checked_sizes(arrays)
+            sizes = self.pack_sizes([env[name] for name in self.dynamic])
+            last = self._last = (shapes, [(_shape(plan, env), dt) for plan, dt in self._out_plans], sizes,
+                                 self.workspace_need(sizes))
+        _, out_specs, sizes, need = last
+        outs = [self.outputs.empty(shape, dt) for shape, dt in out_specs]
         if not self._ws_lock.acquire(blocking=False):  # another call is running on the held workspace
             self.launch(arrays, outs, self.new_workspace(need), sizes)
             return outs

@@ -152,6 +152,21 @@ def test_kwargs_and_nested_argument_structures():
     assert f.trace_count == 1
 
 
+@pytest.mark.parametrize("args", [(), (np.ones(2),), (np.ones(2), 3, None, "mode", True),
+                                  (torch.ones(2), np.ones(3), 2.5), ((np.ones(2),), np.ones(2)), ([1, 2],)],
+                         ids=["none", "one array", "statics", "torch", "nested tuple", "list"])
+def test_a_calls_leaves_and_structure_are_those_of_the_generic_walk(args: tuple):
+    """A call of positional leaves skips the pytree walk (the common call, flattened once per call): its leaves
+    and structure must be the walk's, or a signature traced one way would not be found the other."""
+    from nnforge.compile import _flatten_call, _is_argument
+    from nnforge.pytree import flatten
+
+    leaves, treedef = _flatten_call(args, {})
+    want_leaves, want_def = flatten((args, {}), _is_argument)
+    assert treedef == want_def and len(leaves) == len(want_leaves)
+    assert all(a is b for a, b in zip(leaves, want_leaves))
+
+
 def test_compiled_function_is_inlined_inside_another_trace():
     inner = nf.compile(lambda x: x.exp())
     outer = nf.compile(lambda x: inner(x) + 1)

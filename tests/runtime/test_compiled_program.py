@@ -90,6 +90,20 @@ def test_shapes_follow_the_run_time_sizes(rng: np.random.Generator):
         assert program.launches[-1][0] == [t, n]
 
 
+def test_what_the_shapes_decide_is_reworked_whenever_they_change(rng: np.random.Generator):
+    """Calls of equal shapes reuse the sizes, output shapes and workspace bytes worked out for the first of them;
+    any other shapes work them out again, and a wrong shape after a good call is still refused."""
+    program = NumpyProgram(_graph())
+    a, b = _inputs(rng, 9, 2), _inputs(rng, 14, 3)
+    for inputs in (a, a, b, a, b, b):
+        _check(program(inputs), inputs)
+        assert program.launches[-1][0] == [len(inputs[0]), inputs[0].shape[1]]
+    x, y, z = a
+    with pytest.raises(NNForgeError, match=r"input 'z' has shape \[5, 2\], expected \[4, 2\]"):
+        program([x, y, np.concatenate([z, z[:1]])])
+    assert len(program.launches) == 6
+
+
 def test_inputs_that_disagree_on_a_run_time_size_are_refused(rng: np.random.Generator):
     program = NumpyProgram(_graph())
     x, _, z = _inputs(rng, 9, 2)

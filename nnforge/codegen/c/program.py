@@ -52,7 +52,8 @@ class CProgram(CompiledProgram):
 
     def launch(self, inputs: list[np.ndarray], outputs: list[np.ndarray], workspace: np.ndarray,
                sizes: np.ndarray) -> None:
-        if self.sizes.seeded:
+        if self.sizes.seeded:  # a copy: ``sizes`` serves every call of these shapes, some maybe on other threads
+            sizes = sizes.copy()
             sizes[len(self.sizes.dynamic)] = self.call_seed()
         self._fn(self._ptrs(*[a.ctypes.data for a in inputs], *self._data_ptrs, *[o.ctypes.data for o in outputs],
                             workspace.ctypes.data), sizes.ctypes.data)
