@@ -43,3 +43,13 @@ def test_ctc_cpu_bench_times_the_loss_and_its_gradient_against_torch():
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("(12, 3, 5, 4)")]
     assert [row[4] for row in rows] == ["loss", "loss+grad"] and all(row[-1].endswith("x") for row in rows)
+
+
+def test_call_overhead_cpu_bench_times_short_calls_against_torch_and_numpy():
+    """Every function's row, after the script's own check that the three sides agree."""
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "bench/call_overhead_cpu.py", "--rounds", "1", "--calls", "3"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    rows = [line for line in done.stdout.splitlines() if line.rstrip().endswith("x")]
+    assert [row.split(",")[0].strip() for row in rows] == ["a * b + 1", "MLP 64-64-64", "LSTM cell H=32"]
