@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ...dtypes import DType
@@ -278,19 +279,27 @@ def formula(op: Op, dt: DType, src_dt: DType, args: Sequence[str], attrs: Mappin
     raise Unsupported(f"no C formula for {op.name.lower()}")
 
 
-VTYPE = {DType.float32: "nf_vf32", DType.bool: "nf_vi32"}
-"""The elementwise vector type per dtype: the prelude's ``nf_vf32``, ``NF_VBYTES`` bytes (set per program); a
-bool vector is a mask of 32-bit lanes (all ones or zero), lane for lane with the float32 values it selects or
-compares, loaded from and stored to the bytes a bool buffer holds."""
-VLOAD = {DType.float32: "nf_vld_f32", DType.bool: "nf_vld_b"}
-VSTORE = {DType.float32: "nf_vst_f32", DType.bool: "nf_vst_b"}
-VBROADCAST = {DType.float32: "nf_vbc_f32", DType.bool: "nf_vbc_b"}
+@dataclass(frozen=True)
+class VectorSpelling:
+    """How the prelude spells the elementwise vectors of one dtype: their type (``NF_VBYTES`` bytes, set per
+    program) and the functions that load, store and broadcast them."""
+
+    type: str
+    load: str
+    store: str
+    broadcast: str
+
+
+VECTORS = {DType.float32: VectorSpelling("nf_vf32", "nf_vld_f32", "nf_vst_f32", "nf_vbc_f32"),
+           DType.bool: VectorSpelling("nf_vi32", "nf_vld_b", "nf_vst_b", "nf_vbc_b")}
+"""The dtypes with elementwise vectors. A bool vector is a mask of 32-bit lanes (all ones or zero), lane for lane
+with the float32 values it selects or compares, loaded from and stored to the bytes a bool buffer holds."""
 
 
 def vector_lanes(vector_bytes: int) -> dict[DType, int]:
     """Elements per elementwise vector, per dtype with a vector form, in vectors of ``vector_bytes`` (the GEMM
     tiles' width: a fused tile's epilogue runs whole vectors of its columns). Every vector type has 32-bit lanes."""
-    return dict.fromkeys(VTYPE, vector_bytes // 4)
+    return dict.fromkeys(VECTORS, vector_bytes // 4)
 
 
 _VECTOR = {Op.ADD: "({a} + {b})", Op.SUB: "({a} - {b})", Op.MUL: "({a} * {b})", Op.DIV: "({a} / {b})",
@@ -315,7 +324,7 @@ scheduler): float32 arithmetic, ``where`` on a mask, comparisons of float32 into
 
 
 def vector_formula(op: Op, dt: DType, src_dts: Sequence[DType], args: Sequence[str]) -> str:
-    """The vector form of ``formula`` (operands are ``VTYPE`` vectors of their dtypes); ``Unsupported`` for an op
+    """The vector form of ``formula`` (operands are ``VECTORS`` of their dtypes); ``Unsupported`` for an op
     or dtypes without one, and the caller then keeps the scalar loop. Same results as the scalar forms: the
     arithmetic is the same IEEE operations, sigmoid and tanh the same polynomials (see the prelude), a comparison
     with NaN as false (``!=``: true) in both."""
@@ -344,7 +353,7 @@ def store(ptr: str, index: Expr, value: str, sz: Sizes, lanes: int = 1, lane: st
         return f"{ptr}[{text}] = {value};"
     if lane_stride(index, lane) != 1:
         raise Unsupported(f"{ptr}[{text}] is not contiguous in {lane}")
-    return f"{VSTORE[dt]}(&{ptr}[{text}], {value});"
+    return f"{VECTORS[dt].store}(&{ptr}[{text}], {value});"
 
 PRELUDE = (Path(__file__).parent / "prelude.h").read_text()
 """Scalar helpers every program includes (kept in a .h file so it reads as C)."""

@@ -45,9 +45,7 @@ from ...schedule.identical import step_keys
 from ...schedule.memory import Slot, lifetimes, plan
 from .cexpr import (
     PRELUDE,
-    VBROADCAST,
-    VLOAD,
-    VTYPE,
+    VECTORS,
     Sizes,
     Unsupported,
     byte_size,
@@ -130,7 +128,7 @@ class Scalar:
     def _vector(self, dt: DType) -> str:
         if self.low.lanes.get(dt) != self.lanes:
             raise Unsupported(f"no {self.lanes}-lane vector form in {dt}")
-        return VTYPE[dt]
+        return VECTORS[dt].type
 
     def tmp(self, dt: DType, expr: str) -> str:
         name = self.low.names.fresh("v")
@@ -147,7 +145,7 @@ class Scalar:
     def _splat(self, dt: DType, scalar: str) -> str:
         """The vector of ``scalar`` (a temporary already in ``pre``) in every lane, made once in ``pre``."""
         v = self.low.names.fresh("v")
-        self.pre.append(f"const {self._vector(dt)} {v} = {VBROADCAST[dt]}({scalar});")
+        self.pre.append(f"const {self._vector(dt)} {v} = {VECTORS[dt].broadcast}({scalar});")
         self.uniform[v] = scalar
         return v
 
@@ -162,7 +160,7 @@ class Scalar:
         step = lane_stride(index, self.lane or "")
         if step is None:
             raise Unsupported(f"{access} is not contiguous in {self.lane}")
-        return self.tmp(dt, f"{VLOAD[dt]}(&{access})") if step == 1 else self._broadcast(dt, access)
+        return self.tmp(dt, f"{VECTORS[dt].load}(&{access})") if step == 1 else self._broadcast(dt, access)
 
     def store(self, dt: DType, ptr: str, index: Expr, value: str) -> str:
         """The statement storing ``value`` at ``ptr[index]`` (``lanes`` consecutive elements with lanes)."""
@@ -195,7 +193,7 @@ class Scalar:
             lit = literal(value, n.dtype) if sz.is_static(value) else f"(({ctype(n.dtype)})({sz(value)}))"
             if self.lanes > 1:
                 self._vector(n.dtype)
-                bc = f"{VBROADCAST[n.dtype]}({lit})"
+                bc = f"{VECTORS[n.dtype].broadcast}({lit})"
                 self.uniform[bc] = lit
                 return bc
             return lit
