@@ -87,6 +87,8 @@ class _Entry:
     def matches(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> bool:
         if treedef != self.treedef or dts != self.dtypes or statics != self.statics:
             return False
+        if shapes == self.shapes:  # the traced shapes themselves (their ties held when traced)
+            return True
         for i, (a, b) in enumerate(zip(shapes, self.shapes)):
             if len(a) != len(b):
                 return False
@@ -283,6 +285,8 @@ class CompiledFunction:
         whether its gradient is taken; a tensor the trace baked in may hold another value since: those
         traces are dropped."""
         epoch = session().grad_epoch
+        if all(e.epoch == epoch and not e.baked_values for e in self._entries):
+            return  # nothing any entry depends on can have changed
         kept = [e for e in self._entries if e.epoch == epoch]
         for t in {id(t): t for e in kept for r, node in e.baked_values if (t := r()) is not None
                   and t.node is not node}.values():
