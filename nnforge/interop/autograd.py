@@ -14,8 +14,10 @@ writes back neither the in-place updates nor the ``.grad`` the forward's call wr
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -141,34 +143,40 @@ def _whole_pullback(program: CompiledFunction, leaves: list) -> list:
     return [g if is_torch(g) else to_torch(g) for g in program._run(tuple(leaves), {}, write_back=False)[2]]
 
 
-def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
-    """``cf(*args, **kwargs)`` recorded by torch autograd (see the module docstring)."""
+@dataclass
+class _Call:
+    """One call through torch autograd: what its forward and backward read besides the tensors torch tracks."""
+
+    cf: CompiledFunction
+    treedef: Any
+    detached: list  # the call's leaves, tensors detached from torch's graph
+    diff: tuple[int, ...]  # the positions of the leaves torch differentiates
+    out_def: Any = None  # the results' structure, set by the forward
+
+
+@functools.cache
+def _autograd_function() -> type:
+    """The ``torch.autograd.Function`` every call through torch autograd applies (made once: a class per call
+    cost tens of microseconds). Its ``grad_fn`` prints as ``NnforgeCompiledBackward``."""
     import torch
     from torch.autograd.function import once_differentiable
 
-    from ..compile import _is_leaf, _is_static
+    from ..compile import _is_leaf
 
-    leaves, treedef = flatten((args, kwargs), lambda x: _is_leaf(x) or _is_static(x))
-    diff = tuple(i for i, v in enumerate(leaves)
-                 if isinstance(v, torch.Tensor) and v.requires_grad and v.is_floating_point())
-    detached = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
-    out_def: list = []
-    if cf.loaded_from is not None and joint_key(treedef, len(detached), diff) not in cf._vjps:
-        cf.vjp_program(treedef, len(detached), diff)  # a loaded program without its gradient says so now
-
-    class NnforgeCompiled(torch.autograd.Function):  # grad_fn prints as NnforgeCompiledBackward
+    class NnforgeCompiled(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, *diff_tensors):  # the tensors torch tracks; their values come from ``detached``
+        def forward(ctx, call: _Call, *diff_tensors):  # the tensors torch tracks; their values are call.detached
+            cf, treedef, detached, diff = call.cf, call.treedef, call.detached, call.diff
             halves = forward_half(cf, treedef, detached, diff)
             if halves is None:
                 a, k = unflatten(treedef, detached)
-                out_leaves, od = flatten(cf(*a, **k), _is_leaf)
+                out_leaves, call.out_def = flatten(cf(*a, **k), _is_leaf)
                 outs = [o if isinstance(o, torch.Tensor) else torch.as_tensor(np.asarray(o)) for o in out_leaves]
                 ctx.backward_half = None
             else:
-                outs, od, ctx.backward_half, read_back = halves
+                outs, call.out_def, ctx.backward_half, read_back = halves
                 ctx.save_for_backward(*[outs[i] for i in read_back])  # torch's check of in-place changes
-            out_def.append(od)
+            ctx.call = call
             ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
             ctx.shapes = [(o.shape, o.dtype, o.device) for o in outs]
             return tuple(outs)
@@ -180,8 +188,26 @@ def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
                    for g, (s, d, dev) in zip(grads, ctx.shapes) if d.is_floating_point]
             if ctx.backward_half is not None:
                 _ = ctx.saved_tensors  # raises where a result the backward reads was changed in place since
-                return tuple(ctx.backward_half(cts))
-            return tuple(_whole_pullback(cf.vjp_program(treedef, len(detached), diff), [*detached, *cts]))
+                return (None, *ctx.backward_half(cts))
+            call = ctx.call
+            pullback = call.cf.vjp_program(call.treedef, len(call.detached), call.diff)
+            return (None, *_whole_pullback(pullback, [*call.detached, *cts]))
 
-    outs = NnforgeCompiled.apply(*[leaves[i] for i in diff])
-    return unflatten(out_def[0], list(outs))
+    return NnforgeCompiled
+
+
+def call_with_autograd(cf: CompiledFunction, args: tuple, kwargs: dict) -> Any:
+    """``cf(*args, **kwargs)`` recorded by torch autograd (see the module docstring)."""
+    import torch
+
+    from ..compile import _flatten_call
+
+    leaves, treedef = _flatten_call(args, kwargs)
+    diff = tuple(i for i, v in enumerate(leaves)
+                 if isinstance(v, torch.Tensor) and v.requires_grad and v.is_floating_point())
+    detached = [v.detach() if isinstance(v, torch.Tensor) else v for v in leaves]
+    if cf.loaded_from is not None and joint_key(treedef, len(detached), diff) not in cf._vjps:
+        cf.vjp_program(treedef, len(detached), diff)  # a loaded program without its gradient says so now
+    call = _Call(cf, treedef, detached, diff)
+    outs = _autograd_function().apply(call, *[leaves[i] for i in diff])
+    return unflatten(call.out_def, list(outs))
