@@ -5,7 +5,9 @@ outputs, launching the C).
 Three functions: ``a * b + 1`` on 4 x 4 arrays (one elementwise kernel), a two-layer MLP (64 -> 64 -> 64, tanh)
 at batch 1, and an LSTM cell step at batch 1, width 32. The three sides compute the same values (checked before
 timing). Interleaved rounds (nnforge, torch, numpy, ...) of ``--calls`` calls each, median microseconds per call;
-the ratios are torch / nnforge and numpy / nnforge time (> 1: nnforge's call is shorter).
+the ratios are torch / nnforge and numpy / nnforge time (> 1: nnforge's call is shorter). Then the first one
+summed, called on a torch tensor that requires grad and differentiated (``backward()``): the call through torch
+autograd against torch eager's.
 Usage: ``python bench/call_overhead_cpu.py [--rounds 15] [--calls 2000]``.
 """
 
@@ -79,6 +81,33 @@ def main() -> None:
         us = {side: statistics.median(v) * 1e6 for side, v in times.items()}
         print(f"{name:>26} {us['nnforge']:11.1f} {us['torch']:9.1f} {us['numpy']:9.1f} "
               f"{us['torch'] / us['nnforge']:13.2f}x {us['numpy'] / us['nnforge']:13.2f}x")
+    through_autograd(args.rounds, args.calls, rng)
+
+
+def through_autograd(rounds: int, calls: int, rng: np.random.Generator) -> None:
+    """The same short call where torch autograd records it: ``(a * b + 1).sum()`` on 4 x 4 with ``a`` requiring
+    grad, forward and ``backward()``, the compiled function's against torch eager's."""
+    a = torch.from_numpy(rng.standard_normal((4, 4)).astype(np.float32)).requires_grad_()
+    b = torch.from_numpy(rng.standard_normal((4, 4)).astype(np.float32))
+    compiled = nf.compile(lambda a, b: (a * b + 1).sum(), backend="cpu")
+
+    def step(fn: Callable) -> torch.Tensor:
+        a.grad = None
+        fn(a, b).backward()
+        return a.grad
+
+    np.testing.assert_allclose(step(compiled).numpy(), step(lambda a, b: (a * b + 1).sum()).numpy(), rtol=1e-6)
+    sides = {"nnforge": partial(step, compiled), "torch": partial(step, lambda a, b: (a * b + 1).sum())}
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for _ in range(rounds):
+        for side, call in sides.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            times[side].append((time.perf_counter() - t0) / calls)
+    us = {side: statistics.median(v) * 1e6 for side, v in times.items()}
+    print(f"through torch autograd, (a * b + 1).sum() on 4 x 4, forward and backward: nnforge "
+          f"{us['nnforge']:.1f} us, torch {us['torch']:.1f} us, torch / nnforge {us['torch'] / us['nnforge']:.2f}")
 
 
 if __name__ == "__main__":

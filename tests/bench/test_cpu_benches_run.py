@@ -53,3 +53,4 @@ def test_call_overhead_cpu_bench_times_short_calls_against_torch_and_numpy():
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     rows = [line for line in done.stdout.splitlines() if line.rstrip().endswith("x")]
     assert [row.split(",")[0].strip() for row in rows] == ["a * b + 1", "MLP 64-64-64", "LSTM cell H=32"]
+    assert "through torch autograd" in done.stdout and "torch / nnforge" in done.stdout
