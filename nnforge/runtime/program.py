@@ -1,10 +1,10 @@
 """The backend-neutral half of an executable program: the Python glue every compiled backend needs around its
 kernels, so a backend writes only the hook that sizes its scratch memory and launches its code.
 
-Per call it reads the run-time sizes from the inputs' shapes, checks the inputs against shapes planned once from
-the graph, takes the outputs from a recycling pool and lends the launch a workspace reused across calls. This
-is the whole cost of a short call and its allocations drive the cyclic GC, so it stays small: no per-call dicts
-or lists beyond the size environment, the arrays and the outputs.
+It reads the run-time sizes from the inputs' shapes and checks the inputs against shapes planned once from the
+graph (once per run of calls with the same shapes: what they decide is kept), takes the outputs from a recycling
+pool and lends the launch a workspace reused across calls. This is the whole cost of a short call and its
+allocations drive the cyclic GC, so it stays small: no per-call dicts or lists beyond the arrays and the outputs.
 """
 
 from __future__ import annotations
