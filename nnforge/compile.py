@@ -37,7 +37,7 @@ from .ir.ops import Op
 from .passes import run_pipeline
 from .passes.rewrite import substitute
 from .passes.specialize import specialize, unify_sizes
-from .pytree import flatten, unflatten
+from .pytree import flatten, flatten_call, unflatten
 from .tensor import Tensor, adopt
 from .trace import scope, session
 
@@ -109,14 +109,8 @@ def _is_argument(x: Any) -> bool:
 
 def _flatten_call(args: tuple, kwargs: dict) -> tuple[list, Any]:
     """A call's leaves and structure, flattened once per call (the signature lookup and the checks before it
-    read the same leaves). Positional leaves alone, the common call, skip the walk: the structure is what
-    ``flatten`` makes of them."""
-    if not kwargs and all(map(_is_argument, args)):
-        return list(args), ("tuple", (("tuple", (_LEAF,) * len(args)), _NO_KWARGS))
-    return flatten((args, kwargs), _is_argument)
-
-
-_LEAF, _NO_KWARGS = ("leaf",), ("dict", (), ())
+    read the same leaves)."""
+    return flatten_call(args, kwargs, _is_argument)
 
 
 class CompiledFunction:

@@ -15,6 +15,17 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[li
     return leaves, _walk(tree, is_leaf, leaves)
 
 
+def flatten_call(args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool]) -> tuple[list[Leaf], TreeDef]:
+    """``flatten((args, kwargs), is_leaf)``: a call's arguments. Positional leaves alone, the common call, skip
+    the walk (a compiled function's short call pays for every step of it)."""
+    if not kwargs and all(map(is_leaf, args)) and not any(map(is_leaf, (args, kwargs))):
+        return list(args), ("tuple", (("tuple", (_LEAF,) * len(args)), _NO_KWARGS))
+    return flatten((args, kwargs), is_leaf)
+
+
+_LEAF, _NO_KWARGS = ("leaf",), ("dict", (), ())
+
+
 def _walk(t: Any, is_leaf: Callable[[Any], bool] | None, leaves: list[Leaf]) -> TreeDef:
     """Module-level (see ``_build``): a nested recursive closure would keep ``leaves`` alive in a cycle."""
     if is_leaf is not None and is_leaf(t):
