@@ -29,8 +29,8 @@ from .dtypes import DType, as_dtype, from_numpy
 from .errors import NNForgeError, TraceError, at
 from .interop.autograd import call_with_autograd, joint_function, joint_key, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
-from .ir.dims import baked_symbols, sym
-from .ir.lengths import loop_length_groups
+from .ir.dims import Dim, baked_symbols, expressed, free_symbols, normal, sym, symbol_name, value_at
+from .ir.lengths import loop_lengths
 from .ir.loops import placeholder
 from .ir.node import Graph, Node, toposort
 from .ir.ops import Op
@@ -65,7 +65,7 @@ class _Entry:
     presence: tuple[tuple[weakref.ref, bool], ...] = ()  # whether each .grad the trace depends on was set
     modes: tuple[tuple[weakref.ref, bool], ...] = ()  # each module the trace called, and whether it was training
     baked_values: tuple[tuple[weakref.ref, Node], ...] = ()  # tensors baked in, and the value each held
-    ties: tuple[frozenset, ...] = ()  # generic axes that must stay one size (the sequences one scan walks)
+    ties: tuple[Tie, ...] = ()  # generic axes whose size is set by others' (the sequences one scan walks)
     split: Any = None  # a joint graph's Partition for torch autograd (``interop.autograd``); False: run it whole
 
     def grads_as_traced(self) -> bool:
@@ -94,7 +94,7 @@ class _Entry:
                 return False
             if any(x != y and (i, ax) not in self.generic for ax, (x, y) in enumerate(zip(a, b))):
                 return False
-        return all(len({shapes[i][ax] for i, ax in tie}) == 1 for tie in self.ties)
+        return all(tie.holds(shapes) for tie in self.ties)
 
 
 def _is_static(x: Any) -> bool:
@@ -406,34 +406,81 @@ def _name(fn: Callable) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
 
 
-def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> tuple[Graph, frozenset, tuple[frozenset, ...]]:
-    """Input axes whose size only sets a loop's trip count, checked by re-specializing at another size, and the
-    groups of them that must stay one size (``ties``): a scan over several sequences takes its length from each,
-    so theirs are tried, and later matched, together — and made one symbol in the returned graph, so that its
-    programs check them against each other.
+class Tie(NamedTuple):
+    """A generic input axis whose size is set by other generic axes: the sequences one scan walks have one length,
+    so a cotangent of a scan over ``x[::2]`` is ``(T + 1) // 2`` long where ``x`` is ``T`` long. Checked whenever
+    a call's shapes are matched against a trace."""
+
+    axis: tuple[int, int]                         # (argument, axis)
+    size: int                                     # a Dim of the symbols in ``reads``
+    reads: tuple[tuple[str, tuple[int, int]], ...]  # each symbol of ``size`` and the axis it is read from
+
+    def holds(self, shapes: tuple) -> bool:
+        i, ax = self.axis
+        return shapes[i][ax] == value_at(self.size, {name: shapes[j][b] for name, (j, b) in self.reads})
+
+
+def _input_axis(name: str) -> tuple[int, int]:
+    """The (argument, axis) whose size the trace named ``name`` (``a2.0``: argument 2, axis 0)."""
+    return tuple(map(int, name[1:].split(".")))  # type: ignore[return-value]
+
+
+def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> tuple[Graph, frozenset, tuple[Tie, ...]]:
+    """Input axes whose size only sets a loop's trip count, checked by re-specializing at another size, and how
+    those that must agree are tied (``Tie``): a scan over several sequences takes its length from each, so they
+    are freed together, the graph writes each tied size as the one it equals (its programs then check them against
+    each other), and a later call must satisfy every tie to match.
 
     Sizes the function turned into Python floats (``baked``) are in the trace as constants: never generic.
     """
-    merged: list[set[str]] = []
-    for group in loop_length_groups(graph):  # loops reading one sequence share its size: one group
-        joined = [m for m in merged if m & group]
-        merged = [m for m in merged if not m & group] + [set(group).union(*joined)]
+    linked: list[tuple[set[str], list[tuple]]] = []  # loops sharing symbols: their lengths are freed together
+    for sizes in loop_lengths(graph):
+        names = free_symbols(sizes)
+        joined = [c for c in linked if c[0] & names]
+        linked = [c for c in linked if not c[0] & names] + [
+            (names.union(*(c[0] for c in joined)), [*(s for c in joined for s in c[1]), sizes])]
     axes: set[tuple[int, int]] = set()
-    ties, names_of = [], {}
-    for names in merged:
+    ties: list[Tie] = []
+    tied: dict[str, int] = {}
+    for names, loops in linked:
         if not names or names & baked:
             continue
-        found = {name: tuple(map(int, name[1:].split("."))) for name in names}
+        these = _tied_lengths(loops)
+        if these is None:
+            continue  # lengths that cannot be written as one another: keep them in the cache key
         try:
-            specialize(graph, {name: shapes[i][ax] + 1 for name, (i, ax) in found.items()})
+            specialize(unify_sizes(graph, these) if these else graph,
+                       {name: shapes[i][ax] + 1 for name in names - these.keys() for i, ax in [_input_axis(name)]})
         except NNForgeError:
             continue  # a size is baked into the graph somewhere else: keep it in the cache key
-        axes |= set(found.values())
-        if len(found) > 1:
-            ties.append(frozenset(found.values()))
-            first = min(found, key=lambda name: found[name])
-            names_of |= {name: first for name in found if name != first}
-    return (unify_sizes(graph, names_of) if names_of else graph), frozenset(axes), tuple(ties)
+        axes |= {_input_axis(name) for name in names}
+        ties += [Tie(_input_axis(name), size, tuple((s, _input_axis(s)) for s in sorted(free_symbols(size))))
+                 for name, size in these.items()]
+        tied |= these
+    return (unify_sizes(graph, tied) if tied else graph), frozenset(axes), tuple(ties)
+
+
+def _tied_lengths(loops: list[tuple]) -> dict[str, int] | None:
+    """Loops' lengths (each loop's sizes: ``ir.lengths.loop_lengths``) written as one another: in each loop every
+    sequence's bare-symbol length but one becomes the loop's length, the one expression among its sizes if there is
+    one, else the first argument's symbol. None where that cannot be said: a constant, two different expressions,
+    a symbol equal to an expression of itself."""
+    tied: dict[str, int] = {}
+    for sizes in loops:
+        sizes = tuple(expressed(size, tied) for size in sizes)
+        if not all(isinstance(size, Dim) for size in sizes):
+            return None
+        bare = {name: size for size in sizes if (name := symbol_name(size)) is not None}
+        exprs = {normal(size.expr): size for size in sizes if symbol_name(size) is None}
+        if len(exprs) > 1:
+            return None
+        length = next(iter(exprs.values())) if exprs else bare[min(bare, key=_input_axis)]
+        rest = bare.keys() - {symbol_name(length)}
+        if free_symbols(length) & rest:
+            return None
+        new = dict.fromkeys(rest, length)
+        tied = {name: expressed(size, new) for name, size in tied.items()} | new
+    return tied
 
 
 class Traced(NamedTuple):

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .compile import CompiledFunction
+from .compile import CompiledFunction, Tie
 from .errors import NNForgeError, TraceError
 from .ir.node import Graph, Node
 from .ir.ops import Op
@@ -199,7 +199,7 @@ class SavedEntry:
     state: tuple[tuple[int, int], ...]     # (captured index, output index)
     n_out: int
     programs: tuple[tuple[tuple, Any], ...]
-    ties: tuple[frozenset, ...] = ()
+    ties: tuple[Tie, ...] = ()
 
 
 @dataclass(frozen=True)

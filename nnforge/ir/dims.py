@@ -291,6 +291,11 @@ def _eval(expr: tuple, env: Mapping[str, int]) -> int:
     return SIZE_OPS[kind](_eval(expr[1], env), _eval(expr[2], env))
 
 
+def value_at(x: int, env: Mapping[str, int]) -> int:
+    """The value of size ``x`` with the symbols of ``env`` at their sizes there (the others at their own)."""
+    return _eval(_expr(x), env)
+
+
 def _make(expr: tuple, env: Mapping[str, int]) -> int:
     """Evaluate ``expr`` under env and keep it symbolic, so a specialized graph can be specialized again."""
     return Dim(_eval(expr, env), expr) if expr[0] != "const" else expr[1]
@@ -322,17 +327,26 @@ def substitute(x: object, env: Mapping[str, int]) -> object:
     return _each_dim(x, lambda d: _make(d.expr, env))
 
 
-def renamed(x: object, names: Mapping[str, str]) -> object:
-    """``x`` (a Dim, or a tuple or list of them) with each symbol of ``names`` replaced by the one it names."""
-    return _each_dim(x, lambda d: Dim(int(d), _renamed(d.expr, names)))
+def expressed(x: object, sizes: Mapping[str, int]) -> object:
+    """``x`` (a Dim, or a tuple or list of them) with each symbol of ``sizes`` replaced by that size's expression
+    and brought to the normal form (a sequence's length tied to another's: ``T1`` read as ``(T + 1) // 2``)."""
+    exprs = {name: _expr(d) for name, d in sizes.items()}
+
+    def replace(d: Dim) -> int:
+        if not free_symbols(d) & exprs.keys():
+            return d
+        e = normal(_replaced(d.expr, exprs))
+        return e[1] if e[0] == "const" else Dim(int(d), e)
+
+    return _each_dim(x, replace)
 
 
-def _renamed(e: tuple, names: Mapping[str, str]) -> tuple:
+def _replaced(e: tuple, exprs: Mapping[str, tuple]) -> tuple:
     if e[0] == "sym":
-        return ("sym", names[e[1]], e[2]) if e[1] in names else e
+        return exprs.get(e[1], e)
     if e[0] == "const":
         return e
-    return (e[0], _renamed(e[1], names), _renamed(e[2], names))
+    return (e[0], _replaced(e[1], exprs), _replaced(e[2], exprs))
 
 
 def free_symbols(x: object) -> set[str]:

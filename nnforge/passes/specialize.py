@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..ir.build import make
-from ..ir.dims import renamed, substitute
+from ..ir.dims import expressed, substitute
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from .rewrite import substitute as rewrite
@@ -16,10 +16,10 @@ def specialize(graph: Graph, env: Mapping[str, int]) -> Graph:
     return _resized(graph, lambda v: substitute(v, env))
 
 
-def unify_sizes(graph: Graph, names: Mapping[str, str]) -> Graph:
-    """Sizes that must be equal made one symbol: each symbol of ``names`` replaced by the one it names (the
+def unify_sizes(graph: Graph, sizes: Mapping[str, int]) -> Graph:
+    """Sizes that must be equal written as one: each symbol of ``sizes`` replaced by the size it names (the
     lengths of the sequences one scan walks, so that a program checks them against each other)."""
-    return _resized(graph, lambda v: renamed(v, names))
+    return _resized(graph, lambda v: expressed(v, sizes))
 
 
 def _resized(graph: Graph, size: Callable[[object], object]) -> Graph:

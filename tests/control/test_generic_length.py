@@ -71,3 +71,49 @@ def test_a_scan_over_two_sequences_takes_every_length_with_one_trace(rng: np.ran
     assert f.trace_count == 1
     with pytest.raises(nf.ShapeError, match="disagree on length"):
         f(*(np.ones(s, np.float32) for s in ((6, 3, 4), (3, 4), (4, 3, 4))))
+
+
+def test_a_cotangent_of_a_strided_sequence_is_tied_to_its_length_not_made_equal(rng: np.random.Generator,
+                                                                                 backend: str):
+    """A scan over ``x[::2]`` differentiated with the cotangent as an input walks two sequences whose lengths are
+    ``(T + 1) // 2`` and the cotangent's own: the second is tied to the first as that expression (once it was made
+    equal to T, which broke every even T), so odd and even lengths alike reuse the one trace, and a cotangent of
+    another length is traced again and refused by ``vjp`` in the user's terms."""
+    torch = pytest.importorskip("torch")
+
+    def g(x):
+        _, ys = nf.scan(lambda c, a: (nf.tanh(c + a),) * 2, x[0] * 0, x[::2])
+        return ys.softmax(-1)
+
+    @nf.compile(backend=backend)
+    def f(x, ct):
+        _, back = nf.vjp(g, x)
+        return back(ct)[0]
+
+    for t in (6, 7, 10, 1, 9):
+        x, ct = (rng.standard_normal(s).astype(np.float32) for s in ((t, 3), ((t + 1) // 2, 3)))
+        xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        c, ys = xt[0] * 0, []
+        for a in xt[::2]:
+            c = torch.tanh(c + a)
+            ys.append(c)
+        torch.stack(ys).softmax(-1).backward(torch.tensor(ct, dtype=torch.float64))
+        np.testing.assert_allclose(f(x, ct), xt.grad.numpy(), rtol=1e-5, atol=1e-6)  # float32 sums of 3-5 terms
+    assert f.trace_count == 1
+    with pytest.raises(nf.ShapeError, match=r"cotangent shape \[4, 3\] differs from output shape \[3, 3\]"):
+        f(np.ones((6, 3), np.float32), np.ones((4, 3), np.float32))
+
+
+def test_two_strided_sequences_of_different_lengths_walked_together(rng: np.random.Generator, backend: str):
+    """``x[::2]`` and ``y[::2]`` of 5 and 6 rows both have 3: their lengths are two expressions that no one symbol
+    writes, so they stay in the cache key (once they were made one size, and a call at 5 and 6 raised)."""
+
+    @nf.compile(backend=backend)
+    def f(x, y):
+        return nf.scan(lambda c, ab: (c + ab[0] * ab[1], c), x[0] * 0, (x[::2], y[::2]))[1]
+
+    for tx, ty in ((5, 6), (7, 8), (5, 6)):
+        x, y = (rng.standard_normal((t, 3)).astype(np.float32) for t in (tx, ty))
+        want = np.concatenate([np.zeros((1, 3)), np.cumsum(x[::2] * y[::2], 0)[:-1]])
+        np.testing.assert_allclose(f(x, y), want, rtol=1e-6, atol=1e-6)
+    assert f.trace_count == 2

@@ -56,6 +56,38 @@ def test_results_carry_a_grad_fn_and_torch_gradients_match(backend: str, rng: np
     assert vjp.trace_count == 1
 
 
+def test_a_strided_convolution_before_an_lstm_trains_at_odd_and_even_lengths(backend: str,
+                                                                           rng: np.random.Generator) -> None:
+    """A basecaller's front end: the LSTM walks the stride-2 convolution's ``(T - 1) // 2 + 1`` steps, so its
+    backward walks that sequence beside the cotangent's. Every length trains (even ones once failed in a pass,
+    the two lengths taken as one) with the one trace, gradients as torch's."""
+    from nnforge.torch import from_torch
+
+    class Front(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(1, 4, 5, stride=2, padding=2, dtype=torch.float64)
+            self.rnn = torch.nn.LSTM(4, 5, dtype=torch.float64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, 1, T] -> [(T - 1) // 2 + 1, N, 5]
+            return self.rnn(self.conv(x).permute(2, 0, 1))[0].log_softmax(-1)
+
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    twin = Front()
+    ours = TorchModule(from_torch(twin), twin=twin, backend=backend)
+    for T in (9, 8, 10, 8):
+        x = torch.randn(2, 1, T, dtype=torch.float64)
+        weight = torch.randn((T - 1) // 2 + 1, 2, 5, dtype=torch.float64)
+        grads = []
+        for model in (ours, twin):
+            (model(x) * weight).sum().backward()
+            grads.append([p.grad.clone() for p in twin.parameters()])
+            twin.zero_grad()
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert ours._compiled.trace_count == 1
+
+
 def test_no_grad_and_integer_outputs(backend: str) -> None:
     f = nf.compile(lambda x: ((x * 2).sum(), (x > 0).sum()), backend=backend)
     x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
