@@ -10,6 +10,7 @@ back after each call, so a compiled training step behaves like the eager one.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import logging
 import os
@@ -26,7 +27,7 @@ import numpy as np
 from .codegen import build_program
 from .control import _is_leaf
 from .dtypes import DType, as_dtype, from_numpy
-from .errors import NNForgeError, TraceError, at
+from .errors import NNForgeError, TraceError, at, user_stacklevel
 from .interop.autograd import call_with_autograd, joint_function, joint_key, needs_autograd, vjp_function
 from .interop.convert import is_torch, to_numpy, to_torch
 from .ir.dims import Dim, baked_symbols, expressed, free_symbols, normal, sym, symbol_name, value_at
@@ -37,7 +38,7 @@ from .ir.ops import Op
 from .passes import run_pipeline
 from .passes.rewrite import substitute
 from .passes.specialize import specialize, unify_sizes
-from .pytree import flatten, flatten_call, unflatten
+from .pytree import flatten, flatten_call, leaf_paths, unflatten
 from .tensor import Tensor, adopt
 from .trace import scope, session
 
@@ -219,7 +220,7 @@ class CompiledFunction:
         if key not in self._vjps:
             fn = vjp_function(self._body, treedef, n_leaves, diff)
             fn.__qualname__ = f"{_name(self.fn)}.vjp"
-            self._vjps[key] = CompiledFunction(fn, self.backend, self.options)
+            self._vjps[key] = self._derived(fn)
         return self._vjps[key]
 
     def joint_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
@@ -229,8 +230,15 @@ class CompiledFunction:
         if key not in self._vjps:
             fn = joint_function(self._body, treedef, n_leaves, diff)
             fn.__qualname__ = f"{_name(self.fn)}.joint"
-            self._vjps[key] = CompiledFunction(fn, self.backend, self.options)
+            self._vjps[key] = self._derived(fn)
         return self._vjps[key]
+
+    def _derived(self, fn: Callable) -> CompiledFunction:
+        """A function derived from this one (its pullback, or both traced as one) compiled alike. It traces again
+        at the sizes this one does, whose own warning names the user's arguments: it only logs why."""
+        derived = CompiledFunction(fn, self.backend, self.options)
+        derived._warned_retrace = True
+        return derived
 
     def _program(self, entry: _Entry, shapes: tuple, half: str | None = None) -> Callable:
         """The entry's program at these argument shapes, built on first use; ``half``: "forward" or "backward",
@@ -310,7 +318,8 @@ class CompiledFunction:
                    "a module it calls was switched between train() and eval() since (each mode keeps its trace)")
             log.info("%s: traced again (trace %d): %s", _name(self.fn), self.trace_count + 1, why)
             return
-        changed = [f"arg{i}.shape[{ax}] {b} -> {a}" for i, (new, old) in enumerate(zip(shapes, prev.shapes))
+        names = _argument_names(self.fn, treedef)
+        changed = [f"{names[i]}.shape[{ax}] {b} -> {a}" for i, (new, old) in enumerate(zip(shapes, prev.shapes))
                    for ax, (a, b) in enumerate(zip(new, old)) if a != b and len(new) == len(old)]
         msg = (f"{_name(self.fn)}: traced again (trace {self.trace_count + 1}) because input sizes changed: "
                f"{', '.join(changed) or 'ranks differ'}. Only a size that sets an nf.scan's trip count is free; "
@@ -319,7 +328,7 @@ class CompiledFunction:
         log.info(msg)
         if not self._warned_retrace:
             self._warned_retrace = True
-            warnings.warn(msg, stacklevel=_user_stacklevel())
+            warnings.warn(msg, stacklevel=user_stacklevel())
 
     def _trace(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> _Entry:
         self.trace_count += 1
@@ -335,14 +344,23 @@ class CompiledFunction:
                       baked_values=t.baked_values, ties=ties)
 
 
-def _user_stacklevel() -> int:
-    """The ``warnings.warn`` stack level of the first caller outside nnforge (the user's call of a compiled
-    function or of its ``trace``), however many of nnforge's frames lie between."""
-    package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
+def _argument_names(fn: Callable, treedef: Any) -> list[str]:
+    """Each leaf of a call's arguments (``treedef``: of ``(args, kwargs)``) as the user wrote it: ``x``,
+    ``state[0]``, ``args[1]`` for ``*args``, from ``fn``'s signature (``arg2`` where it has none)."""
+    args_def, kwargs_def = treedef[1]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    star = next((k for k, p in enumerate(params) if p.kind is p.VAR_POSITIONAL), None)
+
+    def positional(k: int) -> str:
+        if star is not None and k >= star:
+            return f"{params[star].name}[{k - star}]"
+        return params[k].name if k < len(params) else f"arg{k}"
+
+    return ([positional(k) + path for k, child in enumerate(args_def[1]) for path in leaf_paths(child)]
+            + [key + path for key, child in zip(kwargs_def[1], kwargs_def[2]) for path in leaf_paths(child)])
 
 
 def _compute_dtype(dtype: Any) -> DType | None:

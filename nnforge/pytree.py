@@ -63,6 +63,18 @@ def _build(d: TreeDef, it: Iterator[Leaf]) -> Any:
     return {k: _build(c, it) for k, c in zip(d[1], d[2])}
 
 
+def leaf_paths(treedef: TreeDef, root: str = "") -> list[str]:
+    """Each leaf's place in the tree as Python indexes it (``[1][0]``, ``['h0']``), in ``flatten``'s order."""
+    kind = treedef[0]
+    if kind == "leaf":
+        return [root]
+    if kind == "none":
+        return []
+    keys = range(len(treedef[1])) if kind in ("tuple", "list") else treedef[1]
+    children = treedef[1] if kind in ("tuple", "list") else treedef[2]
+    return [path for k, c in zip(keys, children) for path in leaf_paths(c, f"{root}[{k!r}]")]
+
+
 def describe(treedef: TreeDef) -> str:
     """Readable structure for error messages, e.g. ``(*, *)`` or ``{'h': *, 'c': *}``."""
     kind = treedef[0]
