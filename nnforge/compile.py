@@ -176,7 +176,10 @@ class CompiledFunction:
                 a = v if type(v) is np.ndarray else _stand_in(v) if _on_gpu(v) else to_numpy(v)
                 try:
                     from_numpy(a.dtype)
-                except TypeError:
+                except TypeError as e:
+                    if a.dtype != object:  # an array of a dtype nnforge has not: name it
+                        raise TraceError(at(f"compile: an argument of type {type(v).__name__} and shape "
+                                            f"{list(a.shape)}: {e}")) from None
                     raise TraceError(at(f"compile: argument of type {type(v).__name__} is not an array, tensor or "
                                         "Python scalar")) from None
                 arrays.append(a)

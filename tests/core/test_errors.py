@@ -217,6 +217,16 @@ def test_compile_of_a_non_function_and_non_array_arguments():
     np.testing.assert_array_equal(f({"a": np.ones(2)}), [2.0, 2.0])  # a dict of arrays is fine
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.uint8])
+def test_an_array_of_a_dtype_nnforge_has_not_is_named_by_its_dtype(dtype):
+    f = nf.compile(lambda x: x * 2)
+    with pytest.raises(nf.TraceError) as ei:
+        loc = next_line()
+        f(np.ones((3, 4), dtype))
+    check(ei, "shape [3, 4]", f"no dtype for numpy {np.dtype(dtype)}", "supported: bool", loc=loc)
+    assert "is not an array" not in str(ei.value)
+
+
 def test_compiled_function_returning_a_string():
     f = nf.compile(lambda a: (a, "label"))
     with pytest.raises(nf.TraceError) as ei:
@@ -358,3 +368,4 @@ def test_an_nnforge_layer_behind_torch_names_the_users_line(grad: bool):
         loc = next_line()
         layer(x)
     check(ei, "matmul", "[3, 6]", "[4, 5]", loc=loc)
+
