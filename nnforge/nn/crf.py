@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import dtypes
 from ..control import scan
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, at
 from ..indexing import gather
 from ..ir.ops import Op
 from ..tensor import Tensor, arange, as_tensor, full, stack, where
@@ -44,15 +44,15 @@ def crf_predecessors(state_len: int, n_base: int = 4) -> np.ndarray:
 def _lattice(scores: Any, state_len: int, n_base: int, what: str) -> tuple[Tensor, int, int]:
     scores = as_tensor(scores)
     if scores.ndim != 3:
-        raise ShapeError(f"{what}: scores must be [T, N, C], got {list(map(int, scores.shape))}")
+        raise ShapeError(at(f"{what}: scores must be [T, N, C], got {list(map(int, scores.shape))}"))
     if not scores.dtype.is_float:
-        raise DTypeError(f"{what}: scores must be float, got {scores.dtype}")
+        raise DTypeError(at(f"{what}: scores must be float, got {scores.dtype}"))
     if state_len < 1 or n_base < 1:
-        raise ShapeError(f"{what}: state_len and n_base must be positive, got {state_len} and {n_base}")
+        raise ShapeError(at(f"{what}: state_len and n_base must be positive, got {state_len} and {n_base}"))
     states, k = n_base ** state_len, n_base + 1
     if int(scores.shape[2]) != states * k:
-        raise ShapeError(f"{what}: scores have {int(scores.shape[2])} per step; state_len {state_len} with "
-                         f"{n_base} bases needs {states} states * {k} edges = {states * k}")
+        raise ShapeError(at(f"{what}: scores have {int(scores.shape[2])} per step; state_len {state_len} with "
+                         f"{n_base} bases needs {states} states * {k} edges = {states * k}"))
     if scores.dtype not in (dtypes.float32, dtypes.float64):
         scores = scores.cast(dtypes.float32)
     return scores, states, k
@@ -61,7 +61,7 @@ def _lattice(scores: Any, state_len: int, n_base: int, what: str) -> tuple[Tenso
 def _ints(x: Any, what: str) -> Tensor:
     t = x if isinstance(x, Tensor) else Tensor(np.asarray(x))
     if not t.dtype.is_int:
-        raise DTypeError(f"ctc_crf_loss: {what} must hold integers, got {t.dtype}")
+        raise DTypeError(at(f"ctc_crf_loss: {what} must hold integers, got {t.dtype}"))
     return t.cast(dtypes.int64)
 
 
@@ -72,12 +72,12 @@ def _check_concrete(targets: Tensor, lengths: Tensor, state_len: int, n_base: in
     if lengths.node.op == Op.DATA or (lengths.node.op == Op.CAST and lengths.node.srcs[0].op == Op.DATA):
         bad = [int(v) for v in lengths.numpy() if not state_len <= v <= width]
         if bad:
-            raise ShapeError(f"ctc_crf_loss: target length {bad[0]} is outside [state_len, S] = [{state_len}, "
-                             f"{width}]")
+            raise ShapeError(at(f"ctc_crf_loss: target length {bad[0]} is outside [state_len, S] = [{state_len}, "
+                             f"{width}]"))
     if targets.node.op == Op.DATA or (targets.node.op == Op.CAST and targets.node.srcs[0].op == Op.DATA):
         bad = [int(v) for v in targets.numpy().ravel() if not 0 <= v <= n_base]
         if bad:
-            raise ShapeError(f"ctc_crf_loss: target base {bad[0]} is outside 1..{n_base} (0 pads)")
+            raise ShapeError(at(f"ctc_crf_loss: target base {bad[0]} is outside 1..{n_base} (0 pads)"))
 
 
 def _edges_in(alpha: Tensor, m_t: Tensor, idx: Tensor, states: int, k: int) -> Tensor:
@@ -159,11 +159,11 @@ def ctc_crf_loss(scores: Any, targets: Any, target_lengths: Any, state_len: int,
     t_len, n = scores.shape[0], scores.shape[1]
     tg, lengths = _ints(targets, "targets"), _ints(target_lengths, "target_lengths")
     if tg.ndim != 2 or int(tg.shape[0]) != int(n) or tuple(map(int, lengths.shape)) != (int(n),):
-        raise ShapeError(f"ctc_crf_loss: targets must be [N, S] and target_lengths [N] for N = {int(n)} from "
+        raise ShapeError(at(f"ctc_crf_loss: targets must be [N, S] and target_lengths [N] for N = {int(n)} from "
                          f"scores {list(map(int, scores.shape))}; got {list(map(int, tg.shape))} and "
-                         f"{list(map(int, lengths.shape))}")
+                         f"{list(map(int, lengths.shape))}"))
     if int(tg.shape[1]) < state_len:
-        raise ShapeError(f"ctc_crf_loss: targets of {int(tg.shape[1])} bases cannot fill a state of {state_len}")
+        raise ShapeError(at(f"ctc_crf_loss: targets of {int(tg.shape[1])} bases cannot fill a state of {state_len}"))
     _check_concrete(tg, lengths, state_len, n_base)
     if normalise_scores:
         steps = full((), t_len, scores.dtype)  # a symbolic T stays symbolic: a new length re-specializes

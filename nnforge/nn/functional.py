@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import dtypes
-from ..errors import ShapeError
+from ..errors import ShapeError, at
 from ..indexing import index_select
 from ..tensor import (
     Tensor,
@@ -100,7 +100,7 @@ def dropout1d(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Whole channels of ``[N, C, L]`` (or ``[C, L]``) zeroed with probability ``p``, the rest scaled by
     1/(1-p); the identity when not training."""
     if x.ndim not in (2, 3):
-        raise ShapeError(f"dropout1d: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}")
+        raise ShapeError(at(f"dropout1d: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}"))
     return _scaled_kept(x, p, (*x.shape[:-1], 1)) if _drops("dropout1d", p, training) else x
 
 
@@ -128,8 +128,8 @@ def instance_norm(x: Tensor, running_mean: Tensor | None = None, running_var: Te
     updated in place by ``momentum`` with the batch's mean of each instance's mean and unbiased variance; without
     it they normalize instead."""
     if x.ndim < (3 if use_input_stats else 2):  # statistics of an instance need its positions
-        raise ShapeError(f"instance_norm: needs [N, C, ...]{'' if use_input_stats else ' or [N, C]'}, got "
-                         f"{list(map(int, x.shape))}")
+        raise ShapeError(at(f"instance_norm: needs [N, C, ...]{'' if use_input_stats else ' or [N, C]'}, got "
+                         f"{list(map(int, x.shape))}"))
     channels = int(x.shape[1])
     if not use_input_stats and 0 in tuple(map(int, x.shape)):
         return x * 1.0  # nothing to normalize (torch's result, whatever the statistics' size)
@@ -160,7 +160,7 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None
     """Normalize over the trailing ``normalized_shape`` axes with the biased variance (as torch does)."""
     shape = tuple(int(d) for d in normalized_shape)
     if tuple(int(d) for d in x.shape[x.ndim - len(shape):]) != shape:
-        raise ShapeError(f"layer_norm: input {list(map(int, x.shape))} does not end with {list(shape)}")
+        raise ShapeError(at(f"layer_norm: input {list(map(int, x.shape))} does not end with {list(shape)}"))
     axes = tuple(range(x.ndim - len(shape), x.ndim))
     mean = x.mean(axes, keepdims=True)
     d = x - mean
@@ -178,14 +178,14 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     """Normalize each sample's channels ``[N, C, ...]`` in ``num_groups`` groups (statistics over a group's
     channels and all positions, biased variance), then a per-channel affine weight and bias, as torch."""
     if x.ndim < 2:
-        raise ShapeError(f"group_norm: needs [N, C, ...], got {list(map(int, x.shape))}")
+        raise ShapeError(at(f"group_norm: needs [N, C, ...], got {list(map(int, x.shape))}"))
     channels = int(x.shape[1])
     if num_groups <= 0 or channels % num_groups:
-        raise ShapeError(f"group_norm: {channels} channels of {list(map(int, x.shape))} do not split into "
-                         f"{num_groups} groups")
+        raise ShapeError(at(f"group_norm: {channels} channels of {list(map(int, x.shape))} do not split into "
+                         f"{num_groups} groups"))
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and tuple(map(int, p.shape)) != (channels,):
-            raise ShapeError(f"group_norm: {name} {list(map(int, p.shape))} is not one per channel ({channels})")
+            raise ShapeError(at(f"group_norm: {name} {list(map(int, p.shape))} is not one per channel ({channels})"))
     n, size = x.shape[0], channels // num_groups
     groups = x.reshape(n, num_groups, -1)
     mean = groups.mean(-1, keepdims=True)
@@ -211,10 +211,10 @@ def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None =
     would overflow past 256) and rounded once."""
     shape = tuple(int(d) for d in normalized_shape)
     if tuple(int(d) for d in x.shape[x.ndim - len(shape):]) != shape:
-        raise ShapeError(f"rms_norm: input {list(map(int, x.shape))} does not end with {list(shape)}")
+        raise ShapeError(at(f"rms_norm: input {list(map(int, x.shape))} does not end with {list(shape)}"))
     if weight is not None and tuple(int(d) for d in weight.shape) != shape:
-        raise ShapeError(f"rms_norm: weight {list(map(int, weight.shape))} is not the normalized shape "
-                         f"{list(shape)}")
+        raise ShapeError(at(f"rms_norm: weight {list(map(int, weight.shape))} is not the normalized shape "
+                         f"{list(shape)}"))
     eps = float(ml_dtypes.finfo(x.dtype.np).eps) if eps is None else eps
     xf = x.cast(x.dtype.accumulator)
     axes = tuple(range(x.ndim - len(shape), x.ndim))
@@ -300,15 +300,15 @@ def prelu(x: Tensor, weight: Tensor) -> Tensor:
     """x above 0, ``weight * x`` at and below it; ``weight`` one slope, or one per channel (axis 1, as torch)."""
     weight = as_tensor(weight)
     if weight.ndim > 1:
-        raise ShapeError(f"prelu: weight must be 0-d or 1-d (one slope, or one per channel), got shape "
-                         f"{list(map(int, weight.shape))}")
+        raise ShapeError(at(f"prelu: weight must be 0-d or 1-d (one slope, or one per channel), got shape "
+                         f"{list(map(int, weight.shape))}"))
     slopes = int(weight.numel())
     if slopes == 1:
         weight = weight.reshape(())
     else:
         if x.ndim < 2 or int(x.shape[1]) != slopes:
-            raise ShapeError(f"prelu: {slopes} slopes for an input of shape {list(map(int, x.shape))}: one per "
-                             "channel needs that many channels in axis 1")
+            raise ShapeError(at(f"prelu: {slopes} slopes for an input of shape {list(map(int, x.shape))}: one per "
+                             "channel needs that many channels in axis 1"))
         weight = weight.reshape(slopes, *(1,) * (x.ndim - 2))
     return where(x > 0, x, weight * x)
 
@@ -342,10 +342,10 @@ def glu(x: Tensor, dim: int = -1) -> Tensor:
     """The gated linear unit: the first half of ``dim`` times the sigmoid of the second."""
     axis = dim + x.ndim if dim < 0 else dim
     if not 0 <= axis < x.ndim:
-        raise ShapeError(f"glu: dim {dim} is out of range for an input of {x.ndim} dimensions")
+        raise ShapeError(at(f"glu: dim {dim} is out of range for an input of {x.ndim} dimensions"))
     if int(x.shape[axis]) % 2:
-        raise ShapeError(f"glu: dimension {dim} of input {list(map(int, x.shape))} must have an even size to be "
-                         f"halved")
+        raise ShapeError(at(f"glu: dimension {dim} of input {list(map(int, x.shape))} must have an even size to be "
+                         f"halved"))
     a, b = x.chunk(2, axis)
     return a * b.sigmoid()
 
@@ -367,8 +367,8 @@ def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | No
     if len(sizes) % 2:
         raise ValueError(f"pad: needs (before, after) pairs, last dimension first; got {len(sizes)} sizes")
     if len(sizes) // 2 > x.ndim:
-        raise ShapeError(f"pad: {len(sizes)} sizes pad {len(sizes) // 2} dimensions, the input "
-                         f"{list(map(int, x.shape))} has {x.ndim}")
+        raise ShapeError(at(f"pad: {len(sizes)} sizes pad {len(sizes) // 2} dimensions, the input "
+                         f"{list(map(int, x.shape))} has {x.ndim}"))
     for i in range(len(sizes) // 2):
         axis = x.ndim - 1 - i
         x = _pad_axis(x, axis, sizes[2 * i], sizes[2 * i + 1], mode, 0.0 if value is None else value)
@@ -383,8 +383,8 @@ def _pad_axis(x: Tensor, axis: int, lo: int, hi: int, mode: str, value: float) -
 
     if mode == "constant":
         if n + min(lo, 0) + min(hi, 0) < 0:
-            raise ShapeError(f"pad: cropping {-min(lo, 0)} and {-min(hi, 0)} from dimension {axis} of size {n} "
-                             f"leaves less than nothing")
+            raise ShapeError(at(f"pad: cropping {-min(lo, 0)} and {-min(hi, 0)} from dimension {axis} of size {n} "
+                             f"leaves less than nothing"))
         x = part(-min(lo, 0), n + min(hi, 0)) if min(lo, hi) < 0 else x
         pairs = [(max(lo, 0), max(hi, 0)) if k == axis else (0, 0) for k in range(x.ndim)]
         return x.pad(pairs, value)
@@ -393,11 +393,11 @@ def _pad_axis(x: Tensor, axis: int, lo: int, hi: int, mode: str, value: float) -
     if not lo and not hi:
         return x
     if n == 0:
-        raise ShapeError(f"pad: {mode} padding of an empty dimension ({axis}) has nothing to repeat")
+        raise ShapeError(at(f"pad: {mode} padding of an empty dimension ({axis}) has nothing to repeat"))
     if (mode == "reflect" and max(lo, hi) >= n) or (mode == "circular" and max(lo, hi) > n):
         rule = "smaller than" if mode == "reflect" else "at most"
-        raise ShapeError(f"pad: {mode} padding of ({lo}, {hi}) on dimension {axis} of size {n}: each side must be "
-                         f"{rule} the size")
+        raise ShapeError(at(f"pad: {mode} padding of ({lo}, {hi}) on dimension {axis} of size {n}: each side must be "
+                         f"{rule} the size"))
     if mode == "reflect":  # x[lo], ..., x[1] before; x[n-2], ..., x[n-1-hi] after
         before, after = part(lo, 0, -1), part(n - 2, n - 2 - hi if n - 2 - hi >= 0 else None, -1)
     elif mode == "replicate":
@@ -425,7 +425,7 @@ def _pool_taps(x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation:
     k, p, d = _single(kernel_size), _single(padding), _single(dilation)
     s = k if stride is None or stride == () or stride == [] else _single(stride)
     if x.ndim < 2 or int(x.shape[-1]) == 0:
-        raise ShapeError(f"{name}: needs [N, C, L] or [C, L] with L > 0, got {list(map(int, x.shape))}")
+        raise ShapeError(at(f"{name}: needs [N, C, L] or [C, L] with L > 0, got {list(map(int, x.shape))}"))
     if not x.dtype.is_float:
         raise TypeError(f"{name}: needs a floating-point input, got {x.dtype}")
     if k < 1 or s < 1 or d < 1 or p < 0:
@@ -435,8 +435,8 @@ def _pool_taps(x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation:
     length, span = x.shape[-1], d * (k - 1) + 1
     room = length + 2 * p - span
     if int(room) < 0:
-        raise ShapeError(f"{name}: a window of {span} does not fit the input's last axis of {int(length)} padded "
-                         f"by {p} on each side ({list(map(int, x.shape))})")
+        raise ShapeError(at(f"{name}: a window of {span} does not fit the input's last axis of {int(length)} padded "
+                         f"by {p} on each side ({list(map(int, x.shape))})"))
     out = (room + s - 1) // s + 1 if ceil_mode else room // s + 1
     if ceil_mode and int((out - 1) * s) >= int(length + p):  # torch: the last window starts inside the input
         out = out - 1
@@ -506,8 +506,8 @@ def adaptive_max_pool1d(x: Tensor, output_size: Any, return_indices: bool = Fals
 
 def _adaptive(x: Tensor, out: int, name: str, reduce: Any) -> Tensor:
     if x.ndim < 2 or int(x.shape[-1]) == 0 or out < 1:
-        raise ShapeError(f"{name}: needs [N, C, L] or [C, L] with L > 0, and an output size >= 1, got "
-                         f"{list(map(int, x.shape))} and {out}")
+        raise ShapeError(at(f"{name}: needs [N, C, L] or [C, L] with L > 0, and an output size >= 1, got "
+                         f"{list(map(int, x.shape))} and {out}"))
     length = x.shape[-1]
     if int(length) % out == 0:
         return reduce(x.reshape(*x.shape[:-1], out, length // out))
@@ -546,7 +546,7 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
     ``linear`` a weighted pair of them, so the gradient is a scatter-add."""
     x = as_tensor(x)
     if x.ndim != 3:
-        raise ShapeError(f"interpolate: needs [N, C, L] (the 1-d modes), got {list(map(int, x.shape))}")
+        raise ShapeError(at(f"interpolate: needs [N, C, L] (the 1-d modes), got {list(map(int, x.shape))}"))
     if mode not in ("nearest", "nearest-exact", "linear"):
         raise ValueError(f"interpolate: mode {mode!r} is not supported (nearest, nearest-exact, linear are)")
     if antialias:
@@ -561,7 +561,7 @@ def interpolate(x: Tensor, size: Any = None, scale_factor: Any = None, mode: str
     factor = None if scale_factor is None else float(scale_factor)
     out = _single(size) if size is not None else math.floor(length * factor)
     if out < 1 or length < 1:
-        raise ShapeError(f"interpolate: input length {length} to output length {out}: both must be >= 1")
+        raise ShapeError(at(f"interpolate: input length {length} to output length {out}: both must be >= 1"))
     # torch's source coordinate per output: 1 / scale_factor when given (and not recomputed), else in / out
     scale = 1.0 / factor if factor is not None and not recompute_scale_factor else length / out
     dst = np.arange(out, dtype=np.float64)
@@ -601,7 +601,7 @@ def _batched(x: Any, name: str) -> tuple[Tensor, bool]:
     """A convolution's input as [N, C, L], and whether it came as one sequence [C, L]."""
     x = as_tensor(x)
     if x.ndim not in (2, 3):
-        raise ShapeError(f"{name}: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}")
+        raise ShapeError(at(f"{name}: expected [N, C, L] or [C, L] input, got {list(map(int, x.shape))}"))
     return (x.unsqueeze(0), True) if x.ndim == 2 else (x, False)
 
 
@@ -621,16 +621,16 @@ def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: int = 
     n, c_in, length = x.shape
     c_out, c_per_group, k = (int(d) for d in weight.shape)
     if int(c_in) != c_per_group * groups:
-        raise ShapeError(f"conv1d: input has {int(c_in)} channels, the weight expects {c_per_group * groups} "
-                         f"({c_per_group} per group x {groups} groups)")
+        raise ShapeError(at(f"conv1d: input has {int(c_in)} channels, the weight expects {c_per_group * groups} "
+                         f"({c_per_group} per group x {groups} groups)"))
     lo, hi = _conv_padding(padding, k, dilation, stride)
     if lo or hi:
         x = x.pad(((0, 0), (0, 0), (lo, hi)))
     span = dilation * (k - 1) + 1
     l_out = (length + lo + hi - span) // stride + 1
     if int(l_out) <= 0:
-        raise ShapeError(f"conv1d: input length {int(length)} (padded {int(length) + lo + hi}) is shorter than the "
-                         f"kernel's span {span}")
+        raise ShapeError(at(f"conv1d: input length {int(length)} (padded {int(length) + lo + hi}) is shorter than the "
+                         f"kernel's span {span}"))
     last = stride * (l_out - 1) + 1
     taps = [x[:, :, j * dilation: j * dilation + last: stride] for j in range(k)]
     if groups == 1 and c_out >= CHANNELS_AS_COLUMNS:
@@ -661,8 +661,8 @@ def conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
     x, unbatched = _batched(x, "conv_transpose1d")
     c_in, c_per_group, k = (int(d) for d in weight.shape)
     if int(x.shape[1]) != c_in or c_in % groups:
-        raise ShapeError(f"conv_transpose1d: input has {int(x.shape[1])} channels, the weight "
-                         f"{list(map(int, weight.shape))} expects {c_in} (divisible by groups {groups})")
+        raise ShapeError(at(f"conv_transpose1d: input has {int(x.shape[1])} channels, the weight "
+                         f"{list(map(int, weight.shape))} expects {c_in} (divisible by groups {groups})"))
     if not 0 <= output_padding < max(stride, dilation):
         raise ValueError(f"conv_transpose1d: output_padding {output_padding} must be smaller than stride {stride} "
                          f"or dilation {dilation}")

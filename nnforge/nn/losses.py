@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import dtypes
 from ..control import scan
-from ..errors import ShapeError
+from ..errors import ShapeError, at
 from ..indexing import gather
 from ..interop.convert import to_numpy
 from ..tensor import Tensor, arange, as_tensor, full, maximum, stack, where
@@ -82,8 +82,8 @@ def _prepare_classes(input: Any, target: Any) -> tuple[Tensor, Tensor, bool]:
     if not t.dtype.is_float:
         want = (int(x.shape[0]), *map(int, x.shape[2:]))
         if tuple(map(int, t.shape)) != want:
-            raise ShapeError(f"class-index target of shape {list(map(int, t.shape))} does not fit input "
-                             f"{list(map(int, x.shape))} (expected {list(want)})")
+            raise ShapeError(at(f"class-index target of shape {list(map(int, t.shape))} does not fit input "
+                             f"{list(map(int, x.shape))} (expected {list(want)})"))
     return x, t, unbatched
 
 
@@ -103,8 +103,8 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None, ignore_index: 
     w = None if weight is None else as_tensor(weight).cast(logp.dtype).reshape(c, *([1] * (x.ndim - 2)))
     if t.dtype.is_float:  # probabilities
         if tuple(map(int, t.shape)) != tuple(map(int, x.shape)):
-            raise ShapeError(f"cross_entropy: probability target {list(map(int, t.shape))} must have the input's "
-                             f"shape {list(map(int, x.shape))}")
+            raise ShapeError(at(f"cross_entropy: probability target {list(map(int, t.shape))} must have the input's "
+                             f"shape {list(map(int, x.shape))}"))
         if label_smoothing:
             t = t * (1.0 - label_smoothing) + label_smoothing / c
         wl = logp * w if w is not None else logp
@@ -155,16 +155,16 @@ def _padded_targets(targets: Any, target_lengths: Any) -> Tensor:
     if tg.ndim == 2:
         return tg.cast(dtypes.int64)
     if tg.ndim != 1:
-        raise ShapeError(f"ctc_loss: targets must be [N, S] (padded) or 1-d (concatenated), got "
-                         f"{list(map(int, tg.shape))}")
+        raise ShapeError(at(f"ctc_loss: targets must be [N, S] (padded) or 1-d (concatenated), got "
+                         f"{list(map(int, tg.shape))}"))
     if session().tracing:
-        raise ShapeError("ctc_loss: concatenated 1-d targets need concrete lengths; pass padded [N, S] targets "
-                         "inside traced code")
+        raise ShapeError(at("ctc_loss: concatenated 1-d targets need concrete lengths; pass padded [N, S] targets "
+                         "inside traced code"))
     flat = tg.numpy().astype(np.int64)
     lengths = np.asarray(target_lengths.numpy() if isinstance(target_lengths, Tensor) else to_numpy(
         target_lengths) if not isinstance(target_lengths, (list, tuple)) else target_lengths, dtype=np.int64)
     if int(lengths.sum()) != flat.size:
-        raise ShapeError(f"ctc_loss: target_lengths sum to {int(lengths.sum())} but there are {flat.size} targets")
+        raise ShapeError(at(f"ctc_loss: target_lengths sum to {int(lengths.sum())} but there are {flat.size} targets"))
     out = np.zeros((lengths.size, max(int(lengths.max(initial=0)), 1)), np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     for i, (s, n) in enumerate(zip(starts, lengths)):
@@ -188,7 +188,7 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     _check_reduction(reduction)
     lp = as_tensor(log_probs)
     if lp.ndim != 3:
-        raise ShapeError(f"ctc_loss: log_probs must be [T, N, C], got {list(map(int, lp.shape))}")
+        raise ShapeError(at(f"ctc_loss: log_probs must be [T, N, C], got {list(map(int, lp.shape))}"))
     out_dtype = lp.dtype
     if lp.dtype not in (dtypes.float32, dtypes.float64):
         lp = lp.cast(dtypes.float32)  # -1e30 and the long log-space sums need at least float32
@@ -198,9 +198,9 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     tg_len = _int_tensor(target_lengths, "target_lengths")
     if int(tg.shape[0]) != int(n) or tuple(map(int, in_len.shape)) != (int(n),) or \
             tuple(map(int, tg_len.shape)) != (int(n),):
-        raise ShapeError(f"ctc_loss: batch size {int(n)} of log_probs disagrees with targets "
+        raise ShapeError(at(f"ctc_loss: batch size {int(n)} of log_probs disagrees with targets "
                          f"{list(map(int, tg.shape))}, input_lengths {list(map(int, in_len.shape))} or "
-                         f"target_lengths {list(map(int, tg_len.shape))}")
+                         f"target_lengths {list(map(int, tg_len.shape))}"))
     s = int(tg.shape[1])
     ext_len = 2 * s + 1
 

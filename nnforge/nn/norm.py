@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import ShapeError, at
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -60,7 +60,7 @@ class GroupNorm(Module):
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
         super().__init__()
         if num_groups <= 0 or num_channels % num_groups:
-            raise ShapeError(f"GroupNorm: {num_channels} channels do not split into {num_groups} groups")
+            raise ShapeError(at(f"GroupNorm: {num_channels} channels do not split into {num_groups} groups"))
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
         self.register_parameter("weight", Parameter(init.ones((num_channels,))) if affine else None)
         self.register_parameter("bias", Parameter(init.zeros((num_channels,))) if affine else None)
@@ -97,8 +97,8 @@ class InstanceNorm1d(Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim not in (2, 3) or ((self.affine or self.track_running_stats)
                                     and int(x.shape[-2]) != self.num_features):
-            raise ShapeError(f"InstanceNorm1d({self.num_features}): expected [N, {self.num_features}, L] or "
-                             f"[{self.num_features}, L] input, got {list(map(int, x.shape))}")
+            raise ShapeError(at(f"InstanceNorm1d({self.num_features}): expected [N, {self.num_features}, L] or "
+                             f"[{self.num_features}, L] input, got {list(map(int, x.shape))}"))
         use_input_stats = self.training or not self.track_running_stats
         if use_input_stats and self.training and int(x.shape[-1]) <= 1:
             raise ValueError(f"InstanceNorm1d: expected more than 1 position per channel in training, got input "
@@ -130,8 +130,8 @@ class BatchNorm1d(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim not in (2, 3) or int(x.shape[1]) != self.num_features:
-            raise ShapeError(f"BatchNorm1d({self.num_features}): expected [N, {self.num_features}] or "
-                             f"[N, {self.num_features}, L] input, got {list(map(int, x.shape))}")
+            raise ShapeError(at(f"BatchNorm1d({self.num_features}): expected [N, {self.num_features}] or "
+                             f"[N, {self.num_features}, L] input, got {list(map(int, x.shape))}"))
         axes = (0,) if x.ndim == 2 else (0, 2)
         shape = (self.num_features,) if x.ndim == 2 else (self.num_features, 1)
         use_batch = self.training or not self.track_running_stats

@@ -230,7 +230,7 @@ class _RNNBase(Module):
         if unbatched:
             h = h.unsqueeze(1)
         if tuple(map(int, h.shape)) != want:
-            raise ShapeError(f"{self.mode}: {what} has shape {list(map(int, h.shape))}, expected {list(want)}")
+            raise ShapeError(at(f"{self.mode}: {what} has shape {list(map(int, h.shape))}, expected {list(want)}"))
         return h.cast(dtype)
 
     def _finish(self, out: Tensor, finals: list[Tensor], unbatched: bool,

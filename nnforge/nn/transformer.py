@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import ShapeError, at
 from ..tensor import Tensor, as_tensor, full, gelu, relu, where
 from . import functional as F
 from . import init
@@ -59,7 +59,7 @@ class MultiheadAttention(Module):
         tgt, n, e = q.shape
         src = k.shape[0]
         if int(e) != self.embed_dim:
-            raise ShapeError(f"MultiheadAttention: query has {int(e)} features, expected {self.embed_dim}")
+            raise ShapeError(at(f"MultiheadAttention: query has {int(e)} features, expected {self.embed_dim}"))
         wq, wk, wv = self.in_proj_weight.chunk(3, axis=0)
         bq = bk = bv = None
         if self.in_proj_bias is not None:

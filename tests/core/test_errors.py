@@ -369,3 +369,26 @@ def test_an_nnforge_layer_behind_torch_names_the_users_line(grad: bool):
         layer(x)
     check(ei, "matmul", "[3, 6]", "[4, 5]", loc=loc)
 
+
+@pytest.mark.parametrize(("layer", "shape", "words"), [
+    ("conv", (2, 4, 9), ("conv1d", "4 channels", "expects 3")),
+    ("norm", (2, 6), ("layer_norm", "[2, 6]", "[5]")),
+    ("lstm_h0", (4, 2, 5), ("LSTM", "h0 has shape [1, 2, 7]", "expected [2, 2, 7]")),
+])
+def test_a_layers_own_shape_checks_name_the_users_line(layer: str, shape: tuple, words: tuple):
+    """The checks ``nnforge.nn`` layers make themselves (channels, normalized shapes, initial states) point at the
+    user's call, also behind ``TorchModule``: those of the ops inside them always did."""
+    import torch
+
+    from nnforge.torch import TorchModule, from_torch
+
+    torch.manual_seed(0)
+    twin = {"conv": torch.nn.Conv1d(3, 4, 5), "norm": torch.nn.LayerNorm(5),
+            "lstm_h0": torch.nn.LSTM(5, 7, num_layers=2)}[layer]
+    model = TorchModule(from_torch(twin), twin=twin)
+    x = torch.randn(*shape)
+    state = (torch.randn(1, 2, 7), torch.randn(1, 2, 7))
+    with pytest.raises(nf.ShapeError) as ei:
+        loc = next_line()
+        model(x, state) if layer == "lstm_h0" else model(x)
+    check(ei, *words, loc=loc)
