@@ -126,9 +126,9 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"from_torch: needs a torch.nn.Module, got {type(model).__name__}")
     layers = _layers()
-    if type(model) in layers:  # fx would trace into its implementation (torch's fused kernels)
-        return _layer(layers, model, type(model).__name__, "from_torch")
     tracer = _Tracer(layers)
+    if tracer.is_leaf_module(model, ""):  # fx would trace into its implementation (torch's fused kernels)
+        return _layer(layers, model, type(model).__name__, "from_torch")
     try:
         graph = tracer.trace(model)
     except Exception as e:  # torch.fx raises TraceError, TypeError, RuntimeError... with its own message

@@ -530,6 +530,7 @@ def _line(pattern: str) -> int:
 
 @pytest.mark.parametrize(("model", "message", "source"), [
     (_Conv2d(), r"torch.nn.modules.conv.Conv2d at 'image.0' has no nnforge counterpart", "return self.image(x)"),
+    (torch.nn.Conv2d(1, 2, 3), r"torch.nn.modules.conv.Conv2d at 'Conv2d' has no nnforge counterpart", None),
     (_Spectrum(), r"torch.fft.rfft has no nnforge counterpart", "torch.fft.rfft(x)"),
     (_Nonzero(), r"the tensor method .nonzero\(\) has no nnforge counterpart", "x.nonzero()"),
     (_ViewChanged(), r"mul_\(\) changes a view \(transpose, .*test_from_torch.py:\d+\) in place", "v.mul_(2)"),
