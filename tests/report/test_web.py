@@ -135,3 +135,10 @@ def test_view_serves_empty_and_failed(empty_db: Path, failed_db: Path) -> None:
         assert status == 200 and html.count('class="cell-row"') == 5
         figs = json.loads(get(url + f"/api/runs/{rid}/figures")[1])
         assert all(f["figure"] is None for f in figs["figures"]) and figs["headline"] == "No successful cells."
+
+
+def test_ok_cells_have_no_failure_reason(view_small: str) -> None:
+    _, html = get(view_small + "/runs/run-a?status=ok")
+    assert html.count('class="cell-row"') > 0 and "no reason recorded" not in html
+    _, html = get(view_small + "/runs/run-a?status=failed")
+    assert html.count('class="cell-row"') == 1 and '<td class="err"></td>' not in html
