@@ -235,7 +235,8 @@ def merge_process_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     base.update({
         "median_s": med, "ci_low_s": lo, "ci_high_s": hi, "throughput": items / med,
         "achieved_flops": float(base["flops"]) / med, "achieved_bytes_per_s": float(base["bytes"]) / med,
-        "compile_s": float(np.median([r["compile_s"] for r in rows])),
+        "compile_s": float(np.median(compiles)) if (compiles := [r["compile_s"] for r in rows
+                                                                 if r["compile_s"] is not None]) else None,
         "first_call_s": float(np.median([r["first_call_s"] for r in rows])),
         "peak_mem_bytes": max(int(r["peak_mem_bytes"] or 0) for r in rows) or None,
         "max_abs_err": max(float(r["max_abs_err"] or 0.0) for r in rows),

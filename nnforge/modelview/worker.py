@@ -400,7 +400,7 @@ class Harness:
             if backend.lazy:
                 step(*inputs[0])
                 self._sync(setup)
-            compile_s = time.perf_counter() - t0
+            compile_s = time.perf_counter() - t0 if backend.compiles else None
             cache = compilecache.verdict(cache_dirs, cache_before, compilecache.snapshot(cache_dirs))
             self.events.emit("phase", phase="check", backend=cell.backend)
             t0 = time.perf_counter()

@@ -52,6 +52,9 @@ class Backend:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     lazy: ClassVar[bool] = False
+    # False for a backend with nothing to compile (eager): its row then has no compile time, rather than the
+    # microseconds of a prepare() that only returns the module, and the report's compile chart uses its first call.
+    compiles: ClassVar[bool] = True
     training: ClassVar[bool] = True  # whether the backend can run a training step (forward + backward)
 
     def applies(self, ctx: Context) -> str | None:

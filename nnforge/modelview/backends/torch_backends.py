@@ -17,6 +17,7 @@ from .base import Backend, Context, Prepared, clip_artifact
 class Eager(Backend):
     name = "eager"
     description = "the module as written (the reference point of every ratio)"
+    compiles = False
 
     def prepare(self, ctx: Context) -> Prepared:
         return Prepared(fn=ctx.module)
