@@ -117,8 +117,11 @@ def sweep(
 
     from nnforge.modelview.distributed import RayUnavailable
     from nnforge.modelview.spec import SpecError, load_spec, parse_param_flags
+    from nnforge.modelview.store import EXPORT_SUFFIXES
 
     console = _console()
+    if export is not None and export.suffix not in EXPORT_SUFFIXES:  # said now, not after the whole sweep
+        _fail(console, f"--export {export}: unknown format; use a .csv or .parquet file")
     timing: dict[str, Any] = {
         k: v
         for k, v in {
@@ -222,6 +225,7 @@ def compare(
     """Which cells changed between two runs: slower, faster, no change within ±threshold, or inconclusive."""
     _require_modelview("compare")
     import json
+    import sqlite3
 
     from nnforge.modelview import compare as cmp
 
@@ -242,6 +246,8 @@ def compare(
         )
     except KeyError as e:
         _fail(console, str(e.args[0]) if e.args else str(e))
+    except sqlite3.Error as e:
+        _fail(console, f"cannot use store {db}: {e}")
     bad = cmp.regressions(changes, fail) if fail is not None else []
     if as_json:
         print(json.dumps({"run_a": a_id, "run_b": b_id, "cells": [ch.as_dict() for ch in changes], "notes": notes,
@@ -406,12 +412,17 @@ def variants(plugin: Annotated[list[str] | None, typer.Option(help="Also load th
     _require_modelview("variants")
     from rich.table import Table
 
+    from nnforge.modelview.spec import SpecError
     from nnforge.modelview.variants import variant_registry
 
     table = Table(title="variants")
     for col in ("name", "unit", "parameters (default)", "description"):
         table.add_column(col, overflow="fold")
-    for name, cls in variant_registry(plugin or ()).items():
+    try:
+        registry = variant_registry(plugin or ())
+    except SpecError as e:  # a plugin that cannot be loaded
+        _fail(_console(), str(e))
+    for name, cls in registry.items():
         params = ", ".join(f"{k}={p.default}" for k, p in cls.params.items())
         table.add_row(name, cls.throughput_unit, params, escape(cls.description))
     Console().print(table)
@@ -424,11 +435,16 @@ def backends(plugin: Annotated[list[str] | None, typer.Option(help="Also load th
     from rich.table import Table
 
     from nnforge.modelview.backends import backend_registry
+    from nnforge.modelview.spec import SpecError
 
     table = Table(title="backends")
     table.add_column("name")
     table.add_column("description", overflow="fold")
-    for name, cls in backend_registry(plugin or ()).items():
+    try:
+        registry = backend_registry(plugin or ())
+    except SpecError as e:  # a plugin that cannot be loaded
+        _fail(_console(), str(e))
+    for name, cls in registry.items():
         table.add_row(name, escape(cls.description))
     Console().print(table)
 

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .spec import SpecError
+
 T = TypeVar("T", bound=type)
 
 VARIANT_MARK = "__modelview_variant__"
@@ -46,12 +48,30 @@ def class_ref(cls: type) -> str:
     return f"{module}:{cls.__qualname__}"
 
 
+class PluginError(SpecError):
+    """A plugin that cannot be loaded: missing, failing at import, or with a marked class that cannot register. A
+    :class:`SpecError` (the plugin is part of the spec), so the CLI reports it as one line, exit 2, like any bad
+    value; the message names the plugin as the user wrote it and the cause, never a traceback of our loader."""
+
+    def __init__(self, plugin: str, message: str) -> None:
+        self.key = "plugins"
+        self.value = plugin
+        ValueError.__init__(self, f"plugin {plugin}: {message}")
+
+
+def _cause(e: BaseException) -> str:
+    if isinstance(e, SyntaxError):
+        return f"{type(e).__name__}: {e.msg} (line {e.lineno})"
+    return f"{type(e).__name__}: {e}"
+
+
 def load_module(name_or_path: str) -> Any:
-    """Import a module by dotted name, or execute a ``.py`` file as a module (once per process)."""
+    """Import a module by dotted name, or execute a ``.py`` file as a module (once per process). Any failure is a
+    :class:`PluginError` naming the module or file and the cause."""
     if name_or_path.endswith(".py"):
         path = Path(name_or_path).resolve()
-        if not path.exists():
-            raise FileNotFoundError(f"plugin file not found: {name_or_path}")
+        if not path.is_file():
+            raise PluginError(name_or_path, f"file not found: {path}")
         mod_name = "_modelview_plugin_" + str(abs(hash(str(path))))
         if mod_name in sys.modules:
             return sys.modules[mod_name]
@@ -61,11 +81,17 @@ def load_module(name_or_path: str) -> Any:
         sys.modules[mod_name] = module
         try:
             spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[mod_name]
+            raise PluginError(name_or_path, _cause(e)) from e
         except BaseException:
             del sys.modules[mod_name]
             raise
         return module
-    return importlib.import_module(name_or_path)
+    try:
+        return importlib.import_module(name_or_path)
+    except Exception as e:
+        raise PluginError(name_or_path, _cause(e)) from e
 
 
 def load_ref(ref: str) -> Any:
@@ -99,7 +125,7 @@ class Registry(Mapping[str, type]):
     def add(self, cls: type, *, replace: bool = False) -> type:
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{cls!r} has no `name` class attribute")
+            raise ValueError(f"{cls.__qualname__} has no `name` class attribute")
         if name in self._classes and self._classes[name] is not cls and not replace:
             raise ValueError(f"{self.kind} {name!r} is already registered by {class_ref(self._classes[name])}")
         self._classes[name] = cls
@@ -111,7 +137,10 @@ class Registry(Mapping[str, type]):
         added = []
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if obj.__dict__.get(self._mark):
-                self.add(obj, replace=True)
+                try:
+                    self.add(obj, replace=True)
+                except ValueError as e:
+                    raise PluginError(name_or_path, str(e)) from e
                 added.append(obj.name)
         return added
 

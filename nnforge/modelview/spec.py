@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -228,8 +229,8 @@ def _sub_config(cls: type, key: str, value: Any) -> Any:
         elif isinstance(default, float):
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise SpecError(f"{key}.{k}", v, "expected a number")
-            if v <= 0:
-                raise SpecError(f"{key}.{k}", v, "must be > 0")
+            if not math.isfinite(v) or v <= 0:  # NaN compares false with everything: `v <= 0` alone lets it in
+                raise SpecError(f"{key}.{k}", v, "must be a finite number > 0")
             v = float(v)
         kwargs[k] = v
     cfg = cls(**kwargs)
@@ -248,6 +249,8 @@ def _sub_config(cls: type, key: str, value: Any) -> Any:
             raise SpecError(f"{key}.min_samples", cfg.min_samples, "must be >= 3")
         if cfg.round_samples < 1:
             raise SpecError(f"{key}.round_samples", cfg.round_samples, "must be >= 1")
+        if cfg.max_samples < cfg.min_samples:
+            raise SpecError(f"{key}.max_samples", cfg.max_samples, f"must be >= min_samples ({cfg.min_samples})")
     return cfg
 
 
@@ -298,7 +301,8 @@ def spec_from_mapping(data: Mapping[str, Any]) -> SweepSpec:
         for dt, pair in tol.items():
             if dt not in DTYPES:
                 raise SpecError(f"tolerances.{dt}", pair, f"unknown dtype (known: {', '.join(DTYPES)})")
-            numbers = isinstance(pair, list | tuple) and all(isinstance(x, int | float) for x in pair)
+            numbers = isinstance(pair, list | tuple) and all(
+                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in pair)
             if not numbers or len(pair) != 2:
                 raise SpecError(f"tolerances.{dt}", pair, "expected [atol, rtol]")
             parsed[dt] = (float(pair[0]), float(pair[1]))
@@ -314,7 +318,9 @@ def spec_from_mapping(data: Mapping[str, Any]) -> SweepSpec:
 
 
 def spec_from_toml(path: str | Path) -> SweepSpec:
-    """Read a spec from a TOML file (see docs/modelview.md for the format)."""
+    """Read a spec from a TOML file (see docs/modelview.md for the format). Relative ``.py`` plugin paths stay
+    relative to the current directory: ``nnforge ab`` and ``history`` run each revision's plugin from its own
+    worktree with one spec file."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -401,7 +407,7 @@ def variant_param_grid(spec: SweepSpec, variant: str, declared: Mapping[str, Any
         if isinstance(v, Mapping):
             continue
         if k in declared:
-            chosen[k] = list(v) if isinstance(v, list | tuple) else [v]
+            chosen[k] = _param_values(f"params.{k}", v)
     own = spec.params.get(variant)
     if isinstance(own, Mapping):
         for k, v in own.items():
@@ -409,7 +415,7 @@ def variant_param_grid(spec: SweepSpec, variant: str, declared: Mapping[str, Any
                 raise SpecError(
                     f"params.{variant}.{k}", v, f"unknown parameter of {variant} (known: {', '.join(declared) or '-'})"
                 )
-            chosen[k] = list(v) if isinstance(v, list | tuple) else [v]
+            chosen[k] = _param_values(f"params.{variant}.{k}", v)
     for k, values in chosen.items():
         for value in values:
             err = declared[k].check(value)
@@ -418,6 +424,17 @@ def variant_param_grid(spec: SweepSpec, variant: str, declared: Mapping[str, Any
                 raise SpecError(where, value, err)
     names = sorted(chosen)
     return [dict(zip(names, combo)) for combo in itertools.product(*(chosen[n] for n in names))]
+
+
+def _param_values(where: str, value: Any) -> list[Any]:
+    """A parameter's values as a list (a list is one more axis). Like the other axes, an empty list (a sweep of
+    nothing) and a repeated value (two cells with one key: one row stored, the run then looks unfinished) are errors."""
+    values = list(value) if isinstance(value, list | tuple) else [value]
+    if not values:
+        raise SpecError(where, value, "must not be empty")
+    if any(v in values[:i] for i, v in enumerate(values)):
+        raise SpecError(where, value, "contains duplicates")
+    return values
 
 
 def validate(spec: SweepSpec, variants: Mapping[str, Any], backends: Mapping[str, Any]) -> None:

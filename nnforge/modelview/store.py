@@ -77,6 +77,10 @@ CREATE TABLE IF NOT EXISTS machines(machine_id TEXT PRIMARY KEY, fingerprint_jso
 """
 
 
+EXPORT_SUFFIXES = (".csv", ".parquet", ".pq")
+"""The files ``Store.export`` writes: CSV, or Parquet (checked by ``nnforge sweep --export`` before measuring)."""
+
+
 class Store:
     """A connection to one store file. Cheap to open; open one per process (connections are not shared)."""
 
@@ -258,15 +262,15 @@ class Store:
         return pd.DataFrame(rows, columns=["row_id", *CELL_COLUMN_NAMES])
 
     def export(self, path: str | Path, run_id: str | None = None) -> Path:
-        """Write cells to ``.csv`` or ``.parquet`` (chosen by the suffix)."""
+        """Write cells to ``.csv`` or ``.parquet`` (chosen by the suffix, ``EXPORT_SUFFIXES``)."""
         path = Path(path)
+        if path.suffix not in EXPORT_SUFFIXES:
+            raise ValueError(f"export format of {path.name!r} unknown: use .csv or .parquet")
         df = self.cells(run_id)
         if path.suffix == ".csv":
             df.to_csv(path, index=False)
-        elif path.suffix in (".parquet", ".pq"):
-            df.to_parquet(path, index=False)
         else:
-            raise ValueError(f"export format of {path.name!r} unknown: use .csv or .parquet")
+            df.to_parquet(path, index=False)
         return path
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -165,3 +166,48 @@ def test_an_unreachable_ray_cluster_is_one_line_in_seconds(tmp_path: Path, fault
     assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
     assert r.output.startswith(f"error: cannot reach the Ray cluster at 127.0.0.1:{port}: Connection refused")
     assert time.monotonic() - t0 < 30  # Ray alone retries for minutes
+
+
+@pytest.mark.parametrize(("source", "cause"), [
+    ("def f(:\n    pass\n", "SyntaxError: invalid syntax (line 1)"),
+    ("import nosuchpkg_xyz\n", "ModuleNotFoundError: No module named 'nosuchpkg_xyz'"),
+    ("raise RuntimeError('plugin exploded')\n", "RuntimeError: plugin exploded"),
+    ("from nnforge.modelview import Variant, variant\n@variant\nclass NoName(Variant):\n    pass\n",
+     "NoName has no `name` class attribute"),
+], ids=["syntax", "import", "raises", "no-name"])
+def test_a_broken_plugin_is_one_line_exit_2(tmp_path: Path, source: str, cause: str):
+    plug = tmp_path / "plug.py"
+    plug.write_text(source)
+    commands = [["sweep", "-v", "lstm_manual", "--plugin", str(plug), "--dry-run"], ["variants", "--plugin", str(plug)]]
+    if "@variant" not in source:  # a plugin failing as it is imported fails the listing of backends too
+        commands.append(["backends", "--plugin", str(plug)])
+    for args in commands:
+        r = RUNNER.invoke(app, args)
+        assert r.exit_code == 2 and r.output == f"error: plugin {plug}: {cause}\n", (args, r.output)
+
+
+def test_a_missing_plugin_module_is_one_line_exit_2():
+    r = RUNNER.invoke(app, ["sweep", "-v", "lstm_manual", "--plugin", "nosuch.module", "--dry-run"])
+    assert r.exit_code == 2 and r.output == "error: plugin nosuch.module: ModuleNotFoundError: No module named " \
+                                            "'nosuch'\n", r.output
+
+
+def test_a_file_that_is_not_a_store_is_one_line_exit_2(tmp_path: Path):
+    garbage = tmp_path / "garbage.db"
+    garbage.write_text("garbage\n" * 200)
+    line = f"error: cannot use store {garbage}: file is not a database\n"
+    for args in (["report", str(garbage), "-o", str(tmp_path / "r.html")], ["compare", "a", "b", "--db", str(garbage)],
+                 ["view", str(garbage), "--port", "0"]):
+        r = RUNNER.invoke(app, args)
+        assert r.exit_code == 2 and r.output == line, (args, r.output)
+    assert garbage.read_text() == "garbage\n" * 200
+
+
+def test_an_export_file_of_an_unknown_format_is_refused_before_measuring(tmp_path: Path, faulty: str):
+    db = tmp_path / "x.db"
+    for extra in ([], ["--dry-run"]):
+        r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty)), "--db", str(db), "--quiet",
+                                "--export", str(tmp_path / "out.xlsx"), *extra])
+        assert r.exit_code == 2, r.output
+        assert r.output == f"error: --export {tmp_path / 'out.xlsx'}: unknown format; use a .csv or .parquet file\n"
+    assert not db.exists()  # nothing was measured

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,7 @@ def test_param_lists_expand_and_per_variant_tables_apply_only_to_their_variant()
         ({"variants": ["lstm_manual"], "isolation": {"timeout_s": "long"}}, "isolation.timeout_s", "long"),
         ({"variants": ["lstm_manual"], "tolerances": {"float32": [1e-3]}}, "tolerances.float32", [1e-3]),
         ({"variants": ["lstm_manual", "lstm_manual"]}, "variants", ["lstm_manual", "lstm_manual"]),
+        ({"variants": ["lstm_manual"], "timing": {"min_samples": 100, "max_samples": 10}}, "timing.max_samples", 10),
     ],
 )
 def test_invalid_specs_name_the_key_and_value(data, key, value):
@@ -107,6 +109,10 @@ def test_invalid_specs_name_the_key_and_value(data, key, value):
         ({"variants": ["bonito"], "params": {"bonito": {"width": 95}}}, "params.bonito.width", 95),
         ({"variants": ["bonito"], "params": {"bonito": {"depth": 3}}}, "params.bonito.depth", 3),
         ({"variants": ["lstm_manual"], "params": {"bonito": {"width": 96}}}, "params.bonito", {"width": 96}),
+        ({"variants": ["lstm_manual"], "params": {"hidden": [8, 8]}}, "params.hidden", [8, 8]),
+        ({"variants": ["lstm_manual"], "params": {"hidden": []}}, "params.hidden", []),
+        ({"variants": ["bonito"], "params": {"bonito": {"width": [96, 96]}}}, "params.bonito.width", [96, 96]),
+        ({"variants": ["bonito"], "params": {"bonito": {"width": []}}}, "params.bonito.width", []),
     ],
 )
 def test_validation_against_registries_names_the_key_and_value(data, key, value):
@@ -162,3 +168,27 @@ def test_the_sweep_a_lent_gpu_runs_is_a_valid_spec() -> None:
     assert {"nnforge.triton", "eager", "cudagraphs"} <= set(spec.backends) and spec.device == ("cuda",)
     assert set(spec.dtype) == {"float16", "bfloat16"} and set(spec.mode) == {"inference", "training"}
     assert spec.timing.flush_cache
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_numbers_are_rejected(tmp_path: Path, value: float):
+    """NaN slips through ``v <= 0``: a NaN budget never ends timing, and NaN in spec_json is not JSON."""
+    for data, key in (({"timing": {"budget_s": value}}, "timing.budget_s"),
+                      ({"isolation": {"timeout_s": value}}, "isolation.timeout_s"),
+                      ({"tolerances": {"float32": [value, 1e-3]}}, "tolerances.float32")):
+        with pytest.raises(SpecError, match=re.escape(key)):
+            spec_from_mapping({"variants": ["lstm_manual"], **data})
+    with pytest.raises(SpecError, match=r"timing\.budget_s"):  # a CLI flag (--budget nan) is an override
+        merge(spec_from_mapping({"variants": ["lstm_manual"]}), {"timing": {"budget_s": value}})
+    path = tmp_path / "s.toml"
+    path.write_text(f'variants = ["lstm_manual"]\n[timing]\nbudget_s = {value}\n')
+    with pytest.raises(SpecError, match="finite"):
+        spec_from_toml(path)
+
+
+def test_a_missing_plugin_file_names_the_path_it_tried(tmp_path: Path, monkeypatch):
+    from nnforge.modelview.registry import PluginError, load_module
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PluginError, match=re.escape(f"plugin nope.py: file not found: {tmp_path / 'nope.py'}")):
+        load_module("nope.py")

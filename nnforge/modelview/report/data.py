@@ -34,6 +34,12 @@ class StoreNotFound(FileNotFoundError):
     """The database path does not exist (opening it with sqlite3 would silently create an empty file)."""
 
 
+class StoreUnusable(StoreNotFound):
+    """The path is a file but not an SQLite database: said when the store is opened, in the words ``sweep`` and
+    ``merge`` use, not as a traceback (report) or an error page (view) at the first query. A :class:`StoreNotFound`
+    so that whoever handles a missing store handles this too."""
+
+
 def _loads(text: Any, default: Any) -> Any:
     if text is None or text == "":
         return default
@@ -226,6 +232,11 @@ class Database:
         self.path = Path(path)
         if not self.path.is_file():
             raise StoreNotFound(f"no ModelView database at {self.path} (run `nnforge sweep` first)")
+        try:
+            with self.connect() as con:
+                con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise StoreUnusable(f"cannot use store {self.path}: {e}") from e
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
