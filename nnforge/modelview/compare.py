@@ -158,11 +158,19 @@ def machines_note(a_machines: Iterable[str | None], b_machines: Iterable[str | N
 def compare_runs(
     db: str | Path, run_a: str, run_b: str, **kw: Any
 ) -> tuple[str, str, list[CellChange], list[str]]:
-    """Returns (run_a id, run_b id, changes sorted by |change|, notes on cells that could not be compared)."""
+    """Returns (run_a id, run_b id, changes sorted by |change|, notes on cells that could not be compared).
+
+    Raises KeyError — what the CLI reports as one line, exit 2 — for a run it cannot find and for a ``baseline``
+    other than the default that neither run has (a typo would otherwise quietly judge every cell on absolute time;
+    the default ``eager`` may be absent, and then is, as documented)."""
     with Store(db) as store:
         a_id, b_id = store.resolve_run(run_a), store.resolve_run(run_b)
         a, b = store.cells(a_id), store.cells(b_id)
         specs = [json.loads((store.run(r) or {}).get("spec_json") or "{}") for r in (a_id, b_id)]
+    baseline = kw.get("baseline", DEFAULT_BASELINE)
+    backends = sorted({*a["backend"].dropna(), *b["backend"].dropna()})
+    if baseline not in (None, DEFAULT_BASELINE) and baseline not in backends:
+        raise KeyError(f"baseline backend {baseline!r} is in neither run (their backends: {', '.join(backends)})")
     ca, sa = timed_cells_from_frame(a)
     cb, sb = timed_cells_from_frame(b)
     machines = machines_note(a["machine_id"], b["machine_id"])

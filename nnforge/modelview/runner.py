@@ -26,7 +26,7 @@ from .console import SweepProgress, print_closing_table, setting_label
 from .isolation import Outcome, run_worker
 from .metrics import available_cpus
 from .spec import Cell, SweepSpec, expand, load_spec, settings, validate
-from .store import STATUSES, Store, cell_identity
+from .store import STATUSES, Store, cell_identity, same_spec
 from .variants import variant_registry
 
 if TYPE_CHECKING:
@@ -48,16 +48,17 @@ class SweepResult:
             return s.cells(self.run_id)
 
 
-def _extended_run(store: Store, spec: SweepSpec, console: Console | None) -> str | None:
-    """``--resume`` whose spec differs from the latest run of that name: resume it when the new spec only extends
-    its axes (its finished cells stay valid; only new cells are measured), else say why a new run starts."""
+def _extended_run(store: Store, spec: SweepSpec, console: Console | None, prev: str | None = None) -> str | None:
+    """``--resume`` whose spec differs from the latest run of that name (or ``--run-id`` naming a run ``prev`` with
+    a different spec): resume it when the new spec only extends its axes (its finished cells stay valid; only new
+    cells are measured), else say why a new run starts — rows of another spec never join an existing run."""
     from rich.console import Console
     from rich.markup import escape
 
     from .spec import extension_gap
 
     console = console or Console()
-    prev = store.latest_run(spec.name)
+    prev = prev or store.latest_run(spec.name)
     if prev is None:
         console.print(f"note: no run named {escape(spec.name)!r} to resume; starting a new run", highlight=False,
                       soft_wrap=True)
@@ -70,6 +71,15 @@ def _extended_run(store: Store, spec: SweepSpec, console: Console | None) -> str
     console.print(f"note: not resuming run {prev}: its spec differs ({escape(gap)}); starting a new run",
                   highlight=False, soft_wrap=True)
     return None
+
+
+def _half_pooled(store: Store, run_id: str) -> set[str]:
+    """Cells whose latest row is one process's ok row of a ``timing.processes`` > 1 measurement (``process_repeat``
+    set; the pooled row has none): ``run_repeated`` writes the pooled row only after the last process, so a sweep
+    interrupted in between leaves these, and resuming measures their setting again instead of calling a fraction of
+    the samples done. (Re-measuring all processes keeps them in one invocation: their rows pool as they would have.)"""
+    return {r["cell_key"] for r in store.rows(run_id, status="ok")
+            if json.loads(r["metrics_json"] or "{}").get("process_repeat")}
 
 
 def _setting_seed(run_seed: int, setting_key: str) -> int:
@@ -123,11 +133,14 @@ def sweep(
     try:
         if resume or run_id:
             spec_json = spec.to_json()
-            rid = run_id or store.latest_run(spec.name, spec_json)
-            if run_id and store.run(run_id) is None:
-                raise KeyError(f"no run {run_id!r} in {db}")
-            if rid is None:
-                rid = _extended_run(store, spec, console)
+            if run_id:
+                named = store.run(run_id)
+                if named is None:
+                    raise KeyError(f"no run {run_id!r} in {db}")
+                same = same_spec(named["spec_json"], spec_json)
+                rid = run_id if same else _extended_run(store, spec, console, run_id)
+            else:
+                rid = store.latest_run(spec.name, spec_json) or _extended_run(store, spec, console)
         else:
             rid = None
         threads = spec.timing.threads or (distributed.node_cpus() if ray else available_cpus())
@@ -143,7 +156,7 @@ def sweep(
         finished: set[str] = set()
         if not force:
             keep = [s for s in STATUSES if s in ("ok", "skipped")] if retry_failed else list(STATUSES)
-            finished = store.finished_keys(rid, keep)
+            finished = store.finished_keys(rid, keep) - _half_pooled(store, rid)
         pending = [c for c in cells if c.key not in finished]
         if progress:
             console.print(f"[bold]ModelView[/] run [cyan]{rid}[/] ({spec.name}): {len(cells)} cells, "

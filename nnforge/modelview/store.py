@@ -208,7 +208,7 @@ class Store:
     def latest_run(self, name: str, spec_json: str | None = None) -> str | None:
         q = "SELECT run_id, spec_json FROM runs WHERE name = ? ORDER BY created DESC, rowid DESC"
         for run_id, sj in self._con.execute(q, (name,)):
-            if spec_json is None or _same_spec(sj, spec_json):
+            if spec_json is None or same_spec(sj, spec_json):
                 return run_id
         return None
 
@@ -308,7 +308,7 @@ def _encode(v: Any) -> Any:
     return v
 
 
-def _same_spec(a: str, b: str) -> bool:
+def same_spec(a: str, b: str) -> bool:
     """Specs match for resuming when they agree on everything but the seed (a fresh seed is drawn per run)."""
     try:
         da, db = json.loads(a), json.loads(b)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -201,6 +203,48 @@ def test_a_file_that_is_not_a_store_is_one_line_exit_2(tmp_path: Path):
         r = RUNNER.invoke(app, args)
         assert r.exit_code == 2 and r.output == line, (args, r.output)
     assert garbage.read_text() == "garbage\n" * 200
+
+
+def _two_runs(tmp_path: Path, faulty: str) -> tuple[Path, str]:
+    db = tmp_path / "c.db"
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty)), "--db", str(db), "--quiet", "-b", "eager",
+                            "-b", "test_wrong", "--no-check", "--seed", "1"])
+    assert r.exit_code == 0, r.output
+    return db, re.findall(r"^\d{8}-\d{6}-\w+$", r.output, re.M)[-1]
+
+
+def test_run_id_with_another_spec_starts_a_new_run_and_an_unknown_baseline_is_refused(tmp_path: Path, faulty: str):
+    """--run-id must not append cells of a different spec into that run (the --resume rule applies); compare
+    --baseline names a backend of the runs, a typo is an error rather than absolute times for every cell."""
+    db, run = _two_runs(tmp_path, faulty)
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty, budget=0.2)), "--db", str(db), "--quiet",
+                            "-b", "eager", "-b", "test_wrong", "--no-check", "--run-id", run])
+    assert r.exit_code == 0 and f"not resuming run {run}" in r.output and "timing.budget_s is 0.2, was 0.1" in r.output
+    with open_store(db) as s:
+        assert len(s.cells(run, latest_only=False)) == 2 and len(s.run_ids()) == 2
+    r = RUNNER.invoke(app, ["compare", run, run, "--db", str(db), "--baseline", "nosuch"])
+    assert r.exit_code == 2 and r.output == "error: baseline backend 'nosuch' is in neither run (their backends: " \
+                                            "eager, test_wrong)\n", r.output
+    assert RUNNER.invoke(app, ["compare", run, run, "--db", str(db), "--baseline", "test_wrong"]).exit_code == 0
+
+
+def test_resume_completes_a_setting_interrupted_between_its_processes(tmp_path: Path, faulty: str):
+    """processes = 2, interrupted after the first process: its rows are not the cells' result. Resuming measures
+    the setting again in both processes and writes the pooled row an uninterrupted run has."""
+    db = tmp_path / "p.db"
+    args = ["sweep", str(_spec(tmp_path, faulty)), "--db", str(db), "--quiet", "--processes", "2", "--seed", "1"]
+    assert RUNNER.invoke(app, args).exit_code == 0
+    with sqlite3.connect(db) as con:  # as if interrupted after process 1: drop process 2's row and the pooled row
+        ids = [r[0] for r in con.execute("SELECT row_id FROM cells ORDER BY row_id")]
+        assert len(ids) == 3
+        con.execute(f"DELETE FROM cells WHERE row_id IN ({ids[1]}, {ids[2]})")
+    r = RUNNER.invoke(app, [*args, "--resume"])
+    assert r.exit_code == 0, r.output
+    with open_store(db) as s:
+        (run,) = s.run_ids()
+        latest = s.cells(run).iloc[0]
+    metrics = json.loads(latest["metrics_json"])
+    assert latest["status"] == "ok" and len(metrics["process_medians"]) == 2 and metrics["process_repeat"] is None
 
 
 def test_an_export_file_of_an_unknown_format_is_refused_before_measuring(tmp_path: Path, faulty: str):
