@@ -87,7 +87,10 @@ class CompiledStep:
         n = len(state)
         for i in range(trips):
             index = [indices[i, ...]] if indices is not None else []  # a 0-d view
-            outs = staging.call([*index, *state, *consts, *(staging.use(take(f)) for f in self.feeders)])
+            # a list, not a generator: a Feeder's StopIteration (an exhausted iterator) must reach the caller as
+            # itself, which a generator would turn into RuntimeError (PEP 479)
+            batches = [staging.use(take(f)) for f in self.feeders]
+            outs = staging.call([*index, *state, *consts, *batches])
             state, k = outs[:n], n
             for r, m in self.receivers:
                 send(r, staging.download(outs[k:k + m]))

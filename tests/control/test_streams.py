@@ -233,6 +233,21 @@ def test_feeder_error_at_batch_k_propagates_after_the_steps_before(backend: str,
     assert _no_stream_threads()
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_exhausted_iterator_stops_the_loop_with_its_stop_iteration(backend: str, rng: np.random.Generator,
+                                                                      prefetch: int):
+    """A Feeder popping a finite source raises StopIteration when it runs out: the caller gets that exception with
+    its note on every backend (a compiled step once called Feeders inside a generator, which turned it into
+    ``RuntimeError: generator raised StopIteration``)."""
+    w0, batches = _batches(rng, STEPS)
+    losses: list[float] = []
+    with pytest.raises(StopIteration) as info:
+        _train(backend, w0, iter(batches[:5]).__next__, lambda v: losses.append(float(v)), prefetch=prefetch,
+               pending=0)
+    assert len(losses) == 5 and "Feeder 'batches'" in _notes(info.value)
+    assert _no_stream_threads()
+
+
 @pytest.mark.parametrize("k", [0, 4, STEPS - 1])
 def test_receiver_error_at_batch_k_propagates_and_delivers_nothing_after(backend: str, rng: np.random.Generator,
                                                                          k: int):
