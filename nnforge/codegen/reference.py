@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import NNForgeError, TraceError
 from ..ir.node import Graph, Node
 from ..ir.ops import Op
 from ..ir.registry import NUMPY
@@ -116,6 +116,8 @@ class Interpreter:
                 continue
             if memo is not None and n in memo:
                 env[key] = memo[n]
+                if isinstance(env[key], Failed):
+                    raise env[key].error()
                 continue
             args = [env[id(s)] for s in n.srcs]
             pure = NUMPY.get(n.op)
@@ -132,14 +134,38 @@ def realize(node: Node) -> np.ndarray:
         return node.attrs["array"]
     s = session()
     if node in s.memo:
+        if isinstance(s.memo[node], Failed):
+            raise s.memo[node].error()
         return s.memo[node]
     return Interpreter(s.rng).run(Graph((), (node,)), (), s.memo)[0]
 
 
+class Failed:
+    """What an effect is memoized as when ``execute`` stopped at an error (a loop whose Feeder or Receiver raised,
+    or an effect after it, which never ran): reading a value it computes raises, rather than running the loop
+    again, which would call its Feeders and Receivers a second time."""
+
+    def __init__(self, node: Node, cause: BaseException):
+        self.loc, self.cause = node.loc, cause
+
+    def error(self) -> NNForgeError:
+        err = NNForgeError(f"this value depends on an nf.loop or Receiver (created at {self.loc}) that did not "
+                           f"finish: execute() stopped with {type(self.cause).__name__}: {self.cause}")
+        err.__cause__ = self.cause
+        return err
+
+
 def execute_effects(effects: Sequence[Node]) -> None:
-    """Run top-level effects (receivers, loops) that have not run yet, in creation order."""
+    """Run top-level effects (receivers, loops) that have not run yet, in creation order; on an error, those
+    that did not finish are memoized as ``Failed``."""
     s = session()
-    Interpreter(s.rng).run(Graph((), (), tuple(effects)), (), s.memo)
+    try:
+        Interpreter(s.rng).run(Graph((), (), tuple(effects)), (), s.memo)
+    except BaseException as e:
+        for n in effects:
+            if n not in s.memo:
+                s.memo[n] = Failed(n, e)
+        raise
 
 
 class ReferenceProgram:

@@ -121,3 +121,35 @@ def test_random_ops_in_a_loop_draw_fresh_numbers():
     assert len(draws) == 3
     assert not np.allclose(draws[0], draws[1])
     assert all((d >= 0).all() and (d < 1).all() for d in draws)
+
+
+def test_values_of_an_eager_loop_that_stopped_are_refused_not_computed_again(rng: np.random.Generator):
+    """``nf.execute()`` stopped by a Receiver's error: reading what the loop updates raises, naming the loop and
+    the error, rather than running the loop again (calling its Feeder and Receiver a second time); a value
+    assigned anew reads as usual."""
+    w0 = rng.standard_normal(2).astype(np.float32)
+    w = nf.tensor(w0)
+    fed: list[int] = []
+    seen: list[float] = []
+
+    def receive(v):
+        seen.append(float(v[0]))
+        if len(seen) == 3:
+            raise ValueError("disk full")
+
+    def step():
+        b = nf.Feeder(lambda: fed.append(1) or np.ones(2, np.float32), shape=[2], prefetch=0)
+        w.assign(w + b)
+        nf.Receiver(receive, [w], pending=0)
+
+    nf.loop(6, step)
+    with pytest.raises(ValueError, match="disk full"):
+        nf.execute()
+    assert len(fed) == 3 and seen == pytest.approx(w0[0] + np.arange(1, 4))
+    for read in (lambda: w.numpy(), lambda: (w * 2).numpy()):
+        with pytest.raises(nf.NNForgeError, match=r"nf.loop or Receiver \(created at .*test_loop_io.py:\d+\) that "
+                                                   r"did not finish: execute\(\) stopped with ValueError: disk full"):
+            read()
+    assert len(fed) == 3 and len(seen) == 3  # nothing ran again
+    w.assign(nf.tensor(w0))
+    np.testing.assert_array_equal(w.numpy(), w0)
