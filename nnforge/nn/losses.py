@@ -148,6 +148,19 @@ def _int_tensor(x: Any, what: str) -> Tensor:
     return t.cast(dtypes.int64)
 
 
+def _check_lengths(given: Any, what: str, most: int, why: str) -> None:
+    """Lengths known now (a list, array or torch tensor, or an eager tensor) must lie in [0, ``most``], as torch
+    checks: past it the loss would quietly use ``most`` steps, or be +inf. Traced ones are known only at run time."""
+    if isinstance(given, Tensor) and session().tracing:
+        return
+    values = np.asarray(given.numpy() if isinstance(given, Tensor) else given if isinstance(given, (list, tuple))
+                        else to_numpy(given)).reshape(-1)
+    bad = np.flatnonzero((values < 0) | (values > most))
+    if bad.size:
+        i = int(bad[0])
+        raise ShapeError(at(f"ctc_loss: {what}[{i}] is {values[i]}, not between 0 and {most} ({why})"))
+
+
 def _padded_targets(targets: Any, target_lengths: Any) -> Tensor:
     """[N, S] targets; 1-d concatenated targets (torch's other format) are split on the host."""
     tg = targets if isinstance(targets, Tensor) else Tensor(np.asarray(to_numpy(targets) if not isinstance(
@@ -202,6 +215,10 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
                          f"{list(map(int, tg.shape))}, input_lengths {list(map(int, in_len.shape))} or "
                          f"target_lengths {list(map(int, tg_len.shape))}"))
     s = int(tg.shape[1])
+    _check_lengths(input_lengths, "input_lengths", int(lp.shape[0]), "T of log_probs [T, N, C]")
+    _check_lengths(target_lengths, "target_lengths", s, "S of targets [N, S]")
+    if not 0 <= blank < int(lp.shape[2]):
+        raise ShapeError(at(f"ctc_loss: blank {blank} is not one of the {int(lp.shape[2])} classes of log_probs"))
     ext_len = 2 * s + 1
 
     # Extended labels [N, 2S+1]: blank, l1, blank, l2, ..., blank.

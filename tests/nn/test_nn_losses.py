@@ -159,6 +159,22 @@ def test_ctc_impossible_alignment_is_inf_or_zero() -> None:
                                 zero_infinity=True, reduction="sum"), logits)
 
 
+@pytest.mark.parametrize(("il", "tl", "blank", "message"), [
+    ([12, 8], [3, 2], 0, r"input_lengths\[0\] is 12, not between 0 and 9 \(T of log_probs \[T, N, C\]\)"),
+    ([9, -1], [3, 2], 0, r"input_lengths\[1\] is -1, not between 0 and 9 \(T of log_probs \[T, N, C\]\)"),
+    ([9, 8], [3, 4], 0, r"target_lengths\[1\] is 4, not between 0 and 3 \(S of targets \[N, S\]\)"),
+    ([9, 8], [3, 2], 5, r"blank 5 is not one of the 5 classes of log_probs"),
+], ids=["input-past-T", "input-negative", "target-past-S", "blank"])
+def test_ctc_lengths_known_when_called_are_checked_as_torch_does(il: list, tl: list, blank: int,
+                                                                 message: str) -> None:
+    """torch refuses these; unchecked, an input length past T was read as T and the others gave +inf."""
+    logits, tg, _, _ = _ctc_case(np.random.default_rng(39), 9, 2, 5, 3)
+    lp = nf.tensor(logits).log_softmax(-1)
+    for lengths in (np.array, list, torch.tensor, nf.tensor):
+        with pytest.raises(nf.ShapeError, match=message + r" \(at .*test_nn_losses.py:\d+\)"):
+            F.ctc_loss(lp, tg, lengths(il), lengths(tl), blank=blank)
+
+
 def test_ctc_compiles_once_for_several_lengths() -> None:
     rng = np.random.default_rng(39)
     f = nf.compile(lambda lp, tg, il, tl: F.ctc_loss(lp, tg, il, tl, reduction="sum"))
