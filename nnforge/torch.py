@@ -18,8 +18,20 @@ from .compile import compile as nf_compile
 from .errors import NNForgeError
 from .interop.fx import from_torch
 from .nn.module import Module
+from .nn.optim import SGD, Optimizer
 
-__all__ = ["TorchModule", "from_torch"]
+__all__ = ["TorchModule", "from_torch", "torch_optimizer_state"]
+
+
+def torch_optimizer_state(optimizer: Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` as ``torch.optim``'s ``load_state_dict`` takes it: values as torch tensors
+    (torch refuses numpy arrays), the step count as the float tensor torch keeps, and none for SGD, which counts
+    no steps. (A module's state dict needs only ``torch.from_numpy`` of each value.)"""
+    sd = optimizer.state_dict()
+    counts = not isinstance(optimizer, SGD)
+    state = {i: {k: torch.tensor(float(v)) if k == "step" else torch.from_numpy(v) for k, v in st.items()
+                 if counts or k != "step"} for i, st in sd["state"].items()}
+    return {"state": state, "param_groups": sd["param_groups"]}
 
 
 class TorchModule(torch.nn.Module):

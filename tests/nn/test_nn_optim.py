@@ -16,6 +16,7 @@ import nnforge.nn as nn
 import nnforge.nn.functional as F
 from nnforge.errors import TraceError
 from nnforge.nn import optim
+from nnforge.torch import torch_optimizer_state
 
 # Several optimizer steps compound float32 rounding differences (and Adam divides by sqrt of small moments), so
 # the parameter comparison allows a bit more than a single forward pass.
@@ -116,22 +117,11 @@ def test_a_torch_checkpoint_resumes_in_nnforge_and_back(name: str, kw: dict) -> 
     for k, v in t_model.state_dict().items():
         np.testing.assert_allclose(n_model.state_dict()[k], v.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
     t_back = getattr(torch.optim, name)(t_model.parameters(), **kw)
-    t_back.load_state_dict(_for_torch(n_opt.state_dict(), name))
+    t_back.load_state_dict(torch_optimizer_state(n_opt))  # torch tensors, torch's step
     for torch_side, (model, opt) in ((True, (t_model, t_back)), (False, (n_model, n_opt))):
         _steps(model, opt, np.random.default_rng(55), 2, torch_side)
     for k, v in t_model.state_dict().items():
         np.testing.assert_allclose(n_model.state_dict()[k], v.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
-
-
-def _for_torch(sd: dict, name: str) -> dict:
-    """An nnforge optimizer's state dict as torch's ``name`` loads it: torch tensors; Adam's step count as the
-    float tensor torch keeps; no step for SGD, which torch does not count."""
-    def value(key: str, v: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(v, np.float64) if key == "step" else v)
-
-    state = {i: {k: value(k, v) for k, v in st.items() if not (name == "SGD" and k == "step")}
-             for i, st in sd["state"].items()}
-    return {"state": state, "param_groups": sd["param_groups"]}
 
 
 def test_a_checkpoint_resumes_a_compiled_training_step() -> None:
