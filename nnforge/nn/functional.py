@@ -51,7 +51,12 @@ swish = silu
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` with torch's [out_features, in_features] weight layout."""
-    y = as_tensor(x) @ weight.T
+    x = as_tensor(x)
+    if x.ndim == 0 or weight.ndim not in (1, 2) or int(x.shape[-1]) != int(weight.shape[-1]):
+        raise ShapeError(at(f"linear: input {list(map(int, x.shape))} does not end with the weight's in_features "
+                            f"{int(weight.shape[-1])} (weight [out_features, in_features] = "
+                            f"{list(map(int, weight.shape))})"))
+    y = x @ weight.T
     return y + bias if bias is not None else y
 
 

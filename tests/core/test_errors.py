@@ -367,13 +367,14 @@ def test_an_nnforge_layer_behind_torch_names_the_users_line(grad: bool):
     with pytest.raises(nf.ShapeError) as ei:
         loc = next_line()
         layer(x)
-    check(ei, "matmul", "[3, 6]", "[4, 5]", loc=loc)
+    check(ei, "linear", "[3, 6]", "in_features 4", loc=loc)
 
 
 @pytest.mark.parametrize(("layer", "shape", "words"), [
     ("conv", (2, 4, 9), ("conv1d", "4 channels", "expects 3")),
     ("norm", (2, 6), ("layer_norm", "[2, 6]", "[5]")),
     ("lstm_h0", (4, 2, 5), ("LSTM", "h0 has shape [1, 2, 7]", "expected [2, 2, 7]")),
+    ("linear", (5, 2, 8), ("linear", "input [5, 2, 8]", "in_features 6", "[5, 6]")),
 ])
 def test_a_layers_own_shape_checks_name_the_users_line(layer: str, shape: tuple, words: tuple):
     """The checks ``nnforge.nn`` layers make themselves (channels, normalized shapes, initial states) point at the
@@ -384,7 +385,7 @@ def test_a_layers_own_shape_checks_name_the_users_line(layer: str, shape: tuple,
 
     torch.manual_seed(0)
     twin = {"conv": torch.nn.Conv1d(3, 4, 5), "norm": torch.nn.LayerNorm(5),
-            "lstm_h0": torch.nn.LSTM(5, 7, num_layers=2)}[layer]
+            "lstm_h0": torch.nn.LSTM(5, 7, num_layers=2), "linear": torch.nn.Linear(6, 5)}[layer]
     model = TorchModule(from_torch(twin), twin=twin)
     x = torch.randn(*shape)
     state = (torch.randn(1, 2, 7), torch.randn(1, 2, 7))
