@@ -44,3 +44,14 @@ def test_a_complete_quiet_run_has_no_notices(tmp_path: Path) -> None:
     r = build_report(db, rid)
     assert r.notices == []
     assert "busy" not in r.figure("scaling_batch").note and "not interleaved" in r.figure("scaling_batch").note
+
+
+def test_a_loaded_machine_whose_cells_did_not_wait_says_only_the_load(tmp_path: Path) -> None:
+    db = synth.new_db(tmp_path / "l.db")
+    rid = synth.add_run(db, "loaded", spec=SPEC, env={**synth.ENV, "cpu_count": 2})
+    rows = _rows(rid, busy=True)
+    for row in rows:  # the load was high, yet every cell ran all the time it was timed
+        row["metrics_json"]["on_cpu_fraction"] = 1.0
+    synth.bulk_insert(db, rows)
+    text = " ".join(build_report(db, rid).notices)
+    assert "load average up to 5.1 on 2 CPUs" in text and "on-CPU fraction" not in text

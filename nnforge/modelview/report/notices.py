@@ -52,7 +52,7 @@ def load_summary(cells: Sequence[CellRow], run: RunInfo) -> str | None:
     parts = []
     if loads:
         parts.append(f"1-minute load average up to {max(loads):.1f}" + (f" on {cpus} CPUs" if cpus else ""))
-    if on_cpu:
+    if waited:  # only a fraction below 0.9 says cells waited for a CPU
         parts.append(f"on-CPU fraction down to {min(on_cpu):.2f}")
     return ", ".join(parts)
 
