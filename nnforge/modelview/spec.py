@@ -326,6 +326,8 @@ def spec_from_toml(path: str | Path) -> SweepSpec:
             data = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise SpecError("file", str(path), f"not valid TOML: {e}") from e
+    except OSError as e:  # missing, a directory, unreadable: said as the spec's problem, not as an errno
+        raise SpecError("file", str(path), f"cannot read it: {e.strerror or e}") from e
     return spec_from_mapping(data)
 
 

@@ -140,6 +140,9 @@ def test_toml_round_trip_and_cli_overrides(tmp_path: Path):
     bad.write_text("variants = [\n")
     with pytest.raises(SpecError, match="not valid TOML"):
         spec_from_toml(bad)
+    for missing, why in ((tmp_path / "nosuch.toml", "No such file or directory"), (tmp_path, "Is a directory")):
+        with pytest.raises(SpecError, match=f"file = '{missing}': cannot read it: {why}$"):
+            spec_from_toml(missing)
 
 
 def test_param_flags():
