@@ -115,9 +115,7 @@ class Interpreter:
             if key in env:
                 continue
             if memo is not None and n in memo:
-                env[key] = memo[n]
-                if isinstance(env[key], Failed):
-                    raise env[key].error()
+                env[key] = _memoized(memo[n])
                 continue
             args = [env[id(s)] for s in n.srcs]
             pure = NUMPY.get(n.op)
@@ -134,9 +132,7 @@ def realize(node: Node) -> np.ndarray:
         return node.attrs["array"]
     s = session()
     if node in s.memo:
-        if isinstance(s.memo[node], Failed):
-            raise s.memo[node].error()
-        return s.memo[node]
+        return _memoized(s.memo[node])
     return Interpreter(s.rng).run(Graph((), (node,)), (), s.memo)[0]
 
 
@@ -153,6 +149,13 @@ class Failed:
                            f"finish: execute() stopped with {type(self.cause).__name__}: {self.cause}")
         err.__cause__ = self.cause
         return err
+
+
+def _memoized(value: Any) -> Any:
+    """A memoized value, or the error of the effect that did not finish (``Failed``)."""
+    if isinstance(value, Failed):
+        raise value.error()
+    return value
 
 
 def execute_effects(effects: Sequence[Node]) -> None:
