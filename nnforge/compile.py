@@ -432,13 +432,13 @@ class Tie(NamedTuple):
     so a cotangent of a scan over ``x[::2]`` is ``(T + 1) // 2`` long where ``x`` is ``T`` long. Checked whenever
     a call's shapes are matched against a trace."""
 
-    axis: tuple[int, int]                         # (argument, axis)
-    size: int                                     # a Dim of the symbols in ``reads``
-    reads: tuple[tuple[str, tuple[int, int]], ...]  # each symbol of ``size`` and the axis it is read from
+    axis: tuple[int, int]  # (argument, axis)
+    size: int              # a Dim of other generic axes' symbols
 
     def holds(self, shapes: tuple) -> bool:
         i, ax = self.axis
-        return shapes[i][ax] == value_at(self.size, {name: shapes[j][b] for name, (j, b) in self.reads})
+        return shapes[i][ax] == value_at(self.size, {name: shapes[j][b] for name in free_symbols(self.size)
+                                                     for j, b in [_input_axis(name)]})
 
 
 def _input_axis(name: str) -> tuple[int, int]:
@@ -475,8 +475,7 @@ def _generic_axes(graph: Graph, shapes: tuple, baked: set[str]) -> tuple[Graph, 
         except NNForgeError:
             continue  # a size is baked into the graph somewhere else: keep it in the cache key
         axes |= {_input_axis(name) for name in names}
-        ties += [Tie(_input_axis(name), size, tuple((s, _input_axis(s)) for s in sorted(free_symbols(size))))
-                 for name, size in these.items()]
+        ties += [Tie(_input_axis(name), size) for name, size in these.items()]
         tied |= these
     return (unify_sizes(graph, tied) if tied else graph), frozenset(axes), tuple(ties)
 
