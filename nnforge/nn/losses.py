@@ -140,9 +140,13 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None, ignore_index: 
 _NEG = -1e30
 
 
+def _host_array(x: Any) -> np.ndarray:
+    """A list, tuple, array or torch tensor (or an eager nnforge tensor) as a numpy array on the host."""
+    return np.asarray(x.numpy() if isinstance(x, Tensor) else x if isinstance(x, (list, tuple)) else to_numpy(x))
+
+
 def _int_tensor(x: Any, what: str) -> Tensor:
-    t = x if isinstance(x, Tensor) else Tensor(np.asarray(to_numpy(x) if not isinstance(x, (list, tuple))
-                                                          else x, dtype=np.int64))
+    t = x if isinstance(x, Tensor) else Tensor(_host_array(x).astype(np.int64))
     if t.dtype.is_float:
         raise TypeError(f"ctc_loss: {what} must hold integers, got {t.dtype}")
     return t.cast(dtypes.int64)
@@ -153,8 +157,7 @@ def _check_lengths(given: Any, what: str, most: int, why: str) -> None:
     checks: past it the loss would quietly use ``most`` steps, or be +inf. Traced ones are known only at run time."""
     if isinstance(given, Tensor) and session().tracing:
         return
-    values = np.asarray(given.numpy() if isinstance(given, Tensor) else given if isinstance(given, (list, tuple))
-                        else to_numpy(given)).reshape(-1)
+    values = _host_array(given).reshape(-1)
     bad = np.flatnonzero((values < 0) | (values > most))
     if bad.size:
         i = int(bad[0])
@@ -163,8 +166,7 @@ def _check_lengths(given: Any, what: str, most: int, why: str) -> None:
 
 def _padded_targets(targets: Any, target_lengths: Any) -> Tensor:
     """[N, S] targets; 1-d concatenated targets (torch's other format) are split on the host."""
-    tg = targets if isinstance(targets, Tensor) else Tensor(np.asarray(to_numpy(targets) if not isinstance(
-        targets, (list, tuple)) else targets, dtype=np.int64))
+    tg = targets if isinstance(targets, Tensor) else Tensor(_host_array(targets).astype(np.int64))
     if tg.ndim == 2:
         return tg.cast(dtypes.int64)
     if tg.ndim != 1:
@@ -174,8 +176,7 @@ def _padded_targets(targets: Any, target_lengths: Any) -> Tensor:
         raise ShapeError(at("ctc_loss: concatenated 1-d targets need concrete lengths; pass padded [N, S] targets "
                          "inside traced code"))
     flat = tg.numpy().astype(np.int64)
-    lengths = np.asarray(target_lengths.numpy() if isinstance(target_lengths, Tensor) else to_numpy(
-        target_lengths) if not isinstance(target_lengths, (list, tuple)) else target_lengths, dtype=np.int64)
+    lengths = _host_array(target_lengths).astype(np.int64)
     if int(lengths.sum()) != flat.size:
         raise ShapeError(at(f"ctc_loss: target_lengths sum to {int(lengths.sum())} but there are {flat.size} targets"))
     out = np.zeros((lengths.size, max(int(lengths.max(initial=0)), 1)), np.int64)
