@@ -5,15 +5,44 @@ Heavy imports (torch, pandas) happen inside the commands so that ``nnforge --hel
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
+
+
+class _Commands(TyperGroup):
+    """The command group. A usage error (an unknown option, a bad option value, a missing argument) is one line and
+    exit status 2 like every other error here, not Typer's boxed panel hard-wrapped at 80 columns in a pipe."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as e:  # Typer's own click's errors
+            if type(e).__name__ == "NoArgsIsHelpError":
+                sys.exit(e.exit_code)  # the help was printed when the error was made
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(e.format_message())}{escape(hint)}",
+                                       highlight=False, soft_wrap=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            Console(stderr=True).print("Aborted.", highlight=False)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)  # an int is typer.Exit's code; commands return None
+
 
 app = typer.Typer(
     name="nnforge",
+    cls=_Commands,
     help="nnforge: forge fast neural networks (the compiler), and find them (ModelView).",
     no_args_is_help=True,
     add_completion=False,

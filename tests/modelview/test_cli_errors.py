@@ -255,3 +255,26 @@ def test_an_export_file_of_an_unknown_format_is_refused_before_measuring(tmp_pat
         assert r.exit_code == 2, r.output
         assert r.output == f"error: --export {tmp_path / 'out.xlsx'}: unknown format; use a .csv or .parquet file\n"
     assert not db.exists()  # nothing was measured
+
+
+@pytest.mark.parametrize("argv, words, command", [
+    (["sweep", "-n", "abc"], "Invalid value for '--batch' / '-n'", "nnforge sweep"),
+    (["sweep", "--bogus"], "No such option: --bogus", "nnforge sweep"),
+    (["compare", "run_a_only"], "Missing argument 'run_b'", "nnforge compare"),
+    (["frobnicate"], "No such command 'frobnicate'", "nnforge"),
+])
+def test_a_usage_error_is_one_line_exit_2(argv: list[str], words: str, command: str):
+    r = RUNNER.invoke(app, argv)
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert r.output.startswith(f"error: {words}") and r.output.endswith(f" (see '{command} --help')\n"), r.output
+
+
+def test_the_installed_command_prints_usage_errors_as_one_line_and_help_as_before():
+    script = Path(sys.executable).with_name("nnforge")
+    bad = subprocess.run([script, "sweep", "-n", "abc"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.count("\n") == 1, bad.stderr
+    assert bad.stderr.startswith("error: Invalid value for '--batch'")
+    helped = subprocess.run([script, "sweep", "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "Usage: nnforge sweep" in helped.stdout
+    bare = subprocess.run([script], capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 2 and "Usage: nnforge" in bare.stdout + bare.stderr
