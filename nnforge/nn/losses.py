@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import dtypes
 from ..control import scan
-from ..errors import ShapeError, at
+from ..errors import DTypeError, ShapeError, at
 from ..indexing import gather
 from ..interop.convert import to_numpy
 from ..tensor import Tensor, arange, as_tensor, full, maximum, stack, where
@@ -145,10 +145,18 @@ def _host_array(x: Any) -> np.ndarray:
     return np.asarray(x.numpy() if isinstance(x, Tensor) else x if isinstance(x, (list, tuple)) else to_numpy(x))
 
 
+def _host_ints(x: Any, what: str) -> np.ndarray:
+    """``x`` on the host as int64; floats are refused rather than truncated (a label 1.5 is no class)."""
+    a = _host_array(x)
+    if a.size and a.dtype.kind not in "iu":
+        raise DTypeError(at(f"ctc_loss: {what} must hold integers, got {a.dtype}"))
+    return a.astype(np.int64)
+
+
 def _int_tensor(x: Any, what: str) -> Tensor:
-    t = x if isinstance(x, Tensor) else Tensor(_host_array(x).astype(np.int64))
+    t = x if isinstance(x, Tensor) else Tensor(_host_ints(x, what))
     if t.dtype.is_float:
-        raise TypeError(f"ctc_loss: {what} must hold integers, got {t.dtype}")
+        raise DTypeError(at(f"ctc_loss: {what} must hold integers, got {t.dtype}"))
     return t.cast(dtypes.int64)
 
 
@@ -164,9 +172,29 @@ def _check_lengths(given: Any, what: str, most: int, why: str) -> None:
         raise ShapeError(at(f"ctc_loss: {what}[{i}] is {values[i]}, not between 0 and {most} ({why})"))
 
 
+def _check_labels(targets: Any, tg: Tensor, target_lengths: Any, classes: int, blank: int) -> None:
+    """Labels known now, within each sample's length, must be classes other than the blank (torch's rule, which it
+    does not check: a label past the class axis reads out of bounds there). Traced ones are known only at run time."""
+    if session().tracing:
+        if isinstance(targets, Tensor) or isinstance(target_lengths, Tensor):
+            return
+        labels = _host_ints(targets, "targets")  # 2-d: concatenated targets are refused when tracing
+    else:
+        labels = tg.numpy()
+    lengths = _host_array(target_lengths).reshape(-1)
+    used = np.arange(labels.shape[1]) < lengths[:, None]
+    bad = np.argwhere(used & ((labels < 0) | (labels >= classes) | (labels == blank)))
+    if bad.size:
+        i, j = map(int, bad[0])
+        why = "the blank" if labels[i, j] == blank else f"not one of the {classes} classes of log_probs"
+        raise ShapeError(at(f"ctc_loss: targets[{i}, {j}] is {labels[i, j]}, {why}"))
+
+
 def _padded_targets(targets: Any, target_lengths: Any) -> Tensor:
     """[N, S] targets; 1-d concatenated targets (torch's other format) are split on the host."""
-    tg = targets if isinstance(targets, Tensor) else Tensor(_host_array(targets).astype(np.int64))
+    tg = targets if isinstance(targets, Tensor) else Tensor(_host_ints(targets, "targets"))
+    if tg.dtype.is_float:
+        raise DTypeError(at(f"ctc_loss: targets must hold integers, got {tg.dtype}"))
     if tg.ndim == 2:
         return tg.cast(dtypes.int64)
     if tg.ndim != 1:
@@ -176,7 +204,7 @@ def _padded_targets(targets: Any, target_lengths: Any) -> Tensor:
         raise ShapeError(at("ctc_loss: concatenated 1-d targets need concrete lengths; pass padded [N, S] targets "
                          "inside traced code"))
     flat = tg.numpy().astype(np.int64)
-    lengths = _host_array(target_lengths).astype(np.int64)
+    lengths = _host_ints(target_lengths, "target_lengths")
     if int(lengths.sum()) != flat.size:
         raise ShapeError(at(f"ctc_loss: target_lengths sum to {int(lengths.sum())} but there are {flat.size} targets"))
     out = np.zeros((lengths.size, max(int(lengths.max(initial=0)), 1)), np.int64)
@@ -220,6 +248,7 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     _check_lengths(target_lengths, "target_lengths", s, "S of targets [N, S]")
     if not 0 <= blank < int(lp.shape[2]):
         raise ShapeError(at(f"ctc_loss: blank {blank} is not one of the {int(lp.shape[2])} classes of log_probs"))
+    _check_labels(targets, tg, target_lengths, int(lp.shape[2]), blank)
     ext_len = 2 * s + 1
 
     # Extended labels [N, 2S+1]: blank, l1, blank, l2, ..., blank.

@@ -175,6 +175,37 @@ def test_ctc_lengths_known_when_called_are_checked_as_torch_does(il: list, tl: l
             F.ctc_loss(lp, tg, lengths(il), lengths(tl), blank=blank)
 
 
+@pytest.mark.parametrize(("label", "message"), [
+    (9, r"targets\[1, 2\] is 9, not one of the 5 classes of log_probs"),
+    (-1, r"targets\[1, 2\] is -1, not one of the 5 classes of log_probs"),
+    (0, r"targets\[1, 2\] is 0, the blank"),
+], ids=["past-C", "negative", "blank"])
+def test_ctc_labels_known_when_called_are_classes_other_than_the_blank(label: int, message: str) -> None:
+    """torch leaves these unchecked (a label past C reads out of bounds there); past a sample's length anything goes."""
+    logits, tg, _, _ = _ctc_case(np.random.default_rng(40), 9, 2, 5, 3)
+    lp = nf.tensor(logits).log_softmax(-1)
+    tg[1, 2] = label
+    for targets in (np.array, torch.tensor, nf.tensor):
+        with pytest.raises(nf.ShapeError, match=message + r" \(at .*test_nn_losses.py:\d+\)"):
+            F.ctc_loss(lp, targets(tg), [9, 9], [3, 3])
+    F.ctc_loss(lp, tg, [9, 9], [3, 2])  # targets[1, 2] is padding
+    traced = nf.compile(lambda lp: F.ctc_loss(lp, tg, [9, 9], [3, 3]), backend="reference")
+    with pytest.raises(nf.ShapeError, match=message):
+        traced(logits)
+
+
+@pytest.mark.parametrize("what", ["targets", "target_lengths", "input_lengths"])
+def test_ctc_labels_and_lengths_in_floats_are_refused_not_truncated(what: str) -> None:
+    logits, tg, il, tl = _ctc_case(np.random.default_rng(41), 9, 2, 5, 3)
+    args = {"targets": tg, "input_lengths": il, "target_lengths": tl}
+    args[what] = args[what] + 0.5
+    lp = nf.tensor(logits).log_softmax(-1)
+    for kind in (np.array, list, nf.tensor):
+        given = {k: (kind(v.tolist()) if k == what else v) for k, v in args.items()}
+        with pytest.raises(nf.DTypeError, match=rf"ctc_loss: {what} must hold integers, got .*float"):
+            F.ctc_loss(lp, **given)
+
+
 def test_ctc_compiles_once_for_several_lengths() -> None:
     rng = np.random.default_rng(39)
     f = nf.compile(lambda lp, tg, il, tl: F.ctc_loss(lp, tg, il, tl, reduction="sum"))
