@@ -647,6 +647,21 @@ def _extreme(x: Any, largest: bool, a: tuple, kw: dict) -> Any:
     return _pair(values, x.argmax(axis, keep) if largest else x.argmin(axis, keep))
 
 
+def _variance(x: Any, root: bool, a: tuple, kw: dict) -> Any:
+    """torch's var/std: ``(dim, unbiased, keepdim)`` positionally, a lone bool as ``unbiased``, or
+    ``correction=`` by keyword; nnforge's methods take ``(axis, keepdims, correction)``."""
+    rest = list(a)
+    if rest and isinstance(rest[0], bool):  # x.var(False): the (unbiased) overload
+        rest = [None, *rest]
+    dim = rest.pop(0) if rest else kw.get("dim")
+    unbiased = rest.pop(0) if rest else kw.get("unbiased")
+    keep = rest.pop(0) if rest else kw.get("keepdim", False)
+    correction = kw.get("correction")
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    return (x.std if root else x.var)(dim, keep, correction)
+
+
 def _to(x: Any, a: tuple, kw: dict) -> Any:
     """``.to(dtype)``, ``.to(device)``, ``.to(tensor)``: the dtype change only (an nnforge program places its
     values itself)."""
@@ -681,6 +696,8 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "amax": lambda x, *a, **kw: x.max(*a, **_renamed(Tensor.max, kw)),
     "amin": lambda x, *a, **kw: x.min(*a, **_renamed(Tensor.min, kw)),
     "unbind": lambda x, dim=0: _unbind(x, dim),
+    "var": lambda x, *a, **kw: _variance(x, False, a, kw),
+    "std": lambda x, *a, **kw: _variance(x, True, a, kw),
     "mul": operator.mul, "add": operator.add, "sub": operator.sub, "div": operator.truediv,
     "pow": operator.pow, "matmul": operator.matmul, "neg": operator.neg,
     "clip": lambda x, *a, **kw: x.clamp(*a, **kw),
@@ -707,6 +724,8 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.bmm: matmul, torch.mm: matmul,
     torch.clip: clamp,
     torch.unbind: _unbind,
+    torch.var: lambda x, *a, **kw: _variance(x, False, a, kw),
+    torch.std: lambda x, *a, **kw: _variance(x, True, a, kw),
     torch.zeros_like: lambda x, dtype=None, **kw: zeros_like(x, dtype=dtype),
     torch.ones_like: lambda x, dtype=None, **kw: ones_like(x, dtype=dtype),
     torch.norm: lambda x, p="fro", dim=None, keepdim=False, **kw: _norm(x, p, dim, keepdim),

@@ -208,6 +208,23 @@ def test_sizes_sliced_from_a_shape_unpack(backend: str, rng: np.random.Generator
     np.testing.assert_allclose(np.asarray(got), model(torch.tensor(x)).numpy(), rtol=1e-12, atol=1e-12)
 
 
+class _Spread(torch.nn.Module):
+    """var and std in torch's spellings: ``(dim, unbiased, keepdim)`` by position, a lone ``unbiased``, and
+    ``correction`` or ``unbiased`` by keyword (nnforge's own order is ``(axis, keepdims, correction)``)."""
+
+    def forward(self, x):  # [N, T, 6]
+        return (x.var(1, False), torch.std(x, 2, True), x.std(1, False, True), x.var(False), torch.var(x, True),
+                x.var(dim=(0, 2), unbiased=False), x.std(-1, correction=2, keepdim=True))
+
+
+def test_variance_arguments_keep_torchs_meaning(backend: str, rng: np.random.Generator) -> None:
+    model = _Spread()
+    x = rng.standard_normal((2, 4, 6))
+    got = nf.compile(lambda v: from_torch(model)(v), backend=backend)(x)
+    for g, e in zip(got, model(torch.tensor(x)), strict=True):
+        np.testing.assert_allclose(np.asarray(g), e.numpy(), rtol=1e-12, atol=1e-12)
+
+
 class _Tagger(torch.nn.Module):
     """A tagger over a batch of sequences of different lengths, packed for its recurrent layers as torch's
     examples do."""
