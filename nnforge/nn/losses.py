@@ -260,7 +260,9 @@ def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths
     ext_back2 = ext.pad(((0, 0), (2, 0)), value=blank)[:, :ext_len]
     skip_ok = (ext != blank) & (ext != ext_back2)
     pos = arange(ext_len)
-    alpha0 = where(pos < 2, emit[0], _NEG)
+    # A sample of no input steps emits nothing: its only alignment is the empty one, of probability 1 (log 0).
+    no_input = (in_len == 0).unsqueeze(-1)
+    alpha0 = where(no_input, where(pos == 0, 0.0, _NEG), where(pos < 2, emit[0], _NEG))
 
     def step(carry, e_t):
         alpha, left = carry  # left: steps of each sample's input still to come

@@ -175,6 +175,21 @@ def test_ctc_lengths_known_when_called_are_checked_as_torch_does(il: list, tl: l
             F.ctc_loss(lp, tg, lengths(il), lengths(tl), blank=blank)
 
 
+def test_ctc_samples_of_no_input_steps_have_only_the_empty_alignment(backend: str) -> None:
+    """torch: loss 0 for an empty target, +inf (0 with zero_infinity) for any other; step 0 is not emitted."""
+    logits, tg, il, tl = _ctc_case(np.random.default_rng(42), 7, 4, 5, 2)
+    il[1:3], tl[1], tl[2] = 0, 0, 1
+    _both(lambda a: F.ctc_loss(a.log_softmax(-1), tg, il, tl, reduction="none", zero_infinity=True),
+          lambda a: TF.ctc_loss(a.log_softmax(-1), torch.tensor(tg), torch.tensor(il), torch.tensor(tl),
+                                reduction="none", zero_infinity=True), logits)
+    lp = torch.tensor(logits).log_softmax(-1)
+    expected = TF.ctc_loss(lp, torch.tensor(tg), torch.tensor(il), torch.tensor(tl), reduction="none").numpy()
+    assert expected[1] == 0 and np.isinf(expected[2])
+    got = nf.compile(lambda lp, il, tl: F.ctc_loss(lp, tg, il, tl, reduction="none"), backend=backend)(
+        lp.numpy(), il, tl)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize(("label", "message"), [
     (9, r"targets\[1, 2\] is 9, not one of the 5 classes of log_probs"),
     (-1, r"targets\[1, 2\] is -1, not one of the 5 classes of log_probs"),
