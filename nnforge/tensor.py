@@ -283,6 +283,9 @@ class Tensor:
         return _binary(Op.DIV, o, self, float_result=True)
 
     def __pow__(self, o):
+        if isinstance(o, int) and not isinstance(o, bool) and o < 0 and self.dtype.is_int:
+            raise DTypeError(at(f"pow: an integer tensor ({self.dtype}) to the negative power {o}: integers to "
+                                f"negative integer powers are not allowed (as in PyTorch); cast to a float first"))
         if isinstance(o, (int, float)) and not isinstance(o, bool) and self.dtype != dtypes.bool_:
             if o == 2:
                 return self * self

@@ -116,6 +116,14 @@ def test_matmul_of_int_tensors():
     check(ei, "matmul", "int32", loc=loc)
 
 
+def test_an_integer_tensor_to_a_negative_power():
+    a = nf.tensor(np.array([1, 2, 3]))
+    with pytest.raises(nf.DTypeError) as ei:
+        loc = next_line()
+        _ = a ** -2
+    check(ei, "pow", "int64", "negative power -2", "cast to a float", loc=loc)
+
+
 def test_bool_arithmetic():
     b = X > 0
     with pytest.raises(nf.DTypeError) as ei:

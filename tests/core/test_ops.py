@@ -119,6 +119,10 @@ CASES: list[OpCase] = [
     same("truediv_int", div, R(3, 4), R(3, 4, domain="away0"), dtypes=INTS, grad=False, fd=False),
     same("pow_int", lambda a: a ** 3, R(3, 4), dtypes=INTS, grad=False, fd=False),
     same("rpow_int", lambda a: 2 ** a, R(3, 4, domain="positive"), dtypes=INTS, grad=False, fd=False),
+    # negative exponents too: 1 for 1, +-1 for -1, 0 otherwise (0 ** -k included), as torch
+    same("pow_int_tensors", pw, R(4, 6, domain="smallint"), R(4, 6, domain="smallint"), dtypes=INTS, grad=False,
+         fd=False),
+    same("rpow_int_tensor", lambda a: 3 ** a, R(3, 4, domain="smallint"), dtypes=INTS, grad=False, fd=False),
     same("neg_int", operator.neg, X34, dtypes=INTS, grad=False, fd=False),
     # comparisons (small integers, so ties happen), every dtype
     *[same(f"cmp_{n}", op, R(3, 4, domain="smallint"), R(4, domain="smallint"), dtypes=ALL_DTYPES, grad=False,

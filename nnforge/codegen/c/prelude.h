@@ -19,7 +19,13 @@ static inline int64_t nf_mod(int64_t a, int64_t b) { int64_t r = a % b; return (
 static inline int64_t nf_idiv_int64_t(int64_t a, int64_t b) { return b == 0 ? 0 : nf_floordiv(a, b); }
 static inline int32_t nf_idiv_int32_t(int32_t a, int32_t b) { return b == 0 ? 0 : (int32_t)nf_floordiv(a, b); }
 static inline uint8_t nf_idiv_uint8_t(uint8_t a, uint8_t b) { return b == 0 ? 0 : a / b; }
-static inline int64_t nf_ipow(int64_t a, int64_t b) { int64_t r = 1; if (b < 0) return 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+/* A negative power is torch's: 1 for 1, +-1 for -1, else 0 (the quotient's integer part). */
+static inline int64_t nf_ipow(int64_t a, int64_t b) {
+    int64_t r = 1;
+    if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
+    while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+    return r;
+}
 static inline double nf_sigmoid(double x) { double e = exp(-fabs(x)); return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e); }
 static inline double nf_tanh(double x) { return tanh(x); }
 /* Random numbers (Random kernels): element i of a draw is a pure function of (key, i), the key mixing the call's

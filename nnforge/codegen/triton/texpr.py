@@ -177,15 +177,18 @@ def nf_pow(a, b):
 
 @triton.jit
 def nf_ipow(a, b):
-    """Integer power by squaring (wrapping on overflow, as numpy's); exponents are at most 63 bits."""
-    r = a * 0 + 1
+    """Integer power by squaring (wrapping on overflow, as numpy's); exponents are at most 63 bits. A negative
+    power is torch's: 1 for 1, +-1 for -1, else 0 (the quotient's integer part)."""
+    one = a * 0 + 1
+    r = one
     base = a
     e = b
     for _ in tl.static_range(63):
         r = tl.where((e & 1) != 0, r * base, r)
         base = base * base
         e = e >> 1
-    return r
+    fraction = tl.where(a == 1, one, tl.where(a == -1, tl.where((b & 1) != 0, -one, one), one * 0))
+    return tl.where(b < 0, fraction, r)
 
 
 @triton.jit

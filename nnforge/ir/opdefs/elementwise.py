@@ -88,8 +88,12 @@ def _sign(x: np.ndarray) -> np.ndarray:
 
 
 def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """An integer to a negative power is torch's: 1 for 1, +-1 for -1, else 0 (the quotient's integer part)."""
     if np.issubdtype(x.dtype, np.integer):
-        return np.power(x, np.maximum(y, 0))
+        negative = y < 0
+        power = np.power(x, np.where(negative, 0, y))
+        fraction = np.where(x == 1, 1, np.where(x == -1, np.where(y % 2 == 0, 1, -1), 0))
+        return np.where(negative, fraction, power).astype(power.dtype)
     return np.power(x, y)
 
 
