@@ -59,7 +59,7 @@ def nll_loss(input: Tensor, target: Any, weight: Any = None, ignore_index: int =
     With ``reduction="mean"`` the sum is divided by the total weight of the non-ignored targets, as in torch.
     """
     _check_reduction(reduction)
-    lp, tg, unbatched = _prepare_classes(input, target)
+    lp, tg, unbatched = _prepare_classes(input, target, "nll_loss", ignore_index)
     lp = _classes_last(lp)
     c = int(lp.shape[-1])
     valid = tg != ignore_index
@@ -74,7 +74,7 @@ def nll_loss(input: Tensor, target: Any, weight: Any = None, ignore_index: int =
     return loss.squeeze(0) if unbatched else loss
 
 
-def _prepare_classes(input: Any, target: Any) -> tuple[Tensor, Tensor, bool]:
+def _prepare_classes(input: Any, target: Any, op: str, ignore_index: int) -> tuple[Tensor, Tensor, bool]:
     x, t = as_tensor(input), as_tensor(target)
     unbatched = x.ndim == 1
     if unbatched:
@@ -84,7 +84,22 @@ def _prepare_classes(input: Any, target: Any) -> tuple[Tensor, Tensor, bool]:
         if tuple(map(int, t.shape)) != want:
             raise ShapeError(at(f"class-index target of shape {list(map(int, t.shape))} does not fit input "
                              f"{list(map(int, x.shape))} (expected {list(want)})"))
+        _check_classes(target, int(x.shape[1]), ignore_index, op)
     return x, t, unbatched
+
+
+def _check_classes(target: Any, classes: int, ignore_index: int, op: str) -> None:
+    """Class indices known now must be classes of the input or ``ignore_index``, as torch checks: past them a
+    sample's one-hot row is all zeros and it would silently leave the loss."""
+    values = _known_now(target)
+    if values is None:
+        return
+    values = np.asarray(values).reshape(np.shape(values) or (1,))
+    bad = np.argwhere(((values < 0) | (values >= classes)) & (values != ignore_index))
+    if bad.size:
+        i = tuple(map(int, bad[0]))
+        raise ShapeError(at(f"{op}: target{list(i)} is {values[i]}, not one of the {classes} classes of the input "
+                            f"(nor ignore_index {ignore_index})"))
 
 
 def cross_entropy(input: Tensor, target: Any, weight: Any = None, ignore_index: int = -100,
@@ -97,7 +112,7 @@ def cross_entropy(input: Tensor, target: Any, weight: Any = None, ignore_index: 
     _check_reduction(reduction)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    x, t, unbatched = _prepare_classes(input, target)
+    x, t, unbatched = _prepare_classes(input, target, "cross_entropy", ignore_index)
     logp = x.log_softmax(axis=1)
     c = int(x.shape[1])
     w = None if weight is None else as_tensor(weight).cast(logp.dtype).reshape(c, *([1] * (x.ndim - 2)))
@@ -145,6 +160,14 @@ def _host_array(x: Any) -> np.ndarray:
     return np.asarray(x.numpy() if isinstance(x, Tensor) else x if isinstance(x, (list, tuple)) else to_numpy(x))
 
 
+def _known_now(given: Any) -> np.ndarray | None:
+    """``given``'s values where they are known when the loss is called (host data or an eager tensor); None for a
+    traced tensor, known only at run time."""
+    if isinstance(given, Tensor) and session().tracing:
+        return None
+    return _host_array(given)
+
+
 def _host_ints(x: Any, what: str) -> np.ndarray:
     """``x`` on the host as int64; floats are refused rather than truncated (a label 1.5 is no class)."""
     a = _host_array(x)
@@ -163,9 +186,10 @@ def _int_tensor(x: Any, what: str) -> Tensor:
 def _check_lengths(given: Any, what: str, most: int, why: str) -> None:
     """Lengths known now (a list, array or torch tensor, or an eager tensor) must lie in [0, ``most``], as torch
     checks: past it the loss would quietly use ``most`` steps, or be +inf. Traced ones are known only at run time."""
-    if isinstance(given, Tensor) and session().tracing:
+    values = _known_now(given)
+    if values is None:
         return
-    values = _host_array(given).reshape(-1)
+    values = values.reshape(-1)
     bad = np.flatnonzero((values < 0) | (values > most))
     if bad.size:
         i = int(bad[0])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -88,6 +90,34 @@ def test_nll_loss(reduction: str) -> None:
     w = rng.random(4).astype(np.float32) + 0.5
     _both(lambda a: F.nll_loss(a.log_softmax(1), y, weight=w, reduction=reduction),
           lambda a: TF.nll_loss(a.log_softmax(1), torch.tensor(y), weight=torch.tensor(w), reduction=reduction), x)
+
+
+@pytest.mark.parametrize(("op", "shape", "bad", "where"), [
+    ("cross_entropy", (5, 4), 9, (2,)), ("nll_loss", (5, 4), -3, (2,)), ("cross_entropy", (5, 4, 3), 4, (2, 1)),
+    ("cross_entropy", (4,), 4, ()),
+], ids=["past-C", "negative", "spatial", "unbatched"])
+def test_class_indices_known_when_called_are_classes_or_ignored(op: str, shape: tuple, bad: int,
+                                                                where: tuple) -> None:
+    """torch refuses these; unchecked, the sample's one-hot row was all zeros and it silently left the loss."""
+    rng = np.random.default_rng(43)
+    x = randn(rng, *shape)
+    y = rng.integers(0, 4, (shape[0], *shape[2:]) if len(shape) > 1 else ())
+    y[where] = bad
+    fn = getattr(F, op)
+
+    def message(ignored: int) -> str:
+        shown = list(where) if where else [0]  # an unbatched target is the batch of one
+        return re.escape(f"{op}: target{shown} is {bad}, not one of the 4 classes of the input (nor ignore_index "
+                         f"{ignored})")
+
+    for target in (np.array, torch.tensor, nf.tensor):
+        with pytest.raises(nf.ShapeError, match=message(-100) + r" \(at .*test_nn_losses.py:\d+\)"):
+            fn(nf.tensor(x), target(y))
+    ignored = y.copy()
+    ignored[where] = -100  # ignore_index is no class, and is taken
+    fn(nf.tensor(x), ignored)
+    with pytest.raises(nf.ShapeError, match=message(7)):
+        nf.compile(lambda v: fn(v, y, ignore_index=7), backend="reference")(x)
 
 
 def test_loss_argument_errors() -> None:
