@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from .. import dtypes
 from ..control import scan
 from ..errors import DTypeError, ShapeError, at
 from ..tensor import Tensor, as_tensor, concat, full, stack, where, zeros
@@ -231,7 +232,14 @@ class _RNNBase(Module):
             h = h.unsqueeze(1)
         if tuple(map(int, h.shape)) != want:
             raise ShapeError(at(f"{self.mode}: {what} has shape {list(map(int, h.shape))}, expected {list(want)}"))
+        if not h.dtype.is_float:
+            raise DTypeError(at(f"{self.mode}: {what} must be floating point, got {h.dtype.value}"))
         return h.cast(dtype)
+
+    def _carried(self, x: Tensor) -> dtypes.DType:
+        """The dtype the recurrence carries: the input's and the weights' promoted, as their products are (a
+        float16 input to float32 weights runs in float32; a state in the input's dtype would change each step)."""
+        return dtypes.promote(x.dtype, self.weight_ih_l0.dtype)
 
     def _finish(self, out: Tensor, finals: list[Tensor], unbatched: bool,
                 packed: PackedSequence | None) -> tuple[Tensor | PackedSequence, list[Tensor]]:
@@ -245,7 +253,7 @@ class _RNNBase(Module):
         """A GRU's or an RNN's forward: layers of ``layer_fn`` carrying h alone; ``(output, h_n)``."""
         x, unbatched, batch, packed = self._prepare(x, hx)
         valid = None if packed is None else packed.valid()
-        h0 = self._state(hx, batch, x.dtype, unbatched, "h0")
+        h0 = self._state(hx, batch, self._carried(x), unbatched, "h0")
         hs, k = [], 0
         for layer in range(self.num_layers):
             outs = []
@@ -289,9 +297,9 @@ class LSTM(_RNNBase):
     def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Any, tuple[Tensor, Tensor]]:
         x, unbatched, batch, packed = self._prepare(x, hx)
         valid = None if packed is None else packed.valid()
-        h0 = self._state(None if hx is None else hx[0], batch, x.dtype, unbatched, "h0",
+        h0 = self._state(None if hx is None else hx[0], batch, self._carried(x), unbatched, "h0",
                          self.proj_size or self.hidden_size)
-        c0 = self._state(None if hx is None else hx[1], batch, x.dtype, unbatched, "c0")
+        c0 = self._state(None if hx is None else hx[1], batch, self._carried(x), unbatched, "c0")
         hs, cs, k = [], [], 0
         for layer in range(self.num_layers):
             outs = []
@@ -354,7 +362,8 @@ class _CellBase(Module):
         self.register_parameter("bias_hh", Parameter(init.uniform((gate,), bound)) if bias else None)
 
     def _zeros(self, x: Tensor) -> Tensor:
-        return zeros(*x.shape[:-1], self.hidden_size, dtype=x.dtype)
+        """The state a step starts from by default, in the dtype the step returns (input and weights promoted)."""
+        return zeros(*x.shape[:-1], self.hidden_size, dtype=dtypes.promote(x.dtype, self.weight_ih.dtype))
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, bias={self.bias}"

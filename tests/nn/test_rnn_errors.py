@@ -37,3 +37,26 @@ def test_lstm_fed_integers_or_the_wrong_rank_says_so() -> None:
         nf.compile(lambda x: lstm(x))(np.ones((10, 2, 4), np.int64))
     with pytest.raises(ShapeError, match=r"GRU: expected a 3-d \[T, N, features\].*got \[3, 4, 5, 6\]"):
         lstm(nf.tensor(np.ones((3, 4, 5, 6), np.float32)))
+
+
+@pytest.mark.parametrize("layer", [nn.LSTM(3, 4), nn.GRU(3, 4), nn.RNN(3, 4), nn.LSTMCell(3, 4), nn.GRUCell(3, 4)],
+                         ids=lambda m: type(m).__name__)
+def test_a_half_precision_input_to_float32_weights_runs_in_float32(layer: nn.Module) -> None:
+    """Its products with the weights promote; the state did not, and the scan refused a carry changing dtype."""
+    x = np.random.default_rng(44).standard_normal((2, 3) if "Cell" in type(layer).__name__ else (5, 2, 3))
+    half = nf.tensor(x.astype(np.float16))
+    for inputs in (half, half.cast(nf.bfloat16)):
+        got, expected = layer(inputs), layer(inputs.cast(nf.float32))
+        for g, e in zip(_leaves(got), _leaves(expected), strict=True):
+            assert g.dtype == nf.float32
+            np.testing.assert_array_equal(g.numpy(), e.numpy())
+
+
+def _leaves(value) -> list:
+    return [v for item in value for v in _leaves(item)] if isinstance(value, tuple) else [value]
+
+
+def test_an_integer_initial_state_says_so() -> None:
+    with pytest.raises(DTypeError, match=r"LSTM: c0 must be floating point, got int64 \(at .*test_rnn_errors"):
+        nn.LSTM(3, 4)(nf.tensor(np.ones((5, 2, 3), np.float32)), (np.ones((1, 2, 4), np.float32),
+                                                                     np.ones((1, 2, 4), np.int64)))
