@@ -521,10 +521,11 @@ def _adaptive(x: Tensor, out: int, name: str, reduce: Any) -> Tensor:
 
 def vector_norm(x: Tensor, ord: float = 2.0, dim: Any = None, keepdim: bool = False) -> Tensor:
     """torch.linalg.vector_norm: 2, 1, inf (the largest magnitude), -inf (the smallest), 0 (the count of
-    non-zeros) or any other power ``ord``, over ``dim`` (all axes when None)."""
+    non-zeros) or any other power ``ord``, over ``dim`` (all axes when None). The gradient at a zero vector is 0,
+    as torch's, not 0 * inf = NaN (a zero-padded row must not poison training)."""
     a = as_tensor(x).abs()
     if ord == 2:
-        return (a * a).sum(dim, keepdims=keepdim).sqrt()
+        return _root_or_zero((a * a).sum(dim, keepdims=keepdim), 0.5)
     if ord == 1:
         return a.sum(dim, keepdims=keepdim)
     if ord == math.inf:
@@ -533,7 +534,13 @@ def vector_norm(x: Tensor, ord: float = 2.0, dim: Any = None, keepdim: bool = Fa
         return a.min(dim, keepdims=keepdim)
     if ord == 0:
         return (a != 0).cast(a.dtype).sum(dim, keepdims=keepdim)
-    return (a ** ord).sum(dim, keepdims=keepdim) ** (1.0 / ord)
+    return _root_or_zero((a ** ord).sum(dim, keepdims=keepdim), 1.0 / ord)
+
+
+def _root_or_zero(s: Tensor, power: float) -> Tensor:
+    """``s ** power``, 0 with gradient 0 where ``s`` is 0 (the root's derivative there is infinite)."""
+    zero = s == 0
+    return where(zero, 0.0, where(zero, 1.0, s) ** power)
 
 
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:

@@ -78,6 +78,18 @@ def test_std_of_a_constant_slice_has_zero_gradient(backend: str, axis) -> None:
     assert np.isfinite(got).all()
 
 
+@pytest.mark.parametrize("order", [2.0, 3.0, 1.0])
+def test_norms_of_a_zero_vector_have_torchs_gradient(backend: str, order: float) -> None:
+    """A zero-padded row: 0 for the norm (not 0 * inf = NaN), 1 / eps for normalize, as torch."""
+    x = np.array([[3.0, -4.0, 1.5], [0.0, 0.0, 0.0]])
+    got = _grad(backend, lambda v: F.vector_norm(v, order, 1).sum(), x)
+    _same(got, _torch_grad(lambda v: torch.linalg.vector_norm(v, order, 1).sum(), x)[0], rtol=1e-14)
+    got = _grad(backend, lambda v: (F.normalize(v, order, 1) * np.array([1.0, -2.0, 0.5])).sum(), x)
+    want = _torch_grad(lambda v: (torch.nn.functional.normalize(v, order, 1) * torch.tensor([1.0, -2.0, 0.5])).sum(),
+                       x)[0]
+    _same(got, want)  # a difference of terms 30 times its size: 1e-13 relative
+
+
 def test_clamp_passes_the_gradient_on_the_closed_interval(backend: str) -> None:
     """Forward with NaN too (it stays NaN); the gradient at NaN is not compared (torch's mask makes it 0)."""
     x = np.array([0.5, 1.0, 2.0, 3.0, 3.5, np.nan])
