@@ -187,16 +187,26 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}" if math.isfinite(x) else "?"
 
 
+VERDICT_STYLE = {"faster": "green", "slower": "red", "inconclusive": "yellow"}
+
+
+def verdict_cell(v: Verdict) -> str:
+    """The verdict for a table column that never wraps: "no change" and "within ±2 %" on two lines, so the column
+    is as wide as "inconclusive" and Rich never squeezes (and cuts) the verdict to fit 80 columns."""
+    return f"[{VERDICT_STYLE.get(v.verdict, 'dim')}]{escape(v.text.replace(' within ', chr(10) + 'within '))}[/]"
+
+
 def print_comparison(a_id: str, b_id: str, changes: list[CellChange], notes: list[str],
                      console: Console | None = None) -> None:
+    """The verdicts, a summary and the notes. No column has a minimum width: Rich's shrinking ignores it and the
+    table then overflows 80 columns (a pipe) and loses its last column; the verdict keeps its words by not wrapping."""
     console = console or Console()
     table = Table(title=f"B = {escape(b_id)} vs A = {escape(a_id)}\nnegative change = B faster")
-    table.add_column("cell", overflow="fold", min_width=16, max_width=48)
-    table.add_column("ms per call A → B", justify="right")
-    table.add_column("figure", overflow="fold", min_width=6)
-    table.add_column("change [CI]", justify="right", min_width=8)
-    table.add_column("verdict", overflow="fold", min_width=12)
-    style = {"faster": "green", "slower": "red", "inconclusive": "yellow"}
+    table.add_column("cell", overflow="fold", max_width=48)
+    table.add_column("ms/call A → B", justify="right")
+    table.add_column("figure", overflow="fold")
+    table.add_column("change [CI]", justify="right")
+    table.add_column("verdict", no_wrap=True)
     for ch in changes:
         v = ch.verdict
         table.add_row(
@@ -204,7 +214,7 @@ def print_comparison(a_id: str, b_id: str, changes: list[CellChange], notes: lis
             f"{ch.median_a * 1e3:.4g} → {ch.median_b * 1e3:.4g}",
             escape(ch.figure),
             f"{_pct(v.change)}% [{_pct(v.ci[0])}, {_pct(v.ci[1])}]",
-            f"[{style.get(v.verdict, 'dim')}]{escape(v.text)}[/]",
+            verdict_cell(v),
         )
     console.print(table)
     if changes:
@@ -217,5 +227,5 @@ def print_comparison(a_id: str, b_id: str, changes: list[CellChange], notes: lis
             "per cell from rounds and processes; a run with one process per setting adds a between-run noise floor).",
             highlight=False,
         )
-    for n in notes:
-        console.print(f"[dim]{escape(n)}[/]", highlight=False)
+    for n in notes:  # soft-wrapped: a cell key is copied from here, and a hard wrap would break it in two
+        console.print(f"[dim]{escape(n)}[/]", highlight=False, soft_wrap=True)

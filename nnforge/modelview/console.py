@@ -19,11 +19,13 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
+from rich.text import Text
 
 from .reasons import failure_reason
 
@@ -41,22 +43,35 @@ STATUS_STYLE = {
 }
 
 
+class _CroppedText(TextColumn):
+    """A text column that Rich may narrow (its table column wraps) but that renders as one line cut with "…"."""
+
+    def render(self, task: Task) -> Text:
+        text = super().render(task)
+        text.no_wrap, text.overflow = True, "ellipsis"
+        return text
+
+
 class SweepProgress:
-    """Cells done / total with an ETA; the description names the setting being measured and the status counts."""
+    """Cells done / total with an ETA; the description names the status counts and the setting being measured.
+
+    Only the description and the bar give way to a narrow console (a pipe: 80 columns); the cell count and the
+    times never do. Rich's default gave the no-wrap description its whole width and squeezed the count to "o…"."""
 
     def __init__(self, total: int, enabled: bool = True, console: Console | None = None) -> None:
         self.enabled = enabled
         self.counts: Counter[str] = Counter()
         self._setting = ""
+        fixed = Column(no_wrap=True)
         self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]{task.description}"),
+            SpinnerColumn(table_column=fixed),
+            _CroppedText("[bold]{task.description}", table_column=Column(no_wrap=False)),
             BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("cells"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            MofNCompleteColumn(table_column=fixed),
+            TextColumn("cells", table_column=fixed),
+            TimeElapsedColumn(table_column=fixed),
+            TextColumn("ETA", table_column=fixed),
+            TimeRemainingColumn(table_column=fixed),
             console=console,
             transient=False,
             disable=not enabled,
@@ -72,7 +87,7 @@ class SweepProgress:
 
     def _describe(self) -> str:
         counts = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
-        return f"{self._setting} {counts}".strip()
+        return f"{counts} {self._setting}".strip()  # counts first: a narrow console cuts the end
 
     def extend(self, cells: int) -> None:
         """More measurements than planned (process repeats)."""
@@ -110,14 +125,21 @@ def seconds(x: float) -> str:
     return f"{x / 1e-9:.3g} ns"
 
 
-def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Sequence[str] = ()) -> Table:
+def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Sequence[str] = (),
+                  width: int | None = None) -> Table:
     """Per setting (a section): each backend's throughput, its ratio to eager and CI half-width; the fastest starred.
 
-    Long format (one line per backend) so that it stays readable in an 80-column terminal or a CI log."""
+    Long format (one line per backend) so that it stays readable in an 80-column terminal or a CI log. ``width``
+    (the console's) below 100 folds long backend names and puts the throughput's unit on a line of its own: Rich
+    shrinks the widest columns first, so without these limits the setting column kept as little room as the backend
+    names left it (its text folded to a few letters a line)."""
+    backend_max = throughput_max = None
+    if width is not None and width < 100:
+        backend_max, throughput_max = max(12, width - 67), 10  # 13 at 80 columns, leaving the setting 17
     table = Table(title=title, show_lines=False)
     table.add_column("setting", overflow="fold", max_width=44)
-    table.add_column("backend", no_wrap=True)
-    table.add_column("throughput", justify="right", no_wrap=True)
+    table.add_column("backend", overflow="fold", max_width=backend_max)
+    table.add_column("throughput", justify="right", max_width=throughput_max)
     table.add_column("time/call", justify="right", no_wrap=True)
     table.add_column("vs eager", justify="right", no_wrap=True)
     table.add_column("±CI", justify="right", no_wrap=True)
@@ -156,7 +178,7 @@ def print_closing_table(
     df: pd.DataFrame, console: Console | None = None, title: str = "ModelView", backend_order: Sequence[str] = ()
 ) -> None:
     console = console or Console()
-    console.print(closing_table(df, title, backend_order))
+    console.print(closing_table(df, title, backend_order, console.width))
     loads = []
     for m in df["metrics_json"].dropna() if len(df) else []:
         loads += [x for x in json.loads(m).get("loadavg_1m") or [] if x is not None]
