@@ -348,7 +348,8 @@ def ab(
     db: DbOption = Path("modelview.db"),
     threshold: Annotated[str, typer.Option(help="'no change' means within ± this.")] = "2%",
     confidence: Annotated[float, typer.Option(help="Confidence of each cell's interval.")] = 0.99,
-    fail_on: Annotated[str | None, typer.Option(help="Exit 1 if a cell is significantly slower by this, e.g. 5%.")]
+    fail_on: Annotated[str | None, typer.Option(help="Exit 1 if a cell is significantly slower by this, e.g. 5%, "
+                                                    "or has lost its time.")]
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdicts as JSON.")] = False,
     worktrees: Annotated[Path | None, typer.Option(help="Where worktrees are kept (default ~/.cache/nnforge).")]
@@ -366,20 +367,24 @@ def ab(
     revs = _checkouts(console, root, [rev_a, rev_b], worktrees)
     if revs[0].commit == revs[1].commit and not quiet:
         console.print(f"note: {escape(rev_a)} and {escape(rev_b)} are the same commit", highlight=False)
-    from nnforge.modelview.ab import ab_cells, print_ab
+    from nnforge.modelview.ab import ab_cells, ab_untimed, broken, print_ab
 
     run_id, results = _run_revisions(console, loaded, revs, db, f"ab {rev_a} {rev_b}", quiet or as_json, thr,
                                      confidence)
     cells = ab_cells(results, thr, confidence)
+    untimed = ab_untimed(results)
     bad = [c for c in cells if fail is not None and c.verdict.regression(fail)]
+    lost = broken(untimed) if fail is not None else []  # a cell B cannot time cannot be shown not slower
     if as_json:
         print(json.dumps({"run_id": run_id, "a": revs[0].commit, "b": revs[1].commit,
                           "cells": [c.as_dict() for c in cells], "fail_on": fail,
-                          "regressions": [f"{c.label}|{c.backend}" for c in bad]}, indent=1))
+                          "regressions": [f"{c.label}|{c.backend}" for c in bad],
+                          "untimed": [u.as_dict() for u in untimed],
+                          "broken": [f"{u.label}|{u.backend}" for u in lost]}, indent=1))
     else:
-        print_ab(cells, revs[0], revs[1], console)
+        print_ab(cells, revs[0], revs[1], console, untimed)
         console.print(f"run {run_id} in {db}", highlight=False)
-    if bad:
+    if bad or lost:
         raise typer.Exit(1)
 
 
@@ -392,7 +397,7 @@ def history(
     threshold: Annotated[str, typer.Option(help="Smallest change that counts as a step.")] = "5%",
     confidence: Annotated[float, typer.Option(help="Confidence of each interval.")] = 0.99,
     block: Annotated[int, typer.Option(help="Revisions timed together (reference included).")] = 6,
-    check: Annotated[bool, typer.Option(help="Exit 1 if a step is a slowdown.")] = False,
+    check: Annotated[bool, typer.Option(help="Exit 1 if a step is a slowdown or a cell lost its time.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the history as JSON.")] = False,
     worktrees: Annotated[Path | None, typer.Option(help="Where worktrees are kept.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
@@ -412,7 +417,7 @@ def history(
         listed = commit_range(root, commits)
     except RevisionError as e:
         _fail(console, str(e))
-    from nnforge.modelview.ab import blocks_of, history_cells, print_history
+    from nnforge.modelview.ab import blocks_of, broken, history_cells, history_untimed, print_history
 
     done = []
     for blk in blocks_of(listed, block):
@@ -421,17 +426,21 @@ def history(
                                     confidence)
         done.append((revs, results))
     cells = history_cells(done, listed, thr, confidence)
+    untimed = history_untimed(done, listed)
+    lost = broken(untimed)
     slow = [(hc, p) for hc in cells for p in hc.steps() if p.step is not None and p.step.change > 0]
     if as_json:
         print(json.dumps({"commits": listed, "cells": [hc.as_dict() for hc in cells],
-                          "slowdowns": [{"cell": f"{hc.label}|{hc.backend}", "commit": p.commit} for hc, p in slow]},
+                          "slowdowns": [{"cell": f"{hc.label}|{hc.backend}", "commit": p.commit} for hc, p in slow],
+                          "untimed": [u.as_dict() for u in untimed],
+                          "broken": [{"cell": f"{u.label}|{u.backend}", "commit": u.commit} for u in lost]},
                          indent=1))
     else:
-        print_history(cells, console)
+        print_history(cells, console, untimed)
         for hc, p in slow:
             console.print(f"[red]slowdown[/] at {p.commit[:10]} ({escape(p.subject)}): {escape(hc.label)} "
                           f"{escape(hc.backend)} {100 * p.step.change:+.1f}%", highlight=False, soft_wrap=True)
-    if check and slow:
+    if check and (slow or lost):
         raise typer.Exit(1)
 
 

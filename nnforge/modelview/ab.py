@@ -24,8 +24,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .compare import verdict_cell
 from .console import setting_label
 from .interleave import SettingResult
+from .reasons import failure_reason
 from .revisions import Revision
 from .stats import Estimate, Verdict, estimate, judge_difference, judge_paired
 
@@ -57,37 +59,112 @@ def _median(samples: Sequence[float]) -> float:
     return (s[n // 2] + s[(n - 1) // 2]) / 2 if n else float("nan")
 
 
+def revision_status(res: SettingResult, rev: int, backend: str) -> tuple[str, str | None]:
+    """A revision's status and error for one backend of a setting, by ``interleave.store_setting``'s rule, so that
+    the verdicts and notes say what the stored rows say (a failure in a later process makes the cell failed)."""
+    fail = res.failures.get((rev, backend))
+    s = res.series.get((rev, backend))
+    if fail is None and s is not None and not s.error and len(s.samples) >= 2:
+        return "ok", None
+    return (fail or {}).get("status", "failed"), (fail or {}).get("error") or (s.error if s else None) or "not measured"
+
+
 def ab_cells(results: Sequence[SettingResult], threshold: float, confidence: float, a: int = 0,
              b: int = 1) -> list[AbCell]:
-    """Revision ``b`` against revision ``a`` for every cell both timed."""
+    """Revision ``b`` against revision ``a`` for every cell both timed; the others are ``ab_untimed``'s."""
     out = []
     for res in results:
         for cell in res.cells:
-            sa, sb = res.series.get((a, cell.backend)), res.series.get((b, cell.backend))
-            if sa is None or sb is None or sa.error or sb.error or len(sa.samples) < 2 or len(sb.samples) < 2:
+            if revision_status(res, a, cell.backend)[0] != "ok" or revision_status(res, b, cell.backend)[0] != "ok":
                 continue
+            sa, sb = res.series[(a, cell.backend)], res.series[(b, cell.backend)]
             v = judge_paired(sb.timing(), sa.timing(), threshold, confidence)
             out.append(AbCell(_label(res), cell.backend, _median(sa.samples), _median(sb.samples), v,
                               len(set(zip(sb.processes, sb.rounds)))))
     return out
 
 
-def print_ab(cells: Sequence[AbCell], rev_a: Revision, rev_b: Revision, console: Console) -> None:
+@dataclass(frozen=True)
+class StatusChange:
+    """A cell without a time on one side — ab: A → B; history: the previous commit → ``commit`` — which no verdict
+    covers, so it is a note; ``broke`` (ok before, not after) is what ``--fail-on`` and ``--check`` gate on."""
+
+    label: str
+    backend: str
+    before: str | None  # None: the first commit of a history, which has no predecessor
+    after: str
+    reason: str | None  # why the side without a time has none (after's, else before's); None when both are ok
+    commit: str = ""  # history only: the commit whose status is ``after``
+    subject: str = ""
+
+    @property
+    def broke(self) -> bool:
+        """Timed before, not any more: a cell a change broke (or lost)."""
+        return self.before == "ok" and self.after != "ok"
+
+    def note(self) -> str:
+        """One line for under the table, in ``compare_notes``' words."""
+        where = f" at {self.commit[:10]} ({self.subject})" if self.commit else ""
+        if self.before is None:
+            head = f"{self.after}{where}, the reference"
+        elif self.before == self.after:  # ab only: history notes a status once, where it begins
+            head = f"{self.after} in A and B"
+        else:
+            head = f"status {self.before} → {self.after}{where}"
+        return f"{head}: {self.label} {self.backend}" + (f": {self.reason}" if self.reason else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "backend": self.backend, "before": self.before, "after": self.after,
+                "reason": self.reason, "commit": self.commit or None, "broke": self.broke}
+
+
+def _reason(*errors: str | None) -> str | None:
+    err = next((e for e in errors if e), None)
+    return failure_reason(err)[:160] if err else None
+
+
+def ab_untimed(results: Sequence[SettingResult], a: int = 0, b: int = 1) -> list[StatusChange]:
+    """Every cell without a time in revision ``a`` or ``b`` (``ab_cells`` judges the rest), with both statuses:
+    a cell that fails in one revision is news that a table of verdicts would otherwise hide."""
+    out = []
+    for res in results:
+        for cell in res.cells:
+            (sa, ea), (sb, eb) = revision_status(res, a, cell.backend), revision_status(res, b, cell.backend)
+            if sa != "ok" or sb != "ok":
+                out.append(StatusChange(_label(res), cell.backend, sa, sb, _reason(eb, ea)))
+    return out
+
+
+def broken(changes: Sequence[StatusChange]) -> list[StatusChange]:
+    """The cells that were ok before and have no time after: a CI gate fails on these as on a slowdown."""
+    return [c for c in changes if c.broke]
+
+
+def _print_notes(changes: Sequence[StatusChange], console: Console) -> None:
+    for c in changes:
+        style = "red" if c.broke else "dim"
+        console.print(f"[{style}]{escape(c.note())}[/]", highlight=False, soft_wrap=True)
+
+
+def print_ab(cells: Sequence[AbCell], rev_a: Revision, rev_b: Revision, console: Console,
+             untimed: Sequence[StatusChange] = ()) -> None:
+    """The verdicts, then ``untimed`` (``ab_untimed``) as notes. No column has a minimum width (Rich's shrinking
+    ignores it and overflows), and the verdict does not wrap (``verdict_cell``): every column fits 80 columns."""
     table = Table(title=f"B = {escape(rev_b.name)} ({rev_b.short}) vs A = {escape(rev_a.name)} ({rev_a.short}), "
                         "interleaved rounds\nnegative change = B faster")
-    table.add_column("cell", overflow="fold", min_width=16, max_width=44)
-    table.add_column("backend", overflow="fold", min_width=8)
-    table.add_column("ms per call A → B", justify="right")
+    table.add_column("cell", overflow="fold", max_width=44)
+    table.add_column("backend", overflow="fold")
+    table.add_column("ms/call A → B", justify="right")
     table.add_column("change [CI]", justify="right")
-    table.add_column("rounds", justify="right", min_width=3)
-    table.add_column("verdict", overflow="fold", min_width=12)
-    style = {"faster": "green", "slower": "red", "inconclusive": "yellow"}
+    table.add_column("rounds", justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
     for c in cells:
         v = c.verdict
         table.add_row(escape(c.label), escape(c.backend), f"{c.median_a * 1e3:.4g} → {c.median_b * 1e3:.4g}",
                       f"{100 * v.change:+.1f}% [{100 * v.ci[0]:+.1f}, {100 * v.ci[1]:+.1f}]", str(c.rounds),
-                      f"[{style.get(v.verdict, 'dim')}]{escape(v.text)}[/]")
+                      verdict_cell(v))
     console.print(table)
+    _print_notes(untimed, console)
 
 
 @dataclass(frozen=True)
@@ -141,20 +218,20 @@ def history_cells(blocks: Sequence[tuple[Sequence[Revision], Sequence[SettingRes
             for cell in res.cells:
                 key = (cell.setting_key, cell.backend)
                 labels[key] = _label(res)
-                ref = res.series.get((0, cell.backend))
-                if ref is None or ref.error or len(ref.samples) < 2:
-                    continue
+                if revision_status(res, 0, cell.backend)[0] != "ok":
+                    continue  # history_untimed says why
+                ref = res.series[(0, cell.backend)]
                 for r in revs:
-                    s = res.series.get((index[r.commit], cell.backend))
-                    if s is None or s.error or len(s.samples) < 2:
+                    if revision_status(res, index[r.commit], cell.backend)[0] != "ok":
                         continue
+                    s = res.series[(index[r.commit], cell.backend)]
                     est.setdefault(key, {})[r.commit] = estimate(s.timing(), ref.timing())
                 for prev, cur in itertools.pairwise(commits):
-                    if prev in index and cur in index:
-                        sp, sc = res.series.get((index[prev], cell.backend)), res.series.get((index[cur], cell.backend))
-                        if sp and sc and not sp.error and not sc.error and len(sp.samples) > 1 < len(sc.samples):
-                            same_block.setdefault(key, {})[(prev, cur)] = judge_paired(sc.timing(), sp.timing(),
-                                                                                      threshold, confidence)
+                    if prev in index and cur in index and all(
+                            revision_status(res, index[c], cell.backend)[0] == "ok" for c in (prev, cur)):
+                        sp, sc = res.series[(index[prev], cell.backend)], res.series[(index[cur], cell.backend)]
+                        same_block.setdefault(key, {})[(prev, cur)] = judge_paired(sc.timing(), sp.timing(),
+                                                                                  threshold, confidence)
     out = []
     for key, by_commit in est.items():
         points = []
@@ -181,6 +258,39 @@ def history_cells(blocks: Sequence[tuple[Sequence[Revision], Sequence[SettingRes
     return out
 
 
+def history_untimed(blocks: Sequence[tuple[Sequence[Revision], Sequence[SettingResult]]],
+                    commits: Sequence[str]) -> list[StatusChange]:
+    """Per cell, every commit whose status differs from its predecessor's (and the reference when it has no time):
+    a commit that breaks a cell leaves no point to call a step, so it is said here. A commit measured in two blocks
+    has the first status that is not ok, if any (an intermittent failure is news)."""
+    status: dict[tuple[str, str], dict[str, tuple[str, str | None]]] = {}
+    labels: dict[tuple[str, str], str] = {}
+    subjects: dict[str, str] = {}
+    for revs, results in blocks:
+        for i, r in enumerate(revs):
+            subjects[r.commit] = r.subject
+            for res in results:
+                for cell in res.cells:
+                    key = (cell.setting_key, cell.backend)
+                    labels[key] = _label(res)
+                    seen = status.setdefault(key, {})
+                    if seen.get(r.commit, ("ok", None))[0] == "ok":
+                        seen[r.commit] = revision_status(res, i, cell.backend)
+    out = []
+    for key, by_commit in status.items():
+        prev: tuple[str, str | None] | None = None
+        for c in commits:
+            if c not in by_commit:
+                continue
+            (s, err), before = by_commit[c], prev
+            if (before is None and s != "ok") or (before is not None and s != before[0]):
+                reason = _reason(err, before[1] if before else None)
+                out.append(StatusChange(labels[key], key[1], before[0] if before else None, s, reason, c,
+                                        subjects.get(c, "")))
+            prev = (s, err)
+    return out
+
+
 def blocks_of(commits: Sequence[str], size: int) -> list[list[str]]:
     """Blocks of at most ``size`` revisions, each the reference (the first commit) plus consecutive commits; a block
     starts with the previous block's last commit, so neighbours are compared directly wherever possible."""
@@ -194,7 +304,8 @@ def blocks_of(commits: Sequence[str], size: int) -> list[list[str]]:
         i += per - 1
 
 
-def print_history(cells: Sequence[HistoryCell], console: Console) -> None:
+def print_history(cells: Sequence[HistoryCell], console: Console, untimed: Sequence[StatusChange] = ()) -> None:
+    """One table per cell, then ``untimed`` (``history_untimed``) as notes: the commits that broke or fixed a cell."""
     for hc in cells:
         table = Table(title=f"{escape(hc.label)} · {escape(hc.backend)}: time relative to the first commit")
         table.add_column("commit", no_wrap=True)
@@ -210,3 +321,4 @@ def print_history(cells: Sequence[HistoryCell], console: Console) -> None:
                     step = f"[bold red]STEP[/] {step}" if p.step.change > 0 else f"[bold green]STEP[/] {step}"
             table.add_row(p.commit[:10], escape(p.subject), f"{p.ratio:.3f} [{p.ci[0]:.3f}, {p.ci[1]:.3f}]", step)
         console.print(table)
+    _print_notes(untimed, console)
