@@ -145,8 +145,10 @@ def sweep(
             rid = None
         threads = spec.timing.threads or (distributed.node_cpus() if ray else available_cpus())
         if rid is not None:
-            stored = json.loads(store.run(rid)["spec_json"])  # type: ignore[index]
-            spec = dataclasses.replace(spec, seed=stored.get("seed", spec.seed))
+            stored_json = store.run(rid)["spec_json"]  # type: ignore[index]
+            spec = dataclasses.replace(spec, seed=json.loads(stored_json).get("seed", spec.seed))
+            if not same_spec(stored_json, spec.to_json()):  # an extended grid: the run now plans its new cells
+                store.update_run_spec(rid, spec.to_json())
             env = json.loads(store.run(rid)["env_json"] or "{}")  # type: ignore[index]
         else:
             if spec.seed is None:

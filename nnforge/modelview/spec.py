@@ -317,18 +317,22 @@ def spec_from_mapping(data: Mapping[str, Any]) -> SweepSpec:
     return spec
 
 
-def spec_from_toml(path: str | Path) -> SweepSpec:
-    """Read a spec from a TOML file (see docs/modelview.md for the format). Relative ``.py`` plugin paths stay
-    relative to the current directory: ``nnforge ab`` and ``history`` run each revision's plugin from its own
-    worktree with one spec file."""
+def _read_toml(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML file, unvalidated: flags may still complete it (a file without ``variants`` plus ``-v``)."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise SpecError("file", str(path), f"not valid TOML: {e}") from e
     except OSError as e:  # missing, a directory, unreadable: said as the spec's problem, not as an errno
         raise SpecError("file", str(path), f"cannot read it: {e.strerror or e}") from e
-    return spec_from_mapping(data)
+
+
+def spec_from_toml(path: str | Path) -> SweepSpec:
+    """Read a spec from a TOML file (see docs/modelview.md for the format). Relative ``.py`` plugin paths stay
+    relative to the current directory: ``nnforge ab`` and ``history`` run each revision's plugin from its own
+    worktree with one spec file."""
+    return spec_from_mapping(_read_toml(path))
 
 
 def spec_to_mapping(spec: SweepSpec) -> dict[str, Any]:
@@ -367,14 +371,29 @@ def extension_gap(old_json: str, new_json: str) -> str | None:
 
 def load_spec(spec: SweepSpec | Mapping[str, Any] | str | Path | None, overrides: Mapping[str, Any]) -> SweepSpec:
     """A spec from a SweepSpec, a mapping or a TOML path, with ``overrides`` applied and its values checked (names
-    against the registries are checked later, by ``validate``)."""
+    against the registries are checked later, by ``validate``). A file or mapping is validated only after the
+    overrides are applied, since they may supply what it lacks (the docs promise that flags override the file)."""
     if spec is None or isinstance(spec, SweepSpec):
-        base = spec
-    elif isinstance(spec, str | Path):
-        base = spec_from_toml(spec)
-    else:
-        base = spec_from_mapping(spec)
-    return merge(base, overrides) if overrides or base is None else base
+        return merge(spec, overrides) if overrides or spec is None else spec
+    data = _read_toml(spec) if isinstance(spec, str | Path) else spec
+    return spec_from_mapping(_apply_overrides(dict(data), overrides))
+
+
+def _apply_overrides(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` on top (None means not given); nested tables merge key by key."""
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        if k in ("timing", "isolation", "params", "tolerances") and isinstance(v, Mapping):
+            old = base.get(k)
+            if old is not None and not isinstance(old, Mapping):
+                continue  # the file's own bad value stays, so the error names it
+            merged = dict(old or {})
+            merged.update(v)
+            base[k] = merged
+        else:
+            base[k] = v
+    return base
 
 
 def merge(spec: SweepSpec | None, overrides: Mapping[str, Any]) -> SweepSpec:
@@ -388,16 +407,7 @@ def merge(spec: SweepSpec | None, overrides: Mapping[str, Any]) -> SweepSpec:
         base["isolation"] = {
             k: v for k, v in dataclasses.asdict(spec.isolation).items() if v != getattr(IsolationConfig(), k)
         }
-    for k, v in overrides.items():
-        if v is None:
-            continue
-        if k in ("timing", "isolation", "params", "tolerances") and isinstance(v, Mapping):
-            merged = dict(base.get(k) or {})
-            merged.update(v)
-            base[k] = merged
-        else:
-            base[k] = v
-    return spec_from_mapping(base)
+    return spec_from_mapping(_apply_overrides(base, overrides))
 
 
 def variant_param_grid(spec: SweepSpec, variant: str, declared: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 Why SQLite in WAL mode with ``synchronous=FULL``: a committed row survives the writer being killed at any instant
 (kill -9, OOM killer, Ctrl-C), several workers and a reader can use the file at once, and the file is one portable
 artefact. Rows are never updated or deleted: re-measuring (``--force``) appends a newer row for the same cell, and
-readers take the latest row per (run, cell) unless asked for all of them.
+readers take the latest row per (run, cell) unless asked for all of them. (A run's spec is updated when a resume
+extends its grid, so that it names every cell the run plans.)
 
 Readers (:meth:`Store.runs`, :meth:`Store.cells`) return pandas DataFrames; the report and web view build on those.
 """
@@ -146,6 +147,14 @@ class Store:
                 (run_id, name, time.time(), spec_json, json.dumps(env, sort_keys=True, default=str)),
             )
         return run_id
+
+    def update_run_spec(self, run_id: str, spec_json: str) -> None:
+        """Replace a run's spec: a resume with an extended grid records the grid it now plans, so the report's spec
+        table and its list of planned but unmeasured cells describe the extended run, not the first invocation."""
+        with self._write():
+            cur = self._con.execute("UPDATE runs SET spec_json = ? WHERE run_id = ?", (spec_json, run_id))
+            if cur.rowcount != 1:
+                raise KeyError(f"no run {run_id!r} in {self.path}")
 
     def append_cell(self, row: Mapping[str, Any]) -> None:
         """Append one row in its own transaction. Unknown keys are an error (a typo must not lose a metric)."""
