@@ -148,7 +148,12 @@ def render_html(report: Report) -> str:
 def write_report(db_path: str | Path, out_path: str | Path, run_id: str | None = None) -> str:
     """Write the report of ``run_id`` (default: the latest run) to ``out_path``; returns the absolute path written.
     Written to a temporary file then renamed, so a reader never sees half a report."""
-    html = render_html(build_report(db_path, run_id))
+    return write_html(render_html(build_report(db_path, run_id)), out_path)
+
+
+def write_html(html: str, out_path: str | Path) -> str:
+    """Write a rendered page to ``out_path`` (its missing directories created); returns the absolute path. Apart
+    from ``write_report`` so a caller can tell a store it cannot read from a file it cannot write (an OSError)."""
     out = Path(out_path).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out.parent)

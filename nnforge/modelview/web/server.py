@@ -16,28 +16,50 @@ DEFAULT_PORT = 8050
 WARM_WAIT_S = 10.0  # the longest a browser opened by --open (or a `running` block) waits for the start-up warm-up
 
 
-class PortInUse(OSError):
+class CannotServe(OSError):
+    """The view cannot listen where asked (a port out of range, an unknown host, no permission); the message says
+    why in the user's terms, so the command prints it as one line instead of a socket traceback."""
+
+
+class PortInUse(CannotServe):
     """The requested address is taken; the message says what to do."""
 
 
 def bind(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> socket.socket:
     """A listening-ready socket on (host, port); port 0 picks a free one. SO_REUSEADDR lets a restart reuse a port
-    left in TIME_WAIT, but on Linux never lets two servers listen on one port, so a live one is still detected."""
+    left in TIME_WAIT, but on Linux never lets two servers listen on one port, so a live one is still detected.
+    Every failure is a :class:`CannotServe` (:class:`PortInUse` when the port is taken)."""
+    where = f"cannot serve on {host}:{port}"
+    if not 0 <= port <= 65535:  # checked here: socket.bind raises OverflowError, not an OSError, for these
+        raise CannotServe(errno.EINVAL, f"{where}: the port must be between 0 and 65535")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:  # e.g. an IPv6 address on a machine without IPv6
+        raise CannotServe(e.errno, f"{where}: {e.strerror or e}") from e
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
         sock.listen(128)
+    except socket.gaierror as e:  # before OSError: it is one, with a resolver code instead of an errno
+        sock.close()
+        raise CannotServe(errno.EINVAL, f"{where}: unknown host {host} ({e.strerror or e}); "
+                                        "give an address of this machine with --host") from e
     except OSError as e:
         sock.close()
-        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+        if e.errno == errno.EADDRINUSE:
             raise PortInUse(
                 e.errno,
-                f"cannot serve on {host}:{port}: the port is already in use (another `nnforge view`?). "
+                f"{where}: the port is already in use (another `nnforge view`?). "
                 f"Stop that server or choose another port with --port.",
             ) from e
-        raise
+        if e.errno == errno.EACCES:
+            raise CannotServe(e.errno, f"{where}: permission denied (ports below 1024 need privileges); "
+                                       "choose another port with --port") from e
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise CannotServe(e.errno, f"{where}: {host} is not an address of this machine; "
+                                       "give one with --host") from e
+        raise CannotServe(e.errno, f"{where}: {e.strerror or e}") from e
     return sock
 
 
@@ -59,7 +81,8 @@ def _wait_warm(server, timeout_s: float = WARM_WAIT_S) -> None:  # server: uvico
 
 
 def serve(db_path: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, open_browser: bool = False) -> None:
-    """Serve until interrupted. Raises :class:`PortInUse` before anything starts if the port is taken."""
+    """Serve until interrupted. Raises :class:`CannotServe` (:class:`PortInUse` if the port is taken) before anything
+    starts."""
     sock = bind(host, port)
     server = _server(db_path, sock)
     url = f"http://{host}:{sock.getsockname()[1]}/"
