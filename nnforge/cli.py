@@ -5,6 +5,7 @@ Heavy imports (torch, pandas) happen inside the commands so that ``nnforge --hel
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,8 +58,9 @@ def _console() -> Console:
 
 
 def _fail(console: Console, message: str, code: int = 2) -> None:
-    """One line naming what was wrong, never hard-wrapped (a pipe makes Rich assume 80 columns) nor read as markup."""
-    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    """One line naming what was wrong, never hard-wrapped (a pipe makes Rich assume 80 columns) nor read as markup
+    or emoji codes (``:-1:`` in ``host:-1: ...``)."""
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, emoji=False)
     raise typer.Exit(code)
 
 
@@ -94,6 +96,34 @@ def _writable_store(console: Console, db: Path) -> None:
         _fail(console, f"cannot open store {db}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (db.exists() and not os.access(db, os.W_OK)):
         _fail(console, f"cannot open store {db}: {parent if not db.exists() else db} is not writable")
+
+
+def _export_path(console: Console, export: Path) -> None:
+    """The ``--export`` file's directory must exist and the path must not be a directory: checked before measuring,
+    because the export is written after the whole sweep and its failure would otherwise come as a traceback then."""
+    parent = export.parent if str(export.parent) else Path(".")
+    if export.is_dir():
+        _fail(console, f"--export {export}: it is a directory")
+    if not parent.is_dir():
+        what = f"{parent} is not a directory" if parent.exists() else f"directory {parent} does not exist"
+        _fail(console, f"--export {export}: {what}")
+
+
+def _usable_store(console: Console, db: Path) -> None:
+    """An existing store to be written must be an SQLite file: probed read-only first, so the error names the store
+    (``cannot use store x.db: file is not a database``) instead of leaving the user to guess which file it meant."""
+    import sqlite3
+
+    if not db.is_file():
+        return
+    try:
+        con = sqlite3.connect(f"file:{db.resolve()}?mode=ro", uri=True)
+        try:
+            con.execute("SELECT name FROM sqlite_master").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        _fail(console, f"cannot use store {db}: {e}")
 
 
 @app.command()
@@ -149,8 +179,10 @@ def sweep(
     from nnforge.modelview.store import EXPORT_SUFFIXES
 
     console = _console()
-    if export is not None and export.suffix not in EXPORT_SUFFIXES:  # said now, not after the whole sweep
-        _fail(console, f"--export {export}: unknown format; use a .csv or .parquet file")
+    if export is not None:  # said now, not after the whole sweep
+        if export.suffix not in EXPORT_SUFFIXES:
+            _fail(console, f"--export {export}: unknown format; use a .csv or .parquet file")
+        _export_path(console, export)
     timing: dict[str, Any] = {
         k: v
         for k, v in {
@@ -211,20 +243,30 @@ def sweep(
     if export is not None:
         from nnforge.modelview.store import open_store
 
-        with open_store(db) as store:
-            store.export(export, result.run_id)
-        console.print(f"exported run {result.run_id} to {export}")
+        try:
+            with open_store(db) as store:
+                store.export(export, result.run_id)
+        except OSError as e:  # checked before measuring, but the place may have changed since: the run is kept
+            _fail(console, f"--export {export}: {e.strerror or e} (run {result.run_id} is stored in {db})")
+        console.print(f"exported run {escape(result.run_id)} to {escape(str(export))}", highlight=False,
+                      soft_wrap=True)
     if quiet:
         console.print(result.run_id)
 
 
 def _percent(console: Console, text: str, option: str) -> float:
-    """'5%', '5 %' or '0.05' as a fraction; a clear error naming the option otherwise."""
+    """'5%', '5 %' or the fraction '0.05' as a fraction; a clear error naming the option otherwise. A bare number
+    of 1 or more is refused, not guessed: read as a fraction, ``--fail-on 5`` (500 %) would be a CI gate that never
+    fires, and read as a percentage ``1`` would mean two different things on either side of it."""
     t = text.strip()
+    bare = not t.endswith("%")
     try:
-        value = float(t[:-1].strip()) / 100 if t.endswith("%") else float(t)
+        value = float(t) if bare else float(t[:-1].strip()) / 100
     except ValueError:
         value = float("nan")
+    if bare and value >= 1 and math.isfinite(value):
+        _fail(console, f"{option} {text!r}: a bare number is a fraction ({t} would be {100 * value:g} %); "
+                       f"write {t}% (or the fraction {value / 100:g})")
     if not 0 < value < 10:
         _fail(console, f"{option} {text!r}: expected a percentage above 0, such as 5% (or the fraction 0.05)")
     return value
@@ -513,6 +555,7 @@ def merge(
 
     console = _console()
     _writable_store(console, out)
+    _usable_store(console, out)
     try:
         res = merge_stores(sources, out)
     except (FileNotFoundError, ValueError, sqlite3.Error) as e:

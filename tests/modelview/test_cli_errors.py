@@ -278,3 +278,49 @@ def test_the_installed_command_prints_usage_errors_as_one_line_and_help_as_befor
     assert helped.returncode == 0 and "Usage: nnforge sweep" in helped.stdout
     bare = subprocess.run([script], capture_output=True, text=True, timeout=60)
     assert bare.returncode == 2 and "Usage: nnforge" in bare.stdout + bare.stderr
+
+
+def test_an_export_file_in_a_missing_directory_is_refused_before_measuring(tmp_path: Path, faulty: str):
+    db = tmp_path / "x.db"
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir.csv").mkdir()
+    for export, why in ((tmp_path / "nodir" / "out.csv", f"directory {tmp_path / 'nodir'} does not exist"),
+                        (tmp_path / "afile" / "out.csv", f"{tmp_path / 'afile'} is not a directory"),
+                        (tmp_path / "adir.csv", "it is a directory")):
+        r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty)), "--db", str(db), "--quiet",
+                                "--export", str(export)])
+        assert r.exit_code == 2 and r.output == f"error: --export {export}: {why}\n", r.output
+    assert not db.exists()  # nothing was measured
+
+
+@pytest.mark.parametrize("option", ["--threshold", "--fail-on", "--noise-floor", "--time-noise-floor"])
+def test_a_bare_number_of_one_or_more_is_refused_as_a_percentage(tmp_path: Path, option: str):
+    """`--fail-on 5` once meant 500 %: a CI gate that never fired. A bare number is a fraction; from 1 up it is
+    refused with the spelling that was meant, before the store is even looked at."""
+    db = tmp_path / "none.db"
+    r = RUNNER.invoke(app, ["compare", "a", "b", "--db", str(db), option, "5"])
+    assert r.exit_code == 2 and r.output == f"error: {option} '5': a bare number is a fraction (5 would be 500 %); " \
+                                            "write 5% (or the fraction 0.05)\n", r.output
+    for ok in ("5%", "0.05", "150%"):  # accepted: the error is then the missing store
+        r = RUNNER.invoke(app, ["compare", "a", "b", "--db", str(db), option, ok])
+        assert r.exit_code == 2 and r.output == f"error: no store at {db}\n", (ok, r.output)
+
+
+def test_percent_options_read_as_fractions():
+    import io
+
+    from nnforge.cli import _percent
+
+    con = Console(file=io.StringIO())
+    assert _percent(con, "5%", "--x") == pytest.approx(0.05) and _percent(con, " 2.5 % ", "--x") == pytest.approx(0.025)
+    assert _percent(con, "0.05", "--x") == pytest.approx(0.05) and _percent(con, "150%", "--x") == pytest.approx(1.5)
+
+
+def test_merging_into_a_file_that_is_not_a_store_names_it(tmp_path: Path):
+    garbage = tmp_path / "notadb.db"
+    garbage.write_text("garbage\n" * 200)
+    src = tmp_path / "src.db"
+    open_store(src).close()
+    r = RUNNER.invoke(app, ["merge", str(src), "-o", str(garbage)])
+    assert r.exit_code == 2 and r.output == f"error: cannot use store {garbage}: file is not a database\n", r.output
+    assert garbage.read_text() == "garbage\n" * 200
