@@ -10,6 +10,8 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from .autodiff import fresh, gradients
 from .control import _is_leaf
 from .errors import DTypeError, ShapeError, TraceError, at
@@ -63,6 +65,10 @@ def _finish(values: Any, eager: bool) -> Any:
 
 
 def _scalar_output(out: Any, name: str) -> Tensor:
+    """The scalar to differentiate. A plain number or 0-d array comes from a function that never touched the
+    differentiated arguments (the others stay arrays): a constant, whose gradient is zero, as in JAX."""
+    if isinstance(out, (float, np.floating)) or (isinstance(out, np.ndarray) and out.dtype.kind == "f"):
+        out = Tensor(np.asarray(out))
     if not isinstance(out, Tensor):
         raise TraceError(at(f"{name}: the function must return a scalar tensor, got {type(out).__name__}"))
     if out.ndim != 0:
