@@ -119,6 +119,8 @@ def set_at(x: Any, index: Any, value: Any) -> Tensor:
     if any(abs(s) != 1 for s in steps):
         raise ShapeError(at(f"set_at: slice steps {tuple(steps)} on {fmt_shape(x.shape)}: an assignment takes "
                             f"steps of 1 or -1"))
+    if not isinstance(value, (bool, int, float, Tensor)):  # an array or a nested list: a tensor like any other
+        value = as_tensor(value)
     if isinstance(value, Tensor):
         try:
             value = value.cast(x.dtype).expand(*selection.shape)

@@ -530,6 +530,9 @@ class Tensor:
     @composed("flatten")
     def flatten(self, start: int = 0, end: int = -1) -> Tensor:
         s, e = _axis(start, self.ndim, "flatten"), _axis(end, self.ndim, "flatten")
+        if s > e:
+            raise ShapeError(at(f"{_opname('flatten')}: start axis {start} comes after end axis {end} of a "
+                                f"{self.ndim}-d tensor"))
         return self.reshape(*self.shape[:s], math.prod(self.shape[s:e + 1]), *self.shape[e + 1:])
 
     @composed("unflatten")
@@ -912,6 +915,8 @@ def _axes(axis: int | Sequence[int] | None, ndim: int, op: str) -> list[int]:
         return list(range(ndim))
     axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
     out = sorted({_axis(a, ndim, op) for a in axes})
+    if len(out) != len(axes):  # (0, -2) of a 2-d tensor: numpy and torch refuse it too
+        raise ShapeError(at(f"{_opname(op)}: an axis appears more than once in {tuple(axes)} of a {ndim}-d tensor"))
     return out if ndim else []
 
 

@@ -22,6 +22,7 @@ from ..tensor import (
     arange,
     as_tensor,
     clamp,
+    composed,
     concat,
     gelu,
     minimum,
@@ -519,6 +520,7 @@ def _adaptive(x: Tensor, out: int, name: str, reduce: Any) -> Tensor:
     return stack([reduce(x[..., a:b]) for a, b in _adaptive_windows(int(length), out)], -1)
 
 
+@composed("vector_norm")
 def vector_norm(x: Tensor, ord: float = 2.0, dim: Any = None, keepdim: bool = False) -> Tensor:
     """torch.linalg.vector_norm: 2, 1, inf (the largest magnitude), -inf (the smallest), 0 (the count of
     non-zeros) or any other power ``ord``, over ``dim`` (all axes when None). The gradient at a zero vector is 0,
@@ -543,6 +545,7 @@ def _root_or_zero(s: Tensor, power: float) -> Tensor:
     return where(zero, 0.0, where(zero, 1.0, s) ** power)
 
 
+@composed("normalize")
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
     """torch's normalize: ``x`` over its ``p``-norm (``vector_norm``'s) along ``dim``, the norm held at ``eps``
     or above."""

@@ -186,6 +186,9 @@ def test_max_over_an_empty_axis_is_an_error_as_in_torch() -> None:
     (lambda t: t.logsumexp(7), "logsumexp"), (lambda t: t.min(3), "min"), (lambda t: t.flatten(0, 5), "flatten"),
     (lambda t: t.transpose(0, 9), "transpose"), (lambda t: t.chunk(2, 4), "chunk"),
     (lambda t: nf.tensor(np.ones((2, 0))).min(-1), "min"), (lambda t: t.clamp(np.ones((4, 1)), None), "clamp"),
+    (lambda t: F.normalize(t, dim=5), "normalize"), (lambda t: F.vector_norm(t, 3.0, 2), "vector_norm"),
+    (lambda t: nf.set_at(t, (0,), np.ones(2)), "set_at"), (lambda t: t.flatten(1, 0), "flatten"),
+    (lambda t: t.sum((0, -2)), "sum"),
 ])
 def test_errors_inside_a_composed_op_name_the_op_the_user_called(call, name: str) -> None:
     t = nf.tensor(np.ones((2, 3)))
