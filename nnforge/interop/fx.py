@@ -99,6 +99,8 @@ class FromTorch(nfnn.Module):
                 env[step.name] = self._run(step, a, kw)
             except NNForgeError as e:
                 raise type(e)(f"{e} [{step.where}]") from None
+            except TypeError as e:  # an operand or argument torch takes and nnforge does not (x // 3)
+                raise TypeError(f"from_torch: {e} [{step.where}]") from e
             for name in step.mutates:  # later steps read the changed value
                 env[name] = env[step.name]
             for path in step.assigns:  # and so do later calls: module state, as a BatchNorm's running mean

@@ -539,6 +539,21 @@ class _PythonLoop(torch.nn.Module):
         return h
 
 
+class _FloorDivision(torch.nn.Module):
+    def forward(self, x):
+        return x.long() // 3
+
+
+def test_an_operand_nnforge_does_not_take_is_named_at_the_users_line() -> None:
+    """A TypeError when the converted model runs, not at conversion (fx records `//` as an operator), with forward's
+    line: it came from inside nnforge's tensor otherwise."""
+    model = from_torch(_FloorDivision())
+    with pytest.raises(TypeError, match=r"^from_torch: unsupported operand type\(s\) for //: 'Tensor' and 'int' "
+                                        r"\[.*test_from_torch.py:(\d+)\]$") as e:
+        model(nf.tensor(np.ones((2, 3), np.float32)))
+    assert str(e.value).endswith(f"test_from_torch.py:{_line('x.long() // 3')}]")
+
+
 def _line(pattern: str) -> int:
     """The line of this file holding ``pattern`` (what an error must point at)."""
     with open(__file__) as f:
