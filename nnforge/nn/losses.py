@@ -7,13 +7,14 @@ scan: a reversed scan, i.e. the beta recursion, derived rather than hand-written
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes
 from ..control import scan
-from ..errors import DTypeError, ShapeError, at
+from ..errors import DTypeError, ShapeError, at, user_stacklevel
 from ..indexing import gather
 from ..interop.convert import to_numpy
 from ..tensor import Tensor, arange, as_tensor, full, maximum, stack, where
@@ -38,8 +39,14 @@ def _check_reduction(reduction: str) -> None:
 
 
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
-    """Mean (or summed, or elementwise) squared error."""
-    d = as_tensor(input) - target
+    """Mean (or summed, or elementwise) squared error. Shapes that differ broadcast, with torch's warning (not for
+    a scalar target): a [N, 1] prediction against an [N] target is an [N, N] loss, rarely what was meant."""
+    x, t = as_tensor(input), as_tensor(target)
+    if t.ndim and tuple(map(int, x.shape)) != tuple(map(int, t.shape)):  # a scalar target is plainly meant
+        warnings.warn(f"mse_loss: a target of {list(map(int, t.shape))} against an input of "
+                      f"{list(map(int, x.shape))} broadcasts, which is likely wrong; give both the same shape",
+                      UserWarning, stacklevel=user_stacklevel())
+    d = x - t
     return _reduce(d * d, reduction)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -118,6 +119,21 @@ def test_class_indices_known_when_called_are_classes_or_ignored(op: str, shape: 
     fn(nf.tensor(x), ignored)
     with pytest.raises(nf.ShapeError, match=message(7)):
         nf.compile(lambda v: fn(v, y, ignore_index=7), backend="reference")(x)
+
+
+def test_mse_loss_of_shapes_that_broadcast_warns_as_torch_does() -> None:
+    rng = np.random.default_rng(45)
+    x, y = randn(rng, 3, 1), randn(rng, 3)
+    with pytest.warns(UserWarning, match=r"mse_loss: a target of \[3\] against an input of \[3, 1\] broadcasts") as w:
+        got = F.mse_loss(nf.tensor(x), y)
+    assert w[0].filename == __file__  # the user's line
+    with pytest.warns(UserWarning, match="different to the input size"):
+        expected = TF.mse_loss(torch.tensor(x), torch.tensor(y))
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        F.mse_loss(nf.tensor(x), y.reshape(3, 1))
+        F.mse_loss(nf.tensor(x), 0.5)
 
 
 def test_loss_argument_errors() -> None:
