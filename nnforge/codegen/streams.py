@@ -62,7 +62,8 @@ def fetch(node: Node, own: bool = False) -> np.ndarray:
     from ..interop.convert import to_numpy
 
     try:
-        value = to_numpy(node.attrs["fn"]())
+        raw = node.attrs["fn"]()
+        value = to_numpy(raw)
     except Exception as e:
         _note(e, node, "Feeder")
         raise
@@ -70,8 +71,9 @@ def fetch(node: Node, own: bool = False) -> np.ndarray:
     name = _name(node, "Feeder")
     shape = tuple(map(int, node.shape))
     if tuple(value.shape) != shape:
+        got = "None" if raw is None else list(value.shape)  # a function that forgot its return
         raise NNForgeError(f"Feeder {name!r} (created at {node.loc}) expected shape {list(shape)}, "
-                           f"its function returned {list(value.shape)}")
+                           f"its function returned {got}")
     try:
         from_numpy(value.dtype)
     except TypeError as e:

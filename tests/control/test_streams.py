@@ -313,6 +313,7 @@ def test_a_slow_receiver_holds_the_loop_back(rng: np.random.Generator, prefetch:
     (np.ones(2, np.float64), nf.float32, None),  # same kind: cast, no error
     (np.ones(2, np.float32), nf.int32, r"Feeder 'bad_feed'.*expected nf\.int32, its function returned float32"),
     (np.ones(2, np.complex64), nf.float32, r"Feeder 'bad_feed'.*no dtype for numpy complex64"),
+    (None, nf.float32, r"Feeder 'bad_feed'.*expected shape \[2\], its function returned None$"),
 ])
 def test_feeder_validation_on_the_prefetch_thread_keeps_its_message(backend: str, returned: np.ndarray,
                                                                      dtype: Any, message: str | None):
