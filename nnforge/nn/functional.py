@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from .. import dtypes
-from ..errors import ShapeError, at
+from ..errors import DTypeError, ShapeError, at
 from ..indexing import index_select
 from ..tensor import (
     Tensor,
@@ -65,7 +65,7 @@ def one_hot(index: Any, num_classes: int, dtype: Any = dtypes.float32) -> Tensor
     """[..., num_classes] indicator of integer ``index``; out-of-range indices give an all-zero row."""
     index = as_tensor(index)
     if index.dtype.is_float:
-        raise TypeError(f"one_hot: needs integer indices, got {index.dtype}")
+        raise DTypeError(at(f"one_hot: needs integer indices, got {index.dtype}"))
     return (index.unsqueeze(-1) == arange(num_classes)).cast(dtype)
 
 
@@ -74,7 +74,7 @@ def embedding(index: Any, weight: Tensor) -> Tensor:
     one-hot matmul cost num_embeddings multiply-adds per element; the weight's gradient is a scatter-add."""
     index = as_tensor(index)
     if index.dtype.is_float:
-        raise TypeError(f"embedding: needs integer indices, got {index.dtype}")
+        raise DTypeError(at(f"embedding: needs integer indices, got {index.dtype}"))
     rows = index_select(weight, 0, index.reshape(-1))
     return rows.reshape(*index.shape, weight.shape[1])
 
@@ -433,7 +433,7 @@ def _pool_taps(x: Tensor, kernel_size: Any, stride: Any, padding: Any, dilation:
     if x.ndim < 2 or int(x.shape[-1]) == 0:
         raise ShapeError(at(f"{name}: needs [N, C, L] or [C, L] with L > 0, got {list(map(int, x.shape))}"))
     if not x.dtype.is_float:
-        raise TypeError(f"{name}: needs a floating-point input, got {x.dtype}")
+        raise DTypeError(at(f"{name}: needs a floating-point input, got {x.dtype}"))
     if k < 1 or s < 1 or d < 1 or p < 0:
         raise ValueError(f"{name}: kernel_size {k}, stride {s} and dilation {d} must be >= 1, padding {p} >= 0")
     if 2 * p > k:

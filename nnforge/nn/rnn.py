@@ -365,6 +365,18 @@ class _CellBase(Module):
         """The state a step starts from by default, in the dtype the step returns (input and weights promoted)."""
         return zeros(*x.shape[:-1], self.hidden_size, dtype=dtypes.promote(x.dtype, self.weight_ih.dtype))
 
+    def _given(self, x: Tensor, h: Any, what: str) -> Tensor:
+        """A state passed in: [N, hidden] for an [N, input] step ([hidden] unbatched), floating point; checked
+        here so that the error names the cell and its state, not the product or the sum it would fail in."""
+        h = as_tensor(h)
+        want = [*map(int, x.shape[:-1]), self.hidden_size]
+        if list(map(int, h.shape)) != want:
+            raise ShapeError(at(f"{type(self).__name__}: {what} has shape {list(map(int, h.shape))}, expected "
+                                f"{want} for an input of {list(map(int, x.shape))}"))
+        if not h.dtype.is_float:
+            raise DTypeError(at(f"{type(self).__name__}: {what} must be floating point, got {h.dtype.value}"))
+        return h
+
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, bias={self.bias}"
 
@@ -376,7 +388,8 @@ class LSTMCell(_CellBase):
 
     def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Tensor, Tensor]:
         x = as_tensor(x)
-        h, c = (self._zeros(x), self._zeros(x)) if hx is None else (as_tensor(hx[0]), as_tensor(hx[1]))
+        h, c = (self._zeros(x), self._zeros(x)) if hx is None else (self._given(x, hx[0], "h"),
+                                                                     self._given(x, hx[1], "c"))
         gates = F.linear(x, self.weight_ih, _sum_bias(self.bias_ih, self.bias_hh)) + h @ self.weight_hh.T
         return lstm_gates(gates, c)
 
@@ -388,7 +401,7 @@ class GRUCell(_CellBase):
 
     def forward(self, x: Any, hx: Any = None) -> Tensor:
         x = as_tensor(x)
-        h = self._zeros(x) if hx is None else as_tensor(hx)
+        h = self._zeros(x) if hx is None else self._given(x, hx, "h")
         return gru_gates(F.linear(x, self.weight_ih, self.bias_ih), F.linear(h, self.weight_hh, self.bias_hh), h)
 
 
@@ -405,6 +418,6 @@ class RNNCell(_CellBase):
 
     def forward(self, x: Any, hx: Any = None) -> Tensor:
         x = as_tensor(x)
-        h = self._zeros(x) if hx is None else as_tensor(hx)
+        h = self._zeros(x) if hx is None else self._given(x, hx, "h")
         z = F.linear(x, self.weight_ih, _sum_bias(self.bias_ih, self.bias_hh)) + h @ self.weight_hh.T
         return _activation(z, self.nonlinearity)

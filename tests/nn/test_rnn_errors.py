@@ -60,3 +60,21 @@ def test_an_integer_initial_state_says_so() -> None:
     with pytest.raises(DTypeError, match=r"LSTM: c0 must be floating point, got int64 \(at .*test_rnn_errors"):
         nn.LSTM(3, 4)(nf.tensor(np.ones((5, 2, 3), np.float32)), (np.ones((1, 2, 4), np.float32),
                                                                      np.ones((1, 2, 4), np.int64)))
+
+
+@pytest.mark.parametrize(("cell", "state", "message"), [
+    (nn.LSTMCell(3, 4), (np.ones((2, 5)), np.ones((2, 4))), r"LSTMCell: h has shape \[2, 5\], expected \[2, 4\]"),
+    (nn.LSTMCell(3, 4), (np.ones((2, 4)), np.ones((3, 4))), r"LSTMCell: c has shape \[3, 4\], expected \[2, 4\]"),
+    (nn.GRUCell(3, 4), np.ones((3, 4)), r"GRUCell: h has shape \[3, 4\], expected \[2, 4\]"),
+    (nn.RNNCell(3, 4), np.ones(4), r"RNNCell: h has shape \[4\], expected \[2, 4\]"),
+], ids=["lstm-h", "lstm-c", "gru", "rnn"])
+def test_a_cells_state_of_the_wrong_shape_names_the_cell(cell: nn.Module, state, message: str) -> None:
+    """It failed inside the step's product or sum, named `matmul` or `add`."""
+    x = nf.tensor(np.random.default_rng(46).standard_normal((2, 3)).astype(np.float32))
+    with pytest.raises(ShapeError, match=message + r" for an input of \[2, 3\] \(at .*test_rnn_errors"):
+        cell(x, state)
+
+
+def test_an_embedding_of_float_indices_names_the_users_line() -> None:
+    with pytest.raises(DTypeError, match=r"embedding: needs integer indices, got .*float32 \(at .*test_rnn_errors"):
+        nn.Embedding(10, 3)(nf.tensor(np.ones(2, np.float32)))
