@@ -45,6 +45,13 @@ from .trace import scope, session
 log = logging.getLogger("nnforge.compile")
 
 
+def same_statics(a: tuple, b: tuple) -> bool:
+    """Python values as a trace saw them: ``2``, ``2.0`` and ``True`` are equal in Python but trace differently
+    (an int tensor times 2.0 is float), so their types must agree too; NaN matches NaN (it would never equal
+    itself and trace anew at every call)."""
+    return len(a) == len(b) and all(type(x) is type(y) and (x == y or (x != x and y != y)) for x, y in zip(a, b))
+
+
 @dataclass
 class _Entry:
     """One traced signature: the optimized generic graph and the programs built from it per concrete size."""
@@ -86,7 +93,7 @@ class _Entry:
         return all((t := r()) is None or t.node is node for r, node in self.baked_values)
 
     def matches(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> bool:
-        if treedef != self.treedef or dts != self.dtypes or statics != self.statics:
+        if treedef != self.treedef or dts != self.dtypes or not same_statics(statics, self.statics):
             return False
         if shapes == self.shapes:  # the traced shapes themselves (their ties held when traced)
             return True
@@ -138,7 +145,9 @@ class CompiledFunction:
         self._vjps: dict[tuple, CompiledFunction] = {}
         self._warned_retrace = False
         self._loc = f"{getattr(fn, '__qualname__', 'function')} (compiled)"  # where written-back state comes from
-        functools.update_wrapper(self, fn)
+        # names and docs only: the function's (or module's) own attributes, such as a model's `dtype`, must not
+        # replace the compiled function's settings
+        functools.update_wrapper(self, fn, updated=())
 
     def __reduce__(self) -> tuple | str:
         """Copied (``copy.deepcopy``) and pickled (to another process: multiprocessing, Ray) as the function and
@@ -312,7 +321,8 @@ class CompiledFunction:
     def _explain_retrace(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> None:
         """A trace that differs from an earlier one only in input sizes says which sizes and why (a Python loop
         over a size unrolls it into the trace): logged every time, warned once per function."""
-        same = [e for e in self._entries if e.treedef == treedef and e.dtypes == dts and e.statics == statics]
+        same = [e for e in self._entries if e.treedef == treedef and e.dtypes == dts and
+                same_statics(e.statics, statics)]
         if not same:
             return
         prev = same[-1]

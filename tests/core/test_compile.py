@@ -119,6 +119,37 @@ def test_static_python_arguments_are_part_of_the_key():
     assert f.trace_count == 3
 
 
+def test_static_python_arguments_are_keyed_by_type_and_nan_by_itself():
+    """2, 2.0 and True are equal in Python and trace differently; NaN never equals itself and must not retrace."""
+    x = np.arange(3, dtype=np.int64)
+    f = nf.compile(lambda x, s: x * s)
+    assert f(x, 2).dtype == np.int64 and f(x, 2.0).dtype == np.float32 and f.trace_count == 2
+    np.testing.assert_array_equal(f(x, True), x)
+    assert f.trace_count == 3
+    g = nf.compile(lambda x, flag: x + 1 if flag is True else x - 1)
+    np.testing.assert_array_equal(g(x, True), x + 1)
+    np.testing.assert_array_equal(g(x, 1), x - 1)
+    h = nf.compile(lambda x, s: x * 0.0 + s)
+    for _ in range(3):
+        assert np.isnan(h(x, float("nan"))).all()
+    assert h.trace_count == 1
+
+
+def test_a_compiled_objects_attributes_leave_the_compiled_functions_settings_alone():
+    """functools.update_wrapper copied a model's own `dtype` and `backend` over the compiled function's."""
+
+    class Scaled:
+        dtype, backend, options = "float16", "elsewhere", {"x": 1}
+
+        def __call__(self, x):
+            return x * 3.0
+
+    f = nf.compile(Scaled(), backend="reference")
+    assert f.dtype is None and f.backend == "reference" and f.options == {}
+    x = np.array([1.0, 2048.5], np.float32)
+    assert f(x).dtype == np.float32 and f(x)[1] == np.float32(6145.5)  # not rounded through float16
+
+
 def test_numpy_in_numpy_out_torch_in_torch_out():
     f = nf.compile(lambda a, b: {"sum": a + b, "parts": (a * b, b.sum())})
     a, b = np.ones((2, 3), np.float32), np.arange(6, dtype=np.float32).reshape(2, 3)
