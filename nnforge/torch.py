@@ -26,11 +26,17 @@ __all__ = ["TorchModule", "from_torch", "torch_optimizer_state"]
 def torch_optimizer_state(optimizer: Optimizer) -> dict[str, Any]:
     """``optimizer.state_dict()`` as ``torch.optim``'s ``load_state_dict`` takes it: values as torch tensors
     (torch refuses numpy arrays), the step count as the float tensor torch keeps, and none for SGD, which counts
-    no steps. (A module's state dict needs only ``torch.from_numpy`` of each value.)"""
+    no steps: its momentum buffer is left out where no step has filled it, since torch starts a missing buffer from
+    the gradient undamped and would damp the first step of a zero one. (A module's state dict needs only
+    ``torch.from_numpy`` of each value.)"""
     sd = optimizer.state_dict()
-    counts = not isinstance(optimizer, SGD)
-    state = {i: {k: torch.tensor(float(v)) if k == "step" else torch.from_numpy(v) for k, v in st.items()
-                 if counts or k != "step"} for i, st in sd["state"].items()}
+    sgd = isinstance(optimizer, SGD)
+    state = {}
+    for i, st in sd["state"].items():
+        if sgd and st.get("step", 1) == 0:
+            st = {k: v for k, v in st.items() if k != "momentum_buffer"}
+        state[i] = {k: torch.tensor(float(v)) if k == "step" else torch.from_numpy(v) for k, v in st.items()
+                    if not sgd or k != "step"}
     return {"state": state, "param_groups": sd["param_groups"]}
 
 

@@ -124,6 +124,22 @@ def test_a_torch_checkpoint_resumes_in_nnforge_and_back(name: str, kw: dict) -> 
         np.testing.assert_allclose(n_model.state_dict()[k], v.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
 
 
+def test_sgds_state_from_before_any_step_hands_torch_no_buffer() -> None:
+    """torch starts a missing momentum buffer from the gradient, undamped; a zero buffer would damp that step."""
+    torch.manual_seed(57)
+    t_model = _mlp(torch.nn).double()
+    n_model = _mlp(nn).to(nf.float64)
+    n_model.load_state_dict(t_model.state_dict())
+    kw = {"lr": 0.1, "momentum": 0.9, "dampening": 0.5}
+    n_opt = optim.SGD(n_model.parameters(), **kw)
+    t_opt = torch.optim.SGD(t_model.parameters(), **kw)
+    t_opt.load_state_dict(torch_optimizer_state(n_opt))
+    for torch_side, (model, opt) in ((True, (t_model, t_opt)), (False, (n_model, n_opt))):
+        _steps(model, opt, np.random.default_rng(58), 2, torch_side)
+    for k, v in t_model.state_dict().items():
+        np.testing.assert_allclose(n_model.state_dict()[k], v.numpy(), rtol=1e-12, atol=1e-12, err_msg=k)
+
+
 def test_a_checkpoint_resumes_a_compiled_training_step() -> None:
     """Five compiled steps, or two, a checkpoint (model and optimizer state dicts) loaded into a fresh model and
     optimizer, and three compiled steps there: the same parameters and optimizer state."""
