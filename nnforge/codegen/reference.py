@@ -179,4 +179,17 @@ class ReferenceProgram:
         self.graph = graph
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        return Interpreter(session().rng).run(self.graph, inputs)
+        return _owned(Interpreter(session().rng).run(self.graph, inputs), inputs)
+
+
+def _owned(outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each output an array of its own, writable, as the compiled backends return them: the interpreter hands back
+    inputs, views of them (a reshape, a slice), one array for outputs merged into one node, and read-only
+    constants, so writing into one output would change the caller's input or another output."""
+    held, out = list(inputs), []
+    for o in outputs:
+        if not o.flags.writeable or any(np.may_share_memory(o, h) for h in held):
+            o = o.copy()
+        held.append(o)
+        out.append(o)
+    return out
