@@ -45,9 +45,11 @@ class TorchModule(torch.nn.Module):
 
     With ``twin`` (a torch module whose ``named_parameters()`` has the same names and shapes, as the layers of
     ``nnforge.nn`` do for their torch counterparts) the twin's parameters are used and trained; the twin becomes
-    a submodule, so ``parameters()``, ``state_dict()`` and optimizers see them. Without one, parameters are
-    created from the nnforge module's current values. The nnforge module's own parameters are not used while
-    called through this adapter."""
+    a submodule, so ``parameters()``, ``state_dict()`` and optimizers see them, and its buffers (running statistics)
+    are kept in step with the nnforge module's both ways: updated after each call, read again when changed in the
+    twin (``load_state_dict``). Without one, parameters are created from the nnforge module's current values and
+    buffers stay in the nnforge module (``.module.state_dict()``). The nnforge module's own parameters are not used
+    while called through this adapter."""
 
     def __init__(self, module: Module, twin: torch.nn.Module | None = None, backend: str = "cpu"):
         super().__init__()
@@ -85,6 +87,7 @@ class TorchModule(torch.nn.Module):
         compiles its own at its first call, for its own parameters."""
         state = self.__dict__.copy()
         del state["_compiled"]
+        state.pop("_synced", None)  # ids of this process's tensors
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -114,5 +117,24 @@ class TorchModule(torch.nn.Module):
             return [theirs[n] for n in self._names]
         return list(self.params)
 
+    def _buffer_pairs(self) -> list[tuple[Any, torch.Tensor]]:
+        """(nnforge buffer, twin buffer) of one name and shape: running statistics live in both, the module's
+        updated by the program, the twin's saved in the torch model's ``state_dict`` and loaded into it."""
+        if "twin" not in self._modules:
+            return []
+        theirs = dict(self.twin.named_buffers())
+        return [(b, theirs[n]) for n, b in self.module.named_buffers()
+                if n in theirs and tuple(theirs[n].shape) == tuple(map(int, b.shape))]
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._compiled(self._params(), *args, **kwargs)
+        pairs = self._buffer_pairs()
+        synced = self.__dict__.setdefault("_synced", {})  # id(twin buffer) -> its version when last in step
+        for mine, theirs in pairs:  # changed in the twin since (load_state_dict, a reset): the module reads it
+            if synced.get(id(theirs)) != theirs._version:
+                mine.assign(theirs.detach().cpu().numpy())
+        out = self._compiled(self._params(), *args, **kwargs)
+        with torch.no_grad():
+            for mine, theirs in pairs:  # what this call updated (a batch norm's running statistics in training)
+                theirs.copy_(torch.tensor(mine.numpy()))  # a copy: the value may be read-only
+                synced[id(theirs)] = theirs._version
+        return out

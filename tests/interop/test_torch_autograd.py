@@ -361,6 +361,26 @@ def test_buffers_a_module_updates_in_place_are_updated_once_a_call(backend: str,
     assert int(ours.module.num_batches_tracked.numpy()) == 2
 
 
+def test_a_twins_buffers_follow_the_module_and_a_loaded_checkpoint_reaches_it(backend: str,
+                                                                              rng: np.random.Generator) -> None:
+    """The twin's running statistics are what torch saves (``state_dict``): updated after each call; a checkpoint
+    loaded into the twin is what the module then normalizes with."""
+    twin = torch.nn.BatchNorm1d(3, dtype=torch.float64)
+    ours = TorchModule(nn.BatchNorm1d(3).to(nf.float64), twin=twin, backend=backend)
+    theirs = copy.deepcopy(twin)
+    for _ in range(2):
+        x = torch.tensor(rng.standard_normal((5, 3)) * 3 + 1)
+        ours(x), theirs(x)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(ours.state_dict()[f"twin.{name}"], theirs.state_dict()[name], rtol=1e-12, atol=0)
+    checkpoint = {k: v + 5 if v.is_floating_point() else v for k, v in theirs.state_dict().items()}
+    ours.load_state_dict({f"twin.{k}": v for k, v in checkpoint.items()})
+    theirs.load_state_dict(checkpoint)
+    ours.eval(), theirs.eval()
+    x = torch.tensor(rng.standard_normal((4, 3)))
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-12, atol=1e-12)
+
+
 def test_a_function_that_sets_grad_runs_its_pullback_whole_without_writing_twice(
         backend: str, rng: np.random.Generator) -> None:
     """A compiled function that takes a gradient itself (``.grad`` of a captured parameter) and counts its calls
