@@ -264,14 +264,19 @@ class Store:
         return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
 
     def cells(self, run_id: str | None = None, latest_only: bool = True, **filters: Any) -> pd.DataFrame:
-        """Cell rows as a DataFrame, one row per cell (the latest measurement) unless ``latest_only=False``."""
+        """Cell rows as a DataFrame, one row per cell (the latest measurement) unless ``latest_only=False``.
+        ``run_id`` may be an id, a unique prefix or a run name (its latest run), as the commands take it; one that
+        names no run is a KeyError, not an empty frame that reads as a run without cells."""
         import pandas as pd
 
+        if run_id is not None:
+            run_id = self.resolve_run(run_id)
         rows = self.rows(run_id, latest_only=latest_only, **filters)
         return pd.DataFrame(rows, columns=["row_id", *CELL_COLUMN_NAMES])
 
     def export(self, path: str | Path, run_id: str | None = None) -> Path:
-        """Write cells to ``.csv`` or ``.parquet`` (chosen by the suffix, ``EXPORT_SUFFIXES``)."""
+        """Write cells to ``.csv`` or ``.parquet`` (chosen by the suffix, ``EXPORT_SUFFIXES``); ``run_id`` as
+        :meth:`cells` takes it."""
         path = Path(path)
         if path.suffix not in EXPORT_SUFFIXES:
             raise ValueError(f"export format of {path.name!r} unknown: use .csv or .parquet")

@@ -55,6 +55,22 @@ def test_round_trip_latest_filters_and_export(db: str, tmp_path: Path):
     assert len(pd.read_csv(csv)) == 2 and len(pd.read_parquet(pq)) == 2
 
 
+def test_cells_and_export_take_a_run_as_the_commands_do(db: str, tmp_path: Path):
+    """A run name reads its latest run; a reference to no run is a KeyError, not an empty frame or file."""
+    with open_store(db) as s:
+        first = s.new_run("n", json.dumps({"seed": 1}), {})
+        s.append_cell(_row(first, "k1", median=1.0))
+        time.sleep(0.01)  # runs of one name are ordered by creation time
+        rid = s.new_run("n", json.dumps({"seed": 2}), {})
+        s.append_cell(_row(rid, "k1", median=3.0))
+        s.append_cell(_row(rid, "k2", median=4.0))
+        assert sorted(s.cells("n")["median_s"]) == [3.0, 4.0] and len(s.cells(first[:-1])) == 1
+        for call in (lambda: s.cells("no-such-run"), lambda: s.export(tmp_path / "x.csv", "no-such-run")):
+            with pytest.raises(KeyError, match="no run 'no-such-run'"):
+                call()
+    assert not (tmp_path / "x.csv").exists()
+
+
 WRITER = textwrap.dedent(
     """
     import sys
