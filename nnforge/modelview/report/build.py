@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import FigureSpec, fmt_si, unit_of
+from .common import FigureSpec, fmt_si
 from .data import CellRow, Database, RunInfo
 from .figures import common_setting, max_throughput, scaling, speedup
 from .figures_perf import compile_vs_steady, flatten, gpu, gpu_metrics_of, latency, latency_cells, roofline
@@ -84,7 +84,7 @@ def headline(cells: list[CellRow]) -> str:
     best = max(ok, key=lambda c: c.throughput or 0)
     return (
         f"Best: {best.model_label} on {best.backend} at {best.shape_label} ({best.group_label}): "
-        f"{fmt_si(best.throughput)} {unit_of(ok)}"
+        f"{fmt_si(best.throughput)} {best.throughput_unit}"  # its own unit: variants may count different items
     )
 
 

@@ -7,7 +7,6 @@ later chart (scaling, roofline, latency) reads at a glance.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -70,10 +69,26 @@ def fmt_s(x: float | None) -> str:
     return fmt_si(x, "s")
 
 
-def unit_of(cells: Sequence[CellRow]) -> str:
-    """The most common throughput unit (variants of one run normally share it)."""
-    units = Counter(c.throughput_unit for c in cells if c.ok)
-    return units.most_common(1)[0][0] if units else "vectors/s"
+def fmt_rel_ci(median_s: float | None, ci_low_s: float | None, ci_high_s: float | None) -> str:
+    """The ±CI of a median as the closing table, ``rel_ci`` and the stopping rule define it, the larger side of the
+    interval over the median (``stats.rel_halfwidth``), so the web view's figure is the one the sweep printed."""
+    if not median_s or ci_low_s is None or ci_high_s is None or not all(
+            math.isfinite(x) for x in (median_s, ci_low_s, ci_high_s)):
+        return "–"
+    from ..stats import rel_halfwidth
+
+    rel = rel_halfwidth(median_s, ci_low_s, ci_high_s)
+    return f"{100 * rel:.1f}%" if rel < 1 else ">100%"
+
+
+MIXED_UNITS = "per variant's unit"
+
+
+def axis_unit(cells: Sequence[CellRow]) -> str:
+    """The unit for a throughput axis: the cells' one unit, or ``MIXED_UNITS`` when they have several (a basecaller
+    counts samples/s, an LSTM vectors/s: one unit on the axis would mislabel the others; each bar says its own)."""
+    units = {c.throughput_unit for c in cells if c.ok}
+    return units.pop() if len(units) == 1 else (MIXED_UNITS if units else "vectors/s")
 
 
 def base_layout(title: str, height: int = 420, **extra: Any) -> dict[str, Any]:

@@ -21,13 +21,13 @@ from .common import (
     MAX_HEATMAP_ROWS,
     MAX_PANELS,
     FigureSpec,
+    axis_unit,
     backend_colors,
     base_layout,
     fmt_s,
     fmt_si,
     log_axis,
     spans_decade,
-    unit_of,
 )
 from .data import CellRow
 from .plotdict import axis_suffix, new_plot, subplot_grid
@@ -58,7 +58,7 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
     order = sorted(top, key=lambda k: top[k])[-MAX_BARS:]  # ascending: the best category ends up on top
     shown = set(order)
     note = f"{len(top) - len(order)} lower categories not shown" if len(top) > len(order) else ""
-    unit = unit_of(ok)
+    unit = axis_unit(ok)  # the axis; each bar's text and hover carry its own cell's unit
     colors = backend_colors(c.backend for c in ok)
     # Compact when a bar per backend would make the chart a scroll: only each row's best bar, coloured by backend.
     compact = len(order) * len(colors) > MAX_COMPACT_BARS
@@ -87,8 +87,8 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
                 "thickness": 1,
             },
             text=[
-                f"{'★ ' if winner[cat] == be else ''}{fmt_si(c.throughput)} {unit} · {fmt_s(c.median_s)} · "
-                f"{c.shape_label}" for cat, c in rows
+                f"{'★ ' if winner[cat] == be else ''}{fmt_si(c.throughput)} {c.throughput_unit} · "
+                f"{fmt_s(c.median_s)} · {c.shape_label}" for cat, c in rows
             ],
             textposition="auto",
             insidetextanchor="start",
@@ -97,8 +97,8 @@ def max_throughput(cells: Sequence[CellRow]) -> FigureSpec:
                 "line": {"color": ["#000" if winner[cat] == be else color for cat, _ in rows],
                          "width": [2.5 if winner[cat] == be else 0 for cat, _ in rows]},
             },
-            customdata=[[c.cell_key, c.setting_label] for _, c in rows],
-            hovertemplate="%{customdata[1]}<br>" + be + ": %{x:.4g} " + unit + "<extra></extra>",
+            customdata=[[c.cell_key, c.setting_label, c.throughput_unit] for _, c in rows],
+            hovertemplate="%{customdata[1]}<br>" + be + ": %{x:.4g} %{customdata[2]}<extra></extra>",
         ))
     n_be = 1 if compact else max(1, len(traces))
     fig = new_plot(base_layout(
@@ -144,7 +144,7 @@ def common_setting(cells: Sequence[CellRow]) -> FigureSpec:
     colors = backend_colors(c.backend for c in ok)
     # every backend has its bar here, so rows are fewer than in the compact chart: at most MAX_COMPACT_BARS bars
     order = sorted(top, key=lambda r: top[r])[-max(1, min(MAX_BARS, MAX_COMPACT_BARS // max(1, len(colors)))):]
-    unit = unit_of(ok)
+    unit = axis_unit(ok)  # the axis; each bar's text and hover carry its own cell's unit
     traces: list[dict] = []
     for be, color in colors.items():
         pts = [(r, c) for r in order for c in rows[r] if c.backend == be]
@@ -152,10 +152,10 @@ def common_setting(cells: Sequence[CellRow]) -> FigureSpec:
             continue
         traces.append(dict(
             type="bar", name=be, orientation="h", y=[r for r, _ in pts], x=[c.throughput for _, c in pts],
-            text=[f"{fmt_si(c.throughput)} {unit} · {fmt_s(c.median_s)}" for _, c in pts], textposition="auto",
-            insidetextanchor="start", marker={"color": color},
-            customdata=[[c.cell_key, c.setting_label] for _, c in pts],
-            hovertemplate="%{customdata[1]}<br>" + be + ": %{x:.4g} " + unit + "<extra></extra>",
+            text=[f"{fmt_si(c.throughput)} {c.throughput_unit} · {fmt_s(c.median_s)}" for _, c in pts],
+            textposition="auto", insidetextanchor="start", marker={"color": color},
+            customdata=[[c.cell_key, c.setting_label, c.throughput_unit] for _, c in pts],
+            hovertemplate="%{customdata[1]}<br>" + be + ": %{x:.4g} %{customdata[2]}<extra></extra>",
         ))
     fig = new_plot(base_layout(
         title, height=max(320, 90 + 22 * len(order) * max(1, len(traces))), barmode="group", showlegend=True,
@@ -212,7 +212,7 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
         vertical_spacing=0.18 if nrows > 1 else 0.1,
     )
     colors = backend_colors(c.backend for c in ok)
-    unit = unit_of(ok)
+    mixed = len({c.throughput_unit for m in models for c in by_model[m]}) > 1  # then every panel names its unit
     other_attr = "seq_len" if axis == "batch" else "batch"
     legend_done: set[str] = set()
     for i, m in enumerate(models):
@@ -253,15 +253,16 @@ def scaling(cells: Sequence[CellRow], axis: str) -> FigureSpec:
                 legendgroup=be,
                 showlegend=be not in legend_done,
                 line={"color": color},
-                customdata=[[c.cell_key, c.setting_label] for c in pts],
-                hovertemplate="%{customdata[1]}<br>" + be + ": %{y:.4g} " + unit + "<extra></extra>",
+                customdata=[[c.cell_key, c.setting_label, c.throughput_unit] for c in pts],
+                hovertemplate="%{customdata[1]}<br>" + be + ": %{y:.4g} %{customdata[2]}<extra></extra>",
             ))
             legend_done.add(be)
         xs_all = sorted({getattr(c, axis) for c in sel})
         ticks = {"tickvals": xs_all} if len(xs_all) <= 12 else {}  # sizes are integers: no "2.5" ticks
         fig["layout"]["xaxis" + ax].update(type="log" if spans_decade(xs_all) else "linear", title={"text": label},
                                            **ticks)
-        fig["layout"]["yaxis" + ax].update(rangemode="tozero", **({"title": {"text": unit}} if col == 1 else {}))
+        title_y = {"title": {"text": axis_unit(sel)}} if col == 1 or mixed else {}  # a panel is one variant
+        fig["layout"]["yaxis" + ax].update(rangemode="tozero", **title_y)
     return FigureSpec(fid, title, fig, note or "lines: median; bands: 95 % confidence interval of the median")
 
 

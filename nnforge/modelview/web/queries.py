@@ -7,6 +7,7 @@ a URL that can be bookmarked, shared, or fetched by a script from ``/api``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +25,27 @@ MAX_PER_PAGE = 1000
 INT_COLUMNS = ("batch", "seq_len")
 
 
+NO_MATCH = -(2**62)  # an integer filter value no cell has: what a bad integer becomes
+SQLITE_INT_MAX = 2**63 - 1
+_INT = re.compile(r"-?[0-9]+")
+
+
+def _int_or_none(v: str) -> int | None:
+    """``v`` as an integer SQLite can bind, else None. ASCII digits only: ``str.isdigit`` accepts ``²``, which
+    ``int`` rejects, and a value past 64 bits overflows SQLite's binding; either was an HTTP 500."""
+    if not _INT.fullmatch(v):
+        return None
+    n = int(v)
+    return n if -SQLITE_INT_MAX - 1 <= n <= SQLITE_INT_MAX else None
+
+
 def parse_filters(q: QueryParams) -> dict[str, list[Any]]:
     """Only known columns, empty values dropped, integers parsed (a bad integer matches nothing rather than erring)."""
     out: dict[str, list[Any]] = {}
     for col in FILTER_COLUMNS:
         vals = [v for v in q.getlist(col) if v != ""]
         if col in INT_COLUMNS:
-            vals = [int(v) if v.lstrip("-").isdigit() else -(2**62) for v in vals]
+            vals = [NO_MATCH if (n := _int_or_none(v)) is None else n for v in vals]
         if vals:
             out[col] = vals
     return out
@@ -55,9 +70,12 @@ class Page:
 
 
 def page_args(q: QueryParams) -> tuple[int, int]:
+    """Page number and page size; a missing or bad value (``²``, ``-1``, letters) is the default, and a huge one is
+    clamped (to the last page by ``cell_page`` and the comparison page), so no value is an error."""
+
     def as_int(name: str, default: int) -> int:
         v = q.get(name, "")
-        return int(v) if v.isdigit() else default
+        return int(v) if _INT.fullmatch(v) and not v.startswith("-") else default
 
     per_page = min(MAX_PER_PAGE, max(1, as_int("per_page", PER_PAGE)))
     return max(1, as_int("page", 1)), per_page
