@@ -16,7 +16,8 @@ import random
 import shutil
 import tempfile
 import zlib
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,13 @@ def _half_pooled(store: Store, run_id: str) -> set[str]:
     the samples done. (Re-measuring all processes keeps them in one invocation: their rows pool as they would have.)"""
     return {r["cell_key"] for r in store.rows(run_id, status="ok")
             if json.loads(r["metrics_json"] or "{}").get("process_repeat")}
+
+
+def _status_counts(store: Store, run_id: str, measured: Sequence[Cell]) -> dict[str, int]:
+    """Statuses of the cells this call measured, from their latest rows: the progress bar counts every row written,
+    and with ``timing.processes`` > 1 that is each process's row as well as the pooled one."""
+    keys = {c.key for c in measured}
+    return dict(Counter(r["status"] for r in store.rows(run_id) if r["cell_key"] in keys))
 
 
 def _setting_seed(run_seed: int, setting_key: str) -> int:
@@ -177,7 +185,7 @@ def sweep(
         finally:
             if not workdir:
                 shutil.rmtree(tmp, ignore_errors=True)
-        result = SweepResult(rid, str(db), len(cells), len(pending), dict(ctx.bar.counts), retried)
+        result = SweepResult(rid, str(db), len(cells), len(pending), _status_counts(store, rid, pending), retried)
         if table:
             print_closing_table(store.cells(rid), console, f"ModelView run {rid} ({spec.name})", spec.backends)
         return result

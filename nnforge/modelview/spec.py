@@ -496,19 +496,28 @@ def settings(cells: Iterable[Cell]) -> dict[str, list[Cell]]:
 
 def parse_param_flags(flags: Sequence[str]) -> dict[str, Any]:
     """``--param hidden=128 --param bonito.width=96,384`` → the ``params`` table. Values are parsed as TOML scalars
-    (so ``true``, ``1e-3`` and ``"x"`` work); a comma-separated value is a list."""
+    (so ``true``, ``1e-3`` and ``"x"`` work); a comma-separated value is a list. A parameter given again adds its
+    values (``-p hidden=8 -p hidden=16`` is ``hidden = [8, 16]``), as a repeated ``-n`` does: the later flag
+    replacing the earlier one dropped a value the user asked for without a word."""
     out: dict[str, Any] = {}
     for flag in flags:
         if "=" not in flag:
             raise SpecError("param", flag, "expected NAME=VALUE or VARIANT.NAME=VALUE")
         name, raw = flag.split("=", 1)
         values = [_toml_scalar(name, x) for x in raw.split(",")]
-        value: Any = values if len(values) > 1 else values[0]
+        table, pname = out, name
         if "." in name:
             variant, pname = name.split(".", 1)
-            out.setdefault(variant, {})[pname] = value
-        else:
-            out[name] = value
+            table = out.setdefault(variant, {})
+            if not isinstance(table, dict):
+                raise SpecError("param", flag, f"{variant} was given as a parameter, not a variant")
+        elif isinstance(out.get(name), dict):
+            raise SpecError("param", flag, f"{name} was given as a variant, not a parameter")
+        if pname in table:
+            old = table[pname]
+            values = [*(old if isinstance(old, list) else [old]), *values]
+        unique = [v for i, v in enumerate(values) if v not in values[:i]]
+        table[pname] = unique if len(unique) > 1 else unique[0]
     return out
 
 
