@@ -469,7 +469,11 @@ def validate(spec: SweepSpec, variants: Mapping[str, Any], backends: Mapping[str
                 f"params.{k}", value, f"no selected variant declares it (declared: {', '.join(sorted(all_declared))})"
             )
     for v in spec.variants:
-        variant_param_grid(spec, v, variants[v].params)
+        for params in variant_param_grid(spec, v, variants[v].params):
+            check = getattr(variants[v], "check_params", None)  # Variant's; a registry's stand-in may lack it
+            err = check(params) if check else None
+            if err:
+                raise SpecError(f"params.{v}", params, err)
 
 
 def expand(spec: SweepSpec, variants: Mapping[str, Any]) -> list[Cell]:

@@ -324,3 +324,13 @@ def test_merging_into_a_file_that_is_not_a_store_names_it(tmp_path: Path):
     r = RUNNER.invoke(app, ["merge", str(src), "-o", str(garbage)])
     assert r.exit_code == 2 and r.output == f"error: cannot use store {garbage}: file is not a database\n", r.output
     assert garbage.read_text() == "garbage\n" * 200
+
+
+def test_parameters_a_variant_cannot_combine_are_refused_with_the_spec(tmp_path: Path):
+    """nhead must divide d_model: before, the sweep ran and wrote failed rows ('setting setup failed')."""
+    db = tmp_path / "x.db"
+    r = RUNNER.invoke(app, ["sweep", "-v", "transformer", "-b", "eager", "-n", "2", "-t", "3", "-p", "nhead=3,4",
+                            "--dry-run", "--db", str(db)])
+    assert r.exit_code == 2 and r.output == ("error: invalid spec: params.transformer = {'d_model': 64, 'ff': 256, "
+                                             "'nhead': 3}: d_model=64 is not divisible by nhead=3\n"), r.output
+    assert not db.exists()

@@ -87,6 +87,12 @@ class Variant:
     params: ClassVar[dict[str, Param]] = {}
     throughput_unit: ClassVar[str] = "vectors/s"
 
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> str | None:
+        """What is wrong with a combination of parameters each valid alone (``nhead`` must divide ``d_model``), or
+        None. Checked with the spec, before anything runs: a cell that could never be built is no failed row."""
+        return None
+
     def module(self, req: Request) -> torch.nn.Module:
         """A float64 CPU module; weights drawn from the torch default generator, which the harness seeds."""
         raise NotImplementedError

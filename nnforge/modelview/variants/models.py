@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -105,10 +106,17 @@ class Transformer(Variant):
         "ff": Param(256, help="feed-forward width"),
     }
 
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> str | None:
+        if params["d_model"] % params["nhead"]:
+            return f"d_model={params['d_model']} is not divisible by nhead={params['nhead']}"
+        return None
+
     def module(self, req: Request) -> nn.Module:
         p = req.params
-        if p["d_model"] % p["nhead"]:
-            raise ValueError(f"d_model={p['d_model']} is not divisible by nhead={p['nhead']}")
+        err = self.check_params(p)
+        if err:
+            raise ValueError(err)
         return nn.TransformerEncoderLayer(
             p["d_model"], p["nhead"], p["ff"], dropout=0.0, batch_first=req.batch_first, dtype=torch.float64
         )
