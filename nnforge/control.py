@@ -153,6 +153,10 @@ def loop(n: int, body: Callable) -> None:
     """
     if not callable(body):
         raise TraceError(at(f"loop: body must be callable, got {type(body).__name__}"))
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TraceError(at(f"loop: n must be an int (the number of iterations), got {type(n).__name__} {n!r}"))
+    if n < 0:  # range() would run it zero times, hiding the bug that computed the count
+        raise ValueError(at(f"loop: n must be a count of iterations, 0 or more, got {int(n)}"))
     try:
         with_index = len(inspect.signature(body).parameters) == 1
     except (TypeError, ValueError):

@@ -223,3 +223,21 @@ def test_loops_that_call_python_stay_effects(rng: np.random.Generator):
     for fn in (with_receiver, with_nested_feeder):
         graph = nf.compile(fn).trace(np.zeros(2, np.float32))
         assert pure_loops(graph) is graph and graph.effects
+
+
+def test_a_negative_or_non_integer_count_is_refused_at_the_call(backend: str, rng: np.random.Generator) -> None:
+    """``nf.loop(n, body)`` with ``n < 0`` would run zero times, as ``range`` does, hiding the bug that computed
+    the count: it is an error naming the call's line, eagerly and compiled; so is a count that is no int."""
+    x = nf.tensor(rng.standard_normal(3).astype(np.float32))
+    for n in (-1, np.int64(-3)):
+        with pytest.raises(ValueError, match=r"loop: n must be a count of iterations, 0 or more, got -\d \(at "
+                                             r".*test_compiled_loops\.py:\d+"):
+            nf.loop(n, lambda: x.assign(x + 1))
+    for n in (2.0, True):
+        with pytest.raises(nf.TraceError, match=r"loop: n must be an int .*got (float 2\.0|bool True)"):
+            nf.loop(n, lambda: x.assign(x + 1))
+    f = nf.compile(lambda v, k: nf.loop(k - 5, lambda: v.assign(v + 1)) or v, backend=backend)
+    with pytest.raises(ValueError, match="got -2"):
+        f(rng.standard_normal(3).astype(np.float32), 3)
+    nf.loop(0, lambda: x.assign(x + 1))
+    nf.execute()
