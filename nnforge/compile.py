@@ -144,10 +144,30 @@ class CompiledFunction:
         self._entries: list[_Entry] = []
         self._vjps: dict[tuple, CompiledFunction] = {}
         self._warned_retrace = False
+        self._methods: dict[int, tuple[weakref.ref, CompiledFunction]] = {}  # ``__get__``: per instance
         self._loc = f"{getattr(fn, '__qualname__', 'function')} (compiled)"  # where written-back state comes from
         # names and docs only: the function's (or module's) own attributes, such as a model's `dtype`, must not
         # replace the compiled function's settings
         functools.update_wrapper(self, fn, updated=())
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        """``@nf.compile`` on a method: ``obj.f`` is the method compiled for ``obj`` (built once per instance and
+        kept while it lives), ``obj`` a closure rather than an argument, so its tensors are captured as a
+        function's are and two instances never share a trace (each reads its own parameters)."""
+        if obj is None:
+            return self
+        key = id(obj)
+        held = self._methods.get(key)
+        if held is None or held[0]() is not obj:
+            try:
+                ref = weakref.ref(obj, lambda _, key=key, methods=self._methods: methods.pop(key, None))
+            except TypeError:
+                raise TypeError(at(f"compile: {_name(self.fn)} is compiled as a method, and instances of "
+                                   f"{type(obj).__name__} cannot be referred to weakly (__slots__ without "
+                                   "'__weakref__'); add '__weakref__' to its __slots__")) from None
+            held = self._methods[key] = (ref, CompiledFunction(_bound_method(self.fn, ref), self.backend,
+                                                               self.options, self.dtype))
+        return BoundCompiledFunction(obj, held[1])
 
     def __reduce__(self) -> tuple | str:
         """Copied (``copy.deepcopy``) and pickled (to another process: multiprocessing, Ray) as the function and
@@ -374,6 +394,43 @@ def _argument_names(fn: Callable, treedef: Any) -> list[str]:
 
     return ([positional(k) + path for k, child in enumerate(args_def[1]) for path in leaf_paths(child)]
             + [key + path for key, child in zip(kwargs_def[1], kwargs_def[2]) for path in leaf_paths(child)])
+
+
+class BoundCompiledFunction:
+    """A compiled method looked up on its instance (``obj.f``), as Python's bound method is: it holds the instance
+    for as long as it is held (``A().f(x)``), calls the compiled function kept for that instance, and reads as it
+    (``trace_count``, ``save``)."""
+
+    def __init__(self, obj: Any, compiled: CompiledFunction):
+        self.__self__, self.__func__ = obj, compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__func__, name)
+
+    def __repr__(self) -> str:
+        return f"<compiled method {_name(self.__func__.fn)} of {self.__self__!r}>"
+
+
+def _bound_method(fn: Callable, ref: weakref.ref) -> Callable:
+    """``fn`` with its first argument (``self``) the object ``ref`` refers to, named and signed as the method
+    without ``self`` (argument names in messages); weakly, so that a compiled method does not keep every
+    instance it was called on alive."""
+    @functools.wraps(fn)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        obj = ref()
+        if obj is None:
+            raise ReferenceError(f"{_name(fn)}: the instance this compiled method was bound to no longer exists")
+        return fn(obj, *args, **kwargs)
+
+    try:
+        signature = inspect.signature(fn)
+        method.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
+    return method
 
 
 def _compute_dtype(dtype: Any) -> DType | None:

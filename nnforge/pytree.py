@@ -1,4 +1,4 @@
-"""Flattening nested tuples/lists/dicts of leaves, for function arguments, scan carries and outputs."""
+"""Flattening nested tuples, namedtuples, lists and dicts of leaves: function arguments, scan carries, outputs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 Leaf = Any
 TreeDef = Any  # ("leaf",) | ("none",) | ("tuple"|"list", children) | ("dict", keys, children)
+#                 | ("namedtuple", type, children)
 
 
 def flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> tuple[list[Leaf], TreeDef]:
@@ -33,7 +34,9 @@ def _walk(t: Any, is_leaf: Callable[[Any], bool] | None, leaves: list[Leaf]) -> 
         return ("leaf",)
     if t is None:
         return ("none",)
-    if isinstance(t, tuple) and not hasattr(t, "_fields"):
+    if _is_namedtuple(t):  # a node, rebuilt as its own type: stacking its fields would lose them (``p.a``)
+        return ("namedtuple", type(t), tuple(_walk(c, is_leaf, leaves) for c in t))
+    if isinstance(t, tuple):
         return ("tuple", tuple(_walk(c, is_leaf, leaves) for c in t))
     if isinstance(t, list):
         return ("list", tuple(_walk(c, is_leaf, leaves) for c in t))
@@ -42,6 +45,12 @@ def _walk(t: Any, is_leaf: Callable[[Any], bool] | None, leaves: list[Leaf]) -> 
         return ("dict", keys, tuple(_walk(t[k], is_leaf, leaves) for k in keys))
     leaves.append(t)
     return ("leaf",)
+
+
+def _is_namedtuple(t: Any) -> bool:
+    """A ``collections.namedtuple`` / ``typing.NamedTuple`` instance: a tuple whose type names its fields and can
+    be rebuilt from them (``_make``)."""
+    return isinstance(t, tuple) and hasattr(type(t), "_fields") and hasattr(type(t), "_make")
 
 
 def unflatten(treedef: TreeDef, leaves: list[Leaf]) -> Any:
@@ -60,6 +69,8 @@ def _build(d: TreeDef, it: Iterator[Leaf]) -> Any:
         return tuple(_build(c, it) for c in d[1])
     if kind == "list":
         return [_build(c, it) for c in d[1]]
+    if kind == "namedtuple":
+        return d[1]._make([_build(c, it) for c in d[2]])
     return {k: _build(c, it) for k, c in zip(d[1], d[2])}
 
 
@@ -70,6 +81,8 @@ def leaf_paths(treedef: TreeDef, root: str = "") -> list[str]:
         return [root]
     if kind == "none":
         return []
+    if kind == "namedtuple":
+        return [path for k, c in zip(treedef[1]._fields, treedef[2]) for path in leaf_paths(c, f"{root}.{k}")]
     keys = range(len(treedef[1])) if kind in ("tuple", "list") else treedef[1]
     children = treedef[1] if kind in ("tuple", "list") else treedef[2]
     return [path for k, c in zip(keys, children) for path in leaf_paths(c, f"{root}[{k!r}]")]
@@ -87,4 +100,7 @@ def describe(treedef: TreeDef) -> str:
         return f"({inner}{',' if len(treedef[1]) == 1 else ''})"
     if kind == "list":
         return "[" + ", ".join(describe(c) for c in treedef[1]) + "]"
+    if kind == "namedtuple":
+        inner = ", ".join(f"{k}={describe(c)}" for k, c in zip(treedef[1]._fields, treedef[2]))
+        return f"{treedef[1].__name__}({inner})"
     return "{" + ", ".join(f"{k!r}: {describe(c)}" for k, c in zip(treedef[1], treedef[2])) + "}"

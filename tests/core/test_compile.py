@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 import pytest
 import torch
@@ -523,3 +525,78 @@ def test_one_number_tensors_convert_and_format_eagerly(rng: np.random.Generator)
         float(nf.tensor(np.ones(3)))
     with pytest.raises(nf.TraceError, match=r"int\(\) of a traced tensor is unknown at trace time"):
         nf.compile(lambda x: int(x))(np.ones(()))
+
+
+class _State(NamedTuple):
+    """A scan's carry as a namedtuple whose fields have different shapes."""
+
+    h: Any
+    steps: Any
+
+
+def test_a_namedtuple_argument_carry_and_result_keep_their_fields(backend: str, rng: np.random.Generator) -> None:
+    """A namedtuple is a node of the argument tree, not one array: its fields (of any shapes) reach the function
+    as the same namedtuple type, a scan carries it and a result comes back as it."""
+
+    def run(xs: Any, s: _State) -> tuple[_State, Any]:
+        def cell(c: _State, x_t: Any) -> tuple[_State, Any]:
+            return _State((c.h + x_t).tanh(), c.steps + 1.0), c.h * 2
+
+        return nf.scan(cell, s, xs)
+
+    f = nf.compile(run, backend=backend)
+    xs = rng.standard_normal((5, 3)).astype(np.float32)
+    s = _State(rng.standard_normal(3).astype(np.float32), np.float32(rng.standard_normal()))
+    (c, ys), ((want_c, want_ys)) = f(xs, s), run(nf.tensor(xs), _State(nf.tensor(s.h), nf.tensor(s.steps)))
+    assert type(c) is _State and c.h.shape == (3,) and c.steps.shape == ()
+    assert_close(c.h, want_c.h.numpy(), "float32")
+    assert_close(c.steps, want_c.steps.numpy(), "float32")
+    assert_close(ys, want_ys.numpy(), "float32")
+    f(xs[:2], s)
+    assert f.trace_count == 1
+    with pytest.raises(nf.TraceError, match=r"carry structure \(\*, \*\), expected _State\(h=\*, steps=\*\)"):
+        nf.compile(lambda x, s: nf.scan(lambda c, x_t: (tuple(c), x_t), s, x), backend=backend)(xs, s)
+
+
+class _Scaled(nfnn.Module):
+    """A module whose ``forward`` is compiled as a method: its parameter and a plain tensor it holds."""
+
+    def __init__(self, rng: np.random.Generator):
+        super().__init__()
+        self.proj = nfnn.Linear(3, 2)
+        self.shift = nf.tensor(rng.standard_normal(2).astype(np.float32))
+
+    @nf.compile(backend="cpu")
+    def forward(self, x: Any) -> Any:
+        return self.proj(x) + self.shift
+
+
+def test_a_compiled_method_binds_its_instance(rng: np.random.Generator) -> None:
+    """``@nf.compile`` on a method: ``obj.f(x)`` runs it for ``obj`` (not an array argument), a temporary
+    instance included; two instances each compute with their own tensors, and an instance is not kept alive by
+    its class's compiled method."""
+    import gc
+
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    a, b = _Scaled(rng), _Scaled(rng)
+    for m in (a, b, a):
+        want = x @ m.proj.weight.numpy().T + m.proj.bias.numpy() + m.shift.numpy()
+        assert_close(m(x), want, "float32")
+        assert_close(m.forward(x), want, "float32")
+    assert a.forward.trace_count == 1 and b.forward.trace_count == 1
+    assert _Scaled(rng).forward(x).shape == (4, 2)  # the instance lives as long as the call
+    assert _Scaled.forward is _Scaled.__dict__["forward"]
+    gone = id(a)
+    del a, m
+    gc.collect()
+    assert gone not in _Scaled.forward._methods
+
+    class Slotted:
+        __slots__ = ()
+
+        @nf.compile
+        def f(self, x: Any) -> Any:
+            return x
+
+    with pytest.raises(TypeError, match=r"Slotted cannot be referred to weakly.*add '__weakref__'"):
+        Slotted().f(x)
