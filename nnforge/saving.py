@@ -200,6 +200,9 @@ class SavedEntry:
     n_out: int
     programs: tuple[tuple[tuple, Any], ...]
     ties: tuple[Tie, ...] = ()
+    # whether each module the trace called was training, in call order: the modules are not in the file, so a
+    # loaded function cannot follow their train()/eval(); ``load(path, training=...)`` picks by this instead
+    modes: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -276,7 +279,7 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
             entries.append(SavedEntry(e.treedef, e.dtypes, e.shapes, e.generic, e.statics, flatten_graph(e.graph),
                                       e.out_def, tuple(capture(r) for r in e.implicit),
                                       tuple((capture(r), i) for r, i in e.state), e.n_out, tuple(progs),
-                                      e.ties))
+                                      e.ties, tuple(was for _, was in e.modes)))
         return SavedFunction(f.__qualname__, f.backend, tuple(entries),
                              tuple((k, function(v)) for k, v in f._vjps.items()),
                              None if f.dtype is None else f.dtype.value)
@@ -285,7 +288,12 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
         raise NNForgeError(f"save: {cf.__qualname__} has not been called yet: call it once with example inputs so "
                            "that it is traced and built, then save it")
     record = function(cf)
-    payload = pickle.dumps((record, tensors), protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        payload = pickle.dumps((record, tensors), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as e:  # a type the argument or result trees name
+        raise NNForgeError(f"save: {cf.__qualname__} takes or returns a structure that cannot be saved ({e}); a "
+                           "namedtuple type among its arguments or results must be defined at module level, where "
+                           "the loading process imports it") from None
     members = {"program.pkl": payload}
     for key, (source, lib) in binaries.items():
         members[f"src/{key}.c"] = source.encode()
@@ -302,7 +310,8 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
         "machine": machine(),
         "toolchain": _toolchain_identity() if binaries else None,
         "triton": _triton_identity() if kernels else None,
-        "signatures": [describe(e.dtypes, e.shapes, e.generic) for e in cf._entries],
+        "signatures": [describe(e.dtypes, e.shapes, e.generic) + mode_words(tuple(was for _, was in e.modes))
+                       for e in cf._entries],
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
     }
     path = Path(path)
@@ -341,13 +350,46 @@ def describe(dtypes: tuple, shapes: tuple, generic: frozenset) -> str:
     return f"({', '.join(parts)})"
 
 
+def mode_words(modes: tuple[bool, ...]) -> str:
+    """What a trace's modules were doing, after its signature: `` in train mode``, `` in eval mode``, `` with its
+    modules in train, eval (in call order)`` or nothing when it called none; saved traces of one signature that
+    differ only by mode must read apart (the manifest, a refused call)."""
+    if not modes:
+        return ""
+    if len(set(modes)) == 1:
+        return f" in {'train' if modes[0] else 'eval'} mode"
+    return f" with its modules in {', '.join('train' if m else 'eval' for m in modes)} (in call order)"
+
+
+def _entries_in_mode(path: Path, entries: tuple[SavedEntry, ...], training: bool | None) -> list[SavedEntry]:
+    """The saved traces a loaded function runs: those whose modules were all in mode ``training`` (and those that
+    called none); with ``training=None`` all of them, refused (``LoadError``) where one signature was saved in
+    several modes, as the loaded function cannot see which mode its caller means."""
+    if training is not None:
+        return [e for e in entries if all(m == training for m in e.modes)]
+    seen: dict[tuple, SavedEntry] = {}
+    for e in entries:
+        key = (e.treedef, e.dtypes, e.shapes, e.generic, e.statics)
+        other = seen.setdefault(key, e)
+        if other.modes != e.modes:
+            raise LoadError(f"{path}: the signature {describe(e.dtypes, e.shapes, e.generic)} was saved"
+                            f"{mode_words(other.modes)} and{mode_words(e.modes)}; the loaded function cannot see "
+                            "its modules' train()/eval(): choose one with nf.load(path, training=True) or "
+                            "training=False")
+    return list(entries)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # load
 
 
-def load(path: str | os.PathLike) -> CompiledFunction:
+def load(path: str | os.PathLike, training: bool | None = None) -> CompiledFunction:
     """A compiled function saved by ``CompiledFunction.save``: no tracing, passes or C compile when the binary
-    runs here (see the module docstring for what is checked)."""
+    runs here (see the module docstring for what is checked). ``training``: run the traces saved with the modules
+    in train mode (True) or eval mode (False); needed where a signature was saved in both, since the modules the
+    function called are not in the file."""
+    if training is not None and not isinstance(training, bool):
+        raise TypeError(f"load: training must be True, False or None, got {training!r}")
     path = Path(path)
     members = _read_members(path)
     manifest = json.loads(members.pop("manifest.json"))
@@ -381,7 +423,7 @@ def load(path: str | os.PathLike) -> CompiledFunction:
         from .compile import _Entry
 
         entries = []
-        for e in s.entries:
+        for e in _entries_in_mode(path, s.entries, training):
             built: dict[int, Any] = {}
             programs = {}
             for key, p in e.programs:
@@ -394,6 +436,10 @@ def load(path: str | os.PathLike) -> CompiledFunction:
         vjps = {k: function(v) for k, v in s.vjps}
         return LoadedFunction(s.name, s.backend, entries, vjps, captured, str(path), s.dtype)
 
+    if training is not None and not _entries_in_mode(path, record.entries, training):
+        saved = "; ".join(describe(e.dtypes, e.shapes, e.generic) + mode_words(e.modes) for e in record.entries)
+        raise LoadError(f"{path}: holds no trace in {'train' if training else 'eval'} mode (training={training}); "
+                        f"it was saved with: {saved}")
     return function(record)
 
 
@@ -454,18 +500,66 @@ def _read_members(path: Path) -> dict[str, bytes]:
         raise LoadError(f"{path}: not a saved nnforge program (no manifest.json)")
     try:
         manifest = json.loads(members["manifest.json"])
-        sums = manifest["sha256"]
-        version = manifest["format"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise LoadError(f"{path}: its manifest is damaged ({e})") from None
-    if version != FORMAT:
-        raise LoadError(f"{path}: saved in format {version}, this nnforge reads format {FORMAT}")
+    except ValueError as e:
+        raise LoadError(f"{path}: its manifest is damaged (not JSON: {e})") from None
+    if not isinstance(manifest, dict):
+        raise LoadError(f"{path}: its manifest is damaged (a JSON {_json_kind(manifest)}, not an object)")
+    version = manifest.get("format")
+    if version != FORMAT or isinstance(version, bool):
+        raise LoadError(f"{path}: saved in format {version!r}, this nnforge reads format {FORMAT}")
+    _check_manifest(path, manifest)
+    sums = manifest["sha256"]
     if set(sums) != set(members) - {"manifest.json"}:
         raise LoadError(f"{path}: its members do not match its manifest (altered file)")
     for name, want in sums.items():
         if hashlib.sha256(members[name]).hexdigest() != want:
             raise LoadError(f"{path}: {name} does not match its checksum (the file was altered or damaged)")
     return members
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and all(map(_str, v))
+
+
+# each manifest field ``save`` writes: what it must be, and how to say so; ``machine``'s own fields below
+_FIELDS: dict[str, tuple[Any, str]] = {
+    "nnforge": (_str, "a string (the nnforge build)"),
+    "function": (_str, "a string (the function's name)"),
+    "backend": (_str, "a string (the backend's name)"),
+    "machine": (lambda v: isinstance(v, dict), "an object (the machine the binaries were built for)"),
+    "toolchain": (lambda v: v is None or _str(v), "a string or null (the C compiler)"),
+    "triton": (lambda v: v is None or isinstance(v, dict), "an object or null (Triton's version and GPU)"),
+    "signatures": (_strs, "a list of strings (the signatures in words)"),
+    "sha256": (lambda v: isinstance(v, dict) and all(map(_str, v.values())),
+               "an object of member names to SHA-256 digests"),
+}
+_MACHINE: dict[str, tuple[Any, str]] = {
+    "arch": (_str, "a string (the architecture)"),
+    "os": (_str, "a string (the operating system)"),
+    "cpu_flags": (_strs, "a list of strings (the CPU's feature flags)"),
+}
+
+
+def _json_kind(v: Any) -> str:
+    """A JSON value's kind as JSON names it, for messages about a manifest."""
+    kinds = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if v is None else kinds.get(type(v), type(v).__name__)
+
+
+def _check_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Every field ``save`` writes is there and of its kind: valid JSON of another structure (edited, or written
+    by something else) is a ``LoadError`` naming the field, before anything reads it."""
+    for where, fields, record in (("", _FIELDS, manifest), ("machine.", _MACHINE, manifest.get("machine"))):
+        for name, (ok, kind) in fields.items():
+            if name not in record:
+                raise LoadError(f"{path}: its manifest is damaged: '{where}{name}' is missing")
+            if not ok(record[name]):
+                raise LoadError(f"{path}: its manifest is damaged: '{where}{name}' should be {kind}, got a JSON "
+                                f"{_json_kind(record[name])}")
 
 
 def _triton_program(path: Path, p: SavedTriton, graph: Graph, members: dict[str, bytes]) -> Any:

@@ -4,6 +4,7 @@ rebuild, never a crash or a wrong answer."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import logging
@@ -390,3 +391,94 @@ def test_built_triton_kernels_travel_in_the_file_into_tritons_cache(rng: np.rand
     assert group is not None and {n: Path(p).read_bytes() for n, p in group.items()} == files
     for a, b in zip(g(*args), want):
         np.testing.assert_array_equal(a, b)
+
+
+def test_traces_saved_in_train_and_eval_mode_are_chosen_at_load(backend: str, rng: np.random.Generator,
+                                                                 tmp_path: Path) -> None:
+    """A function whose modules were traced in train and in eval mode is saved with both, told apart in the
+    manifest; the loaded function cannot see the modules, so ``nf.load`` is told which mode to run (and refuses
+    to guess), rather than running whichever was traced first."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    f = nf.compile(lambda x: model(x), backend=backend)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    model.eval()
+    evaluated = f(x)
+    model.train()
+    f(x)
+    assert f.trace_count == 2
+    f.save(tmp_path / "m.nfp")
+    assert saving.read_manifest(tmp_path / "m.nfp")["signatures"] == ["(float32[3, 4]) in eval mode",
+                                                                      "(float32[3, 4]) in train mode"]
+    with pytest.raises(LoadError, match=r"\(float32\[3, 4\]\) was saved in eval mode and in train mode.*"
+                                        r"nf\.load\(path, training=True\)"):
+        nf.load(tmp_path / "m.nfp")
+    np.testing.assert_array_equal(nf.load(tmp_path / "m.nfp", training=False)(x), evaluated)
+    trained = nf.load(tmp_path / "m.nfp", training=True)
+    for _ in range(2):  # each call draws its own dropout mask: kept values doubled, the others zero
+        out = trained(x)
+        kept = out != 0
+        assert 0 < kept.sum() < out.size
+        np.testing.assert_allclose(out[kept], 2 * evaluated[kept], rtol=1e-5)
+
+    model.eval()
+    g = nf.compile(lambda x: model(x), backend=backend)
+    g(x)
+    g.save(tmp_path / "eval.nfp")
+    with pytest.raises(LoadError, match=r"holds no trace in train mode.*saved with: \(float32\[3, 4\]\) in eval"):
+        nf.load(tmp_path / "eval.nfp", training=True)
+    np.testing.assert_array_equal(nf.load(tmp_path / "eval.nfp")(x), evaluated)
+    h = nf.compile(lambda x: x * 2, backend=backend)  # no module: any mode runs it
+    h(x)
+    h.save(tmp_path / "plain.nfp")
+    np.testing.assert_array_equal(nf.load(tmp_path / "plain.nfp", training=True)(x), 2 * x)
+
+
+def test_a_manifest_of_another_structure_is_a_load_error_naming_the_field(rng: np.random.Generator,
+                                                                          tmp_path: Path) -> None:
+    """A manifest that is valid JSON but not laid out as ``save`` writes it (edited, or another tool's) is a
+    ``LoadError`` saying which field is wrong, not an ``AttributeError`` or ``KeyError`` from inside ``load``."""
+    path = _saved(rng, tmp_path)
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    without = {k: v for k, v in manifest.items() if k != "machine"}
+    cases = [([manifest], r"its manifest is damaged \(a JSON list, not an object\)"),
+             ({**manifest, "format": str(manifest["format"])}, r"saved in format '1', this nnforge reads format 1"),
+             ({**manifest, "sha256": list(manifest["sha256"])}, r"'sha256' should be an object .*got a JSON list"),
+             (without, r"its manifest is damaged: 'machine' is missing"),
+             ({**manifest, "machine": None}, r"'machine' should be an object .*got a JSON null"),
+             ({**manifest, "machine": {**manifest["machine"], "cpu_flags": "avx2"}},
+              r"'machine\.cpu_flags' should be a list of strings .*got a JSON string"),
+             ({k: v for k, v in manifest.items() if k != "nnforge"}, r"'nnforge' is missing")]
+    for k, (changed, pattern) in enumerate(cases):
+        altered = tmp_path / f"altered{k}.nfp"
+        with zipfile.ZipFile(altered, "w") as z:
+            for n, d in {**members, "manifest.json": json.dumps(changed).encode()}.items():
+                z.writestr(n, d)
+        with pytest.raises(LoadError, match=pattern):
+            nf.load(altered)
+        with pytest.raises(LoadError, match=pattern):
+            saving.read_manifest(altered)
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_a_namedtuple_argument_is_saved_by_its_type(rng: np.random.Generator, tmp_path: Path) -> None:
+    """A namedtuple argument and result load back as their type, which the file names (a module-level type); a
+    type defined in a function cannot be named, and ``save`` says so."""
+    f = nf.compile(lambda p: Pair(p.a + p.b, p.a.sum()))
+    p = Pair(rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32))
+    f(p)
+    f.save(tmp_path / "pair.nfp")
+    out = nf.load(tmp_path / "pair.nfp")(p)
+    assert type(out) is Pair
+    np.testing.assert_allclose(out.a, p.a + p.b, rtol=1e-6)
+    np.testing.assert_allclose(out.b, p.a.sum(), rtol=1e-5)
+    Local = collections.namedtuple("Local", "a b")
+    g = nf.compile(lambda p: p.a * p.b)
+    g(Local(*p))
+    with pytest.raises(NNForgeError, match=r"save: .*<lambda> takes or returns a structure that cannot be saved.*"
+                                           "namedtuple type .* must be defined at module level"):
+        g.save(tmp_path / "local.nfp")
+    assert not (tmp_path / "local.nfp").exists()
