@@ -11,11 +11,23 @@ import math
 import random
 import sqlite3
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from nnforge.modelview.store import CELL_COLUMN_NAMES, Store
+
+
+def get(url: str) -> tuple[int, str]:
+    """A page's status and body, an HTTP error's as well (the web view's tests read both)."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
 
 ENV = {
     "cpu_model": "Synthetic CPU @ 3.0GHz",

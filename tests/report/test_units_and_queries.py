@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from report_synth import add_run, bulk_insert, cell_row, new_db
+from report_synth import add_run, bulk_insert, cell_row, get, new_db
 from rich.console import Console
 
 from nnforge.modelview.console import closing_table
@@ -27,14 +27,6 @@ from nnforge.modelview.store import Store
 from nnforge.modelview.web import running
 
 RUN = "run-ci"
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def _asymmetric_rows(seed: int) -> list[dict]:

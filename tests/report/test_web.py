@@ -11,20 +11,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from report_synth import get
 from typer.testing import CliRunner
 
 from nnforge.cli import app
 from nnforge.modelview.web import PortInUse, bind, running
 from nnforge.modelview.web.compare import holm, mann_whitney_p
 from nnforge.modelview.web.static import plotly_body, plotly_url
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def test_plotly_js_cached_and_compressed_for_remote_browsers(view_small: str) -> None:
