@@ -129,17 +129,21 @@ def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Seq
                   width: int | None = None) -> Table:
     """Per setting (a section): each backend's throughput, its ratio to eager and CI half-width; the fastest starred.
 
-    Long format (one line per backend) so that it stays readable in an 80-column terminal or a CI log. ``width``
-    (the console's) below 100 folds long backend names and puts the throughput's unit on a line of its own: Rich
+    Long format (one line per backend) so that it stays readable in an 80-column terminal or a CI log. The
+    throughput's unit is said once, in the header, where every cell shares it (each row's own where they differ).
+    ``width`` (the console's) below 100 folds long backend names and a row's unit onto a line of its own: Rich
     shrinks the widest columns first, so without these limits the setting column kept as little room as the backend
     names left it (its text folded to a few letters a line)."""
+    units = {_unit(u) for u in df.loc[df["status"] == "ok", "throughput_unit"]} if len(df) else set()
+    shared = units.pop() if len(units) == 1 else None
     backend_max = throughput_max = None
     if width is not None and width < 100:
         backend_max, throughput_max = max(12, width - 67), 10  # 13 at 80 columns, leaving the setting 17
     table = Table(title=title, show_lines=False)
     table.add_column("setting", overflow="fold", max_width=44)
     table.add_column("backend", overflow="fold", max_width=backend_max)
-    table.add_column("throughput", justify="right", max_width=throughput_max)
+    table.add_column(f"throughput\n{shared}" if shared else "throughput", justify="right",
+                     max_width=None if shared else throughput_max)
     table.add_column("time/call", justify="right", no_wrap=True)
     table.add_column("vs eager", justify="right", no_wrap=True)
     table.add_column("±CI", justify="right", no_wrap=True)
@@ -161,7 +165,7 @@ def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Seq
             if r["status"] != "ok":
                 table.add_row(setting, name, f"[{STATUS_STYLE.get(r['status'], '')}]{r['status']}[/]", "", "", "")
                 continue
-            thr = f"{_fmt(float(r['throughput']))} {str(r['throughput_unit']).replace('/s', '')}/s"
+            thr = _fmt(float(r["throughput"])) + ("" if shared else f" {_unit(r['throughput_unit'])}")
             ratio = f"{float(r['throughput']) / eager_thr:.2f}×" if eager_thr else "-"
             ci = ""
             if r["median_s"] and r["ci_high_s"] == r["ci_high_s"]:
@@ -172,6 +176,11 @@ def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Seq
                 name, thr, ratio = f"[bold green]★ {name}[/]", f"[bold green]{thr}[/]", f"[bold green]{ratio}[/]"
             table.add_row(setting, name, thr, seconds(float(r["median_s"])), ratio, ci)
     return table
+
+
+def _unit(unit: Any) -> str:
+    """A throughput unit as the table prints it: per second, once (``vectors`` and ``vectors/s`` alike)."""
+    return f"{str(unit).replace('/s', '')}/s"
 
 
 def print_closing_table(
