@@ -47,6 +47,7 @@ def run_demo(db_path: str = "modelview.db", console: Console | None = None) -> s
         f"\nrun [cyan]{result.run_id}[/] stored in {db_path}: {result.counts}. "
         f"Compare two runs with: nnforge compare RUN_A RUN_B --db {db_path}",
         highlight=False,
+        soft_wrap=True,
     )
     return result.run_id
 

@@ -123,6 +123,7 @@ def sweep(
     (``distributed``); without an address a local Ray instance is started.
     """
     from rich.console import Console
+    from rich.markup import escape
 
     spec = load_spec(spec, fields)
     extra_variants, extra_backends = tuple(extra_variants), tuple(extra_backends)
@@ -169,8 +170,9 @@ def sweep(
             finished = store.finished_keys(rid, keep) - _half_pooled(store, rid)
         pending = [c for c in cells if c.key not in finished]
         if progress:
-            console.print(f"[bold]ModelView[/] run [cyan]{rid}[/] ({spec.name}): {len(cells)} cells, "
-                          f"{len(pending)} to measure, {threads} threads, db {db}", highlight=False)
+            console.print(f"[bold]ModelView[/] run [cyan]{rid}[/] ({escape(spec.name)}): {len(cells)} cells, "
+                          f"{len(pending)} to measure, {threads} threads, db {escape(str(db))}", highlight=False,
+                          soft_wrap=True)  # one line: a store path is copied from here
         tmp = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="modelview-"))
         try:
             with SweepProgress(len(pending), enabled=progress, console=console) as bar:

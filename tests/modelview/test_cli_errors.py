@@ -334,3 +334,13 @@ def test_parameters_a_variant_cannot_combine_are_refused_with_the_spec(tmp_path:
     assert r.exit_code == 2 and r.output == ("error: invalid spec: params.transformer = {'d_model': 64, 'ff': 256, "
                                              "'nhead': 3}: d_model=64 is not divisible by nhead=3\n"), r.output
     assert not db.exists()
+
+
+def test_the_sweep_header_is_one_line_in_a_pipe(tmp_path: Path, faulty: str):
+    """A pipe makes Rich assume 80 columns: the header broke the store's path in two."""
+    db = tmp_path / ("a_rather_long_directory_name_" * 3) / "store[1].db"
+    db.parent.mkdir()
+    r = RUNNER.invoke(app, ["sweep", str(_spec(tmp_path, faulty)), "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    header = next(ln for ln in r.output.splitlines() if ln.startswith("ModelView run"))
+    assert header.endswith(f"db {db}"), r.output
