@@ -7,6 +7,7 @@ eager; the fastest backend of the row is named and highlighted. Cells that did n
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -167,15 +168,23 @@ def closing_table(df: pd.DataFrame, title: str = "ModelView", backend_order: Seq
                 continue
             thr = _fmt(float(r["throughput"])) + ("" if shared else f" {_unit(r['throughput_unit'])}")
             ratio = f"{float(r['throughput']) / eager_thr:.2f}×" if eager_thr else "-"
-            ci = ""
-            if r["median_s"] and r["ci_high_s"] == r["ci_high_s"]:
-                half = max(float(r["ci_high_s"]) - float(r["median_s"]), float(r["median_s"]) - float(r["ci_low_s"]))
-                rel = half / float(r["median_s"])
-                ci = f"{100 * rel:.1f}%" if rel < 1 else ">100%"
+            ci = rel_ci_text(r["median_s"], r["ci_low_s"], r["ci_high_s"], missing="")
             if name == fastest:
                 name, thr, ratio = f"[bold green]★ {name}[/]", f"[bold green]{thr}[/]", f"[bold green]{ratio}[/]"
             table.add_row(setting, name, thr, seconds(float(r["median_s"])), ratio, ci)
     return table
+
+
+def rel_ci_text(median_s: float | None, ci_low_s: float | None, ci_high_s: float | None, missing: str = "–") -> str:
+    """The ±CI of a median as every view prints it (closing table, web view): the larger side of the interval over
+    the median (``stats.rel_halfwidth``), the figure the adaptive repeats drive below their target."""
+    values = (median_s, ci_low_s, ci_high_s)
+    if not median_s or any(v is None or not math.isfinite(v) for v in values):
+        return missing
+    from .stats import rel_halfwidth
+
+    rel = rel_halfwidth(float(median_s), float(ci_low_s), float(ci_high_s))  # type: ignore[arg-type]
+    return f"{100 * rel:.1f}%" if rel < 1 else ">100%"
 
 
 def _unit(unit: Any) -> str:

@@ -69,18 +69,6 @@ def fmt_s(x: float | None) -> str:
     return fmt_si(x, "s")
 
 
-def fmt_rel_ci(median_s: float | None, ci_low_s: float | None, ci_high_s: float | None) -> str:
-    """The ±CI of a median as the closing table, ``rel_ci`` and the stopping rule define it, the larger side of the
-    interval over the median (``stats.rel_halfwidth``), so the web view's figure is the one the sweep printed."""
-    if not median_s or ci_low_s is None or ci_high_s is None or not all(
-            math.isfinite(x) for x in (median_s, ci_low_s, ci_high_s)):
-        return "–"
-    from ..stats import rel_halfwidth
-
-    rel = rel_halfwidth(median_s, ci_low_s, ci_high_s)
-    return f"{100 * rel:.1f}%" if rel < 1 else ">100%"
-
-
 MIXED_UNITS = "per variant's unit"
 
 

@@ -20,8 +20,9 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..console import rel_ci_text
 from ..report.build import when
-from ..report.common import fmt_rel_ci, fmt_s, fmt_si
+from ..report.common import fmt_s, fmt_si
 from ..report.data import CellRow, RunInfo
 from ..report.figures_perf import flatten, gpu_metrics_of
 from ..report.plotlyjs import plotly_js_path
@@ -46,7 +47,7 @@ def create_app(db_path: str | Path, warm: bool = False) -> FastAPI:
     app.add_middleware(GZipPages, minimum_size=2048, compresslevel=5)
     app.state.view = state
     env = environment(WEB_TEMPLATES)
-    env.globals.update(when=when, fmt_si=fmt_si, fmt_s=fmt_s, fmt_rel_ci=fmt_rel_ci, urlencode=urlencode,
+    env.globals.update(when=when, fmt_si=fmt_si, fmt_s=fmt_s, fmt_rel_ci=rel_ci_text, urlencode=urlencode,
                        db_path=str(db_path), plotly_url=plotly_url())
 
     def page(name: str, **ctx: Any) -> HTMLResponse:
