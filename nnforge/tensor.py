@@ -473,9 +473,7 @@ class Tensor:
     @composed("std")
     def std(self, axis: int | Sequence[int] | None = None, keepdims: bool = False, correction: int = 1) -> Tensor:
         """sqrt(var), with torch's gradient 0 where the variance is 0 (a constant slice), not 0 * inf = NaN."""
-        v = self.var(axis, keepdims, correction)
-        zero = v == 0
-        return where(zero, 0.0, where(zero, 1.0, v).sqrt())
+        return _root_or_zero(self.var(axis, keepdims, correction), 0.5)
 
     @composed("logsumexp")
     def logsumexp(self, axis: int | Sequence[int] | None = -1, keepdims: bool = False) -> Tensor:
@@ -918,6 +916,13 @@ def _axes(axis: int | Sequence[int] | None, ndim: int, op: str) -> list[int]:
     if len(out) != len(axes):  # (0, -2) of a 2-d tensor: numpy and torch refuse it too
         raise ShapeError(at(f"{_opname(op)}: an axis appears more than once in {tuple(axes)} of a {ndim}-d tensor"))
     return out if ndim else []
+
+
+def _root_or_zero(s: Tensor, power: float) -> Tensor:
+    """``s ** power``, 0 with gradient 0 where ``s`` is 0, where the root's derivative is infinite and would make
+    0 * inf = NaN (std of a constant slice, the norm of a zero vector), as torch's gradients are."""
+    zero = s == 0
+    return where(zero, 0.0, where(zero, 1.0, s) ** power)
 
 
 def _empty(x: Tensor, axis: int | Sequence[int] | None) -> bool:

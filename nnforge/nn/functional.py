@@ -19,6 +19,7 @@ from ..errors import DTypeError, ShapeError, at
 from ..indexing import index_select
 from ..tensor import (
     Tensor,
+    _root_or_zero,
     arange,
     as_tensor,
     clamp,
@@ -537,12 +538,6 @@ def vector_norm(x: Tensor, ord: float = 2.0, dim: Any = None, keepdim: bool = Fa
     if ord == 0:
         return (a != 0).cast(a.dtype).sum(dim, keepdims=keepdim)
     return _root_or_zero((a ** ord).sum(dim, keepdims=keepdim), 1.0 / ord)
-
-
-def _root_or_zero(s: Tensor, power: float) -> Tensor:
-    """``s ** power``, 0 with gradient 0 where ``s`` is 0 (the root's derivative there is infinite)."""
-    zero = s == 0
-    return where(zero, 0.0, where(zero, 1.0, s) ** power)
 
 
 @composed("normalize")
