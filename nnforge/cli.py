@@ -32,8 +32,7 @@ class _Commands(TyperGroup):
                 sys.exit(e.exit_code)  # the help was printed when the error was made
             ctx = getattr(e, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(e.format_message())}{escape(hint)}",
-                                       highlight=False, soft_wrap=True)
+            _error_line(Console(stderr=True), e.format_message() + hint)
             sys.exit(e.exit_code)
         except typer.Abort:
             Console(stderr=True).print("Aborted.", highlight=False)
@@ -57,10 +56,15 @@ def _console() -> Console:
     return Console()
 
 
-def _fail(console: Console, message: str, code: int = 2) -> None:
+def _error_line(console: Console, message: str) -> None:
     """One line naming what was wrong, never hard-wrapped (a pipe makes Rich assume 80 columns) nor read as markup
     or emoji codes (``:-1:`` in ``host:-1: ...``)."""
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, emoji=False)
+
+
+def _fail(console: Console, message: str, code: int = 2) -> None:
+    """``_error_line``, then exit with ``code``: every command's expected failures end here."""
+    _error_line(console, message)
     raise typer.Exit(code)
 
 

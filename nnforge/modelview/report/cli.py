@@ -6,16 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
 from rich.console import Console
 from rich.markup import escape
 
-
-def _fail(console: Console, message: str) -> None:
-    """One line, exit 2, printed as written: run names and paths may hold brackets Rich would read as markup, and
-    text like ``:-1:`` that it would turn into an emoji."""
-    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, emoji=False)
-    raise typer.Exit(2)
+from ...cli import _fail  # one error line for every command
 
 
 def _check_out(console: Console, out: Path) -> None:
