@@ -223,18 +223,16 @@ def _check_labels(targets: Any, tg: Tensor, target_lengths: Any, classes: int, b
 
 def _padded_targets(targets: Any, target_lengths: Any) -> Tensor:
     """[N, S] targets; 1-d concatenated targets (torch's other format) are split on the host."""
-    tg = targets if isinstance(targets, Tensor) else Tensor(_host_ints(targets, "targets"))
-    if tg.dtype.is_float:
-        raise DTypeError(at(f"ctc_loss: targets must hold integers, got {tg.dtype}"))
+    tg = _int_tensor(targets, "targets")
     if tg.ndim == 2:
-        return tg.cast(dtypes.int64)
+        return tg
     if tg.ndim != 1:
         raise ShapeError(at(f"ctc_loss: targets must be [N, S] (padded) or 1-d (concatenated), got "
                          f"{list(map(int, tg.shape))}"))
     if session().tracing:
         raise ShapeError(at("ctc_loss: concatenated 1-d targets need concrete lengths; pass padded [N, S] targets "
                          "inside traced code"))
-    flat = tg.numpy().astype(np.int64)
+    flat = tg.numpy()
     lengths = _host_ints(target_lengths, "target_lengths")
     if int(lengths.sum()) != flat.size:
         raise ShapeError(at(f"ctc_loss: target_lengths sum to {int(lengths.sum())} but there are {flat.size} targets"))
