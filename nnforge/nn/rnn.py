@@ -230,11 +230,7 @@ class _RNNBase(Module):
         h = as_tensor(h)
         if unbatched:
             h = h.unsqueeze(1)
-        if tuple(map(int, h.shape)) != want:
-            raise ShapeError(at(f"{self.mode}: {what} has shape {list(map(int, h.shape))}, expected {list(want)}"))
-        if not h.dtype.is_float:
-            raise DTypeError(at(f"{self.mode}: {what} must be floating point, got {h.dtype.value}"))
-        return h.cast(dtype)
+        return _checked_state(h, list(want), self.mode, what).cast(dtype)
 
     def _carried(self, x: Tensor) -> dtypes.DType:
         """The dtype the recurrence carries: the input's and the weights' promoted, as their products are (a
@@ -346,6 +342,16 @@ class RNN(_RNNBase):
         return super().extra_repr() + (f", nonlinearity={self.nonlinearity!r}" if self.nonlinearity != "tanh" else "")
 
 
+def _checked_state(h: Tensor, want: list[int], owner: str, what: str, context: str = "") -> Tensor:
+    """A state passed to a layer or cell (``h0``, ``c``), of shape ``want`` and floating point: said with the
+    owner's and the state's names, not as the product or sum the state would otherwise fail in."""
+    if list(map(int, h.shape)) != want:
+        raise ShapeError(at(f"{owner}: {what} has shape {list(map(int, h.shape))}, expected {want}{context}"))
+    if not h.dtype.is_float:
+        raise DTypeError(at(f"{owner}: {what} must be floating point, got {h.dtype.value}"))
+    return h
+
+
 # ---- cells ----------------------------------------------------------------------------------------------------
 
 class _CellBase(Module):
@@ -366,16 +372,9 @@ class _CellBase(Module):
         return zeros(*x.shape[:-1], self.hidden_size, dtype=dtypes.promote(x.dtype, self.weight_ih.dtype))
 
     def _given(self, x: Tensor, h: Any, what: str) -> Tensor:
-        """A state passed in: [N, hidden] for an [N, input] step ([hidden] unbatched), floating point; checked
-        here so that the error names the cell and its state, not the product or the sum it would fail in."""
-        h = as_tensor(h)
-        want = [*map(int, x.shape[:-1]), self.hidden_size]
-        if list(map(int, h.shape)) != want:
-            raise ShapeError(at(f"{type(self).__name__}: {what} has shape {list(map(int, h.shape))}, expected "
-                                f"{want} for an input of {list(map(int, x.shape))}"))
-        if not h.dtype.is_float:
-            raise DTypeError(at(f"{type(self).__name__}: {what} must be floating point, got {h.dtype.value}"))
-        return h
+        """A state passed to a step: [N, hidden] for an [N, input] input ([hidden] unbatched)."""
+        return _checked_state(as_tensor(h), [*map(int, x.shape[:-1]), self.hidden_size], type(self).__name__, what,
+                              f" for an input of {list(map(int, x.shape))}")
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.hidden_size}, bias={self.bias}"
