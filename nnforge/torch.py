@@ -68,7 +68,12 @@ class TorchModule(torch.nn.Module):
                     raise NNForgeError(f"TorchModule: parameter {name!r} is {list(theirs[name].shape)} in the twin "
                                        f"and {list(map(int, p.shape))} in the nnforge module")
             self.twin = twin
+            theirs_b = dict(twin.named_buffers())
+            # found once: a forward only looks these up (none for an LSTM, which has no buffers)
+            self._shared_buffers = [n for n, b in module.named_buffers()
+                                    if n in theirs_b and tuple(theirs_b[n].shape) == tuple(map(int, b.shape))]
         else:
+            self._shared_buffers = []
             self.params = torch.nn.ParameterList(
                 [torch.nn.Parameter(torch.from_numpy(p.numpy().copy())) for _, p in module.named_parameters()])
         self._backend = backend
@@ -119,12 +124,12 @@ class TorchModule(torch.nn.Module):
 
     def _buffer_pairs(self) -> list[tuple[Any, torch.Tensor]]:
         """(nnforge buffer, twin buffer) of one name and shape: running statistics live in both, the module's
-        updated by the program, the twin's saved in the torch model's ``state_dict`` and loaded into it."""
-        if "twin" not in self._modules:
+        updated by the program, the twin's saved in the torch model's ``state_dict`` and loaded into it. The twin's
+        are looked up by name at each call: ``twin.to(...)`` replaces its buffer tensors."""
+        if not self._shared_buffers:
             return []
-        theirs = dict(self.twin.named_buffers())
-        return [(b, theirs[n]) for n, b in self.module.named_buffers()
-                if n in theirs and tuple(theirs[n].shape) == tuple(map(int, b.shape))]
+        mine = dict(self.module.named_buffers())
+        return [(mine[n], self.twin.get_buffer(n)) for n in self._shared_buffers]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         pairs = self._buffer_pairs()
