@@ -353,7 +353,8 @@ class CompiledFunction:
             return
         names = _argument_names(self.fn, treedef)
         changed = [f"{names[i]}.shape[{ax}] {b} -> {a}" for i, (new, old) in enumerate(zip(shapes, prev.shapes))
-                   for ax, (a, b) in enumerate(zip(new, old)) if a != b and len(new) == len(old)]
+                   for ax, (a, b) in enumerate(zip(new, old))
+                   if a != b and len(new) == len(old) and (i, ax) not in prev.generic]  # a scan's length is free
         msg = (f"{_name(self.fn)}: traced again (trace {self.trace_count + 1}) because input sizes changed: "
                f"{', '.join(changed) or 'ranks differ'}. Only a size that sets an nf.scan's trip count is free; "
                "any other size is part of the trace (a Python loop over a size unrolls it: write it with nf.scan "

@@ -80,3 +80,15 @@ def test_arguments_are_named_as_the_function_takes_them(rng: np.random.Generator
             f._warned_retrace = False
             call(n, m)
         assert words in str(seen[0].message), str(seen[0].message)
+
+
+def test_a_scan_length_that_changed_too_is_not_named_as_a_cause(rng: np.random.Generator) -> None:
+    """Only the sizes that made the new trace are named: a scan's length, free in every trace, is not."""
+    f = nf.compile(lambda x: nf.scan(lambda c, x_t: (c * 0.5 + x_t, ()), x[0], x[1:])[0].sum(0, keepdims=True)
+                   + x[0, : x.shape[1] // 2].sum())
+    f(rng.standard_normal((4, 2)).astype(np.float32))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        f(rng.standard_normal((5, 4)).astype(np.float32))
+    message = str(next(w.message for w in seen if "traced again" in str(w.message)))
+    assert "x.shape[1] 2 -> 4" in message and "shape[0]" not in message, message
