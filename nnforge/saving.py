@@ -310,8 +310,8 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
         "machine": machine(),
         "toolchain": _toolchain_identity() if binaries else None,
         "triton": _triton_identity() if kernels else None,
-        "signatures": [describe(e.dtypes, e.shapes, e.generic) + mode_words(tuple(was for _, was in e.modes))
-                       for e in cf._entries],
+        "signatures": [describe(e.dtypes, e.shapes, e.generic, e.statics)
+                       + mode_words(tuple(was for _, was in e.modes)) for e in cf._entries],
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
     }
     path = Path(path)
@@ -338,12 +338,13 @@ def _triton_identity() -> dict[str, str]:
     return {"triton": triton.__version__, "device": device, "cuda": str(torch.version.cuda)}
 
 
-def describe(dtypes: tuple, shapes: tuple, generic: frozenset) -> str:
-    """A signature as the user wrote it: ``(float32[T, 16, 96], int64[16])``, free sizes by name."""
-    parts = []
+def describe(dtypes: tuple, shapes: tuple, generic: frozenset, statics: tuple) -> str:
+    """A signature as the user wrote it: ``(float32[a0.0, 16, 96], int64[16], 0.5)``, free sizes by name and Python
+    values as they were passed (they are part of the signature: another value is another trace)."""
+    parts, values = [], iter(statics)
     for i, (dt, shape) in enumerate(zip(dtypes, shapes)):
         if dt is None:
-            parts.append("<python value>")
+            parts.append(repr(next(values)))
             continue
         dims = [f"a{i}.{ax}" if (i, ax) in generic else str(d) for ax, d in enumerate(shape)]
         parts.append(f"{np.dtype(dt).name}[{', '.join(dims)}]")
@@ -372,7 +373,7 @@ def _entries_in_mode(path: Path, entries: tuple[SavedEntry, ...], training: bool
         key = (e.treedef, e.dtypes, e.shapes, e.generic, e.statics)
         other = seen.setdefault(key, e)
         if other.modes != e.modes:
-            raise LoadError(f"{path}: the signature {describe(e.dtypes, e.shapes, e.generic)} was saved"
+            raise LoadError(f"{path}: the signature {describe(e.dtypes, e.shapes, e.generic, e.statics)} was saved"
                             f"{mode_words(other.modes)} and{mode_words(e.modes)}; the loaded function cannot see "
                             "its modules' train()/eval(): choose one with nf.load(path, training=True) or "
                             "training=False")
@@ -437,7 +438,8 @@ def load(path: str | os.PathLike, training: bool | None = None) -> CompiledFunct
         return LoadedFunction(s.name, s.backend, entries, vjps, captured, str(path), s.dtype)
 
     if training is not None and not _entries_in_mode(path, record.entries, training):
-        saved = "; ".join(describe(e.dtypes, e.shapes, e.generic) + mode_words(e.modes) for e in record.entries)
+        saved = "; ".join(describe(e.dtypes, e.shapes, e.generic, e.statics) + mode_words(e.modes)
+                          for e in record.entries)
         raise LoadError(f"{path}: holds no trace in {'train' if training else 'eval'} mode (training={training}); "
                         f"it was saved with: {saved}")
     return function(record)
@@ -465,11 +467,11 @@ class LoadedFunction(CompiledFunction):
         pass  # the captured tensors are the program's own: freezing the caller's tensors changes nothing here
 
     def _on_miss(self, leaves: list, treedef: Any, arrays: list, dts: tuple, shapes: tuple, statics: tuple) -> Any:
-        saved = "; ".join(describe(e.dtypes, e.shapes, e.generic) for e in self._entries)
+        saved = "; ".join(describe(e.dtypes, e.shapes, e.generic, e.statics) for e in self._entries)
         raise TraceError(f"{self.__qualname__} was loaded from {self.loaded_from} and runs only the signatures it "
                          f"was saved with: {saved} (a{{i}}.{{axis}}: a size that may change); it was called with "
-                         f"{describe(dts, shapes, frozenset())}. Call the saved function on these inputs before "
-                         "saving it, or compile it again")
+                         f"{describe(dts, shapes, frozenset(), statics)}. Call the saved function on these inputs "
+                         "before saving it, or compile it again")
 
     def vjp_program(self, treedef: Any, n_leaves: int, diff: tuple[int, ...]) -> CompiledFunction:
         key = (treedef, n_leaves, diff)

@@ -165,6 +165,19 @@ def test_a_signature_it_was_not_saved_with_is_refused_naming_the_saved_ones(rng:
         nf.compile(lambda *a: g(*a)[1].sum())(*_rnn_args(rng, 5))
 
 
+def test_python_values_of_a_signature_are_named_by_value(rng: np.random.Generator, tmp_path: Path) -> None:
+    """A Python number or string is part of a signature: a call with another one is refused showing both values."""
+    f = nf.compile(lambda x, scale, how: x * scale if how == "mul" else x + scale)
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    f(x, 0.5, "mul")
+    f.save(tmp_path / "scaled.nfp")
+    g = nf.load(tmp_path / "scaled.nfp")
+    np.testing.assert_array_equal(g(x, 0.5, "mul"), x * np.float32(0.5))
+    with pytest.raises(TraceError, match=r"saved with: \(float32\[2, 3\], 0\.5, 'mul'\).*called with "
+                                         r"\(float32\[2, 3\], 2, 'add'\)"):
+        g(x, 2, "add")
+
+
 def test_a_loaded_scan_over_two_sequences_keeps_their_lengths_equal(rng: np.random.Generator,
                                                                      tmp_path: Path) -> None:
     """Saved with the rule that a scan's sequences share one free length: a loaded program takes any equal
