@@ -67,7 +67,7 @@ class _Entry:
     state: list[tuple[weakref.ref, int]]  # tensors written back from output index
     n_out: int
     programs: dict[tuple, Callable] = field(default_factory=dict)
-    epoch: int = 0                   # the session's grad_epoch after tracing: which tensors were parameters then
+    epoch: int = 0                   # the session's epoch after tracing: what the tensors it captured were then
     grads: list[tuple[weakref.ref, int | None]] = field(default_factory=list)  # .grad written back (None: cleared)
     grad_reads: list[weakref.ref] = field(default_factory=list)  # tensors whose .grad is read (after ``implicit``)
     presence: tuple[tuple[weakref.ref, bool], ...] = ()  # whether each .grad the trace depends on was set
@@ -91,6 +91,11 @@ class _Entry:
         statistics read in eval mode, a tensor the function captured) still holds the value it held then: loaded,
         trained or assigned since, the trace would compute with the old one."""
         return all((t := r()) is None or t.node is node for r, node in self.baked_values)
+
+    def captures_alive(self) -> bool:
+        """Whether every tensor the trace reads at call time still exists: one that is gone was replaced (a global
+        name bound to a new tensor) and the function, traced again, reads whatever holds its place now."""
+        return all(r() is not None for r in self.implicit)
 
     def matches(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> bool:
         if treedef != self.treedef or dts != self.dtypes or not same_statics(statics, self.statics):
@@ -309,6 +314,10 @@ class CompiledFunction:
         self._drop_stale_entries()
         entry = next((e for e in self._entries if e.matches(treedef, dts, shapes, statics) and e.grads_as_traced()
                       and e.modes_as_traced()), None)
+        if entry is not None and not entry.captures_alive():
+            log.info("%s: a trace dropped: a tensor it captured no longer exists", _name(self.fn))
+            self._entries.remove(entry)
+            entry = None
         if entry is None:
             entry = self._on_miss(leaves, treedef, arrays, dts, shapes, statics)
             self._entries.append(entry)
@@ -316,9 +325,9 @@ class CompiledFunction:
 
     def _drop_stale_entries(self) -> None:
         """A tensor frozen or unfrozen since a trace changes what is read at call time and what is baked in, and
-        whether its gradient is taken; a tensor the trace baked in may hold another value since: those
-        traces are dropped."""
-        epoch = session().grad_epoch
+        whether its gradient is taken; a module's parameter, buffer or sub-module reassigned since replaces tensors
+        the trace captured; a tensor the trace baked in may hold another value since: those traces are dropped."""
+        epoch = session().epoch
         if all(e.epoch == epoch and not e.baked_values for e in self._entries):
             return  # nothing any entry depends on can have changed
         kept = [e for e in self._entries if e.epoch == epoch]
@@ -335,7 +344,7 @@ class CompiledFunction:
         """No cached signature matches: trace (saying why when only sizes differ from an earlier trace)."""
         self._explain_retrace(treedef, dts, shapes, statics)
         entry = self._trace(leaves, treedef, arrays, dts, shapes, statics)
-        entry.epoch = session().grad_epoch
+        entry.epoch = session().epoch
         return entry
 
     def _explain_retrace(self, treedef: Any, dts: tuple, shapes: tuple, statics: tuple) -> None:

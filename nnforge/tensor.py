@@ -94,7 +94,7 @@ class Tensor:
         they read a tensor that requires grad at call time and bake in one that does not."""
         if bool(flag) != self._requires_grad:
             self._set_requires_grad(bool(flag))
-            session().grad_epoch += 1
+            session().epoch += 1
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         """torch's in-place form of setting ``requires_grad``; returns the tensor."""

@@ -47,7 +47,9 @@ class Session:
     # id(node) -> a tensor compiled functions read at call time though it requires no grad: a HostValue, or a
     # tensor that changed after a trace had baked it in (a module's, or one a function captured)
     live: dict[int, weakref.ref] = field(default_factory=dict)
-    grad_epoch: int = 0  # bumped whenever a tensor's requires_grad flips: compiled functions then trace again
+    # bumped whenever what compiled functions captured may have changed: a tensor's requires_grad flips, or a
+    # parameter, buffer or sub-module of a module some trace called is reassigned; they then trace again
+    epoch: int = 0
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     scopes: list[Scope] = field(default_factory=lambda: [Scope("top")])
     differentiating: int = 0  # eager ``nf.grad`` / ``nf.vjp`` calls running their function (compiled ones inline)

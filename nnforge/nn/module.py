@@ -75,6 +75,8 @@ class Module:
             bufs[name] = value if value is None or isinstance(value, Tensor) else Tensor(value)
         else:
             object.__setattr__(self, name, value)
+            return
+        self._reassigned()
 
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
@@ -87,13 +89,22 @@ class Module:
         for d in (self._parameters, self._buffers, self._modules):
             if name in d:
                 del d[name]
+                self._reassigned()
                 return
         object.__delattr__(self, name)
+
+    def _reassigned(self) -> None:
+        """A parameter, buffer or sub-module was assigned or removed: a compiled function that called this module
+        captured the tensors it held before, so every compiled function traces again (as when a tensor is frozen).
+        Modules no trace has called yet (those still being built) change nothing."""
+        if self.__dict__.get("_traced"):
+            session().epoch += 1
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         """Register ``param`` (None keeps the slot, e.g. ``bias=False``, without a state_dict entry)."""
         self.__dict__.pop(name, None)
         self._parameters[name] = param
+        self._reassigned()
 
     def register_buffer(self, name: str, tensor: Any, persistent: bool = True) -> None:
         """Register non-trained state; it is in ``state_dict`` unless ``persistent=False``."""
@@ -101,10 +112,12 @@ class Module:
         self._buffers[name] = tensor if tensor is None or isinstance(tensor, Tensor) else Tensor(tensor)
         if not persistent:
             self._non_persistent.add(name)
+        self._reassigned()
 
     def add_module(self, name: str, module: Module | None) -> None:
         self.__dict__.pop(name, None)
         self._modules[name] = module
+        self._reassigned()
 
     # ---- traversal -------------------------------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
@@ -208,9 +221,11 @@ class Module:
     def to(self, dtype: Any) -> Module:
         """Cast floating-point parameters and buffers to ``dtype`` in place (e.g. float64 for gradient checks)."""
         dt = as_dtype(dtype)
-        for t in list(self.parameters()) + list(self.buffers()):
-            if t.dtype.is_float and t.dtype != dt:
-                t._rebind(Tensor(t.numpy().astype(dt.np)).node)
+        cast = [t for t in list(self.parameters()) + list(self.buffers()) if t.dtype.is_float and t.dtype != dt]
+        for t in cast:
+            t._rebind(Tensor(t.numpy().astype(dt.np)).node)
+        if cast:  # traces read these tensors at their old dtype
+            session().epoch += 1
         return self
 
     def double(self) -> Module:
@@ -247,8 +262,9 @@ class Module:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         traced = next((sc for sc in reversed(session().scopes) if sc.kind == "function"), None)
-        if traced is not None:  # a compiled function's trace depends on this module's mode
+        if traced is not None:  # a compiled function's trace depends on this module's mode and what it holds
             traced.modes.setdefault(id(self), (weakref.ref(self), self.training))
+            self.__dict__["_traced"] = True
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -167,6 +167,62 @@ def test_a_compiled_function_follows_the_mode_of_the_modules_it_calls(backend: s
     assert f.trace_count == 3
 
 
+class _Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x).tanh())
+
+
+@pytest.mark.parametrize("how", ["submodule", "parameter", "buffer", "cast"])
+def test_a_compiled_function_sees_what_a_module_holds_now(how: str, backend: str,
+                                                         rng: np.random.Generator) -> None:
+    """A sub-module, parameter or buffer assigned anew after a compiled function called the module (a new head
+    for fine-tuning), or the module cast to another dtype, is what the next call computes with: the old tensors,
+    even while something else keeps them alive, are no longer read."""
+    nf.manual_seed(int(rng.integers(1 << 31)))
+    model = _Head()
+    if how == "buffer":
+        model.head.register_buffer("shift", nf.tensor(rng.standard_normal(3).astype(np.float32)))
+        model.head.forward = lambda x, m=model.head: nn.Linear.forward(m, x) + m.shift
+    f = nf.compile(lambda x: model(x), backend=backend)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    before = np.asarray(f(x))
+    old = model.head  # still alive: its weights must not be read any more
+    if how == "submodule":
+        model.head = nn.Linear(6, 3)
+    elif how == "parameter":
+        model.head.weight = nn.Parameter(rng.standard_normal((3, 6)).astype(np.float32))
+    elif how == "buffer":
+        model.head.shift = nf.tensor(rng.standard_normal(3).astype(np.float32))
+    else:
+        model.double()  # a float32 input now computes in float64 (``@`` promotes), as eagerly
+    after = np.asarray(f(x))
+    expected = model(nf.tensor(x)).numpy()
+    assert after.dtype == expected.dtype
+    np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(after, before) or how == "cast"
+    assert f.trace_count == 2 and old is not None
+    np.testing.assert_array_equal(np.asarray(f(x)), after)
+    assert f.trace_count == 2
+
+
+def test_a_captured_tensor_that_is_gone_is_replaced_by_what_the_function_reads_now(
+        backend: str, rng: np.random.Generator) -> None:
+    """A global tensor bound to a new one (the old one freed): the function traces again and reads the new one,
+    where it used to fail saying a captured tensor no longer exists."""
+    scope = {"w": nf.tensor(rng.standard_normal((4, 3)).astype(np.float32), requires_grad=True)}
+    f = nf.compile(lambda x: x @ scope["w"], backend=backend)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    f(x)
+    scope["w"] = nf.tensor(rng.standard_normal((4, 3)).astype(np.float32), requires_grad=True)
+    np.testing.assert_allclose(np.asarray(f(x)), x @ scope["w"].numpy(), rtol=1e-5, atol=1e-6)
+    assert f.trace_count == 2
+
+
 def test_to_double_and_requires_grad() -> None:
     m = nn.GRU(2, 3).double()
     assert all(p.dtype == nf.float64 for p in m.parameters())
