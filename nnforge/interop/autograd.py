@@ -159,9 +159,35 @@ def _autograd_function() -> type:
     """The ``torch.autograd.Function`` every call through torch autograd applies (made once: a class per call
     cost tens of microseconds). Its ``grad_fn`` prints as ``NnforgeCompiledBackward``."""
     import torch
-    from torch.autograd.function import once_differentiable
 
     from ..compile import _is_leaf
+
+    class GradientsOnce(torch.autograd.Function):
+        """Gradients a program computed, recorded so that differentiating them again raises: torch's
+        ``once_differentiable`` marks them only where a cotangent requires grad, and otherwise leaves them constants
+        whose second derivative would be silently wrong (``x`` times a gradient of ``x``)."""
+
+        @staticmethod
+        def forward(ctx, anchor, *grads):  # anchor: a tensor requiring grad, so the gradients record this node
+            return tuple(g.detach() for g in grads)
+
+        @staticmethod
+        def backward(ctx, *_):
+            raise RuntimeError("a compiled function's gradients are computed once (once_differentiable): "
+                               "differentiating them again (create_graph=True, then a backward through them) is "
+                               "not supported; take higher derivatives with nf.grad inside the compiled function")
+
+    def once(grads: tuple) -> tuple:
+        """``grads`` as the backward returns them (None where an input takes none), marked by ``GradientsOnce``
+        where the backward runs with grad mode on (``create_graph=True``)."""
+        if not torch.is_grad_enabled():
+            return grads
+        at = [i for i, g in enumerate(grads) if g is not None]
+        marked = GradientsOnce.apply(torch.zeros((), requires_grad=True), *(grads[i] for i in at))
+        out = list(grads)
+        for i, g in zip(at, marked):
+            out[i] = g
+        return tuple(out)
 
     class NnforgeCompiled(torch.autograd.Function):
         @staticmethod
@@ -182,16 +208,18 @@ def _autograd_function() -> type:
             return tuple(outs)
 
         @staticmethod
-        @once_differentiable  # its gradients are results of a program: differentiating them again raises
-        def backward(ctx, *grads):
+        def backward(ctx, *grads):  # its gradients are results of a program: differentiating them again raises
             cts = [torch.zeros(s, dtype=d, device=dev) if g is None else g.detach().contiguous()
                    for g, (s, d, dev) in zip(grads, ctx.shapes) if d.is_floating_point]
-            if ctx.backward_half is not None:
-                _ = ctx.saved_tensors  # raises where a result the backward reads was changed in place since
-                return (None, *ctx.backward_half(cts))
-            call = ctx.call
-            pullback = call.cf.vjp_program(call.treedef, len(call.detached), call.diff)
-            return (None, *_whole_pullback(pullback, [*call.detached, *cts]))
+            with torch.no_grad():
+                if ctx.backward_half is not None:
+                    _ = ctx.saved_tensors  # raises where a result the backward reads was changed in place since
+                    grads = ctx.backward_half(cts)
+                else:
+                    call = ctx.call
+                    pullback = call.cf.vjp_program(call.treedef, len(call.detached), call.diff)
+                    grads = _whole_pullback(pullback, [*call.detached, *cts])
+            return (None, *once(tuple(grads)))
 
     return NnforgeCompiled
 

@@ -426,14 +426,19 @@ def test_two_calls_before_one_backward_keep_their_own_saved_values(backend: str,
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_differentiating_the_gradient_again_raises(backend: str) -> None:
+@pytest.mark.parametrize("cotangent", ["constant", "requiring grad"])
+def test_differentiating_the_gradient_again_raises(backend: str, cotangent: str) -> None:
+    """A gradient taken with ``create_graph=True`` refuses a second backward, whether or not its cotangent requires
+    grad (``loss.sum()``'s does not): a constant gradient would make ``x``'s second derivative silently wrong."""
     f = nf.compile(lambda x: x * x, backend=backend)
     x = torch.tensor([1.0, 2.0], requires_grad=True)
-    cot = torch.tensor([3.0, -1.0], requires_grad=True)
-    (g,) = torch.autograd.grad(f(x), x, cot, create_graph=True)  # a gradient depending on a cotangent
-    torch.testing.assert_close(g, torch.tensor([6.0, -4.0]))
-    with pytest.raises(RuntimeError, match="once_differentiable"):  # not a silently constant second derivative
+    cot = torch.tensor([3.0, -1.0], requires_grad=cotangent != "constant")
+    (g,) = torch.autograd.grad(f(x), x, cot, create_graph=True)
+    torch.testing.assert_close(g.detach(), torch.tensor([6.0, -4.0]))
+    with pytest.raises(RuntimeError, match=r"once_differentiable.*nf\.grad"):  # never a constant second derivative
         (g * x).sum().backward()
+    (g,) = torch.autograd.grad(f(x), x, cot)  # without create_graph: a plain tensor, as torch's
+    assert not g.requires_grad
 
 
 def test_a_receiver_is_called_once_a_call_by_the_forward(backend: str, rng: np.random.Generator) -> None:
