@@ -229,6 +229,7 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
     """Write ``cf``'s traced signatures and built programs to ``path`` (see the module docstring)."""
     captured: dict[int, int] = {}
     tensors: list[SavedTensor] = []
+    paths = _module_paths(cf)
     binaries: dict[str, tuple[str, bytes]] = {}
     modules: dict[str, str] = {}  # generated Triton modules by key
     kernels: dict[str, dict[str, bytes]] = {}  # built Triton kernels: cache hash -> file name -> bytes
@@ -239,7 +240,7 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
             raise NNForgeError(f"save: a tensor captured by {cf.__qualname__} no longer exists")
         if id(t) not in captured:
             captured[id(t)] = len(tensors)
-            tensors.append(SavedTensor(np.array(t.numpy(), copy=True), t.requires_grad, t.name))
+            tensors.append(SavedTensor(np.array(t.numpy(), copy=True), t.requires_grad, t.name or paths.get(id(t), "")))
         return captured[id(t)]
 
     def program(p: Any) -> Any:
@@ -321,6 +322,23 @@ def save(cf: CompiledFunction, path: str | os.PathLike) -> None:
         for name, data in members.items():
             z.writestr(name, data)
     os.replace(tmp, path)
+
+
+def _module_paths(cf: CompiledFunction) -> dict[int, str]:
+    """The path of each parameter and buffer of the modules ``cf``'s traces called (``0.weight``, as
+    ``named_parameters`` says it, in the first module called that holds it): the names a loaded function's captured
+    tensors take where they have none of their own."""
+    paths: dict[int, str] = {}
+    functions = [cf]
+    while functions:
+        f = functions.pop()
+        functions += f._vjps.values()
+        for e in f._entries:
+            for ref, _ in e.modes:
+                if (m := ref()) is not None:
+                    for name, t in (*m.named_parameters(), *m.named_buffers()):
+                        paths.setdefault(id(t), name)
+    return paths
 
 
 def _toolchain_identity() -> str:

@@ -178,6 +178,30 @@ def test_python_values_of_a_signature_are_named_by_value(rng: np.random.Generato
         g(x, 2, "add")
 
 
+def test_a_loaded_steps_captured_tensors_are_named(rng: np.random.Generator, tmp_path: Path) -> None:
+    """A loaded training step's own tensors say which is which: a module's by its path, as ``named_parameters``
+    says it, an optimizer's state as torch's state dict keys it; a tensor named by its maker keeps its name."""
+    nf.manual_seed(int(rng.integers(1 << 31)))
+    model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
+    opt = nn.optim.Adam(model.parameters(), lr=1e-2)
+    scale = nf.Tensor(rng.standard_normal(4).astype(np.float32), requires_grad=True, name="scale")
+
+    @nf.compile
+    def step(x):
+        opt.zero_grad()
+        loss = (model(x) * scale).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    step(rng.standard_normal((2, 3)).astype(np.float32))
+    step.save(tmp_path / "step.nfp")
+    names = {t.name for t in nf.load(tmp_path / "step.nfp").captured}
+    assert {"0.weight", "0.bias", "1.weight", "1.bias", "scale", "state[0].exp_avg", "state[3].exp_avg_sq",
+            "state[2].step"} <= names, names
+    assert "" not in names
+
+
 def test_a_loaded_scan_over_two_sequences_keeps_their_lengths_equal(rng: np.random.Generator,
                                                                      tmp_path: Path) -> None:
     """Saved with the rule that a scan's sequences share one free length: a loaded program takes any equal

@@ -47,7 +47,7 @@ class Optimizer:
                 if id(p) in seen:
                     raise ValueError(f"{type(self).__name__}: a parameter appears more than once")
                 seen.add(id(p))
-                self.state[id(p)] = self._init_state(p, group)
+                self.state[id(p)] = _named(self._init_state(p, group), len(seen) - 1)
             self.param_groups.append(group)
 
     def _init_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Tensor]:
@@ -158,11 +158,20 @@ class Optimizer:
         """Group ``k``'s learning rate in ``dtype`` as a trace reads it: a number a compiled step reads at each
         call (rounded to ``dtype`` as a Python number in the update would be)."""
         if (k, dtype) not in self._host_lr:
-            self._host_lr[k, dtype] = HostValue(lambda group=self.param_groups[k]: group["lr"], dtype)
+            lr = self._host_lr[k, dtype] = HostValue(lambda group=self.param_groups[k]: group["lr"], dtype)
+            lr.name = f"param_groups[{k}].lr"
         return self._host_lr[k, dtype].refresh()
 
     def _update(self, p: Tensor, grad: Tensor, state: dict[str, Tensor], group: dict[str, Any]) -> None:
         raise NotImplementedError
+
+
+def _named(state: dict[str, Tensor], index: int) -> dict[str, Tensor]:
+    """A parameter's state tensors named as torch's optimizer state dict keys them (``state[3].exp_avg``), so a
+    saved training step's captured tensors say which is which."""
+    for key, t in state.items():
+        t.name = t.name or f"state[{index}].{key}"
+    return state
 
 
 def _zeros_like(p: Tensor) -> Tensor:
