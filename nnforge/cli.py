@@ -398,9 +398,9 @@ def ab(
                                                     "or has lost its time.")]
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdicts as JSON.")] = False,
-    worktrees: Annotated[Path | None, typer.Option(help="Where worktrees are kept (default ~/.cache/nnforge).")]
-    = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    worktrees: Annotated[Path | None, typer.Option(
+        help="Where worktrees are kept (default ~/.cache/nnforge/worktrees).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines (the verdicts are printed).")] = False,
 ) -> None:
     """Time two revisions in one interleaved schedule (git worktrees) and say which cells changed."""
     _require_modelview("ab")
@@ -445,8 +445,9 @@ def history(
     block: Annotated[int, typer.Option(help="Revisions timed together (reference included).")] = 6,
     check: Annotated[bool, typer.Option(help="Exit 1 if a step is a slowdown or a cell lost its time.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the history as JSON.")] = False,
-    worktrees: Annotated[Path | None, typer.Option(help="Where worktrees are kept.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    worktrees: Annotated[Path | None, typer.Option(
+        help="Where worktrees are kept (default ~/.cache/nnforge/worktrees).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines (the history is printed).")] = False,
 ) -> None:
     """Time every commit of a range against its first, flag the commits that stepped (--check: fail on a slowdown)."""
     _require_modelview("history")
