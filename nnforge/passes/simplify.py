@@ -13,6 +13,7 @@ import numpy as np
 
 from ..ir.build import make
 from ..ir.builders import unflipped
+from ..ir.dims import Dim, free_symbols
 from ..ir.node import Graph, Node
 from ..ir.ops import BINARY, COMPARE, ELEMENTWISE, UNARY, Op
 from ..ir.registry import NUMPY
@@ -20,7 +21,12 @@ from .rewrite import map_nodes, rewire_scan
 
 
 def _const_value(n: Node) -> float | None:
-    return n.attrs["value"] if n.op == Op.CONST else None
+    """A constant's value; None for a size that may change (a symbolic ``Dim``, equal to its traced value only at
+    the traced length: folding ``1 / T`` or dropping ``x * (T - 1)`` as ``x * 1`` would bake that length in)."""
+    if n.op != Op.CONST:
+        return None
+    v = n.attrs["value"]
+    return None if isinstance(v, Dim) and free_symbols(v) else v
 
 
 def _is(n: Node, value: float) -> bool:
@@ -31,7 +37,7 @@ def _is(n: Node, value: float) -> bool:
 def _fold(n: Node) -> Node | None:
     """An elementwise op on scalar constants becomes one constant, computed by the numpy rule the reference
     interpreter runs (the same table), so folding never changes a result."""
-    if n.op not in ELEMENTWISE or not n.srcs or any(s.op != Op.CONST for s in n.srcs):
+    if n.op not in ELEMENTWISE or not n.srcs or any(_const_value(s) is None for s in n.srcs):
         return None
     args = [np.full((), s.attrs["value"], dtype=s.dtype.np) for s in n.srcs]
     probe = Node(n.op, tuple(), n.attrs, (), n.dtype, n.loc)

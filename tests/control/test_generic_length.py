@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import nnforge as nf
 
@@ -31,6 +32,30 @@ def test_checkpointed_scan_and_mean_over_time_follow_the_length_without_retracin
         np.testing.assert_allclose(m, ys.mean(0), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(tail, ys[1:], rtol=1e-6)
     assert f.trace_count == 1
+
+
+@pytest.mark.parametrize("loss", ["mean", "sum * (T - 1)", "var"])
+def test_sizes_folded_with_constants_follow_the_length(loss: str, rng: np.random.Generator, backend: str):
+    """A mean's ``1 / (T N)`` (in its value and its gradient), a size equal to 1 at the traced length (``T - 1``
+    at T = 2) and ``var``'s ``T - 1`` stay sizes through simplification: values and gradients at later lengths
+    are those of those lengths, not of the first (an LSTM trained on a mean loss over time got gradients scaled by
+    the first length's ratio, with no new trace)."""
+    def f(x):
+        _, ys = nf.scan(lambda c, x_t: (c + x_t, c + x_t), x[0] * 0, x)
+        t = x.shape[0]
+        return {"mean": ys.mean(), "sum * (T - 1)": ys.sum() * (t - 1), "var": ys.var(0).sum()}[loss]
+
+    compiled = nf.compile(nf.value_and_grad(f), backend=backend)
+    for t in (2, 6, 3):
+        x = rng.standard_normal((t, 3))
+        value, grad = compiled(x)
+        xt = torch.tensor(x, requires_grad=True)
+        ys = xt.cumsum(0)
+        want = {"mean": ys.mean(), "sum * (T - 1)": ys.sum() * (t - 1), "var": ys.var(0).sum()}[loss]
+        want.backward()
+        np.testing.assert_allclose(value, want.item(), rtol=1e-12)
+        np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert compiled.trace_count == 1
 
 
 def test_a_length_baked_into_a_reshape_stays_in_the_cache_key(rng: np.random.Generator, backend: str):
