@@ -239,12 +239,15 @@ def products_of_stacked_rows(graph: Graph) -> Graph:
 
 def read_as_product_rows(n: Node, us: dict[int, list[Node]], results: set[int]) -> bool:
     """Whether every reader of ``n`` (no result) multiplies its rows as a matrix product's right operand: a 2-D
-    ``n`` itself, or a ``[rows, last axis]`` view of it that nothing else reads."""
+    ``n`` itself, or a ``[rows, last axis]`` view of it that nothing else reads. A 1-D ``n`` is one row: its
+    concatenation joins columns, not rows."""
     def right_operand(v: Node) -> bool:
         readers = us.get(id(v), [])
         return bool(readers) and id(v) not in results and all(
             m.op == Op.MATMUL and m.ndim == 2 and m.srcs[1] is v and m.srcs[0] is not v for m in readers)
 
+    if n.ndim < 2:
+        return False
     if n.ndim == 2:
         return right_operand(n)
     rows = tuple(map(int, (math.prod(n.shape[:-1]), n.shape[-1])))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import nnforge as nf
+import nnforge.nn as nn
 from nnforge.codegen.c import fused_listing
 from nnforge.codegen.c.target import cpu_target
 from nnforge.codegen.reference import ReferenceProgram
@@ -262,3 +263,26 @@ def test_a_scale_that_varies_along_the_contraction_or_a_half_precision_product_s
     for f in (per_column, half):
         graph = nf.compile(f).trace(a, c, s)
         assert normalized_products(graph) is graph
+
+
+def test_a_one_dimensional_concatenation_is_a_row_not_stacked_rows(backend: str, rng: np.random.Generator) -> None:
+    """``u[:, None] @ concat([a, b])[None, :]`` joins columns of one row, which the split of a product over
+    stacked rows must leave alone (it sliced the left operand's one column); an unbatched GRU cell's weight
+    gradient is such a product."""
+    u, a, b = (torch.tensor(rng.standard_normal(n), requires_grad=True) for n in (4, 5, 3))
+    f = nf.compile(lambda u, a, b: u[:, None] @ nf.concat([a, b])[None, :], backend=backend)
+    torch.testing.assert_close(torch.as_tensor(f(u.detach(), a.detach(), b.detach())),
+                               torch.outer(u, torch.cat([a, b])).detach(), rtol=1e-12, atol=1e-12)
+    cell, twin = nn.GRUCell(4, 5, bias=False).double(), torch.nn.GRUCell(4, 5, bias=False).double()
+    twin.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in cell.state_dict().items()})
+    x = rng.standard_normal(4)
+
+    @nf.compile(backend=backend)
+    def grads(x):
+        cell.zero_grad()
+        cell(x).square().sum().backward()
+        return cell.weight_ih.grad, cell.weight_hh.grad
+
+    twin(torch.tensor(x)).square().sum().backward()
+    for got, want in zip(grads(x), (twin.weight_ih.grad, twin.weight_hh.grad)):
+        torch.testing.assert_close(torch.as_tensor(np.asarray(got)), want, rtol=1e-10, atol=1e-12)
