@@ -56,6 +56,13 @@ def scan(body: Callable, init: Any, xs: Any = None, reverse: bool = False, unrol
     """
     if not callable(body):
         raise TraceError(at(f"scan: body must be callable, got {type(body).__name__}"))
+    if not isinstance(reverse, (bool, np.bool_)):
+        raise TraceError(at(f"scan: reverse must be True or False, got {type(reverse).__name__} {reverse!r}"))
+    unroll = _whole("scan: unroll", unroll, 1)
+    if checkpoint_every is not None:
+        checkpoint_every = _whole("scan: checkpoint_every", checkpoint_every, 1)
+    if length is not None:
+        length = _whole("scan: length", length, 0)
     carry_leaves, carry_def = flatten(init, _is_leaf)
     carry = _tensors(carry_leaves, "scan init")
     xs_leaves, xs_def = flatten(xs, _is_leaf)
@@ -198,6 +205,17 @@ def loop(n: int, body: Callable) -> None:
         outer.assigned.setdefault(id(t), (t, t.node))
         t._rebind(make(Op.PROJ, (node,), {"index": i}))
     outer.effects.append(node)
+
+
+def _whole(what: str, value: Any, least: int) -> int:
+    """``value`` checked to be an int of at least ``least`` (a symbolic size is one): a count that is negative, zero
+    where steps are grouped, or fractional says the code computing it is wrong, which running zero or some steps
+    would hide."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TraceError(at(f"{what} must be an int, got {type(value).__name__} {value!r}"))
+    if value < least:
+        raise ValueError(at(f"{what} must be {least} or more, got {int(value)}"))
+    return value
 
 
 def _depth(value: Any, what: str) -> int:

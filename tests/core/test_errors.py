@@ -273,6 +273,25 @@ def test_unknown_backend():
 XS = nf.ones(5, 4)
 
 
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"xs": None, "length": -1}, ValueError, ("scan: length must be 0 or more, got -1",)),
+    ({"unroll": 0}, ValueError, ("scan: unroll must be 1 or more, got 0",)),
+    ({"unroll": 2.5}, nf.TraceError, ("scan: unroll must be an int, got float 2.5",)),
+    ({"checkpoint_every": 0}, ValueError, ("scan: checkpoint_every must be 1 or more, got 0",)),
+    ({"checkpoint_every": -3}, ValueError, ("scan: checkpoint_every must be 1 or more, got -3",)),
+    ({"reverse": "yes"}, nf.TraceError, ("scan: reverse must be True or False, got str 'yes'",)),
+], ids=["negative length", "unroll 0", "fractional unroll", "checkpoint_every 0", "negative checkpoint_every",
+        "reverse a string"])
+def test_scan_arguments_out_of_range_are_refused(kwargs: dict, error: type, words: tuple) -> None:
+    """A count computed wrong is refused where it is passed, not run as zero steps (C) or a numpy error at run
+    time (the reference backend), nor accepted and ignored."""
+    kwargs = {"xs": XS, **kwargs}
+    with pytest.raises(error) as ei:
+        loc = next_line()
+        nf.scan(lambda c, x: (c, c), nf.zeros(4), **kwargs)
+    check(ei, *words, loc=loc)
+
+
 def test_scan_body_returns_wrong_carry_structure():
     with pytest.raises(nf.TraceError) as ei:
         loc = next_line()
