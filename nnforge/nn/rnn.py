@@ -196,6 +196,10 @@ class _RNNBase(Module):
     def _prepare(self, x: Any, hx: Any) -> tuple[Tensor, bool, int, PackedSequence | None]:
         """The input [T, N, features] and whether it came unbatched, its batch, and the sequence it was packed
         in (its lengths; None for a padded tensor)."""
+        if type(x).__name__ == "PackedSequence" and type(x).__module__.startswith("torch"):
+            raise TypeError(at(f"{self.mode}: a torch PackedSequence has torch's packed layout; pack the padded batch "
+                               "with nnforge.nn.utils.rnn.pack_padded_sequence (or inside the converted torch "
+                               "forward, which from_torch translates)"))
         packed = x if isinstance(x, PackedSequence) else None
         x = as_tensor(x.data if packed is not None else x)
         layout = "[N, T, features]" if self.batch_first and packed is None else "[T, N, features]"
@@ -291,6 +295,7 @@ class LSTM(_RNNBase):
     mode = "LSTM"
 
     def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Any, tuple[Tensor, Tensor]]:
+        _state_pair(hx, "LSTM", "h0, c0")
         x, unbatched, batch, packed = self._prepare(x, hx)
         valid = None if packed is None else packed.valid()
         h0 = self._state(None if hx is None else hx[0], batch, self._carried(x), unbatched, "h0",
@@ -342,6 +347,15 @@ class RNN(_RNNBase):
         return super().extra_repr() + (f", nonlinearity={self.nonlinearity!r}" if self.nonlinearity != "tanh" else "")
 
 
+def _state_pair(hx: Any, owner: str, names: str) -> None:
+    """An LSTM's state is a pair: one tensor would be split along its first axis into a wrong-shaped ``h`` and
+    ``c``, and the error would name a shape the user never passed."""
+    if hx is not None and not (isinstance(hx, (tuple, list)) and len(hx) == 2):
+        got = (f"a tensor of shape {list(map(int, hx.shape))}" if hasattr(hx, "shape") else
+               f"a {type(hx).__name__} of {len(hx)}" if isinstance(hx, (tuple, list)) else type(hx).__name__)
+        raise TypeError(at(f"{owner}: the state must be a pair ({names}), got {got}"))
+
+
 def _checked_state(h: Tensor, want: list[int], owner: str, what: str, context: str = "") -> Tensor:
     """A state passed to a layer or cell (``h0``, ``c``), of shape ``want`` and floating point: said with the
     owner's and the state's names, not as the product or sum the state would otherwise fail in."""
@@ -386,6 +400,7 @@ class LSTMCell(_CellBase):
     mode = "LSTM"
 
     def forward(self, x: Any, hx: tuple[Any, Any] | None = None) -> tuple[Tensor, Tensor]:
+        _state_pair(hx, "LSTMCell", "h, c")
         x = as_tensor(x)
         h, c = (self._zeros(x), self._zeros(x)) if hx is None else (self._given(x, hx[0], "h"),
                                                                      self._given(x, hx[1], "c"))

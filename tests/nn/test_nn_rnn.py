@@ -247,6 +247,20 @@ def test_shape_errors_are_clear() -> None:
         model(nf.zeros(T, N, I), (nf.zeros(1, N, H), nf.zeros(2, N, H)))
 
 
+def test_a_state_that_is_not_a_pair_or_a_torch_packed_sequence_is_named(rng: np.random.Generator) -> None:
+    """One tensor for an LSTM's (h0, c0) was split along its first axis and refused by a shape the user never
+    passed; torch's PackedSequence, another layout, failed inside numpy."""
+    x = randn(rng, T, N, I)
+    with pytest.raises(TypeError, match=rf"LSTM: the state must be a pair \(h0, c0\), got a tensor of shape "
+                                        rf"\[2, {N}, {H}\] \(at .*test_nn_rnn.py"):
+        nn.LSTM(I, H, num_layers=2)(x, randn(rng, 2, N, H))
+    with pytest.raises(TypeError, match=r"LSTMCell: the state must be a pair \(h, c\), got a list of 1"):
+        nn.LSTMCell(I, H)(x[0], [randn(rng, N, H)])
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.tensor(x), [T] * N)
+    with pytest.raises(TypeError, match=r"GRU: a torch PackedSequence.*pack_padded_sequence"):
+        nn.GRU(I, H)(packed)
+
+
 def test_compiled_rnn_takes_new_lengths_without_retracing() -> None:
     rng = np.random.default_rng(9)
     model = nn.GRU(I, H, num_layers=2, batch_first=True, reverse=[False, True])
