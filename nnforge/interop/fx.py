@@ -18,6 +18,7 @@ import operator
 import os
 import re
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +30,13 @@ import torch.fx
 from .. import dtypes
 from .. import nn as nfnn
 from ..dtypes import as_dtype
-from ..errors import NNForgeError
+from ..errors import NNForgeError, ShapeError, at
 from ..indexing import set_at
 from ..nn import functional as NF
 from ..tensor import (
     Tensor,
     arange,
+    as_tensor,
     clamp,
     full,
     matmul,
@@ -47,6 +49,7 @@ from ..tensor import (
     zeros,
     zeros_like,
 )
+from ..trace import session
 
 __all__ = ["from_torch"]
 
@@ -76,12 +79,15 @@ class _Step:
 
 
 class FromTorch(nfnn.Module):
-    """The module ``from_torch`` returns: the captured graph's steps and the nnforge layers they call."""
+    """The module ``from_torch`` returns: the captured graph's steps and the nnforge layers they call. Where
+    ``forward`` reads ``self.training``, one graph per set of modes it was captured in (``_variants``: the modes
+    read, then the steps), and each call runs the one its parts' modes now select."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         env: dict[str, Any] = {}
-        inputs = list(args)
-        for step in self._steps:
+        inputs = [_as_input(a) for a in args]
+        kwargs = {k: _as_input(v) for k, v in kwargs.items()}
+        for step in self._graph():
             if step.op == "placeholder":
                 if inputs:
                     env[step.name] = inputs.pop(0)
@@ -107,6 +113,21 @@ class FromTorch(nfnn.Module):
                 _at(self, path).assign(env[step.name])
         raise AssertionError("an fx graph ends with its output")
 
+    def _graph(self) -> tuple[_Step, ...]:
+        """The steps captured in the modes the parts whose ``self.training`` forward reads are in now: fx baked
+        each read into the graph (``F.dropout(x, training=self.training)``, ``p if self.training else 0``)."""
+        for reads, steps in self._variants:
+            if all(_mode(self._part(path)) == mode for path, mode in reads):
+                return steps
+        now = ", ".join(f"{path or self._torch_name!r} in {'train' if self._part(path).training else 'eval'} "
+                        "mode" for path in dict(r for reads, _ in self._variants for r in reads))
+        raise NNForgeError(f"from_torch: {self._torch_name}.forward reads self.training, and was captured with the "
+                           f"whole model in train mode, in eval mode and in the modes it was converted in, not with "
+                           f"{now}: set the modes with .train() / .eval() on the whole model")
+
+    def _part(self, path: str) -> nfnn.Module:
+        return self if not path else _at(self, path)
+
     def _run(self, step: _Step, a: tuple, kw: dict) -> Any:
         if step.op == "get_attr":
             return _at(self, step.target)
@@ -120,19 +141,82 @@ class FromTorch(nfnn.Module):
         return f"from torch {self._torch_name}"
 
 
+def _as_input(x: Any) -> Any:
+    """An argument as nnforge's own layers take it: an array (numpy's, torch's) becomes a tensor, so the torch
+    methods the graph calls on it (``x.transpose(0, 1)``, ``x.size(1)``) are nnforge's, not numpy's namesakes."""
+    if isinstance(x, (np.ndarray, torch.Tensor)):
+        return as_tensor(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_as_input(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _as_input(v) for k, v in x.items()}
+    return x
+
+
+def _mode(m: nfnn.Module) -> bool:
+    """``m.training``, noted by the compiled function being traced, if any, as ``Module.__call__`` notes the mode
+    of each module it calls: the steps run depend on it, so a change of mode must trace again."""
+    scope = next((sc for sc in reversed(session().scopes) if sc.kind == "function"), None)
+    if scope is not None:
+        scope.modes.setdefault(id(m), (weakref.ref(m), m.training))
+        m.__dict__["_traced"] = True
+    return m.training
+
+
 def from_torch(model: torch.nn.Module) -> nfnn.Module:
-    """``model`` as an ``nnforge.nn`` module computing the same thing (its weights copied, in its train/eval mode):
-    a torch layer with an nnforge twin becomes that layer, any other model a ``FromTorch`` of its captured graph.
-    Raises ``NNForgeError`` naming the layer, function or source line that has no nnforge counterpart, and when
-    torch.fx cannot capture ``forward`` (Python control flow on tensor values or sizes)."""
+    """``model`` as an ``nnforge.nn`` module computing the same thing (its weights copied, each part in its
+    train/eval mode, what torch shares shared): a torch layer with an nnforge twin becomes that layer, any other
+    model a ``FromTorch`` of its captured graph. Raises ``NNForgeError`` naming the layer, setting, function or
+    source line that has no nnforge counterpart, and when torch.fx cannot capture ``forward`` (Python control
+    flow on tensor values or sizes)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"from_torch: needs a torch.nn.Module, got {type(model).__name__}")
     layers = _layers()
-    tracer = _Tracer(layers)
-    if tracer.is_leaf_module(model, ""):  # fx would trace into its implementation (torch's fused kernels)
-        return _layer(layers, model, type(model).__name__, "from_torch")
+    if _Tracer(layers).is_leaf_module(model, ""):  # fx would trace into its implementation (torch's fused kernels)
+        return _modes_of(model, _layer(layers, model, type(model).__name__, "from_torch"))
+    variants = _captured(model, layers)
+    out = FromTorch()
+    object.__setattr__(out, "_torch_name", type(model).__name__)
+    calls = [node for _, graph in variants for node in graph.nodes if node.op == "call_module"]
+    for node in calls:  # layers first: an attribute read from one (self.rnn.weight_hh_l0) is the layer's own
+        if _at(out, node.target) is None:
+            _place(out, node.target, _layer(layers, model.get_submodule(node.target), node.target, _where(node)))
+    captured = tuple((reads, _steps(list(graph.nodes), model, out)) for reads, graph in variants)
+    if all(steps == captured[0][1] for _, steps in captured):  # no mode changes the graph
+        captured = (((), captured[0][1]),)
+    for reads, _ in captured:  # a part whose mode forward reads, though nothing of it is converted
+        for path, _ in reads:
+            if path and _at(out, path) is None:
+                _place(out, path, nfnn.Module())
+    object.__setattr__(out, "_variants", captured)
+    _share(out, model, layers)
+    _in_torchs_order(out, model)
+    return _modes_of(model, out)
+
+
+def _captured(model: torch.nn.Module, layers: dict[type, Callable[[Any], nfnn.Module]]
+              ) -> list[tuple[tuple[tuple[str, bool], ...], torch.fx.Graph]]:
+    """``model.forward`` captured by fx in the modes its modules are in; where it reads ``self.training`` (fx
+    bakes the bool read into the graph), captured again with every module in train mode and in eval mode. Each
+    graph comes with the modes it read, (path, training) pairs: it is the model's in those modes only."""
+    variants: list[tuple[dict[str, bool], torch.fx.Graph]] = []
+    for mode in (None, True, False):
+        reads: dict[str, bool] = {}
+        graph = _capture(model, layers, mode, reads)
+        if all(reads != seen for seen, _ in variants):
+            variants.append((reads, graph))
+        if mode is None and not reads:  # the graph is the model's in any mode
+            break
+    return [(tuple(reads.items()), graph) for reads, graph in variants]
+
+
+def _capture(model: torch.nn.Module, layers: dict[type, Callable[[Any], nfnn.Module]], mode: bool | None,
+             reads: dict[str, bool]) -> torch.fx.Graph:
+    """One fx capture of ``model.forward``, every module in ``mode`` (None: in its own), noting in ``reads`` each
+    module's ``self.training`` that its code reads."""
     try:
-        graph = tracer.trace(model)
+        with _modes_read(model, mode, reads):
+            return _Tracer(layers).trace(model)
     except Exception as e:  # torch.fx raises TraceError, TypeError, RuntimeError... with its own message
         raise NNForgeError(f"from_torch: torch.fx could not capture {type(model).__name__}.forward"
                            f"{_failed_at(e.__traceback__)}: {e}. It "
@@ -140,18 +224,53 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
                            "time steps, an if on a value) and unpacking a shape of unknown length (*x.shape[1:]; "
                            "t, n, c = x.shape works) cannot be captured. Write a time loop with nnforge (nf.scan) "
                            "and call it through nnforge.torch.TorchModule") from None
-    out = FromTorch()
-    object.__setattr__(out, "_torch_name", type(model).__name__)
-    nodes = list(graph.nodes)
-    for node in nodes:  # layers first: an attribute read from one (``self.rnn.weight_hh_l0``) is the layer's own
-        if node.op == "call_module" and _at(out, node.target) is None:
-            _place(out, node.target, _layer(layers, model.get_submodule(node.target), node.target, _where(node)))
+
+
+@contextlib.contextmanager
+def _modes_read(model: torch.nn.Module, mode: bool | None, reads: dict[str, bool]) -> Iterator[None]:
+    """While inside, every module of ``model`` is in ``mode`` (None: its own), and each read of a module's
+    ``training`` is noted in ``reads`` by the module's path: ``training`` is a plain attribute, so a property on
+    torch's Module class sees the reads (as ``_factories_traced`` patches torch's functions, only while tracing).
+    The modes are restored after, each module's own."""
+    paths = {id(m): path for path, m in model.named_modules()}
+    saved = [(m, m.training) for m in model.modules()]
+
+    def read(m: torch.nn.Module) -> bool:
+        try:
+            value = m.__dict__["training"]
+        except KeyError:
+            raise AttributeError("training") from None
+        if id(m) in paths:
+            reads.setdefault(paths[id(m)], value)
+        return value
+
+    def write(m: torch.nn.Module, value: bool) -> None:
+        m.__dict__["training"] = value
+
+    before = torch.nn.Module.__dict__.get("training")
+    try:
+        for m, _ in saved:
+            m.__dict__["training"] = m.training if mode is None else mode
+        torch.nn.Module.training = property(read, write)
+        yield
+    finally:
+        if before is None:
+            del torch.nn.Module.training
+        else:
+            torch.nn.Module.training = before
+        for m, was in saved:
+            m.__dict__["training"] = was
+
+
+def _steps(nodes: list[torch.fx.Node], model: torch.nn.Module, out: nfnn.Module) -> tuple[_Step, ...]:
+    """A captured graph as the steps ``FromTorch`` runs, checked: every function and method has a counterpart, and
+    in-place changes replay as new values. The parameters and buffers it reads directly are placed in ``out``."""
     steps, shared = [], {}  # value -> the values sharing its memory (x.add_(y) returns x)
     attributes = {node.name: node.target for node in nodes if node.op == "get_attr"}
     for k, node in enumerate(nodes):
         where = _where(node)
         if node.op == "get_attr" and _at(out, node.target) is None:
-            _place(out, node.target, _tensor(_at(model, node.target)))
+            _place(out, node.target, _tensor(_at(model, node.target)), _persistent(model, node.target))
         elif node.op == "call_function":
             _check_function(node.target, where)
         elif node.op == "call_method":
@@ -164,8 +283,63 @@ def from_torch(model: torch.nn.Module) -> nfnn.Module:
                 shared[name] = (*mutates, node.name)
         steps.append(_Step(node.name, node.op, node.target, _store(node.args), _store(node.kwargs), where,
                            mutates, tuple(attributes[n] for n in mutates if n in attributes)))
-    object.__setattr__(out, "_steps", tuple(steps))
-    out.train(model.training)
+    return tuple(steps)
+
+
+def _persistent(model: torch.nn.Module, path: str) -> bool:
+    """Whether torch keeps the tensor at ``path`` in its state dict: a parameter or buffer does, not one registered
+    with ``persistent=False``, nor a tensor attribute (fx's ``_tensor_constant0`` for a constant made in forward)."""
+    owner, _, name = path.rpartition(".")
+    module = model.get_submodule(owner)
+    return name in module._parameters or (name in module._buffers and name not in module._non_persistent_buffers_set)
+
+
+def _share(out: nfnn.Module, model: torch.nn.Module, layers: dict[type, Callable[[Any], nfnn.Module]]) -> None:
+    """Where torch holds one module, parameter or buffer under several names (GPT's ``wte.weight =
+    lm_head.weight``), ``out`` holds one object under those names too: one gradient summed over every use, one
+    optimizer state, one update, as torch's."""
+    for named in (model.named_modules(remove_duplicate=False), model.named_parameters(remove_duplicate=False),
+                  model.named_buffers(remove_duplicate=False)):
+        first: dict[int, str] = {}
+        for path, value in named:
+            kept = first.setdefault(id(value), path)
+            mine = _at(out, kept) if kept else out
+            if kept != path and mine is not None and _has_place(out, model, path, layers):
+                _place(out, path, mine)
+
+
+def _has_place(out: nfnn.Module, model: torch.nn.Module, path: str,
+               layers: dict[type, Callable[[Any], nfnn.Module]]) -> bool:
+    """Whether ``out`` has a place for what torch holds at ``path``: its owner was converted, or is a module of
+    yours (a container), not a layer that forward never calls (which is not converted at all)."""
+    owner = path.rpartition(".")[0]
+    return not owner or _at(out, owner) is not None or type(model.get_submodule(owner)) not in layers
+
+
+def _in_torchs_order(out: nfnn.Module, model: torch.nn.Module) -> None:
+    """The layers, parameters and buffers ``from_torch`` placed (in the graph's order), in torch's: so are
+    ``parameters()`` (an optimizer's state), ``state_dict()`` and the name kept of a shared parameter."""
+    order: dict[str, int] = {}
+    for prefix, m in model.named_modules(remove_duplicate=False):
+        for name in ("", *m._parameters, *m._buffers):
+            order.setdefault(f"{prefix}.{name}".strip("."), len(order))
+    for prefix, m in out.named_modules():
+        if type(m) in (nfnn.Module, FromTorch):  # a container from_torch made, not an nnforge layer
+            for entries in (m._modules, m._parameters, m._buffers):
+                ranked = sorted(entries.items(), key=lambda e, p=prefix: order.get(f"{p}.{e[0]}".strip("."),
+                                                                                   len(order)))
+                entries.clear()
+                entries.update(ranked)
+
+
+def _modes_of(model: torch.nn.Module, out: nfnn.Module) -> nfnn.Module:
+    """``out`` with each part in the train/eval mode of torch's part of that name (a frozen batch norm in eval
+    inside a model in training stays so)."""
+    for path, m in out.named_modules():
+        try:
+            object.__setattr__(m, "training", model.get_submodule(path).training)
+        except AttributeError:  # an nnforge layer's own part: its layer's mode
+            continue
     return out
 
 
@@ -387,23 +561,52 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
                        proj_size=m.proj_size)
         return build
 
+    def child(m: Any, name: str) -> nfnn.Module:
+        """A layer's part (a transformer layer's attention, norms, dropouts) as its nnforge twin, its settings
+        its own (torch's may differ from the layer's arguments once set)."""
+        build = table.get(type(m))
+        if build is None:
+            raise NNForgeError(f"its {name} {type(m).__name__} has no nnforge counterpart")
+        return build(m)
+
     def encoder_layer(m: Any) -> nfnn.Module:
-        act = {torch.nn.functional.relu: "relu", torch.nn.functional.gelu: "gelu"}.get(m.activation)
-        if act is None:
-            raise NNForgeError("an activation other than relu or gelu")
-        return nfnn.TransformerEncoderLayer(m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features,
-                                            dropout=m.dropout.p, activation=act, layer_norm_eps=m.norm1.eps,
-                                            batch_first=m.self_attn.batch_first, norm_first=m.norm_first,
-                                            bias=m.linear1.bias is not None)
+        layer = nfnn.TransformerEncoderLayer(m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features,
+                                             activation=_activation(m.activation), norm_first=m.norm_first,
+                                             bias=m.linear1.bias is not None)
+        for name, part in m.named_children():
+            if name != "activation":  # in its place: the state dict's order is torch's
+                layer._modules[name] = child(part, name)
+        return layer
 
     def encoder(m: Any) -> nfnn.Module:
-        norm = None
-        if m.norm is not None:
-            build = table.get(type(m.norm))
-            if build is None:
-                raise NNForgeError(f"its norm {type(m.norm).__name__} has no nnforge counterpart")
-            norm = build(m.norm)
-        return nfnn.TransformerEncoder(encoder_layer(m.layers[0]), m.num_layers, norm=norm)
+        layers = [encoder_layer(layer) for layer in m.layers]  # each with its own settings, not copies of one
+        out = nfnn.TransformerEncoder(layers[0], 0, norm=None if m.norm is None else child(m.norm, "norm"))
+        out.layers, out.num_layers = nfnn.ModuleList(layers), len(layers)
+        return out
+
+    def attention(m: Any) -> nfnn.Module:
+        if not m._qkv_same_embed_dim:
+            _refuse(f"kdim={m.kdim}, vdim={m.vdim} (other than embed_dim={m.embed_dim})")
+        if m.bias_k is not None:
+            _refuse("add_bias_kv=True")
+        if m.add_zero_attn:
+            _refuse("add_zero_attn=True")
+        return nfnn.MultiheadAttention(m.embed_dim, m.num_heads, dropout=m.dropout, bias=m.in_proj_bias is not None,
+                                       batch_first=m.batch_first)
+
+    def embedding(m: Any) -> nfnn.Module:
+        if m.max_norm is not None:  # torch renormalizes the rows looked up, in place, at each call
+            _refuse(f"max_norm={m.max_norm}")
+        if m.scale_grad_by_freq:
+            _refuse("scale_grad_by_freq=True")
+        return nfnn.Embedding(m.num_embeddings, m.embedding_dim, padding_idx=m.padding_idx)
+
+    def cross_entropy(m: Any) -> nfnn.Module:
+        loss = nfnn.CrossEntropyLoss(ignore_index=m.ignore_index, reduction=m.reduction,
+                                     label_smoothing=m.label_smoothing)
+        if m.weight is not None:  # a buffer in torch's state dict: one in nnforge's too, loaded with it
+            loss.register_buffer("weight", _tensor(m.weight))
+        return loss
 
     table = {
         t.Linear: lambda m: nfnn.Linear(m.in_features, m.out_features, bias=m.bias is not None),
@@ -423,7 +626,7 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
         t.RMSNorm: lambda m: nfnn.RMSNorm(m.normalized_shape, eps=m.eps, elementwise_affine=m.elementwise_affine),
         t.BatchNorm1d: lambda m: nfnn.BatchNorm1d(m.num_features, eps=m.eps, momentum=m.momentum, affine=m.affine,
                                                   track_running_stats=m.track_running_stats),
-        t.Embedding: lambda m: nfnn.Embedding(m.num_embeddings, m.embedding_dim, padding_idx=m.padding_idx),
+        t.Embedding: embedding,
         t.Dropout: lambda m: nfnn.Dropout(m.p),
         t.MaxPool1d: lambda m: nfnn.MaxPool1d(m.kernel_size, m.stride, m.padding, m.dilation, m.return_indices,
                                               m.ceil_mode),
@@ -437,9 +640,7 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
         t.AdaptiveMaxPool1d: lambda m: nfnn.AdaptiveMaxPool1d(m.output_size) if not m.return_indices else _refuse(
             "return_indices"),
         t.Identity: lambda m: nfnn.Identity(),
-        t.MultiheadAttention: lambda m: nfnn.MultiheadAttention(m.embed_dim, m.num_heads, dropout=m.dropout,
-                                                                bias=m.in_proj_bias is not None,
-                                                                batch_first=m.batch_first),
+        t.MultiheadAttention: attention,
         t.TransformerEncoderLayer: encoder_layer, t.TransformerEncoder: encoder,
         t.ReLU: lambda m: nfnn.ReLU(), t.Tanh: lambda m: nfnn.Tanh(), t.Sigmoid: lambda m: nfnn.Sigmoid(),
         t.SiLU: lambda m: nfnn.SiLU(), t.GELU: lambda m: nfnn.GELU(m.approximate),
@@ -450,20 +651,57 @@ def _layers() -> dict[type, Callable[[Any], nfnn.Module]]:
         t.Hardsigmoid: lambda m: nfnn.Hardsigmoid(), t.Hardswish: lambda m: nfnn.Hardswish(),
         t.Softsign: lambda m: nfnn.Softsign(), t.Mish: lambda m: nfnn.Mish(), t.GLU: lambda m: nfnn.GLU(m.dim),
         t.PReLU: lambda m: nfnn.PReLU(m.num_parameters), t.Threshold: lambda m: nfnn.Threshold(m.threshold, m.value),
-        t.Softmin: lambda m: nfnn.Softmin(m.dim), t.Tanhshrink: lambda m: nfnn.Tanhshrink(),
+        t.Softmin: lambda m: _Function(_softmin, m.dim), t.Tanhshrink: lambda m: nfnn.Tanhshrink(),
         t.Softshrink: lambda m: nfnn.Softshrink(m.lambd), t.Hardshrink: lambda m: nfnn.Hardshrink(m.lambd),
-        t.Softmax: lambda m: _Function(Tensor.softmax, m.dim),
-        t.LogSoftmax: lambda m: _Function(Tensor.log_softmax, m.dim),
+        t.Softmax: lambda m: _Function(_softmax, m.dim), t.LogSoftmax: lambda m: _Function(_log_softmax, m.dim),
         t.Flatten: lambda m: _Function(Tensor.flatten, m.start_dim, m.end_dim),
         t.CTCLoss: lambda m: nfnn.CTCLoss(blank=m.blank, reduction=m.reduction, zero_infinity=m.zero_infinity),
-        t.CrossEntropyLoss: lambda m: nfnn.CrossEntropyLoss(weight=m.weight, ignore_index=m.ignore_index,
-                                                            reduction=m.reduction, label_smoothing=m.label_smoothing),
+        t.CrossEntropyLoss: cross_entropy,
         t.MSELoss: lambda m: nfnn.MSELoss(reduction=m.reduction),
     }
     weight_norm = getattr(torch.nn.utils.parametrizations, "_WeightNorm", None)
     if weight_norm is not None:  # torch.nn.utils.parametrizations.weight_norm's parametrization
         table[weight_norm] = lambda m: _Function(_weight_norm_of, m.dim)
     return table
+
+
+def _activation(fn: Any) -> Any:
+    """A transformer layer's activation as nnforge's layer takes it: relu and gelu by name, a torch module (nn.GELU,
+    a module of your own) converted, any other function (F.silu, a lambda) captured as a model of its own."""
+    if fn is torch.nn.functional.relu or fn is torch.nn.functional.gelu:
+        return fn.__name__
+    try:
+        return from_torch(fn if isinstance(fn, torch.nn.Module) else _Activation(fn))
+    except NNForgeError as e:
+        raise NNForgeError(f"its activation {getattr(fn, '__name__', fn)}: {e}") from None
+
+
+class _Activation(torch.nn.Module):
+    """A function as a torch module, for fx to capture what it computes."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def _implicit(x: Any, dim: int | None) -> int:
+    """torch's axis of a softmax called without one (deprecated, with a warning): 0 for 0, 1 and 3 axes, else 1."""
+    return dim if dim is not None else 0 if x.ndim in (0, 1, 3) else 1
+
+
+def _softmax(x: Any, dim: int | None) -> Any:
+    return x.softmax(_implicit(x, dim))
+
+
+def _log_softmax(x: Any, dim: int | None) -> Any:
+    return x.log_softmax(_implicit(x, dim))
+
+
+def _softmin(x: Any, dim: int | None) -> Any:
+    return NF.softmin(x, _implicit(x, dim))
 
 
 def _refuse(setting: str) -> nfnn.Module:
@@ -535,9 +773,9 @@ def _at(root: Any, path: str) -> Any:
     return obj
 
 
-def _place(root: nfnn.Module, path: str, value: Any) -> None:
-    """Put ``value`` (a layer, a parameter, a buffer) at ``path`` under ``root``, making containers on the way,
-    so state-dict keys are torch's."""
+def _place(root: nfnn.Module, path: str, value: Any, persistent: bool = True) -> None:
+    """Put ``value`` (a layer, a parameter, a buffer: in the state dict where ``persistent``) at ``path`` under
+    ``root``, making containers on the way, so state-dict keys are torch's."""
     *parents, last = path.split(".")
     m = root
     for part in parents:
@@ -551,7 +789,7 @@ def _place(root: nfnn.Module, path: str, value: Any) -> None:
     elif isinstance(value, nfnn.Parameter):
         m.register_parameter(last, value)
     elif isinstance(value, Tensor):
-        m.register_buffer(last, value)
+        m.register_buffer(last, value, persistent)
     else:
         object.__setattr__(m, last, value)
 
@@ -679,6 +917,13 @@ def _unbind(x: Any, dim: int = 0) -> tuple:
     return tuple(x[(slice(None),) * (dim % x.ndim) + (i,)] for i in range(int(x.shape[dim])))
 
 
+def _t(x: Tensor) -> Tensor:
+    """torch's ``t()``: a matrix transposed, a vector or a scalar as it is (the TorchScript tutorial's cells)."""
+    if x.ndim > 2:
+        raise ShapeError(at(f"t: expects a tensor of at most 2 dimensions, got shape {list(map(int, x.shape))}"))
+    return x.T if x.ndim == 2 else x
+
+
 _METHODS: dict[str, Callable[..., Any]] = {
     "bool": lambda x: x.cast(dtypes.bool_),
     "long": lambda x: x.cast(dtypes.int64),
@@ -692,6 +937,7 @@ _METHODS: dict[str, Callable[..., Any]] = {
     "type_as": lambda x, y: x.cast(y.dtype),
     "expand_as": lambda x, y: x.expand(*y.shape),
     "view_as": lambda x, y: x.reshape(*y.shape),
+    "t": _t,
     "reshape_as": lambda x, y: x.reshape(*y.shape),
     "max": lambda x, *a, **kw: _extreme(x, True, a, kw),
     "min": lambda x, *a, **kw: _extreme(x, False, a, kw),
@@ -738,9 +984,9 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.full: lambda size, fill_value, dtype=None, **kw: full(size, fill_value, dtype),
     torch.eye: lambda n, m=None, dtype=None, **kw: _eye(n, n if m is None else m, dtype or dtypes.float32),
     torch.nn.functional.scaled_dot_product_attention: lambda *a, **kw: _sdpa(*a, **kw),
-    torch.nn.functional.softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).softmax(dim),
-    torch.nn.functional.log_softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _in(x, dtype).log_softmax(dim),
-    torch.nn.functional.softmin: lambda x, dim=None, _stacklevel=3, dtype=None: NF.softmin(_in(x, dtype), dim),
+    torch.nn.functional.softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _softmax(_in(x, dtype), dim),
+    torch.nn.functional.log_softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _log_softmax(_in(x, dtype), dim),
+    torch.nn.functional.softmin: lambda x, dim=None, _stacklevel=3, dtype=None: _softmin(_in(x, dtype), dim),
     torch.nn.functional.threshold: lambda x, threshold, value, inplace=False: NF.threshold(x, threshold, value),
     torch._weight_norm: lambda v, g, dim=0: _weight_norm(v, g, dim),
     torch.nn.functional.conv1d: lambda x, w, b=None, stride=1, padding=0, dilation=1, groups=1: NF.conv1d(
