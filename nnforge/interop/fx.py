@@ -44,8 +44,6 @@ from ..tensor import (
     minimum,
     ones,
     ones_like,
-    tensor,
-    where,
     zeros,
     zeros_like,
 )
@@ -983,7 +981,7 @@ _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.empty: lambda *size, dtype=None, **kw: zeros(*size, dtype=dtype or dtypes.float32),
     torch.full: lambda size, fill_value, dtype=None, **kw: full(size, fill_value, dtype),
     torch.eye: lambda n, m=None, dtype=None, **kw: _eye(n, n if m is None else m, dtype or dtypes.float32),
-    torch.nn.functional.scaled_dot_product_attention: lambda *a, **kw: _sdpa(*a, **kw),
+    torch.nn.functional.scaled_dot_product_attention: NF.scaled_dot_product_attention,  # torch's signature
     torch.nn.functional.softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _softmax(_in(x, dtype), dim),
     torch.nn.functional.log_softmax: lambda x, dim=None, _stacklevel=3, dtype=None: _log_softmax(_in(x, dtype), dim),
     torch.nn.functional.softmin: lambda x, dim=None, _stacklevel=3, dtype=None: _softmin(_in(x, dtype), dim),
@@ -1024,20 +1022,6 @@ def _getattr(x: Any, name: str, *default: Any) -> Any:
     if isinstance(x, Tensor) and name in ("device", "is_cuda"):
         return None if name == "device" else False
     return getattr(x, name, *default)
-
-
-def _sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
-          scale: float | None = None, **kw: Any) -> Any:
-    """torch's scaled_dot_product_attention: a bool mask says which scores take part, a float mask is added."""
-    mask = attn_mask
-    if is_causal:
-        n, m = int(q.shape[-2]), int(k.shape[-2])
-        mask = tensor(np.tril(np.ones((n, m), bool)))
-    if mask is not None and mask.dtype == dtypes.bool_:
-        mask = where(mask, 0.0, float("-inf"))
-    if scale is not None:
-        q = q * (scale * float(int(q.shape[-1])) ** 0.5)
-    return NF.scaled_dot_product_attention(q, k, v, mask, dropout_p, training=dropout_p > 0)
 
 
 def _lookup_function(fn: Any) -> Callable[..., Any] | None:

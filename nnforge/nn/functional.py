@@ -25,6 +25,7 @@ from ..tensor import (
     clamp,
     composed,
     concat,
+    full,
     gelu,
     minimum,
     relu,
@@ -44,8 +45,8 @@ __all__ = [
     "cross_entropy", "ctc_crf_loss", "ctc_loss", "dropout", "dropout1d", "elu", "embedding", "gelu", "glu",
     "hardshrink", "hardsigmoid", "hardswish", "hardtanh", "instance_norm", "layer_norm", "leaky_relu", "linear",
     "logsigmoid", "lp_pool1d", "mish", "mse_loss", "nll_loss", "one_hot", "pad", "prelu", "relu", "relu6", "rms_norm",
-    "selu", "sigmoid", "silu", "softmin", "softplus", "softshrink", "softsign", "swish", "tanh", "tanhshrink",
-    "threshold",
+    "scaled_dot_product_attention", "selu", "sigmoid", "silu", "softmin", "softplus", "softshrink", "softsign",
+    "swish", "tanh", "tanhshrink", "threshold",
 ]
 
 swish = silu
@@ -691,15 +692,115 @@ def conv_transpose1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stri
     return y.squeeze(0) if unbatched else y
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                                 dropout_p: float = 0.0, training: bool = False) -> Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v over the last two axes; ``mask`` is additive (0 or -inf).
+def _shape_of(x: Tensor) -> list[int]:
+    return [int(d) for d in x.shape]
 
-    Fully masked rows give NaN, as in torch.
+
+def _broadcast(*shapes: Sequence[int]) -> tuple[int, ...] | None:
+    """numpy's (and torch's) broadcast of ``shapes``, or None where they do not broadcast."""
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*(tuple(s) for s in shapes)))
+    except ValueError:
+        return None
+
+
+@composed("scaled_dot_product_attention")
+def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """torch.nn.functional.scaled_dot_product_attention, the same signature and semantics (torch 2.13's):
+    ``softmax(query @ keyᵀ * scale + bias) @ value`` over the last two axes, query [..., L, E], key [..., S, E],
+    value [..., S, Ev] -> [..., L, Ev]; the leading axes broadcast.
+
+    - ``attn_mask`` broadcasts to the scores' [..., L, S]. A bool mask says which scores take part (True = attend:
+      the inverse of ``MultiheadAttention``'s masks); a float mask, of the query's dtype, is added to the scores.
+    - ``is_causal``: query i attends to keys 0..i (the lower triangle of [L, S] from its top-left corner). Given
+      ``attn_mask`` as well, both apply, as torch 2.13 does (its documentation still says they exclude each other).
+    - ``scale`` defaults to 1/sqrt(E).
+    - ``enable_gqa``: grouped-query attention, key and value with fewer heads (axis -3) than the query, each head
+      shared by ``query heads / key heads`` consecutive query heads (torch's ``repeat_interleave``).
+    - ``dropout_p`` > 0 drops attention probabilities in every mode, as torch's function does: a module passes
+      ``p if self.training else 0.0``.
+
+    A query row whose scores are all masked gives zeros, and passes no gradient, as torch's (its safe softmax):
+    a left-padded sequence under a causal and a padding mask has such rows, and a plain softmax would make them
+    0/0 = NaN, in the values and then in every gradient.
     """
-    scores = (q * (1.0 / math.sqrt(int(q.shape[-1])))) @ k.mT
-    if mask is not None:
-        scores = scores + mask
-    attn = scores.softmax(-1)
-    attn = dropout(attn, dropout_p, training)
-    return attn @ v
+    q, k, v = as_tensor(query), as_tensor(key), as_tensor(value)
+    _check_attention(q, k, v, enable_gqa)
+    if enable_gqa:  # each key/value head serves a group of consecutive query heads
+        heads = int(q.shape[-3])
+        k = k.repeat_interleave(heads // int(k.shape[-3]), -3) if int(k.shape[-3]) != heads else k
+        v = v.repeat_interleave(heads // int(v.shape[-3]), -3) if int(v.shape[-3]) != heads else v
+    length, source = int(q.shape[-2]), int(k.shape[-2])
+    factor = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else float(scale)
+    # the scale on q (L x E values) rather than on the scores (L x S); 1.0 (a caller that scaled q) costs nothing
+    scores = (q if factor == 1.0 else q * factor) @ k.mT
+    lowest = full((), float("-inf"), scores.dtype)
+    if is_causal:
+        keep = arange(source).reshape(1, source) <= arange(length).reshape(length, 1)
+        scores = where(keep, scores, lowest)
+    if attn_mask is not None:
+        mask = _attention_mask(as_tensor(attn_mask), q, scores)
+        scores = where(mask, scores, lowest) if mask.dtype == dtypes.bool_ else scores + mask
+    # only a mask can remove every score of a row (a causal triangle keeps key 0 in each)
+    attn = _safe_softmax(scores) if attn_mask is not None else scores.softmax(-1)
+    return dropout(attn, dropout_p, True) @ v
+
+
+def _safe_softmax(scores: Tensor) -> Tensor:
+    """softmax over the last axis, a row of only -inf giving zeros (torch's ``_safe_softmax``). Its max shifts by 0
+    instead of -inf (no -inf - -inf) and its sum, 0, divides as 1; a live row's sum is at least 1, so it is the
+    plain softmax, and the shape is softmax's: exp, a row sum, a division the passes recognize."""
+    if int(scores.shape[-1]) == 0:
+        return scores.softmax(-1)
+    top = scores.max(-1, keepdims=True).detach()
+    e = (scores - where(top == float("-inf"), 0.0, top)).exp()
+    total = e.sum(-1, keepdims=True)
+    return e / where(total == 0.0, 1.0, total)
+
+
+def _check_attention(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool) -> None:
+    """torch's checks of query, key and value, one line each naming the shapes, where a wrong shape would
+    otherwise fail in a matmul inside."""
+    name = "scaled_dot_product_attention"
+    qs, ks, vs = _shape_of(q), _shape_of(k), _shape_of(v)
+    given = f"query {qs}, key {ks}, value {vs}"
+    if min(q.ndim, k.ndim, v.ndim) < 2:
+        raise ShapeError(at(f"{name}: query, key and value need at least 2 dimensions ([..., L, E], [..., S, E], "
+                            f"[..., S, Ev]), got {given}"))
+    if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_float:
+        raise DTypeError(at(f"{name}: query, key and value must have one float dtype, got {q.dtype}, {k.dtype} "
+                            f"and {v.dtype}"))
+    if qs[-1] != ks[-1]:
+        raise ShapeError(at(f"{name}: query and key differ in their last dimension E, {qs[-1]} vs {ks[-1]} "
+                            f"({given})"))
+    if ks[-2] != vs[-2]:
+        raise ShapeError(at(f"{name}: key and value differ in source length S (dimension -2), {ks[-2]} vs "
+                            f"{vs[-2]} ({given})"))
+    if enable_gqa:
+        if min(q.ndim, k.ndim, v.ndim) < 3:
+            raise ShapeError(at(f"{name}: enable_gqa needs a heads dimension (-3) in query, key and value, got "
+                                f"{given}"))
+        if ks[-3] == 0 or vs[-3] == 0 or qs[-3] % ks[-3] or qs[-3] % vs[-3]:
+            raise ShapeError(at(f"{name}: enable_gqa: the key's {ks[-3]} and the value's {vs[-3]} heads "
+                                f"(dimension -3) must divide the query's {qs[-3]} ({given})"))
+        ks[-3] = vs[-3] = qs[-3]
+    if _broadcast(qs[:-2], ks[:-2], vs[:-2]) is None:
+        hint = ("; key and value with fewer heads than the query need enable_gqa=True"
+                if not enable_gqa and min(q.ndim, k.ndim) >= 3 and ks[-3] != qs[-3] else "")
+        raise ShapeError(at(f"{name}: the leading dimensions of query {qs[:-2]}, key {ks[:-2]} and value "
+                            f"{vs[:-2]} do not broadcast{hint}"))
+
+
+def _attention_mask(mask: Tensor, q: Tensor, scores: Tensor) -> Tensor:
+    """``attn_mask`` checked as torch checks it: bool or the query's float dtype, broadcasting to the scores'
+    [..., L, S] without enlarging them."""
+    name = "scaled_dot_product_attention"
+    if mask.dtype != dtypes.bool_ and mask.dtype != q.dtype:
+        raise DTypeError(at(f"{name}: attn_mask must be bool or the query's dtype {q.dtype}, got {mask.dtype}"))
+    want = _shape_of(scores)
+    if _broadcast(_shape_of(mask), want) != tuple(want):
+        raise ShapeError(at(f"{name}: attn_mask of shape {_shape_of(mask)} does not broadcast to the attention "
+                            f"scores' {want} ([..., target length L, source length S])"))
+    return mask
