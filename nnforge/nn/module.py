@@ -120,11 +120,17 @@ class Module:
         self._reassigned()
 
     # ---- traversal -------------------------------------------------------------------------------------------
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+    def named_modules(self, prefix: str = "", memo: set[int] | None = None) -> Iterator[tuple[str, Module]]:
+        """(dotted name, module) pairs, this module first; a module shared by several parents is listed once, by
+        its first name, as torch lists it."""
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
         yield prefix, self
         for name, m in self._modules.items():
             if m is not None:
-                yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+                yield from m.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
     def modules(self) -> Iterator[Module]:
         for _, m in self.named_modules():
@@ -155,11 +161,15 @@ class Module:
             yield p
 
     def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """(dotted name, buffer) pairs; a buffer shared by several modules is listed once."""
+        seen: set[int] = set()
         mods = self.named_modules(prefix) if recurse else [(prefix, self)]
         for mp, m in mods:
             for name, b in m._buffers.items():
-                if b is not None:
-                    yield (f"{mp}.{name}" if mp else name), b
+                if b is None or id(b) in seen:
+                    continue
+                seen.add(id(b))
+                yield (f"{mp}.{name}" if mp else name), b
 
     def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
         for _, b in self.named_buffers(recurse=recurse):

@@ -294,3 +294,23 @@ def _leaves(out) -> list[np.ndarray]:
     if isinstance(out, (tuple, list)):
         return [a for o in out for a in _leaves(o)]
     return [np.asarray(out)]
+
+
+def test_a_shared_module_or_buffer_is_listed_once_as_torch_lists_it(rng: np.random.Generator) -> None:
+    """A layer used twice (weight tying by module) and a buffer registered in two modules are one object: torch
+    lists each once, by its first name, so ``modules()``, ``buffers()`` and ``train()`` see it once."""
+    def build(m):
+        root = m.Module()
+        root.a = m.Linear(3, 3)
+        root.b = root.a
+        root.n1, root.n2 = m.BatchNorm1d(3), m.BatchNorm1d(3)
+        shared = root.n1.running_mean
+        root.n2.register_buffer("running_mean", shared)
+        return root
+
+    ours, theirs = build(nn), build(torch.nn)
+    names = lambda pairs: [name for name, _ in pairs]  # noqa: E731
+    assert names(ours.named_modules()) == names(theirs.named_modules())
+    assert names(ours.named_buffers()) == names(theirs.named_buffers())
+    assert names(ours.named_parameters()) == names(theirs.named_parameters())
+    assert list(ours.state_dict()) == list(theirs.state_dict())  # the state dict keeps every name
