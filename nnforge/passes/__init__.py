@@ -94,6 +94,7 @@ def run_pipeline(graph: Graph, passes: Sequence[tuple[str, Pass]] = PIPELINE, ch
 
     setup_logging()
     show_ir = debug_level() >= 4
+    checked: dict = {}  # nodes verified after an earlier pass (nodes never change)
     for name, p in passes:
         before = graph
         graph = p(graph)
@@ -102,5 +103,5 @@ def run_pipeline(graph: Graph, passes: Sequence[tuple[str, Pass]] = PIPELINE, ch
             if show_ir:
                 log.debug("IR after %s:\n%r", name, graph)
         if check:
-            verify(graph)
+            verify(graph, checked)
     return graph
