@@ -18,7 +18,6 @@ import operator
 import os
 import re
 import traceback
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +46,6 @@ from ..tensor import (
     zeros,
     zeros_like,
 )
-from ..trace import session
 
 __all__ = ["from_torch"]
 
@@ -115,7 +113,7 @@ class FromTorch(nfnn.Module):
         """The steps captured in the modes the parts whose ``self.training`` forward reads are in now: fx baked
         each read into the graph (``F.dropout(x, training=self.training)``, ``p if self.training else 0``)."""
         for reads, steps in self._variants:
-            if all(_mode(self._part(path)) == mode for path, mode in reads):
+            if all(self._part(path)._mode_noted() == mode for path, mode in reads):  # the steps depend on it
                 return steps
         now = ", ".join(f"{path or self._torch_name!r} in {'train' if self._part(path).training else 'eval'} "
                         "mode" for path in dict(r for reads, _ in self._variants for r in reads))
@@ -149,16 +147,6 @@ def _as_input(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _as_input(v) for k, v in x.items()}
     return x
-
-
-def _mode(m: nfnn.Module) -> bool:
-    """``m.training``, noted by the compiled function being traced, if any, as ``Module.__call__`` notes the mode
-    of each module it calls: the steps run depend on it, so a change of mode must trace again."""
-    scope = next((sc for sc in reversed(session().scopes) if sc.kind == "function"), None)
-    if scope is not None:
-        scope.modes.setdefault(id(m), (weakref.ref(m), m.training))
-        m.__dict__["_traced"] = True
-    return m.training
 
 
 def from_torch(model: torch.nn.Module) -> nfnn.Module:

@@ -271,11 +271,18 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._mode_noted()
+        return self.forward(*args, **kwargs)
+
+    def _mode_noted(self) -> bool:
+        """``self.training``, noted by the compiled function being traced, if any: its trace depends on the mode of
+        each module it calls or whose mode it reads (another mode traces again) and on what the module holds
+        (``_reassigned``)."""
         traced = next((sc for sc in reversed(session().scopes) if sc.kind == "function"), None)
-        if traced is not None:  # a compiled function's trace depends on this module's mode and what it holds
+        if traced is not None:
             traced.modes.setdefault(id(self), (weakref.ref(self), self.training))
             self.__dict__["_traced"] = True
-        return self.forward(*args, **kwargs)
+        return self.training
 
     def extra_repr(self) -> str:
         return ""
