@@ -160,10 +160,7 @@ def loop(n: int, body: Callable) -> None:
     """
     if not callable(body):
         raise TraceError(at(f"loop: body must be callable, got {type(body).__name__}"))
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TraceError(at(f"loop: n must be an int (the number of iterations), got {type(n).__name__} {n!r}"))
-    if n < 0:  # range() would run it zero times, hiding the bug that computed the count
-        raise ValueError(at(f"loop: n must be a count of iterations, 0 or more, got {int(n)}"))
+    n = _whole("loop: n", n, 0, "a count of iterations")  # range() would run a negative count zero times
     try:
         with_index = len(inspect.signature(body).parameters) == 1
     except (TypeError, ValueError):
@@ -207,14 +204,16 @@ def loop(n: int, body: Callable) -> None:
     outer.effects.append(node)
 
 
-def _whole(what: str, value: Any, least: int) -> int:
+def _whole(what: str, value: Any, least: int, meaning: str = "") -> int:
     """``value`` checked to be an int of at least ``least`` (a symbolic size is one): a count that is negative, zero
     where steps are grouped, or fractional says the code computing it is wrong, which running zero or some steps
-    would hide."""
+    would hide. ``meaning``: what the count is, for the message."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TraceError(at(f"{what} must be an int, got {type(value).__name__} {value!r}"))
+        said = f" ({meaning})" if meaning else ""
+        raise TraceError(at(f"{what} must be an int{said}, got {type(value).__name__} {value!r}"))
     if value < least:
-        raise ValueError(at(f"{what} must be {least} or more, got {int(value)}"))
+        said = f"{meaning}, " if meaning else ""
+        raise ValueError(at(f"{what} must be {said}{least} or more, got {int(value)}"))
     return value
 
 
