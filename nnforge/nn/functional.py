@@ -22,6 +22,7 @@ from ..tensor import (
     _root_or_zero,
     arange,
     as_tensor,
+    broadcast_shapes,
     clamp,
     composed,
     concat,
@@ -697,10 +698,11 @@ def _shape_of(x: Tensor) -> list[int]:
 
 
 def _broadcast(*shapes: Sequence[int]) -> tuple[int, ...] | None:
-    """numpy's (and torch's) broadcast of ``shapes``, or None where they do not broadcast."""
+    """The broadcast of ``shapes`` (nnforge's one rule, ``broadcast_shapes``), or None where they do not
+    broadcast."""
     try:
-        return tuple(int(d) for d in np.broadcast_shapes(*(tuple(s) for s in shapes)))
-    except ValueError:
+        return tuple(int(d) for d in broadcast_shapes(*(tuple(s) for s in shapes)))
+    except ShapeError:
         return None
 
 

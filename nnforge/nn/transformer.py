@@ -19,6 +19,7 @@ from ..tensor import Tensor, arange, as_tensor, full, gelu, relu, where
 from . import functional as F
 from . import init
 from .activation import Dropout
+from .functional import _shape_of as _dims
 from .linear import Linear
 from .module import Module, ModuleList, Parameter
 from .norm import LayerNorm
@@ -29,10 +30,6 @@ def _additive(mask: Tensor, dtype: Any) -> Tensor:
     if mask.dtype.is_float:
         return mask.cast(dtype)
     return where(mask, full((), float("-inf"), dtype), full((), 0.0, dtype))
-
-
-def _dims(x: Tensor) -> list[int]:
-    return [int(d) for d in x.shape]
 
 
 def _layout(batch_first: bool, length: str = "L") -> str:
